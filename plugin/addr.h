@@ -1,0 +1,183 @@
+/*
+ * addr.h - peer addressing: request_id / zmq_address parsing (SPEC §3),
+ * the single trust check (SPEC §4), host of a remote rank (SPEC §4) and the
+ * TP rank mapping with its ack quorum (SPEC §4).
+ *
+ * Every function is pure (no I/O, no DNS) and reports errors with
+ * kvc_error(): the text names the field, the value and the rule.
+ *
+ * Threading: pure functions, any thread.
+ */
+#ifndef KVC_ADDR_H
+#define KVC_ADDR_H
+
+#include "config.h"
+#include "error.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct kvc_peer_addr {
+    char     host[KVC_HOST_MAX];
+    uint32_t handshake_port; /* base port of the instance */
+    uint32_t notify_port;    /* base port of the instance */
+} kvc_peer_addr_t;
+
+/* kvc_zmq_addr_parse parses "host:H,handshake:N,notify:M" (len bytes of s;
+ * keys in any order, each segment split on its FIRST colon so IPv6 hosts
+ * work; all three keys required; ports decimal 1..65535). field names the
+ * source for error text. KVX_ERR_INVALID_PARAM on error. */
+kvx_status_t kvc_zmq_addr_parse(const char *s, size_t len, const char *field,
+                                kvc_peer_addr_t *out);
+
+/* kvc_zmq_addr_format writes "host:H,handshake:N,notify:M"; returns the
+ * snprintf result. */
+int kvc_zmq_addr_format(const kvc_peer_addr_t *addr, char *buf, size_t len);
+
+/*
+ * kvc_reqid_parse extracts a peer address from a proxy request_id
+ * "[prefix]___prefill_addr_<zmq>___decode_addr_<zmq>_<32 hex>[suffix]".
+ * want_prefill=1 (the decode side): the text between "___prefill_addr_" and
+ * "___decode_addr_". want_prefill=0 (the prefill side): the text after
+ * "___decode_addr_" up to the LAST "_" followed by exactly 32 lowercase hex
+ * digits (then end of string or any suffix). KVX_ERR_INVALID_PARAM naming
+ * field "request_id" when markers are missing or the address is malformed.
+ */
+kvx_status_t kvc_reqid_parse(const char *request_id, int want_prefill,
+                             kvc_peer_addr_t *out);
+
+/* kvc_port_check: 1024..65535, else KVX_ERR_UNTRUSTED_PEER naming field and
+ * value. */
+kvx_status_t kvc_port_check(uint64_t port, const char *field);
+
+/* A compiled trust list: host names (case-insensitive exact match), IPv4 and
+ * IPv6 literals (compared as addresses, so "::1" == "0:0::1") and CIDR
+ * ranges "10.0.0.0/8", "fd00::/8". */
+typedef struct kvc_trust_entry {
+    int      kind;       /* 0 name, 4 IPv4 (cidr), 6 IPv6 (cidr) */
+    char     name[KVC_HOST_MAX];
+    uint8_t  addr[16];
+    uint32_t prefix;     /* bits */
+} kvc_trust_entry_t;
+
+typedef struct kvc_trust {
+    int                set;      /* trusted_remote_hosts configured */
+    kvc_trust_entry_t *entries;  /* owned */
+    size_t             num_entries;
+} kvc_trust_t;
+
+/* kvc_trust_init compiles the list (set=0: no allow-list). A malformed
+ * entry (bad CIDR prefix, empty) is KVX_ERR_CONFIG naming
+ * trusted_remote_hosts[i]. kvc_trust_fini frees; zeroed struct is a no-op. */
+kvx_status_t kvc_trust_init(kvc_trust_t *trust, char *const *hosts, size_t n,
+                            int set);
+void kvc_trust_fini(kvc_trust_t *trust);
+
+/*
+ * kvc_trust_check is the one validation every request-derived peer host
+ * passes before any connection or send (SPEC §4). Always: the host must be
+ * well-formed (non-empty, <= 253 chars, a valid IPv4/IPv6 literal or a host
+ * name of [A-Za-z0-9.-] labels) and not a wildcard (0.0.0.0, ::), multicast
+ * (224.0.0.0/4, ff00::/8) or broadcast (255.255.255.255) address. With the
+ * allow-list set, the host must also match an entry. Rejection is
+ * KVX_ERR_UNTRUSTED_PEER with text "peer host '<h>' from <field> rejected:
+ * <rule>".
+ */
+kvx_status_t kvc_trust_check(const kvc_trust_t *trust, const char *host,
+                             const char *field);
+
+/*
+ * kvc_host_resolve (SPEC §4): n <= 1 → advertised; else world =
+ * remote_dp_size*remote_tp_size, world % n != 0 → KVX_ERR_CONFIG ("world W
+ * is not a multiple of N remote_hosts"); index = (remote_dp_rank *
+ * remote_tp_size + remote_tp_rank) / (world / n). Ranks out of range →
+ * KVX_ERR_INVALID_PARAM. *host_p points into advertised or hosts (borrowed).
+ * *index_p (may be NULL) gets the index used (-1 for advertised).
+ */
+kvx_status_t kvc_host_resolve(const char *advertised, char *const *hosts,
+                              size_t n, uint32_t remote_dp_size,
+                              uint32_t remote_tp_size, uint32_t remote_dp_rank,
+                              uint32_t remote_tp_rank, const char **host_p,
+                              int *index_p);
+
+#define KVC_RANKMAP_MAX 64
+
+/* kvc_rankmap_t: what one consumer (D) rank does against a producer (P)
+ * instance. */
+typedef struct kvc_rankmap {
+    uint32_t read_rank;      /* P TP rank whose blocks D reads */
+    uint32_t head_slice;     /* slice index within read_rank's heads
+                                (sharded hetero TP only; else 0) */
+    uint32_t num_slices;     /* 1 unless sharded hetero TP */
+    uint32_t num_release;    /* P ranks D must release */
+    uint32_t release[KVC_RANKMAP_MAX];
+} kvc_rankmap_t;
+
+/*
+ * kvc_rankmap (SPEC §4). Equal TP: read = release = d. Sizes must divide
+ * (else KVX_ERR_CONFIG). replicated (MLA/key-only, or heads replicated):
+ * d_tp > p_tp → read d / (d_tp/p_tp), release {that}; d_tp < p_tp → read d*r
+ * (r = p_tp/d_tp), release d*r .. d*r+r-1. Not replicated and sizes differ
+ * → KVX_ERR_NOT_SUPPORTED ("heterogeneous TP with sharded KV heads is not
+ * supported yet"). d_rank >= d_tp → KVX_ERR_INVALID_PARAM.
+ */
+kvx_status_t kvc_rankmap(uint32_t d_tp, uint32_t p_tp, int replicated,
+                         uint32_t d_rank, kvc_rankmap_t *map);
+
+/* kvc_ack_quorum: number of D ranks whose kvc_rankmap().release contains
+ * p_rank, computed by calling kvc_rankmap for every d (the same function,
+ * SPEC §4). */
+kvx_status_t kvc_ack_quorum(uint32_t d_tp, uint32_t p_tp, int replicated,
+                            uint32_t p_rank, uint32_t *quorum_p);
+
+/* kvc_xfer_params_t: the kv_transfer_params fields the engines read
+ * (SPEC §3). Absent numeric fields are 0; absent strings empty. */
+typedef struct kvc_xfer_params {
+    char      transfer_id[KVX_ID_MAX];
+    int       has_remote_addr;   /* remote_host + both ports present */
+    kvc_peer_addr_t remote;      /* valid if has_remote_addr */
+    char    **remote_hosts;      /* owned; list or comma string */
+    size_t    num_remote_hosts;
+    int       has_remote_block_ids;
+    uint64_t *remote_block_ids;  /* owned */
+    size_t    num_remote_block_ids;
+    char      remote_engine_id[KVX_ID_MAX];
+    uint32_t  remote_tp_size;    /* remote_tp_size, else tp_size, else 0 */
+    uint32_t  remote_dp_size;
+    uint32_t  remote_dp_rank;
+    int       do_remote_prefill;
+    int       do_remote_decode;
+} kvc_xfer_params_t;
+
+/* kvc_params_parse: NULL or "" json = all defaults. Wrong types → 
+ * KVX_ERR_INVALID_PARAM naming the field (e.g. "kv_transfer_params.
+ * remote_block_ids[3]: value -1: must be a non-negative integer"). Ports in
+ * explicit addresses are range-checked with kvc_port_check. On error nothing
+ * to free. */
+kvx_status_t kvc_params_parse(const char *json, kvc_xfer_params_t *p);
+void kvc_params_fini(kvc_xfer_params_t *p);
+
+/*
+ * kvc_params_peer_addr picks the peer instance address: the explicit
+ * remote_host/remote_handshake_port/remote_notify_port when all three were
+ * present, else parsed from request_id (want_prefill as kvc_reqid_parse).
+ * *field_p (may be NULL) gets the source name: "remote_host" or
+ * "request_id".
+ */
+kvx_status_t kvc_params_peer_addr(const kvc_xfer_params_t *p,
+                                  const char *request_id, int want_prefill,
+                                  kvc_peer_addr_t *out, const char **field_p);
+
+/*
+ * kvc_params_build_decode (proxy helper, SPEC §3): from P's response params
+ * JSON build D's kv_transfer_params: do_remote_prefill true,
+ * do_remote_decode false, transfer_id (argument wins; else P's), and copies
+ * remote_block_ids, remote_engine_id, remote_host, remote_handshake_port,
+ * remote_notify_port, remote_hosts; remote_tp_size from P's tp_size (or
+ * remote_tp_size); remote_dp_size; remote_dp_rank if present. Returns a
+ * malloc'd JSON string in *out_p.
+ */
+kvx_status_t kvc_params_build_decode(const char *prefill_response_json,
+                                     const char *transfer_id, char **out_p);
+
+#endif

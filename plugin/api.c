@@ -1,0 +1,438 @@
+/*
+ * api.c - the public function table (kvx_api_t): argument checks, layer
+ * registration, registration payload, events and reports. The transfer
+ * logic lives in engine.c / engine_read.c.
+ */
+#define _GNU_SOURCE
+#include "api.h"
+#include "engine.h"
+
+#include <json-c/json.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+kvx_status_t kvx_engine_create(const char *json, struct kvx_engine **eng_p);
+void         kvx_engine_destroy(struct kvx_engine *eng);
+kvx_status_t kvx_engine_start(struct kvx_engine *eng);
+
+static const char *api_last_error(void)
+{
+    return kvc_last_error();
+}
+
+static void api_free(void *ptr)
+{
+    free(ptr);
+}
+
+static void api_set_logger(kvx_log_fn_t fn, void *arg, int max_level)
+{
+    kvc_log_set(fn, arg, max_level);
+}
+
+static kvx_status_t api_engine_create(const char *json, kvx_engine_t **eng_p)
+{
+    kvc_error_clear();
+    if (json == NULL || eng_p == NULL) {
+        return kvc_error(KVX_ERR_INVALID_PARAM,
+                         "engine_create: config_json and engine_p required");
+    }
+    return kvx_engine_create(json, eng_p);
+}
+
+static kvx_status_t api_config_dump(kvx_engine_t *eng, char **json_p)
+{
+    if (eng == NULL || json_p == NULL) {
+        return kvc_error(KVX_ERR_INVALID_PARAM, "config_dump: NULL argument");
+    }
+    *json_p = kvc_config_dump(&eng->cfg);
+    return *json_p ? KVX_OK : kvc_error(KVX_ERR_NO_MEMORY, "out of memory");
+}
+
+static kvx_status_t api_alloc_region(kvx_engine_t *eng, size_t len,
+                                     void **ptr_p)
+{
+    kvc_region_t *r;
+    kvx_status_t  st;
+
+    if (eng == NULL || ptr_p == NULL || len == 0) {
+        return kvc_error(KVX_ERR_INVALID_PARAM,
+                         "alloc_region: length %zu: must be > 0", len);
+    }
+    r = calloc(1, sizeof(*r));
+    if (r == NULL) {
+        return kvc_error(KVX_ERR_NO_MEMORY, "alloc_region: out of memory");
+    }
+    st = kvu_mem_alloc(eng->ucx, len, &r->mem, &r->ptr);
+    if (st != KVX_OK) {
+        free(r);
+        return st;
+    }
+    pthread_mutex_lock(&eng->lock);
+    r->next      = eng->regions;
+    eng->regions = r;
+    pthread_mutex_unlock(&eng->lock);
+    *ptr_p = r->ptr;
+    return KVX_OK;
+}
+
+static kvx_status_t api_free_region(kvx_engine_t *eng, void *ptr)
+{
+    kvc_region_t **pp, *r = NULL;
+
+    if (eng == NULL) {
+        return kvc_error(KVX_ERR_INVALID_PARAM, "free_region: NULL engine");
+    }
+    pthread_mutex_lock(&eng->lock);
+    for (size_t i = 0; i < eng->nlayers; i++) {
+        if (!eng->layers[i].mem_owned &&
+            kvu_mem_base(eng->layers[i].mem) == ptr) {
+            pthread_mutex_unlock(&eng->lock);
+            return kvc_error(KVX_ERR_BAD_STATE, "free_region %p: layer '%s' "
+                             "is registered in it", ptr, eng->layers[i].name);
+        }
+    }
+    for (pp = &eng->regions; *pp != NULL; pp = &(*pp)->next) {
+        if ((*pp)->ptr == ptr) {
+            r   = *pp;
+            *pp = r->next;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&eng->lock);
+    if (r == NULL) {
+        return kvc_error(KVX_ERR_NOT_FOUND, "free_region %p: not a region "
+                         "from alloc_region", ptr);
+    }
+    kvu_mem_release(r->mem);
+    free(r);
+    return KVX_OK;
+}
+
+static kvx_status_t api_check_desc(kvx_engine_t *eng,
+                                   const kvx_layer_desc_t *d)
+{
+    if (d->struct_size < sizeof(kvx_layer_desc_t)) {
+        return kvc_error(KVX_ERR_ABI, "layer desc struct_size %zu: must be "
+                         ">= %zu", d->struct_size, sizeof(kvx_layer_desc_t));
+    }
+    if (d->name == NULL || d->name[0] == '\0' ||
+        strlen(d->name) >= KVC_LAYER_NAME_MAX) {
+        return kvc_error(KVX_ERR_INVALID_PARAM, "layer name: must be 1..%d "
+                         "characters", KVC_LAYER_NAME_MAX - 1);
+    }
+    if (d->base == NULL || d->length == 0) {
+        return kvc_error(KVX_ERR_INVALID_PARAM, "layer '%s': base and length "
+                         "must be set", d->name);
+    }
+    if (d->mem_type != KVX_MEM_HOST && d->mem_type != KVX_MEM_ROCM) {
+        return kvc_error(KVX_ERR_INVALID_PARAM, "layer '%s': mem_type %d: "
+                         "must be KVX_MEM_HOST or KVX_MEM_ROCM", d->name,
+                         (int)d->mem_type);
+    }
+    for (size_t i = 0; i < eng->nlayers; i++) {
+        if (strcmp(eng->layers[i].name, d->name) == 0) {
+            return kvc_error(KVX_ERR_EXISTS, "layer '%s': already registered",
+                             d->name);
+        }
+    }
+    if (d->mem_type == KVX_MEM_ROCM && kvu_hip_mem_type(d->base) != 1) {
+        return kvc_error(KVX_ERR_DEVICE, "layer '%s': mem_type rocm but %s",
+                         d->name, kvc_last_error()[0] ? kvc_last_error()
+                                  : "HIP does not report device memory");
+    }
+    return KVX_OK;
+}
+
+static kvc_region_t *api_region_of(kvx_engine_t *eng, const void *base,
+                                   size_t len)
+{
+    for (kvc_region_t *r = eng->regions; r != NULL; r = r->next) {
+        uintptr_t b = (uintptr_t)kvu_mem_base(r->mem);
+
+        if ((uintptr_t)base >= b &&
+            (uintptr_t)base + len <= b + kvu_mem_length(r->mem)) {
+            return r;
+        }
+    }
+    return NULL;
+}
+
+static kvx_status_t api_register_layer(kvx_engine_t *eng,
+                                       const kvx_layer_desc_t *d)
+{
+    kvc_layer_t   l;
+    kvc_region_t *r;
+    kvx_status_t  st;
+
+    kvc_error_clear();
+    if (eng == NULL || d == NULL) {
+        return kvc_error(KVX_ERR_INVALID_PARAM, "register_layer: NULL");
+    }
+    pthread_mutex_lock(&eng->lock);
+    st = eng->started ? kvc_error(KVX_ERR_BAD_STATE, "register_layer: "
+                                  "engine already started")
+                      : api_check_desc(eng, d);
+    memset(&l, 0, sizeof(l));
+    if (st == KVX_OK) {
+        st = kvc_geom_from_desc(d, &l.geom);
+    }
+    if (st == KVX_OK) {
+        snprintf(l.name, sizeof(l.name), "%s", d->name);
+        l.base     = d->base;
+        l.length   = d->length;
+        l.mem_type = (int)d->mem_type;
+        r          = api_region_of(eng, d->base, d->length);
+        if (r != NULL) {
+            l.mem = r->mem; /* one rkey for the region: direct shm copies */
+        } else {
+            st          = kvu_mem_register(eng->ucx, d->base, d->length,
+                                           (int)d->mem_type, &l.mem);
+            l.mem_owned = 1;
+        }
+    }
+    if (st == KVX_OK && eng->nlayers == eng->layers_cap) {
+        size_t       cap = eng->layers_cap ? eng->layers_cap * 2 : 16;
+        kvc_layer_t *nl  = realloc(eng->layers, cap * sizeof(*nl));
+
+        if (nl == NULL) {
+            if (l.mem_owned) {
+                kvu_mem_release(l.mem);
+            }
+            st = kvc_error(KVX_ERR_NO_MEMORY, "register_layer: no memory");
+        } else {
+            eng->layers     = nl;
+            eng->layers_cap = cap;
+        }
+    }
+    if (st == KVX_OK) {
+        eng->layers[eng->nlayers++] = l;
+    }
+    pthread_mutex_unlock(&eng->lock);
+    return st;
+}
+
+static kvx_status_t api_start(kvx_engine_t *eng)
+{
+    kvc_error_clear();
+    if (eng == NULL) {
+        return kvc_error(KVX_ERR_INVALID_PARAM, "start: NULL engine");
+    }
+    if (eng->nlayers == 0) {
+        return kvc_error(KVX_ERR_BAD_STATE, "start: no layer registered");
+    }
+    eng->replicated = 1;
+    for (size_t i = 0; i < eng->nlayers; i++) {
+        eng->replicated &= eng->layers[i].geom.key_only ? 1 : 0;
+    }
+    return kvx_engine_start(eng);
+}
+
+static kvx_status_t api_registration_payload(kvx_engine_t *eng, char **out)
+{
+    const kvc_config_t *c = &eng->cfg;
+    json_object        *o, *hosts;
+    char                buf[KVC_HOST_MAX + 64];
+
+    if (eng == NULL || out == NULL) {
+        return kvc_error(KVX_ERR_INVALID_PARAM, "registration_payload: NULL");
+    }
+    o     = json_object_new_object();
+    hosts = json_object_new_array();
+    json_object_object_add(o, "type",
+                           json_object_new_string(c->is_producer ? "P" : "D"));
+    snprintf(buf, sizeof(buf), "%s:%u", c->host_ip, c->http_port);
+    json_object_object_add(o, "http_address", json_object_new_string(buf));
+    snprintf(buf, sizeof(buf), "host:%s,handshake:%u,notify:%u", c->host_ip,
+             c->handshake_port, c->notify_port);
+    json_object_object_add(o, "zmq_address", json_object_new_string(buf));
+    json_object_object_add(o, "dp_size", json_object_new_int((int)c->dp_size));
+    json_object_object_add(o, "tp_size", json_object_new_int((int)c->tp_size));
+    json_object_object_add(o, "transfer_mode",
+                           json_object_new_string(c->read_mode ? "READ"
+                                                               : "WRITE"));
+    for (size_t i = 0; i < c->num_node_hosts; i++) {
+        json_object_array_add(hosts, json_object_new_string(c->node_hosts[i]));
+    }
+    json_object_object_add(o, "node_hosts", hosts);
+    *out = strdup(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
+    json_object_put(o);
+    return *out ? KVX_OK : kvc_error(KVX_ERR_NO_MEMORY, "out of memory");
+}
+
+static kvx_status_t api_check_request(kvx_engine_t *eng, int producer,
+                                      const uint64_t *ids, size_t n)
+{
+    kvc_error_clear();
+    if (eng == NULL || (ids == NULL && n > 0)) {
+        return kvc_error(KVX_ERR_INVALID_PARAM, "%s_request: engine and "
+                         "block_ids required", producer ? "producer"
+                                                        : "consumer");
+    }
+    if (!eng->started) {
+        return kvc_error(KVX_ERR_BAD_STATE, "engine %s: start() first",
+                         eng->engine_id);
+    }
+    if (eng->cfg.is_producer != producer) {
+        return kvc_error(KVX_ERR_BAD_STATE, "%s_request on a %s engine",
+                         producer ? "producer" : "consumer",
+                         eng->cfg.is_producer ? "kv_producer" : "kv_consumer");
+    }
+    if (!eng->cfg.read_mode) {
+        return kvc_error(KVX_ERR_NOT_SUPPORTED,
+                         "kv_connector_extra_config.read_mode: value false: "
+                         "WRITE mode is not implemented yet; set read_mode "
+                         "true");
+    }
+    return KVX_OK;
+}
+
+static kvx_status_t api_producer_request(kvx_engine_t *eng, const char *rid,
+                                         const char *params,
+                                         const uint64_t *ids, size_t n,
+                                         char **resp_p)
+{
+    kvx_status_t st = api_check_request(eng, 1, ids, n);
+
+    if (st == KVX_OK && resp_p == NULL) {
+        st = kvc_error(KVX_ERR_INVALID_PARAM, "response_params_p: NULL");
+    }
+    return st != KVX_OK ? st
+                        : kvc_read_producer(eng, rid, params, ids, n, resp_p);
+}
+
+static kvx_status_t api_consumer_request(kvx_engine_t *eng, const char *rid,
+                                         const char *params,
+                                         const uint64_t *ids, size_t n)
+{
+    kvx_status_t st = api_check_request(eng, 0, ids, n);
+
+    return st != KVX_OK ? st : kvc_read_consumer(eng, rid, params, ids, n);
+}
+
+static kvx_status_t api_wait_layer(kvx_engine_t *eng, const char *tid,
+                                   uint32_t layer, int64_t timeout_ms)
+{
+    kvc_error_clear();
+    if (eng == NULL || tid == NULL) {
+        return kvc_error(KVX_ERR_INVALID_PARAM, "wait_layer: NULL argument");
+    }
+    return kvc_xfer_wait(eng, tid, layer, timeout_ms);
+}
+
+static kvx_status_t api_wait_transfer(kvx_engine_t *eng, const char *tid,
+                                      int64_t timeout_ms)
+{
+    kvc_error_clear();
+    if (eng == NULL || tid == NULL) {
+        return kvc_error(KVX_ERR_INVALID_PARAM, "wait_transfer: NULL");
+    }
+    return kvc_xfer_wait(eng, tid, -1, timeout_ms);
+}
+
+static int api_poll_events(kvx_engine_t *eng, kvx_event_t *evs, int max)
+{
+    int n = 0;
+
+    if (eng == NULL || (evs == NULL && max > 0)) {
+        return kvc_error(KVX_ERR_INVALID_PARAM, "poll_events: NULL");
+    }
+    pthread_mutex_lock(&eng->lock);
+    while (n < max && eng->ev_head != NULL) {
+        kvc_event_node_t *node = eng->ev_head;
+        kvc_xfer_t       *x;
+
+        eng->ev_head = node->next;
+        if (eng->ev_head == NULL) {
+            eng->ev_tail = NULL;
+        }
+        eng->nevents--;
+        evs[n++] = node->ev;
+        free(node);
+        /* A finished consumer transfer is forgotten once reported. */
+        x = kvc_xfer_find(eng, evs[n - 1].transfer_id);
+        if (x != NULL && !x->is_producer &&
+            (x->state == KVC_XFER_DONE || x->state == KVC_XFER_FAILED)) {
+            kvc_xfer_remove(eng, x);
+            kvc_xfer_free(x);
+        }
+    }
+    pthread_mutex_unlock(&eng->lock);
+    return n;
+}
+
+static kvx_status_t api_transports(kvx_engine_t *eng, char **json_p)
+{
+    static const char *states[] = {"new", "handshaking", "ready", "failed"};
+    json_object       *arr;
+
+    if (eng == NULL || json_p == NULL) {
+        return kvc_error(KVX_ERR_INVALID_PARAM, "transports: NULL");
+    }
+    arr = json_object_new_array();
+    pthread_mutex_lock(&eng->lock);
+    for (kvc_peer_t *p = eng->peers; p != NULL; p = p->next) {
+        json_object *o = json_object_new_object();
+
+        json_object_object_add(o, "peer", json_object_new_string(p->name));
+        json_object_object_add(o, "state",
+                               json_object_new_string(states[p->state]));
+        if (p->state == KVC_PEER_READY) {
+            json_object_object_add(o, "transports", json_object_new_string(
+                                       kvu_ep_transports(p->ep)));
+            json_object_object_add(o, "rma_emulated", json_object_new_boolean(
+                                       kvu_ep_rma_emulated(p->ep)));
+        } else if (p->state == KVC_PEER_FAILED) {
+            json_object_object_add(o, "error",
+                                   json_object_new_string(p->fail_reason));
+        }
+        json_object_array_add(arr, o);
+    }
+    pthread_mutex_unlock(&eng->lock);
+    *json_p = strdup(json_object_to_json_string_ext(arr,
+                                                    JSON_C_TO_STRING_PLAIN));
+    json_object_put(arr);
+    return *json_p ? KVX_OK : kvc_error(KVX_ERR_NO_MEMORY, "out of memory");
+}
+
+static kvx_status_t api_build_decode_params(const char *resp, const char *tid,
+                                            char **out_p)
+{
+    kvc_error_clear();
+    if (out_p == NULL) {
+        return kvc_error(KVX_ERR_INVALID_PARAM, "decode_params_p: NULL");
+    }
+    return kvc_params_build_decode(resp, tid, out_p);
+}
+
+static const kvx_api_t kvc_api = {
+    .abi_major            = KVX_ABI_MAJOR,
+    .abi_minor            = KVX_ABI_MINOR,
+    .struct_size          = sizeof(kvx_api_t),
+    .status_name          = kvc_status_name,
+    .status_string        = kvc_status_string,
+    .last_error           = api_last_error,
+    .free                 = api_free,
+    .set_logger           = api_set_logger,
+    .engine_create        = api_engine_create,
+    .engine_destroy       = kvx_engine_destroy,
+    .config_dump          = api_config_dump,
+    .alloc_region         = api_alloc_region,
+    .free_region          = api_free_region,
+    .register_layer       = api_register_layer,
+    .start                = api_start,
+    .registration_payload = api_registration_payload,
+    .producer_request     = api_producer_request,
+    .consumer_request     = api_consumer_request,
+    .wait_layer           = api_wait_layer,
+    .wait_transfer        = api_wait_transfer,
+    .poll_events          = api_poll_events,
+    .transports           = api_transports,
+    .build_decode_params  = api_build_decode_params,
+};
+
+const kvx_api_t *kvc_api_table(void)
+{
+    return &kvc_api;
+}

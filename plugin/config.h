@@ -1,0 +1,93 @@
+/*
+ * config.h - the engine configuration (SPEC §1), parsed from one JSON object.
+ *
+ * The top level holds the rank's identity: "role" (or "kv_role") =
+ * "kv_producer" | "kv_consumer", "tp_rank", "tp_size", "dp_rank", "dp_size",
+ * an optional "log_level" (0..3) and the object "kv_connector_extra_config"
+ * whose keys are listed in kvc_config_t. Unknown keys (at either level) are
+ * reported through the warn callback; wrong types and out-of-range values
+ * are KVX_ERR_CONFIG errors whose text names the key, the value and the
+ * rule. No environment variable is read.
+ *
+ * Threading: pure functions, any thread.
+ */
+#ifndef KVC_CONFIG_H
+#define KVC_CONFIG_H
+
+#include "error.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define KVC_HOST_MAX 256
+
+typedef enum kvc_err_mode {
+    KVC_ERR_MODE_PEER = 0, /* UCP_ERR_HANDLING_MODE_PEER (default) */
+    KVC_ERR_MODE_NONE = 1,
+} kvc_err_mode_t;
+
+typedef struct kvc_config {
+    /* identity */
+    int      is_producer;      /* role == kv_producer */
+    uint32_t tp_rank, tp_size; /* tp_size >= 1, tp_rank < tp_size */
+    uint32_t dp_rank, dp_size; /* dp_size >= 1, dp_rank < dp_size */
+    int      log_level;        /* 0..3, default 1 (warn) */
+
+    /* kv_connector_extra_config */
+    char     host_ip[KVC_HOST_MAX]; /* default: first non-loopback IPv4, else
+                                       127.0.0.1 */
+    uint32_t handshake_port;        /* [6301], 1024..65535 and the highest
+                                       rank's port (base + dp_size*tp_size-1)
+                                       must be <= 65535 */
+    uint32_t notify_port;           /* [61005], same rule */
+    int      read_mode;             /* [false]; true/false/"true"/"false"/
+                                       "1"/"0"/1/0 */
+    char   **node_hosts;            /* owned; [host_ip]; list or comma string,
+                                       entries trimmed, empties dropped */
+    size_t   num_node_hosts;
+    char   **trusted_remote_hosts;  /* owned; list or comma string */
+    size_t   num_trusted_remote_hosts;
+    int      trusted_set;           /* key present */
+    double   handshake_timeout;     /* [10] seconds, > 0 and <= 3600 */
+    double   transfer_timeout;      /* [30] */
+    double   defer_timeout;         /* [60] */
+    char     proxy_ip[KVC_HOST_MAX]; /* [""] */
+    uint32_t proxy_ping_port;       /* [0] = unset, else 1..65535 */
+    uint32_t http_port;             /* [0] = unset, else 1..65535 */
+    char     backend[16];           /* ["rdma"]: "rdma" | "xgmi" (MoRIIO) */
+    uint32_t qp_per_transfer;       /* [1] 1..64 */
+    int32_t  post_batch_size;       /* [-1] -1 or 1..4096 */
+    uint32_t num_workers;           /* [1] 1..64 */
+
+    /* UCX keys of kvxfer's design */
+    char          ucx_tls[256];       /* ["" = UCX default] e.g. "tcp" */
+    char          ucx_net_devices[256]; /* ["" = all] */
+    char        **ucx_required_transports; /* owned; [] e.g. ["rc_verbs"] */
+    size_t        num_ucx_required_transports;
+    kvc_err_mode_t ucx_error_mode;    /* ["peer"] | "none" */
+    uint64_t      max_inflight_bytes; /* [16 MiB] per endpoint, >= 4096 */
+    uint32_t      progress_spin_us;   /* [50] 0..100000 busy-poll before
+                                         sleeping */
+} kvc_config_t;
+
+typedef void (*kvc_warn_fn)(void *arg, const char *msg);
+
+/* kvc_config_parse parses json into cfg (which it initialises). On error
+ * nothing is left to free; on KVX_OK call kvc_config_fini. warn may be NULL
+ * (then warnings go to kvc_log_warn with id "KVX-CONFIG-UNKNOWN-KEY"). */
+kvx_status_t kvc_config_parse(const char *json, kvc_config_t *cfg,
+                              kvc_warn_fn warn, void *warn_arg);
+
+/* kvc_config_fini frees owned lists; a zeroed struct is a no-op. */
+void kvc_config_fini(kvc_config_t *cfg);
+
+/* kvc_config_dump returns the effective configuration as a JSON string in
+ * the input format (malloc'd; caller frees), or NULL on no memory. */
+char *kvc_config_dump(const kvc_config_t *cfg);
+
+/* kvc_config_world returns dp_size * tp_size; kvc_config_rank the global
+ * rank dp_rank * tp_size + tp_rank (SPEC §2). */
+uint32_t kvc_config_world(const kvc_config_t *cfg);
+uint32_t kvc_config_rank(const kvc_config_t *cfg);
+
+#endif

@@ -1,0 +1,143 @@
+/*
+ * ctlmsg.h - JSON codecs of the control plane (SPEC §5, §9): typed control
+ * messages, their replies, the handshake request/metadata, base64 for
+ * binary fields, and a bounded set of finished transfer ids.
+ *
+ * Decoders never trust their input: every field is type- and range-checked,
+ * unknown "type" values and oversized input are rejected with
+ * KVX_ERR_BAD_MESSAGE and a reason naming the field and value.
+ *
+ * Threading: codecs are pure; a kvc_idset_t is not locked (callers lock).
+ */
+#ifndef KVC_CTLMSG_H
+#define KVC_CTLMSG_H
+
+#include "config.h"
+#include "error.h"
+#include "layout.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define KVC_MSG_MAX_BYTES  (4u << 20) /* larger control messages rejected */
+#define KVC_PROTO_VERSION  1
+
+typedef enum kvc_msg_type {
+    KVC_MSG_REMOTE_BLOCKS = 1, /* D -> P (WRITE) */
+    KVC_MSG_WRITE_DONE    = 2, /* P -> D (WRITE) */
+    KVC_MSG_RELEASE       = 3, /* D -> P */
+    KVC_MSG_HEARTBEAT     = 4, /* either; liveness, no effect */
+} kvc_msg_type_t;
+
+typedef struct kvc_msg {
+    kvc_msg_type_t type;
+    char      transfer_id[KVX_ID_MAX];
+    char      req_id[KVX_ID_MAX];     /* remote_blocks */
+    uint64_t *block_ids;              /* owned; remote_blocks */
+    size_t    num_block_ids;
+    int32_t   decode_rank;            /* remote_blocks, >= 0 */
+    int32_t   consumer_tp_size;       /* release: >= 1; absent → 1 */
+    int32_t   consumer_rank;          /* release: sender's TP rank, for
+                                         duplicate detection; -1 absent
+                                         (encoded when >= 0) */
+    int       legacy;                 /* decoded from a plain string */
+} kvc_msg_t;
+
+/*
+ * kvc_msg_decode: buf is a JSON object with "type" (remote_blocks |
+ * write_done | release | heartbeat; an object without "type" but with
+ * "req_id" is remote_blocks), or a plain transfer-id string (raw bytes that
+ * are not a JSON object, or a JSON string): on the producer it is release
+ * with consumer_tp_size 1, on the consumer write_done. Checks: len <=
+ * KVC_MSG_MAX_BYTES; transfer_id a non-empty string shorter than
+ * KVX_ID_MAX of printable ASCII; remote_blocks needs a non-empty
+ * block_notify_list of non-negative integers and decode_rank >= 0; release's
+ * consumer_tp_size >= 1 when present; a type the receiving role does not
+ * accept (remote_blocks or release on the consumer, write_done on the
+ * producer) is rejected. Errors: KVX_ERR_BAD_MESSAGE.
+ */
+kvx_status_t kvc_msg_decode(const char *buf, size_t len, int is_producer,
+                            kvc_msg_t *msg);
+/* kvc_msg_encode returns a malloc'd NUL-terminated JSON text (len in
+ * *len_p, may be NULL). */
+char *kvc_msg_encode(const kvc_msg_t *msg, size_t *len_p);
+void  kvc_msg_fini(kvc_msg_t *msg);
+
+/* Replies: {"ok":true} or {"ok":false,"error":"<reason>"}. */
+char        *kvc_reply_encode(int ok, const char *reason, size_t *len_p);
+/* kvc_reply_decode: *ok_p, and reason copied into reason_buf. A reply that
+ * is not such an object is KVX_ERR_BAD_MESSAGE. */
+kvx_status_t kvc_reply_decode(const char *buf, size_t len, int *ok_p,
+                              char *reason_buf, size_t reason_len);
+
+/* Handshake request: {"type":"get_meta","version":V}. */
+char        *kvc_hs_request_encode(size_t *len_p);
+/* kvc_hs_request_decode: KVX_OK if buf is a get_meta request; the peer's
+ * version in *version_p. */
+kvx_status_t kvc_hs_request_decode(const char *buf, size_t len,
+                                   uint32_t *version_p);
+
+#define KVC_LAYER_NAME_MAX 128
+
+typedef struct kvc_hs_layer {
+    char       name[KVC_LAYER_NAME_MAX];
+    uint64_t   base;      /* remote virtual address */
+    uint64_t   length;    /* registered bytes */
+    uint8_t   *rkey;      /* owned; packed UCX rkey */
+    size_t     rkey_len;
+    uint32_t   mem_type;  /* kvx_mem_type_t */
+    kvc_geom_t geom;
+} kvc_hs_layer_t;
+
+typedef struct kvc_hs_meta {
+    uint32_t        version;
+    uint64_t        digest;            /* kvc_hs_digest of layers */
+    char            engine_id[KVX_ID_MAX]; /* "host:handshake_port" */
+    char            host[KVC_HOST_MAX];
+    uint32_t        handshake_port, notify_port; /* base ports */
+    uint32_t        dp_rank, dp_size, tp_rank, tp_size;
+    uint32_t        is_producer;
+    uint64_t        epoch;             /* random per engine start */
+    uint8_t        *worker_addr;       /* owned; UCP worker address */
+    size_t          worker_addr_len;
+    kvc_hs_layer_t *layers;            /* owned */
+    size_t          num_layers;
+} kvc_hs_meta_t;
+
+/* kvc_hs_encode: JSON with binary fields in base64 and 64-bit integers as
+ * decimal strings where they may exceed 2^53 (base, digest, epoch). */
+char        *kvc_hs_encode(const kvc_hs_meta_t *meta, size_t *len_p);
+/* kvc_hs_decode: every field checked (types, ranges: tp_rank < tp_size,
+ * num_layers <= 4096, non-empty rkey/worker address, geometry kind valid,
+ * block_len > 0 ...). KVX_ERR_BAD_MESSAGE naming the field; nothing to free
+ * on error. */
+kvx_status_t kvc_hs_decode(const char *buf, size_t len, kvc_hs_meta_t *meta);
+void         kvc_hs_fini(kvc_hs_meta_t *meta);
+
+/* kvc_hs_digest: FNV-1a 64 over each layer's name, kind, block_len,
+ * block_size, kernel_block_size, elem_size, num_kv_heads, head_size,
+ * head_size_v, key_only and transfers_per_block, in order; excludes
+ * num_blocks, strides, addresses and TP sizes. */
+uint64_t kvc_hs_digest(const kvc_hs_layer_t *layers, size_t n);
+
+/* base64 (RFC 4648, with padding). encode returns malloc'd text; decode
+ * returns KVX_ERR_BAD_MESSAGE on bad input and a malloc'd buffer. */
+char        *kvc_b64_encode(const uint8_t *data, size_t len);
+kvx_status_t kvc_b64_decode(const char *text, size_t text_len,
+                            uint8_t **data_p, size_t *len_p);
+
+/* kvc_idset_t: bounded FIFO set of ids (oldest evicted at capacity). */
+typedef struct kvc_idset {
+    char  **ids;   /* ring, owned */
+    size_t  cap;
+    size_t  head;  /* next slot to write */
+    size_t  count;
+} kvc_idset_t;
+
+kvx_status_t kvc_idset_init(kvc_idset_t *set, size_t cap);
+void         kvc_idset_fini(kvc_idset_t *set);
+/* kvc_idset_add: adds id (no-op if present); evicts the oldest when full. */
+kvx_status_t kvc_idset_add(kvc_idset_t *set, const char *id);
+int          kvc_idset_contains(const kvc_idset_t *set, const char *id);
+
+#endif

@@ -1,0 +1,868 @@
+/*
+ * engine.c - engine lifetime, layers, listeners, peers (handshake and
+ * control-message sending), transfer table and events.
+ */
+#define _GNU_SOURCE
+#include "engine.h"
+
+#include <json-c/json.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+uint64_t kvc_now_us(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+static void kvc_abs_deadline(struct timespec *ts, uint64_t ms)
+{
+    clock_gettime(CLOCK_REALTIME, ts);
+    ts->tv_sec += (time_t)(ms / 1000);
+    ts->tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts->tv_nsec >= 1000000000L) {
+        ts->tv_sec++;
+        ts->tv_nsec -= 1000000000L;
+    }
+}
+
+/* --- transfers and events ----------------------------------------------- */
+
+static size_t kvc_xfer_bucket(const char *tid)
+{
+    uint64_t h = 1469598103934665603ull;
+
+    for (const unsigned char *p = (const unsigned char *)tid; *p; p++) {
+        h = (h ^ *p) * 1099511628211ull;
+    }
+    return (size_t)(h % KVC_XFER_BUCKETS);
+}
+
+kvc_xfer_t *kvc_xfer_find(struct kvx_engine *eng, const char *tid)
+{
+    for (kvc_xfer_t *x = eng->xfers[kvc_xfer_bucket(tid)]; x; x = x->hnext) {
+        if (strcmp(x->transfer_id, tid) == 0) {
+            return x;
+        }
+    }
+    return NULL;
+}
+
+kvx_status_t kvc_xfer_insert(struct kvx_engine *eng, kvc_xfer_t *x)
+{
+    size_t b = kvc_xfer_bucket(x->transfer_id);
+
+    if (kvc_xfer_find(eng, x->transfer_id) != NULL) {
+        return kvc_error(KVX_ERR_EXISTS,
+                         "transfer_id '%s': a transfer with this id is "
+                         "already active on this rank", x->transfer_id);
+    }
+    x->hnext        = eng->xfers[b];
+    eng->xfers[b]   = x;
+    eng->nxfers++;
+    return KVX_OK;
+}
+
+void kvc_xfer_remove(struct kvx_engine *eng, kvc_xfer_t *x)
+{
+    for (kvc_xfer_t **pp = &eng->xfers[kvc_xfer_bucket(x->transfer_id)];
+         *pp != NULL; pp = &(*pp)->hnext) {
+        if (*pp == x) {
+            *pp = x->hnext;
+            eng->nxfers--;
+            return;
+        }
+    }
+}
+
+void kvc_xfer_free(kvc_xfer_t *x)
+{
+    if (x == NULL) {
+        return;
+    }
+    for (size_t i = 0; i < x->nplans; i++) {
+        free(x->plans[i]);
+    }
+    free(x->plans);
+    free(x->ops);
+    free(x->local_ids);
+    free(x->remote_ids);
+    free(x);
+}
+
+void kvc_event_push(struct kvx_engine *eng, kvx_event_type_t type,
+                    kvx_status_t status, const kvc_xfer_t *x,
+                    const char *reason, int with_blocks)
+{
+    kvc_event_node_t *n = calloc(1, sizeof(*n));
+
+    if (n == NULL) {
+        kvc_log_error("KVX-EVENT-LOST", "transfer %s: event lost (no memory)",
+                      x->transfer_id);
+        return;
+    }
+    n->ev.type   = type;
+    n->ev.status = status;
+    snprintf(n->ev.transfer_id, sizeof(n->ev.transfer_id), "%s",
+             x->transfer_id);
+    snprintf(n->ev.request_id, sizeof(n->ev.request_id), "%s",
+             x->request_id);
+    snprintf(n->ev.reason, sizeof(n->ev.reason), "%s", reason ? reason : "");
+    if (with_blocks && x->nlocal > 0) {
+        n->ev.block_ids = malloc(x->nlocal * sizeof(uint64_t));
+        if (n->ev.block_ids != NULL) {
+            memcpy(n->ev.block_ids, x->local_ids, x->nlocal * sizeof(uint64_t));
+            n->ev.num_block_ids = x->nlocal;
+        }
+    }
+    if (eng->ev_tail != NULL) {
+        eng->ev_tail->next = n;
+    } else {
+        eng->ev_head = n;
+    }
+    eng->ev_tail = n;
+    eng->nevents++;
+    pthread_cond_broadcast(&eng->cond);
+}
+
+/* --- peers -------------------------------------------------------------- */
+
+static void kvc_peer_release_ucx(kvc_peer_t *peer)
+{
+    if (peer->rkeys != NULL) {
+        for (size_t i = 0; i < peer->meta.num_layers; i++) {
+            kvu_rkey_destroy(peer->rkeys[i]);
+        }
+    }
+    free(peer->rkeys);
+    peer->rkeys = NULL;
+    free(peer->layer_map);
+    peer->layer_map = NULL;
+    kvu_ep_close(peer->ep);
+    peer->ep = NULL;
+    kvc_hs_fini(&peer->meta);
+    memset(&peer->meta, 0, sizeof(peer->meta));
+}
+
+static void kvc_peer_ep_error(void *arg, kvu_ep_t *ep, kvx_status_t status,
+                              const char *reason)
+{
+    kvc_peer_t        *peer = arg;
+    struct kvx_engine *eng  = peer->eng;
+
+    pthread_mutex_lock(&eng->lock);
+    if (peer->ep == ep && peer->state == KVC_PEER_READY) {
+        kvc_log_warn("KVX-PEER-FAILED", "peer %s: %s", peer->name, reason);
+        peer->state       = KVC_PEER_FAILED;
+        peer->fail_status = status;
+        snprintf(peer->fail_reason, sizeof(peer->fail_reason), "%s", reason);
+        /* In-flight ops complete with errors once the endpoint is closed;
+         * a later transfer handshakes afresh (new epoch, new rkeys). */
+        kvc_peer_release_ucx(peer);
+    }
+    pthread_mutex_unlock(&eng->lock);
+}
+
+/* Validates the peer's metadata against what we dialled and what we hold.
+ * Called without the engine lock: layers are frozen after start(). */
+static kvx_status_t kvc_peer_check_meta(kvc_peer_t *peer,
+                                        const kvc_hs_meta_t *m, int *map)
+{
+    struct kvx_engine *eng = peer->eng;
+
+    if (m->version != KVC_PROTO_VERSION) {
+        return kvc_error(KVX_ERR_PEER_VERSION,
+                         "peer %s: protocol version %u, this engine speaks %u",
+                         peer->name, m->version, KVC_PROTO_VERSION);
+    }
+    if (m->is_producer == (uint32_t)eng->cfg.is_producer) {
+        return kvc_error(KVX_ERR_HANDSHAKE,
+                         "peer %s: is a %s like this engine", peer->name,
+                         m->is_producer ? "kv_producer" : "kv_consumer");
+    }
+    if (m->tp_rank != peer->tp_rank || m->dp_rank != peer->dp_rank ||
+        m->tp_size != peer->tp_size || m->dp_size != peer->dp_size) {
+        return kvc_error(KVX_ERR_HANDSHAKE,
+                         "peer %s: answered as dp %u/%u tp %u/%u but "
+                         "dp %u/%u tp %u/%u was expected (port or host "
+                         "resolution mismatch)", peer->name, m->dp_rank,
+                         m->dp_size, m->tp_rank, m->tp_size, peer->dp_rank,
+                         peer->dp_size, peer->tp_rank, peer->tp_size);
+    }
+    for (size_t i = 0; i < eng->nlayers; i++) {
+        kvx_status_t st;
+
+        map[i] = -1;
+        for (size_t j = 0; j < m->num_layers; j++) {
+            if (strcmp(m->layers[j].name, eng->layers[i].name) == 0) {
+                map[i] = (int)j;
+                break;
+            }
+        }
+        if (map[i] < 0) {
+            return kvc_error(KVX_ERR_PEER_INCOMPATIBLE,
+                             "peer %s: has no layer named '%s'", peer->name,
+                             eng->layers[i].name);
+        }
+        st = kvc_geom_compatible(&eng->layers[i].geom,
+                                 &m->layers[map[i]].geom);
+        if (st != KVX_OK) {
+            return kvc_error(st, "peer %s: layer '%s': %s", peer->name,
+                             eng->layers[i].name, kvc_last_error());
+        }
+    }
+    if (m->num_layers != eng->nlayers) {
+        return kvc_error(KVX_ERR_PEER_INCOMPATIBLE,
+                         "peer %s: registers %zu layers, this engine %zu",
+                         peer->name, m->num_layers, eng->nlayers);
+    }
+    return KVX_OK;
+}
+
+static kvx_status_t kvc_peer_check_lanes(kvc_peer_t *peer, kvu_ep_t *ep)
+{
+    const kvc_config_t *cfg = &peer->eng->cfg;
+    const char         *tls = kvu_ep_transports(ep);
+
+    for (size_t i = 0; i < cfg->num_ucx_required_transports; i++) {
+        if (strstr(tls, cfg->ucx_required_transports[i]) == NULL) {
+            return kvc_error(KVX_ERR_TRANSPORT,
+                             "peer %s: endpoint lanes '%s' do not include "
+                             "required transport '%s' "
+                             "(ucx_required_transports)", peer->name, tls,
+                             cfg->ucx_required_transports[i]);
+        }
+    }
+    if (kvu_ep_rma_emulated(ep)) {
+        kvc_log_warn("KVX-RMA-EMULATED",
+                     "peer %s: UCX has no one-sided lane for this memory "
+                     "(%s); gets/puts are emulated over active messages",
+                     peer->name, tls);
+    }
+    return KVX_OK;
+}
+
+static kvx_status_t kvc_peer_connect(kvc_peer_t *peer, kvc_hs_meta_t *m,
+                                     int timeout_ms, kvu_ep_t **ep_p,
+                                     kvu_rkey_t ***rkeys_p)
+{
+    kvu_rkey_t **rkeys;
+    kvx_status_t st;
+
+    st = kvu_ep_create(peer->eng->ucx, m->worker_addr, m->worker_addr_len,
+                       peer->name, timeout_ms, kvc_peer_ep_error, peer, ep_p);
+    if (st != KVX_OK) {
+        return st;
+    }
+    rkeys = calloc(m->num_layers ? m->num_layers : 1, sizeof(*rkeys));
+    st    = rkeys ? kvc_peer_check_lanes(peer, *ep_p)
+                  : kvc_error(KVX_ERR_NO_MEMORY, "rkeys: out of memory");
+    for (size_t j = 0; st == KVX_OK && j < m->num_layers; j++) {
+        st = kvu_rkey_unpack(*ep_p, m->layers[j].rkey, m->layers[j].rkey_len,
+                             &rkeys[j]);
+    }
+    if (st != KVX_OK) {
+        for (size_t j = 0; rkeys != NULL && j < m->num_layers; j++) {
+            kvu_rkey_destroy(rkeys[j]);
+        }
+        free(rkeys);
+        kvu_ep_close(*ep_p);
+        *ep_p = NULL;
+        return st;
+    }
+    *rkeys_p = rkeys;
+    return KVX_OK;
+}
+
+/* kvc_peer_handshake runs on the peer thread without the engine lock. */
+static kvx_status_t kvc_peer_handshake(kvc_peer_t *peer, kvc_hs_meta_t *m,
+                                       int **map_p, kvu_ep_t **ep_p,
+                                       kvu_rkey_t ***rkeys_p)
+{
+    struct kvx_engine *eng = peer->eng;
+    int       timeout_ms = (int)(eng->cfg.handshake_timeout * 1000.0);
+    uint64_t  start      = kvc_now_us();
+    size_t    len, rlen;
+    char     *req, *reply = NULL, reason[KVX_REASON_MAX];
+    int       ok = 1, *map;
+    kvx_status_t st;
+
+    if (peer->hs_cli == NULL &&
+        kvn_client_open(peer->host, peer->hs_port, &peer->hs_cli) != KVX_OK) {
+        return KVX_ERR_HANDSHAKE;
+    }
+    req = kvc_hs_request_encode(&len);
+    if (req == NULL) {
+        return kvc_error(KVX_ERR_NO_MEMORY, "handshake: out of memory");
+    }
+    st = kvn_client_request(peer->hs_cli, req, len, timeout_ms, &reply, &rlen);
+    free(req);
+    if (st != KVX_OK) {
+        return kvc_error(st == KVX_ERR_TIMEOUT ? KVX_ERR_HANDSHAKE_TIMEOUT
+                                               : KVX_ERR_HANDSHAKE,
+                         "handshake with %s: %s (handshake_timeout %.3f s)",
+                         peer->name, kvc_last_error(),
+                         eng->cfg.handshake_timeout);
+    }
+    if (kvc_reply_decode(reply, rlen, &ok, reason, sizeof(reason)) == KVX_OK &&
+        !ok) {
+        free(reply);
+        return kvc_error(KVX_ERR_HANDSHAKE, "handshake with %s: refused: %s",
+                         peer->name, reason);
+    }
+    st = kvc_hs_decode(reply, rlen, m);
+    free(reply);
+    if (st != KVX_OK) {
+        return kvc_error(st, "handshake with %s: %s", peer->name,
+                         kvc_last_error());
+    }
+    map = calloc(eng->nlayers ? eng->nlayers : 1, sizeof(int));
+    st  = map ? kvc_peer_check_meta(peer, m, map)
+              : kvc_error(KVX_ERR_NO_MEMORY, "handshake: out of memory");
+    if (st == KVX_OK) {
+        int left = timeout_ms - (int)((kvc_now_us() - start) / 1000u);
+
+        st = kvc_peer_connect(peer, m, left < 100 ? 100 : left, ep_p, rkeys_p);
+    }
+    if (st != KVX_OK) {
+        free(map);
+        kvc_hs_fini(m);
+        return st;
+    }
+    *map_p = map;
+    return KVX_OK;
+}
+
+static void kvc_peer_do_handshake(kvc_peer_t *peer)
+{
+    struct kvx_engine *eng = peer->eng;
+    kvc_hs_meta_t      m;
+    kvu_ep_t          *ep    = NULL;
+    kvu_rkey_t       **rkeys = NULL;
+    int               *map   = NULL;
+    kvx_status_t       st;
+
+    memset(&m, 0, sizeof(m));
+    peer->want_handshake = 0;
+    peer->state          = KVC_PEER_HANDSHAKING;
+    pthread_mutex_unlock(&eng->lock);
+    st = kvc_peer_handshake(peer, &m, &map, &ep, &rkeys);
+    pthread_mutex_lock(&eng->lock);
+    if (st != KVX_OK) {
+        peer->state       = KVC_PEER_FAILED;
+        peer->fail_status = st;
+        snprintf(peer->fail_reason, sizeof(peer->fail_reason), "%s",
+                 kvc_last_error());
+        kvc_log_warn("KVX-HANDSHAKE", "%s", peer->fail_reason);
+        kvc_read_peer_failed(eng, peer);
+        return;
+    }
+    peer->meta      = m;
+    peer->ep        = ep;
+    peer->rkeys     = rkeys;
+    peer->layer_map = map;
+    peer->state     = KVC_PEER_READY;
+    kvc_log_info("KVX-HANDSHAKE-OK", "peer %s: epoch %llu, %zu layers, %s",
+                 peer->name, (unsigned long long)m.epoch, m.num_layers,
+                 kvu_ep_transports(ep));
+    kvc_read_peer_ready(eng, peer);
+}
+
+static void kvc_peer_do_send(kvc_peer_t *peer, kvc_ctlout_t *out)
+{
+    struct kvx_engine *eng = peer->eng;
+    int          timeout_ms = (int)(eng->cfg.handshake_timeout * 1000.0);
+    char        *reply = NULL, reason[KVX_REASON_MAX] = "";
+    size_t       rlen;
+    int          ok = 0;
+    kvx_status_t st = KVX_OK;
+
+    pthread_mutex_unlock(&eng->lock);
+    if (peer->notify_cli == NULL) {
+        st = kvn_client_open(peer->host, peer->notify_port, &peer->notify_cli);
+    }
+    if (st == KVX_OK) {
+        st = kvn_client_request(peer->notify_cli, out->buf, out->len,
+                                timeout_ms, &reply, &rlen);
+    }
+    if (st == KVX_OK) {
+        st = kvc_reply_decode(reply, rlen, &ok, reason, sizeof(reason));
+        free(reply);
+        if (st == KVX_OK && !ok) {
+            kvc_log_warn("KVX-CTL-REFUSED", "%s to %s: refused: %s",
+                         out->what, peer->name, reason);
+        }
+    }
+    if (st != KVX_OK) {
+        kvc_log_warn("KVX-CTL-SEND", "%s to %s failed: %s", out->what,
+                     peer->name, kvc_last_error());
+    }
+    free(out->buf);
+    free(out);
+    pthread_mutex_lock(&eng->lock);
+}
+
+static void *kvc_peer_main(void *arg)
+{
+    kvc_peer_t        *peer = arg;
+    struct kvx_engine *eng  = peer->eng;
+
+    pthread_mutex_lock(&eng->lock);
+    while (!peer->stop) {
+        if (peer->want_handshake && peer->state != KVC_PEER_READY) {
+            kvc_peer_do_handshake(peer);
+            continue;
+        }
+        if (peer->out_head != NULL) {
+            kvc_ctlout_t *out = peer->out_head;
+
+            peer->out_head = out->next;
+            if (peer->out_head == NULL) {
+                peer->out_tail = NULL;
+            }
+            kvc_peer_do_send(peer, out);
+            continue;
+        }
+        pthread_cond_wait(&peer->cond, &eng->lock);
+    }
+    pthread_mutex_unlock(&eng->lock);
+    kvn_client_close(peer->hs_cli);
+    kvn_client_close(peer->notify_cli);
+    return NULL;
+}
+
+kvc_peer_t *kvc_peer_get(struct kvx_engine *eng, const char *host,
+                         const kvc_peer_addr_t *base, uint32_t dp_rank,
+                         uint32_t tp_rank, uint32_t dp_size, uint32_t tp_size)
+{
+    uint32_t    off = dp_rank * tp_size + tp_rank;
+    kvc_peer_t *p;
+
+    for (p = eng->peers; p != NULL; p = p->next) {
+        if (strcmp(p->host, host) == 0 &&
+            p->hs_port == base->handshake_port + off &&
+            p->notify_port == base->notify_port + off &&
+            p->tp_size == tp_size && p->dp_size == dp_size &&
+            p->tp_rank == tp_rank && p->dp_rank == dp_rank) {
+            return p;
+        }
+    }
+    p = calloc(1, sizeof(*p));
+    if (p == NULL) {
+        kvc_error(KVX_ERR_NO_MEMORY, "peer: out of memory");
+        return NULL;
+    }
+    p->eng         = eng;
+    snprintf(p->host, sizeof(p->host), "%s", host);
+    p->hs_port     = base->handshake_port + off;
+    p->notify_port = base->notify_port + off;
+    p->dp_rank     = dp_rank;
+    p->tp_rank     = tp_rank;
+    p->dp_size     = dp_size;
+    p->tp_size     = tp_size;
+    snprintf(p->name, sizeof(p->name), "%s:%u(dp%u,tp%u)", host, p->hs_port,
+             dp_rank, tp_rank);
+    pthread_cond_init(&p->cond, NULL);
+    if (pthread_create(&p->thread, NULL, kvc_peer_main, p) != 0) {
+        pthread_cond_destroy(&p->cond);
+        free(p);
+        kvc_error(KVX_ERR_INTERNAL, "peer %s: cannot start thread", host);
+        return NULL;
+    }
+    p->next    = eng->peers;
+    eng->peers = p;
+    return p;
+}
+
+void kvc_peer_send(kvc_peer_t *peer, char *buf, size_t len, const char *what)
+{
+    kvc_ctlout_t *out = calloc(1, sizeof(*out));
+
+    if (out == NULL) {
+        free(buf);
+        kvc_log_error("KVX-CTL-SEND", "%s to %s: out of memory", what,
+                      peer->name);
+        return;
+    }
+    out->buf = buf;
+    out->len = len;
+    snprintf(out->what, sizeof(out->what), "%s", what);
+    if (peer->out_tail != NULL) {
+        peer->out_tail->next = out;
+    } else {
+        peer->out_head = out;
+    }
+    peer->out_tail = out;
+    pthread_cond_signal(&peer->cond);
+}
+
+void kvc_peer_want_handshake(kvc_peer_t *peer)
+{
+    if (peer->state == KVC_PEER_READY || peer->state == KVC_PEER_HANDSHAKING) {
+        return;
+    }
+    peer->want_handshake = 1;
+    pthread_cond_signal(&peer->cond);
+}
+
+static void kvc_peers_stop(struct kvx_engine *eng)
+{
+    kvc_peer_t *p;
+
+    pthread_mutex_lock(&eng->lock);
+    for (p = eng->peers; p != NULL; p = p->next) {
+        p->stop = 1;
+        pthread_cond_signal(&p->cond);
+    }
+    pthread_mutex_unlock(&eng->lock);
+    /* Peer threads finish their current bounded request, then exit. */
+    for (p = eng->peers; p != NULL; p = p->next) {
+        pthread_join(p->thread, NULL);
+    }
+    while ((p = eng->peers) != NULL) {
+        eng->peers = p->next;
+        while (p->out_head != NULL) {
+            kvc_ctlout_t *o = p->out_head;
+
+            p->out_head = o->next;
+            free(o->buf);
+            free(o);
+        }
+        kvc_peer_release_ucx(p);
+        pthread_cond_destroy(&p->cond);
+        free(p);
+    }
+}
+
+/* --- listeners ---------------------------------------------------------- */
+
+static void kvc_reply(int ok, const char *reason, char **reply_p, size_t *len_p)
+{
+    *reply_p = kvc_reply_encode(ok, reason, len_p);
+    if (*reply_p == NULL) {
+        *len_p = 0;
+    }
+}
+
+static void kvc_hs_handler(void *arg, const char *msg, size_t len,
+                           char **reply_p, size_t *len_p)
+{
+    struct kvx_engine *eng = arg;
+    uint32_t           version;
+
+    if (kvc_hs_request_decode(msg, len, &version) != KVX_OK) {
+        kvc_log_warn("KVX-BAD-MESSAGE", "%s handshake listener: %s",
+                     eng->engine_id, kvc_last_error());
+        kvc_reply(0, kvc_last_error(), reply_p, len_p);
+        return;
+    }
+    *reply_p = malloc(eng->meta_len);
+    if (*reply_p == NULL) {
+        kvc_reply(0, "out of memory", reply_p, len_p);
+        return;
+    }
+    memcpy(*reply_p, eng->meta_json, eng->meta_len);
+    *len_p = eng->meta_len;
+}
+
+static void kvc_notify_handler(void *arg, const char *msg, size_t len,
+                               char **reply_p, size_t *len_p)
+{
+    struct kvx_engine *eng = arg;
+    char               reason[KVX_REASON_MAX] = "";
+    kvc_msg_t          m;
+    int                ok = 1;
+
+    if (kvc_msg_decode(msg, len, eng->cfg.is_producer, &m) != KVX_OK) {
+        kvc_log_warn("KVX-BAD-MESSAGE", "%s notify listener: %s",
+                     eng->engine_id, kvc_last_error());
+        kvc_reply(0, kvc_last_error(), reply_p, len_p);
+        return;
+    }
+    pthread_mutex_lock(&eng->lock);
+    switch (m.type) {
+    case KVC_MSG_RELEASE:
+        kvc_read_on_release(eng, &m, reason, sizeof(reason), &ok);
+        break;
+    case KVC_MSG_HEARTBEAT:
+        break;
+    default:
+        ok = 0;
+        snprintf(reason, sizeof(reason),
+                 "control message type %d for transfer '%s': WRITE mode is "
+                 "not implemented by this engine yet", (int)m.type,
+                 m.transfer_id);
+        break;
+    }
+    pthread_mutex_unlock(&eng->lock);
+    if (!ok) {
+        kvc_log_warn("KVX-CTL-REJECT", "%s: %s", eng->engine_id, reason);
+    }
+    kvc_msg_fini(&m);
+    kvc_reply(ok, reason, reply_p, len_p);
+}
+
+static kvx_status_t kvc_meta_build(struct kvx_engine *eng)
+{
+    kvc_hs_meta_t m;
+    const void   *addr;
+    size_t        addr_len;
+
+    memset(&m, 0, sizeof(m));
+    m.version        = KVC_PROTO_VERSION;
+    snprintf(m.engine_id, sizeof(m.engine_id), "%.200s", eng->engine_id);
+    snprintf(m.host, sizeof(m.host), "%s", eng->cfg.host_ip);
+    m.handshake_port = eng->cfg.handshake_port;
+    m.notify_port    = eng->cfg.notify_port;
+    m.dp_rank        = eng->cfg.dp_rank;
+    m.dp_size        = eng->cfg.dp_size;
+    m.tp_rank        = eng->cfg.tp_rank;
+    m.tp_size        = eng->cfg.tp_size;
+    m.is_producer    = (uint32_t)eng->cfg.is_producer;
+    m.epoch          = eng->epoch;
+    kvu_worker_address(eng->ucx, &addr, &addr_len);
+    m.worker_addr     = (uint8_t *)addr;
+    m.worker_addr_len = addr_len;
+    m.num_layers      = eng->nlayers;
+    m.layers = calloc(eng->nlayers ? eng->nlayers : 1, sizeof(*m.layers));
+    if (m.layers == NULL) {
+        return kvc_error(KVX_ERR_NO_MEMORY, "metadata: out of memory");
+    }
+    for (size_t i = 0; i < eng->nlayers; i++) {
+        const void *rk;
+        size_t      rk_len;
+
+        snprintf(m.layers[i].name, sizeof(m.layers[i].name), "%s",
+                 eng->layers[i].name);
+        m.layers[i].base     = (uint64_t)(uintptr_t)eng->layers[i].base;
+        m.layers[i].length   = eng->layers[i].length;
+        m.layers[i].mem_type = (uint32_t)eng->layers[i].mem_type;
+        m.layers[i].geom     = eng->layers[i].geom;
+        kvu_mem_rkey(eng->layers[i].mem, &rk, &rk_len);
+        m.layers[i].rkey     = (uint8_t *)rk;
+        m.layers[i].rkey_len = rk_len;
+    }
+    m.digest       = kvc_hs_digest(m.layers, m.num_layers);
+    eng->meta_json = kvc_hs_encode(&m, &eng->meta_len);
+    free(m.layers); /* rkeys and address are borrowed */
+    if (eng->meta_json == NULL) {
+        return kvc_error(KVX_ERR_NO_MEMORY, "metadata: encode failed");
+    }
+    return KVX_OK;
+}
+
+kvx_status_t kvx_engine_start(struct kvx_engine *eng)
+{
+    uint32_t     off = kvc_config_rank(&eng->cfg);
+    kvx_status_t st;
+
+    pthread_mutex_lock(&eng->lock);
+    if (eng->started) {
+        pthread_mutex_unlock(&eng->lock);
+        return kvc_error(KVX_ERR_BAD_STATE, "engine %s: already started",
+                         eng->engine_id);
+    }
+    st = kvc_meta_build(eng);
+    pthread_mutex_unlock(&eng->lock);
+    if (st != KVX_OK) {
+        return st;
+    }
+    st = kvn_server_create(eng->cfg.host_ip, eng->cfg.handshake_port + off, 4,
+                           KVC_MSG_MAX_BYTES * 2, kvc_hs_handler, eng,
+                           &eng->hs_srv);
+    if (st == KVX_OK) {
+        st = kvn_server_create(eng->cfg.host_ip, eng->cfg.notify_port + off, 4,
+                               KVC_MSG_MAX_BYTES * 2, kvc_notify_handler, eng,
+                               &eng->notify_srv);
+    }
+    if (st != KVX_OK) {
+        kvn_server_destroy(eng->hs_srv);
+        eng->hs_srv = NULL;
+        return kvc_error(st, "engine %s: %s (ports: handshake_port %u + rank "
+                         "%u, notify_port %u + rank %u)", eng->engine_id,
+                         kvc_last_error(), eng->cfg.handshake_port, off,
+                         eng->cfg.notify_port, off);
+    }
+    pthread_mutex_lock(&eng->lock);
+    eng->started = 1;
+    pthread_mutex_unlock(&eng->lock);
+    kvc_log_info("KVX-STARTED", "engine %s rank dp%u tp%u listening on %s:%u "
+                 "(handshake) and :%u (notify), UCX %s", eng->engine_id,
+                 eng->cfg.dp_rank, eng->cfg.tp_rank, eng->cfg.host_ip,
+                 eng->cfg.handshake_port + off, eng->cfg.notify_port + off,
+                 kvu_version());
+    return KVX_OK;
+}
+
+/* --- create / destroy --------------------------------------------------- */
+
+static void kvc_engine_tick(void *arg)
+{
+    struct kvx_engine *eng = arg;
+
+    pthread_mutex_lock(&eng->lock);
+    if (!eng->stopping) {
+        kvc_read_tick(eng);
+    }
+    pthread_mutex_unlock(&eng->lock);
+}
+
+kvx_status_t kvx_engine_create(const char *json, struct kvx_engine **eng_p)
+{
+    struct kvx_engine *eng = calloc(1, sizeof(*eng));
+    kvu_params_t       up;
+    kvx_status_t       st;
+
+    if (eng == NULL) {
+        return kvc_error(KVX_ERR_NO_MEMORY, "engine: out of memory");
+    }
+    pthread_mutex_init(&eng->lock, NULL);
+    pthread_cond_init(&eng->cond, NULL);
+    st = kvc_config_parse(json, &eng->cfg, NULL, NULL);
+    if (st != KVX_OK) {
+        goto err_free;
+    }
+    st = kvc_trust_init(&eng->trust, eng->cfg.trusted_remote_hosts,
+                        eng->cfg.num_trusted_remote_hosts,
+                        eng->cfg.trusted_set);
+    if (st != KVX_OK) {
+        goto err_cfg;
+    }
+    st = kvc_idset_init(&eng->terminal, KVC_TERMINAL_MAX);
+    if (st != KVX_OK) {
+        goto err_trust;
+    }
+    if (getrandom(&eng->epoch, sizeof(eng->epoch), 0) != sizeof(eng->epoch)) {
+        eng->epoch = kvc_now_us();
+    }
+    snprintf(eng->engine_id, sizeof(eng->engine_id), "%s:%u", eng->cfg.host_ip,
+             eng->cfg.handshake_port);
+    memset(&up, 0, sizeof(up));
+    up.tls                = eng->cfg.ucx_tls;
+    up.net_devices        = eng->cfg.ucx_net_devices;
+    up.err_mode_peer      = eng->cfg.ucx_error_mode == KVC_ERR_MODE_PEER;
+    up.spin_us            = eng->cfg.progress_spin_us;
+    up.max_inflight_bytes = eng->cfg.max_inflight_bytes;
+    up.tick               = kvc_engine_tick;
+    up.tick_arg           = eng;
+    up.name               = eng->engine_id;
+    st = kvu_ctx_create(&up, &eng->ucx);
+    if (st != KVX_OK) {
+        goto err_idset;
+    }
+    *eng_p = eng;
+    return KVX_OK;
+
+err_idset:
+    kvc_idset_fini(&eng->terminal);
+err_trust:
+    kvc_trust_fini(&eng->trust);
+err_cfg:
+    kvc_config_fini(&eng->cfg);
+err_free:
+    pthread_cond_destroy(&eng->cond);
+    pthread_mutex_destroy(&eng->lock);
+    free(eng);
+    return st;
+}
+
+static void kvc_engine_free_state(struct kvx_engine *eng)
+{
+    for (size_t b = 0; b < KVC_XFER_BUCKETS; b++) {
+        while (eng->xfers[b] != NULL) {
+            kvc_xfer_t *x = eng->xfers[b];
+
+            eng->xfers[b] = x->hnext;
+            kvc_xfer_free(x);
+        }
+    }
+    while (eng->ev_head != NULL) {
+        kvc_event_node_t *n = eng->ev_head;
+
+        eng->ev_head = n->next;
+        free(n->ev.block_ids);
+        free(n);
+    }
+    while (eng->early != NULL) {
+        kvc_early_release_t *e = eng->early;
+
+        eng->early = e->next;
+        free(e);
+    }
+}
+
+/* Waits (bounded) until no D transfer has operations in flight, so that
+ * no completion callback can touch a freed transfer. */
+static void kvc_engine_quiesce(struct kvx_engine *eng)
+{
+    uint64_t deadline = kvc_now_us() + 5000000u;
+
+    pthread_mutex_lock(&eng->lock);
+    for (;;) {
+        int busy = 0;
+
+        for (size_t b = 0; b < KVC_XFER_BUCKETS && !busy; b++) {
+            for (kvc_xfer_t *x = eng->xfers[b]; x != NULL; x = x->hnext) {
+                if (x->state == KVC_XFER_INFLIGHT && x->layers_pending > 0) {
+                    busy = 1;
+                    break;
+                }
+            }
+        }
+        if (!busy || kvc_now_us() >= deadline) {
+            break;
+        }
+        struct timespec ts;
+        kvc_abs_deadline(&ts, 10);
+        pthread_cond_timedwait(&eng->cond, &eng->lock, &ts);
+    }
+    pthread_mutex_unlock(&eng->lock);
+}
+
+void kvx_engine_destroy(struct kvx_engine *eng)
+{
+    if (eng == NULL) {
+        return;
+    }
+    kvn_server_destroy(eng->hs_srv);
+    kvn_server_destroy(eng->notify_srv);
+    pthread_mutex_lock(&eng->lock);
+    for (kvc_peer_t *p = eng->peers; p != NULL; p = p->next) {
+        if (p->ep != NULL) {
+            kvu_ep_fail(p->ep, KVX_ERR_CANCELED, "engine destroyed");
+        }
+    }
+    pthread_mutex_unlock(&eng->lock);
+    kvc_peers_stop(eng);
+    kvc_engine_quiesce(eng);
+    pthread_mutex_lock(&eng->lock);
+    eng->stopping = 1;
+    pthread_mutex_unlock(&eng->lock);
+    for (size_t i = 0; i < eng->nlayers; i++) {
+        if (eng->layers[i].mem_owned) {
+            kvu_mem_release(eng->layers[i].mem);
+        }
+    }
+    while (eng->regions != NULL) {
+        kvc_region_t *r = eng->regions;
+
+        eng->regions = r->next;
+        kvu_mem_release(r->mem);
+        free(r);
+    }
+    kvu_ctx_destroy(eng->ucx);
+    kvc_engine_free_state(eng);
+    free(eng->layers);
+    free(eng->meta_json);
+    kvc_idset_fini(&eng->terminal);
+    kvc_trust_fini(&eng->trust);
+    kvc_config_fini(&eng->cfg);
+    pthread_cond_destroy(&eng->cond);
+    pthread_mutex_destroy(&eng->lock);
+    free(eng);
+}

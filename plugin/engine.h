@@ -1,0 +1,207 @@
+/*
+ * engine.h - the connector core: one engine per rank (SPEC §1-§11).
+ *
+ * Locking: one engine lock (eng->lock) guards every field below that is not
+ * marked otherwise. Lock order is engine lock -> kvu context lock; kvu
+ * delivers completions and endpoint errors without its lock held, so the
+ * callbacks here may take the engine lock. Each peer rank has a control
+ * thread that performs its handshake and sends its control messages with
+ * deadlines, outside the engine lock, so a dead peer delays only itself.
+ *
+ * Ownership: the engine owns layers, peers, transfers and events; transfers
+ * are named by transfer_id and looked up under the lock (a late call gets
+ * KVX_ERR_NOT_FOUND, never a dangling pointer).
+ */
+#ifndef KVC_ENGINE_H
+#define KVC_ENGINE_H
+
+#include "addr.h"
+#include "config.h"
+#include "ctlmsg.h"
+#include "layout.h"
+#include "ucx/kvu.h"
+#include "nng/kvn.h"
+
+#include <pthread.h>
+
+typedef struct kvc_layer {
+    char       name[KVC_LAYER_NAME_MAX];
+    void      *base;
+    size_t     length;
+    int        mem_type;
+    kvc_geom_t geom;
+    kvu_mem_t *mem;       /* owned if mem_owned, else the region's */
+    int        mem_owned;
+} kvc_layer_t;
+
+typedef struct kvc_region {
+    void              *ptr;
+    kvu_mem_t         *mem;  /* owned */
+    struct kvc_region *next;
+} kvc_region_t;
+
+typedef enum kvc_peer_state {
+    KVC_PEER_NEW = 0,
+    KVC_PEER_HANDSHAKING,
+    KVC_PEER_READY,
+    KVC_PEER_FAILED,
+} kvc_peer_state_t;
+
+typedef struct kvc_ctlout {
+    char              *buf;   /* owned */
+    size_t             len;
+    char               what[64];
+    struct kvc_ctlout *next;
+} kvc_ctlout_t;
+
+struct kvc_xfer;
+
+/* kvc_peer_t: one rank of a remote instance. */
+typedef struct kvc_peer {
+    struct kvx_engine *eng;
+    char              host[KVC_HOST_MAX];
+    uint32_t          hs_port;      /* the rank's own handshake port */
+    uint32_t          notify_port;  /* the rank's own notify port */
+    uint32_t          dp_rank, tp_rank, dp_size, tp_size; /* expected */
+    char              name[KVC_HOST_MAX + 32]; /* "host:port(dpX,tpY)" */
+    kvc_peer_state_t  state;
+    int               want_handshake;
+    kvx_status_t      fail_status;
+    char              fail_reason[KVX_REASON_MAX];
+    kvc_hs_meta_t     meta;         /* valid when READY */
+    kvu_ep_t         *ep;           /* owned, READY */
+    kvu_rkey_t      **rkeys;        /* per remote layer, READY */
+    int              *layer_map;    /* local layer -> remote layer */
+    kvc_ctlout_t     *out_head, *out_tail;
+    pthread_t         thread;
+    pthread_cond_t    cond;
+    int               stop;
+    kvn_client_t     *hs_cli;       /* peer thread only */
+    kvn_client_t     *notify_cli;   /* peer thread only */
+    struct kvc_peer  *next;
+} kvc_peer_t;
+
+typedef enum kvc_xfer_state {
+    KVC_XFER_WAIT_PEER = 1, /* D: waiting for the handshake */
+    KVC_XFER_INFLIGHT,      /* D: gets posted */
+    KVC_XFER_HELD,          /* P: blocks held until released */
+    KVC_XFER_DONE,
+    KVC_XFER_FAILED,
+} kvc_xfer_state_t;
+
+typedef struct kvc_layer_op {
+    kvu_op_t        op;
+    struct kvc_xfer *xfer;
+    uint32_t        index;
+    int             done;
+    kvx_status_t    status;
+    kvc_run_t      *runs;   /* borrowed from xfer->plans */
+    size_t          nruns;
+} kvc_layer_op_t;
+
+typedef struct kvc_xfer {
+    char              transfer_id[KVX_ID_MAX];
+    char              request_id[KVX_ID_MAX];
+    int               is_producer;
+    kvc_xfer_state_t  state;
+    kvx_status_t      status;
+    char              reason[KVX_REASON_MAX];
+    uint64_t         *local_ids;   /* owned */
+    size_t            nlocal;
+    uint64_t         *remote_ids;  /* owned */
+    size_t            nremote;
+    uint64_t          deadline_us;
+    /* D side */
+    kvc_peer_t       *src;         /* P rank read from */
+    kvc_peer_t       *rel[KVC_RANKMAP_MAX]; /* P ranks to release */
+    uint32_t          nrel;
+    kvc_layer_op_t   *ops;         /* one per local layer, owned */
+    kvc_run_t       **plans;       /* distinct plans, owned */
+    size_t            nplans;
+    uint32_t          layers_pending;
+    int               timed_out;
+    /* P side */
+    uint32_t          quorum;      /* 0 until the first release */
+    uint32_t          released;
+    uint64_t          released_mask; /* consumer ranks seen (< 64) */
+    struct kvc_xfer  *hnext;       /* hash chain */
+} kvc_xfer_t;
+
+typedef struct kvc_event_node {
+    kvx_event_t            ev;
+    struct kvc_event_node *next;
+} kvc_event_node_t;
+
+typedef struct kvc_early_release {
+    char     transfer_id[KVX_ID_MAX];
+    int32_t  consumer_tp_size;
+    int32_t  consumer_rank;
+    uint64_t expires_us;
+    struct kvc_early_release *next;
+} kvc_early_release_t;
+
+#define KVC_XFER_BUCKETS   1024
+#define KVC_EARLY_MAX      4096
+#define KVC_TERMINAL_MAX   4096
+
+struct kvx_engine {
+    kvc_config_t      cfg;
+    kvc_trust_t       trust;
+    pthread_mutex_t   lock;
+    pthread_cond_t    cond;          /* transfer progress */
+    kvu_ctx_t        *ucx;
+    kvc_layer_t      *layers;
+    size_t            nlayers, layers_cap;
+    int               replicated;    /* every layer key-only */
+    kvc_region_t     *regions;
+    int               started;
+    int               stopping;
+    kvn_server_t     *hs_srv, *notify_srv;
+    char             *meta_json;     /* handshake reply, owned */
+    size_t            meta_len;
+    uint64_t          epoch;
+    char              engine_id[KVX_ID_MAX + 16];
+    kvc_peer_t       *peers;
+    kvc_xfer_t       *xfers[KVC_XFER_BUCKETS];
+    size_t            nxfers;
+    kvc_event_node_t *ev_head, *ev_tail;
+    size_t            nevents;
+    kvc_idset_t       terminal;
+    kvc_early_release_t *early;
+    size_t            nearly;
+};
+
+uint64_t kvc_now_us(void);
+
+/* engine.c */
+kvc_xfer_t *kvc_xfer_find(struct kvx_engine *eng, const char *tid);
+kvx_status_t kvc_xfer_insert(struct kvx_engine *eng, kvc_xfer_t *x);
+void        kvc_xfer_remove(struct kvx_engine *eng, kvc_xfer_t *x);
+void        kvc_xfer_free(kvc_xfer_t *x);
+void        kvc_event_push(struct kvx_engine *eng, kvx_event_type_t type,
+                           kvx_status_t status, const kvc_xfer_t *x,
+                           const char *reason, int with_blocks);
+kvc_peer_t *kvc_peer_get(struct kvx_engine *eng, const char *host,
+                         const kvc_peer_addr_t *base, uint32_t dp_rank,
+                         uint32_t tp_rank, uint32_t dp_size,
+                         uint32_t tp_size);
+void        kvc_peer_send(kvc_peer_t *peer, char *buf, size_t len,
+                          const char *what);
+void        kvc_peer_want_handshake(kvc_peer_t *peer);
+
+/* engine_read.c */
+kvx_status_t kvc_read_consumer(struct kvx_engine *eng, const char *req_id,
+                               const char *params_json, const uint64_t *ids,
+                               size_t n);
+kvx_status_t kvc_read_producer(struct kvx_engine *eng, const char *req_id,
+                               const char *params_json, const uint64_t *ids,
+                               size_t n, char **response_p);
+void         kvc_read_peer_ready(struct kvx_engine *eng, kvc_peer_t *peer);
+void         kvc_read_peer_failed(struct kvx_engine *eng, kvc_peer_t *peer);
+void         kvc_read_on_release(struct kvx_engine *eng, const kvc_msg_t *m,
+                                 char *reason, size_t reason_len, int *ok_p);
+void         kvc_read_tick(struct kvx_engine *eng);
+kvx_status_t kvc_xfer_wait(struct kvx_engine *eng, const char *tid,
+                           int64_t layer, int64_t timeout_ms);
+
+#endif

@@ -1,0 +1,724 @@
+/*
+ * engine_read.c - READ mode (SPEC §7): D pulls with one-sided gets, then
+ * releases the P ranks it maps to; P holds its blocks until its ack quorum
+ * released them (or defer_timeout).
+ *
+ * Every function here runs with the engine lock held unless it says
+ * otherwise.
+ */
+#define _GNU_SOURCE
+#include "engine.h"
+
+#include <json-c/json.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* --- consumer (D) ------------------------------------------------------- */
+
+static void kvc_read_send_releases(struct kvx_engine *eng, kvc_xfer_t *x)
+{
+    for (uint32_t i = 0; i < x->nrel; i++) {
+        kvc_msg_t m;
+        size_t    len;
+        char     *buf;
+
+        memset(&m, 0, sizeof(m));
+        m.type             = KVC_MSG_RELEASE;
+        m.consumer_tp_size = (int32_t)eng->cfg.tp_size;
+        m.consumer_rank    = (int32_t)eng->cfg.tp_rank;
+        snprintf(m.transfer_id, sizeof(m.transfer_id), "%s", x->transfer_id);
+        buf = kvc_msg_encode(&m, &len);
+        if (buf != NULL) {
+            kvc_peer_send(x->rel[i], buf, len, "release");
+        }
+    }
+}
+
+/* kvc_read_finish: every get of x completed (or none was posted). */
+static void kvc_read_finish(struct kvx_engine *eng, kvc_xfer_t *x)
+{
+    x->state = x->status == KVX_OK ? KVC_XFER_DONE : KVC_XFER_FAILED;
+    kvc_read_send_releases(eng, x);
+    if (x->status == KVX_OK) {
+        kvc_event_push(eng, KVX_EVENT_FINISHED_RECVING, KVX_OK, x, "", 0);
+    } else {
+        kvc_log_warn("KVX-XFER-FAILED", "transfer %s: %s", x->transfer_id,
+                     x->reason);
+        kvc_event_push(eng, KVX_EVENT_FAILED, x->status, x, x->reason, 1);
+    }
+    kvc_idset_add(&eng->terminal, x->transfer_id);
+    pthread_cond_broadcast(&eng->cond);
+}
+
+static void kvc_xfer_fail(kvc_xfer_t *x, kvx_status_t st, const char *why)
+{
+    if (x->status == KVX_OK) {
+        x->status = st;
+        snprintf(x->reason, sizeof(x->reason), "%s", why);
+    }
+}
+
+static void kvc_read_op_done(kvu_op_t *op)
+{
+    kvc_layer_op_t    *lop = op->arg;
+    kvc_xfer_t        *x   = lop->xfer;
+    struct kvx_engine *eng = x->src->eng;
+    kvx_status_t       st  = (kvx_status_t)atomic_load(&op->status);
+
+    pthread_mutex_lock(&eng->lock);
+    lop->done   = 1;
+    lop->status = st;
+    if (st != KVX_OK) {
+        char why[KVX_REASON_MAX];
+
+        snprintf(why, sizeof(why), "layer %u gets from %s failed: %s",
+                 lop->index, x->src->name, kvc_status_string(st));
+        kvc_xfer_fail(x, x->timed_out ? KVX_ERR_TRANSFER_TIMEOUT : st, why);
+    }
+    if (--x->layers_pending == 0) {
+        kvc_read_finish(eng, x);
+    }
+    pthread_cond_broadcast(&eng->cond);
+    pthread_mutex_unlock(&eng->lock);
+}
+
+/* Builds every layer's run list (one per distinct geometry); nothing is
+ * posted if any block or range is out of bounds. */
+static kvx_status_t kvc_read_plan(struct kvx_engine *eng, kvc_xfer_t *x)
+{
+    kvc_peer_t *peer = x->src;
+
+    x->ops   = calloc(eng->nlayers, sizeof(*x->ops));
+    x->plans = calloc(eng->nlayers, sizeof(*x->plans));
+    if (x->ops == NULL || x->plans == NULL) {
+        return kvc_error(KVX_ERR_NO_MEMORY, "transfer %s: out of memory",
+                         x->transfer_id);
+    }
+    for (size_t i = 0; i < eng->nlayers; i++) {
+        const kvc_layer_t    *l  = &eng->layers[i];
+        const kvc_hs_layer_t *rl = &peer->meta.layers[peer->layer_map[i]];
+        kvx_status_t          st;
+
+        x->ops[i].xfer  = x;
+        x->ops[i].index = (uint32_t)i;
+        for (size_t k = 0; k < i; k++) {
+            const kvc_hs_layer_t *rk =
+                &peer->meta.layers[peer->layer_map[k]];
+
+            if (kvc_geom_same(&eng->layers[k].geom, &l->geom) &&
+                kvc_geom_same(&rk->geom, &rl->geom) &&
+                eng->layers[k].length == l->length &&
+                rk->length == rl->length) {
+                x->ops[i].runs  = x->ops[k].runs;
+                x->ops[i].nruns = x->ops[k].nruns;
+                break;
+            }
+        }
+        if (x->ops[i].runs != NULL) {
+            continue;
+        }
+        x->plans[x->nplans] = malloc(
+            (kvc_plan_max_runs(&l->geom, x->nlocal) + 1) * sizeof(kvc_run_t));
+        if (x->plans[x->nplans] == NULL) {
+            return kvc_error(KVX_ERR_NO_MEMORY, "plan: out of memory");
+        }
+        x->ops[i].runs = x->plans[x->nplans++];
+        st = kvc_plan_build(&l->geom, l->length, &rl->geom, rl->length,
+                            x->local_ids, x->nlocal, x->remote_ids,
+                            x->nremote, x->ops[i].runs, &x->ops[i].nruns);
+        if (st != KVX_OK) {
+            return kvc_error(st, "transfer %s, layer '%s': %s", x->transfer_id,
+                             l->name, kvc_last_error());
+        }
+    }
+    return KVX_OK;
+}
+
+static void kvc_read_post(struct kvx_engine *eng, kvc_xfer_t *x)
+{
+    kvc_peer_t  *peer = x->src;
+    kvx_status_t st   = kvc_read_plan(eng, x);
+
+    if (st != KVX_OK) {
+        kvc_xfer_fail(x, st, kvc_last_error());
+        kvc_read_finish(eng, x);
+        return;
+    }
+    x->state          = KVC_XFER_INFLIGHT;
+    x->layers_pending = (uint32_t)eng->nlayers;
+    for (size_t i = 0; i < eng->nlayers; i++) {
+        const kvc_layer_t *l = &eng->layers[i];
+        int                j = peer->layer_map[i];
+
+        x->ops[i].op.done = kvc_read_op_done;
+        x->ops[i].op.arg  = &x->ops[i];
+        st = kvu_post(peer->ep, 0, l->mem, (uint64_t)(uintptr_t)l->base,
+                      peer->rkeys[j], peer->meta.layers[j].base,
+                      x->ops[i].runs, x->ops[i].nruns, &x->ops[i].op);
+        if (st != KVX_OK) {
+            x->ops[i].done   = 1;
+            x->ops[i].status = st;
+            kvc_xfer_fail(x, st, kvc_last_error());
+            x->layers_pending--;
+        }
+    }
+    if (x->layers_pending == 0) {
+        kvc_read_finish(eng, x);
+    }
+}
+
+static kvx_status_t kvc_read_targets(struct kvx_engine *eng,
+                                     const kvc_xfer_params_t *p,
+                                     const kvc_peer_addr_t *addr,
+                                     const char *field, kvc_xfer_t *x)
+{
+    uint32_t      rtp = p->remote_tp_size ? p->remote_tp_size
+                                          : eng->cfg.tp_size;
+    uint32_t      rdp = p->remote_dp_size ? p->remote_dp_size : 1;
+    kvc_rankmap_t map;
+    kvx_status_t  st;
+
+    if (p->remote_dp_rank >= rdp) {
+        return kvc_error(KVX_ERR_INVALID_PARAM,
+                         "kv_transfer_params.remote_dp_rank: value %u: must "
+                         "be < remote_dp_size %u", p->remote_dp_rank, rdp);
+    }
+    st = kvc_rankmap(eng->cfg.tp_size, rtp, eng->replicated, eng->cfg.tp_rank,
+                     &map);
+    if (st != KVX_OK) {
+        return st;
+    }
+    for (uint32_t i = 0; i <= map.num_release; i++) {
+        uint32_t    rank = i == 0 ? map.read_rank : map.release[i - 1];
+        const char *host;
+        int         idx;
+        kvc_peer_t *peer;
+        char        fld[64];
+
+        st = kvc_host_resolve(addr->host, p->remote_hosts, p->num_remote_hosts,
+                              rdp, rtp, p->remote_dp_rank, rank, &host, &idx);
+        if (st != KVX_OK) {
+            return st;
+        }
+        snprintf(fld, sizeof(fld), "%s", field);
+        if (idx >= 0) {
+            snprintf(fld, sizeof(fld), "remote_hosts[%d]", idx);
+        }
+        st = kvc_trust_check(&eng->trust, host, fld);
+        if (st == KVX_OK) {
+            st = kvc_port_check(addr->handshake_port +
+                                p->remote_dp_rank * rtp + rank,
+                                "remote_handshake_port");
+        }
+        if (st == KVX_OK) {
+            st = kvc_port_check(addr->notify_port +
+                                p->remote_dp_rank * rtp + rank,
+                                "remote_notify_port");
+        }
+        if (st != KVX_OK) {
+            return st;
+        }
+        peer = kvc_peer_get(eng, host, addr, p->remote_dp_rank, rank, rdp,
+                            rtp);
+        if (peer == NULL) {
+            return KVX_ERR_NO_MEMORY;
+        }
+        if (i == 0) {
+            x->src = peer;
+        } else {
+            x->rel[x->nrel++] = peer;
+        }
+    }
+    return KVX_OK;
+}
+
+static kvx_status_t kvc_read_check_hosts(struct kvx_engine *eng,
+                                         const kvc_xfer_params_t *p,
+                                         const kvc_peer_addr_t *addr,
+                                         const char *field)
+{
+    kvx_status_t st = kvc_trust_check(&eng->trust, addr->host, field);
+
+    for (size_t i = 0; st == KVX_OK && i < p->num_remote_hosts; i++) {
+        char fld[64];
+
+        snprintf(fld, sizeof(fld), "remote_hosts[%zu]", i);
+        st = kvc_trust_check(&eng->trust, p->remote_hosts[i], fld);
+    }
+    return st;
+}
+
+static kvc_xfer_t *kvc_xfer_new(const char *tid, const char *req_id,
+                                const uint64_t *ids, size_t n)
+{
+    kvc_xfer_t *x = calloc(1, sizeof(*x));
+
+    if (x == NULL) {
+        return NULL;
+    }
+    snprintf(x->transfer_id, sizeof(x->transfer_id), "%s", tid);
+    snprintf(x->request_id, sizeof(x->request_id), "%s",
+             req_id ? req_id : "");
+    if (n > 0) {
+        x->local_ids = malloc(n * sizeof(uint64_t));
+        if (x->local_ids == NULL) {
+            free(x);
+            return NULL;
+        }
+        memcpy(x->local_ids, ids, n * sizeof(uint64_t));
+    }
+    x->nlocal = n;
+    return x;
+}
+
+static kvx_status_t kvc_read_consumer_locked(struct kvx_engine *eng,
+                                             kvc_xfer_t *x,
+                                             const kvc_xfer_params_t *p,
+                                             const kvc_peer_addr_t *addr,
+                                             const char *field)
+{
+    kvx_status_t st = kvc_read_targets(eng, p, addr, field, x);
+
+    if (st == KVX_OK) {
+        st = kvc_xfer_insert(eng, x);
+    }
+    if (st != KVX_OK) {
+        return st;
+    }
+    x->deadline_us = kvc_now_us() +
+                     (uint64_t)(eng->cfg.transfer_timeout * 1e6);
+    if (x->nlocal == 0) {
+        /* Nothing to read (full prefix hit): still release P (SPEC §7). */
+        kvc_read_finish(eng, x);
+    } else if (x->src->state == KVC_PEER_READY) {
+        kvc_read_post(eng, x);
+    } else {
+        x->state = KVC_XFER_WAIT_PEER;
+        kvc_peer_want_handshake(x->src);
+    }
+    return KVX_OK;
+}
+
+kvx_status_t kvc_read_consumer(struct kvx_engine *eng, const char *req_id,
+                               const char *params_json, const uint64_t *ids,
+                               size_t n)
+{
+    kvc_xfer_params_t p;
+    kvc_peer_addr_t   addr;
+    const char       *field = "remote_host";
+    kvc_xfer_t       *x     = NULL;
+    kvx_status_t      st;
+
+    st = kvc_params_parse(params_json, &p);
+    if (st != KVX_OK) {
+        return st;
+    }
+    if (p.transfer_id[0] == '\0') {
+        st = kvc_error(KVX_ERR_INVALID_PARAM,
+                       "kv_transfer_params.transfer_id: missing");
+        goto out;
+    }
+    st = kvc_params_peer_addr(&p, req_id, 1, &addr, &field);
+    if (st == KVX_OK) {
+        st = kvc_read_check_hosts(eng, &p, &addr, field);
+    }
+    if (st == KVX_OK && n > 0 && !p.has_remote_block_ids) {
+        st = kvc_error(KVX_ERR_INVALID_PARAM,
+                       "kv_transfer_params.remote_block_ids: missing, but "
+                       "READ mode needs the producer's blocks for %zu local "
+                       "blocks", n);
+    }
+    if (st == KVX_OK && n > p.num_remote_block_ids) {
+        st = kvc_error(KVX_ERR_INVALID_PARAM,
+                       "block_ids: %zu local blocks but only %zu "
+                       "remote_block_ids", n, p.num_remote_block_ids);
+    }
+    if (st != KVX_OK) {
+        goto out;
+    }
+    x = kvc_xfer_new(p.transfer_id, req_id, ids, n);
+    if (x == NULL) {
+        st = kvc_error(KVX_ERR_NO_MEMORY, "transfer: out of memory");
+        goto out;
+    }
+    x->remote_ids          = p.remote_block_ids;
+    x->nremote             = p.num_remote_block_ids;
+    p.remote_block_ids     = NULL;
+    p.num_remote_block_ids = 0;
+    pthread_mutex_lock(&eng->lock);
+    st = kvc_read_consumer_locked(eng, x, &p, &addr, field);
+    pthread_mutex_unlock(&eng->lock);
+    if (st != KVX_OK) {
+        kvc_xfer_free(x);
+    }
+out:
+    kvc_params_fini(&p);
+    return st;
+}
+
+void kvc_read_peer_ready(struct kvx_engine *eng, kvc_peer_t *peer)
+{
+    for (size_t b = 0; b < KVC_XFER_BUCKETS; b++) {
+        for (kvc_xfer_t *x = eng->xfers[b]; x != NULL; x = x->hnext) {
+            if (x->state == KVC_XFER_WAIT_PEER && x->src == peer) {
+                kvc_read_post(eng, x);
+            }
+        }
+    }
+}
+
+void kvc_read_peer_failed(struct kvx_engine *eng, kvc_peer_t *peer)
+{
+    for (size_t b = 0; b < KVC_XFER_BUCKETS; b++) {
+        for (kvc_xfer_t *x = eng->xfers[b]; x != NULL; x = x->hnext) {
+            if (x->state == KVC_XFER_WAIT_PEER && x->src == peer) {
+                kvc_xfer_fail(x, peer->fail_status, peer->fail_reason);
+                kvc_read_finish(eng, x);
+            }
+        }
+    }
+}
+
+/* --- producer (P) ------------------------------------------------------- */
+
+static void kvc_read_released(struct kvx_engine *eng, kvc_xfer_t *x,
+                              int32_t consumer_tp_size, int32_t consumer_rank)
+{
+    if (x->quorum == 0) {
+        uint32_t q = 1;
+
+        if (kvc_ack_quorum((uint32_t)consumer_tp_size, eng->cfg.tp_size,
+                           eng->replicated, eng->cfg.tp_rank, &q) != KVX_OK ||
+            q == 0) {
+            q = 1;
+        }
+        x->quorum = q;
+    }
+    if (consumer_rank >= 0 && consumer_rank < 64) {
+        uint64_t bit = 1ull << consumer_rank;
+
+        if (x->released_mask & bit) {
+            return; /* duplicate release from the same consumer rank */
+        }
+        x->released_mask |= bit;
+    }
+    if (++x->released >= x->quorum) {
+        kvc_event_push(eng, KVX_EVENT_FINISHED_SENDING, KVX_OK, x, "", 1);
+        kvc_idset_add(&eng->terminal, x->transfer_id);
+        kvc_xfer_remove(eng, x);
+        kvc_xfer_free(x);
+    }
+}
+
+static void kvc_early_remember(struct kvx_engine *eng, const kvc_msg_t *m)
+{
+    kvc_early_release_t *e;
+
+    if (eng->nearly >= KVC_EARLY_MAX) {
+        kvc_early_release_t **pp = &eng->early;
+
+        while ((*pp)->next != NULL) {
+            pp = &(*pp)->next;
+        }
+        kvc_log_warn("KVX-EARLY-DROP", "early release for %s dropped (cap %d)",
+                     (*pp)->transfer_id, KVC_EARLY_MAX);
+        free(*pp);
+        *pp = NULL;
+        eng->nearly--;
+    }
+    e = calloc(1, sizeof(*e));
+    if (e == NULL) {
+        return;
+    }
+    snprintf(e->transfer_id, sizeof(e->transfer_id), "%s", m->transfer_id);
+    e->consumer_tp_size = m->consumer_tp_size;
+    e->consumer_rank    = m->consumer_rank;
+    e->expires_us       = kvc_now_us() +
+                    (uint64_t)(eng->cfg.defer_timeout * 1e6);
+    e->next    = eng->early;
+    eng->early = e;
+    eng->nearly++;
+}
+
+void kvc_read_on_release(struct kvx_engine *eng, const kvc_msg_t *m,
+                         char *reason, size_t reason_len, int *ok_p)
+{
+    kvc_xfer_t *x = kvc_xfer_find(eng, m->transfer_id);
+
+    (void)reason;
+    (void)reason_len;
+    *ok_p = 1;
+    if (x == NULL || !x->is_producer) {
+        if (!kvc_idset_contains(&eng->terminal, m->transfer_id)) {
+            /* A release can overtake P's own bookkeeping (SPEC §7). */
+            kvc_early_remember(eng, m);
+        }
+        return;
+    }
+    kvc_read_released(eng, x, m->consumer_tp_size, m->consumer_rank);
+}
+
+static void kvc_early_apply(struct kvx_engine *eng, kvc_xfer_t *x)
+{
+    kvc_early_release_t **pp = &eng->early;
+    char                  tid[KVX_ID_MAX];
+
+    snprintf(tid, sizeof(tid), "%s", x->transfer_id);
+    while (*pp != NULL) {
+        kvc_early_release_t *e = *pp;
+
+        if (strcmp(e->transfer_id, tid) != 0) {
+            pp = &e->next;
+            continue;
+        }
+        *pp = e->next;
+        eng->nearly--;
+        /* x may be freed by the release that completes its quorum. */
+        if (kvc_xfer_find(eng, tid) == x) {
+            kvc_read_released(eng, x, e->consumer_tp_size, e->consumer_rank);
+        }
+        free(e);
+    }
+}
+
+static char *kvc_read_response(struct kvx_engine *eng, const kvc_xfer_t *x)
+{
+    json_object *o = json_object_new_object(), *ids, *hosts;
+    char        *out;
+
+    ids   = json_object_new_array();
+    hosts = json_object_new_array();
+    for (size_t i = 0; i < x->nlocal; i++) {
+        json_object_array_add(ids, json_object_new_int64((int64_t)x->local_ids[i]));
+    }
+    for (size_t i = 0; i < eng->cfg.num_node_hosts; i++) {
+        json_object_array_add(hosts,
+                              json_object_new_string(eng->cfg.node_hosts[i]));
+    }
+    json_object_object_add(o, "do_remote_prefill", json_object_new_boolean(1));
+    json_object_object_add(o, "do_remote_decode", json_object_new_boolean(0));
+    json_object_object_add(o, "transfer_id",
+                           json_object_new_string(x->transfer_id));
+    json_object_object_add(o, "remote_block_ids", ids);
+    json_object_object_add(o, "remote_engine_id",
+                           json_object_new_string(eng->engine_id));
+    json_object_object_add(o, "remote_host",
+                           json_object_new_string(eng->cfg.host_ip));
+    json_object_object_add(o, "remote_handshake_port",
+                           json_object_new_int((int)eng->cfg.handshake_port));
+    json_object_object_add(o, "remote_notify_port",
+                           json_object_new_int((int)eng->cfg.notify_port));
+    json_object_object_add(o, "tp_size",
+                           json_object_new_int((int)eng->cfg.tp_size));
+    json_object_object_add(o, "remote_dp_size",
+                           json_object_new_int((int)eng->cfg.dp_size));
+    json_object_object_add(o, "remote_dp_rank",
+                           json_object_new_int((int)eng->cfg.dp_rank));
+    json_object_object_add(o, "remote_hosts", hosts);
+    out = strdup(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
+    json_object_put(o);
+    return out;
+}
+
+static kvx_status_t kvc_read_check_own_ids(struct kvx_engine *eng,
+                                           const uint64_t *ids, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        for (size_t l = 0; l < eng->nlayers; l++) {
+            if (ids[i] >= eng->layers[l].geom.num_blocks) {
+                return kvc_error(KVX_ERR_OUT_OF_BOUNDS,
+                                 "block_ids[%zu] = %llu: must be < num_blocks "
+                                 "%llu of layer '%s'", i,
+                                 (unsigned long long)ids[i],
+                                 (unsigned long long)
+                                     eng->layers[l].geom.num_blocks,
+                                 eng->layers[l].name);
+            }
+        }
+    }
+    return KVX_OK;
+}
+
+kvx_status_t kvc_read_producer(struct kvx_engine *eng, const char *req_id,
+                               const char *params_json, const uint64_t *ids,
+                               size_t n, char **response_p)
+{
+    kvc_xfer_params_t p;
+    kvc_xfer_t       *x;
+    kvx_status_t      st;
+    char             *resp;
+
+    st = kvc_params_parse(params_json, &p);
+    if (st != KVX_OK) {
+        return st;
+    }
+    if (p.transfer_id[0] == '\0') {
+        kvc_params_fini(&p);
+        return kvc_error(KVX_ERR_INVALID_PARAM,
+                         "kv_transfer_params.transfer_id: missing");
+    }
+    st = kvc_read_check_own_ids(eng, ids, n);
+    x  = st == KVX_OK ? kvc_xfer_new(p.transfer_id, req_id, ids, n) : NULL;
+    kvc_params_fini(&p);
+    if (x == NULL) {
+        return st != KVX_OK ? st
+                            : kvc_error(KVX_ERR_NO_MEMORY, "out of memory");
+    }
+    x->is_producer = 1;
+    x->state       = KVC_XFER_HELD;
+    x->deadline_us = kvc_now_us() + (uint64_t)(eng->cfg.defer_timeout * 1e6);
+    resp           = kvc_read_response(eng, x);
+    pthread_mutex_lock(&eng->lock);
+    st = resp != NULL ? kvc_xfer_insert(eng, x)
+                      : kvc_error(KVX_ERR_NO_MEMORY, "response: no memory");
+    if (st == KVX_OK) {
+        kvc_early_apply(eng, x);
+    }
+    pthread_mutex_unlock(&eng->lock);
+    if (st != KVX_OK) {
+        free(resp);
+        kvc_xfer_free(x);
+        return st;
+    }
+    *response_p = resp;
+    return KVX_OK;
+}
+
+/* --- deadlines ---------------------------------------------------------- */
+
+static void kvc_read_tick_xfer(struct kvx_engine *eng, kvc_xfer_t *x,
+                               uint64_t now)
+{
+    char why[KVX_REASON_MAX];
+
+    if (x->is_producer) {
+        snprintf(why, sizeof(why), "no release from the consumer within "
+                 "defer_timeout %.3f s; the blocks may be freed",
+                 eng->cfg.defer_timeout);
+        kvc_log_warn("KVX-DEFER-TIMEOUT", "transfer %s: %s", x->transfer_id,
+                     why);
+        kvc_event_push(eng, KVX_EVENT_FAILED, KVX_ERR_TIMEOUT, x, why, 1);
+        kvc_idset_add(&eng->terminal, x->transfer_id);
+        kvc_xfer_remove(eng, x);
+        kvc_xfer_free(x);
+        return;
+    }
+    snprintf(why, sizeof(why), "transfer_timeout %.3f s expired %s",
+             eng->cfg.transfer_timeout,
+             x->state == KVC_XFER_WAIT_PEER ? "before the handshake finished"
+                                            : "with gets in flight");
+    (void)now;
+    x->timed_out = 1;
+    kvc_xfer_fail(x, KVX_ERR_TRANSFER_TIMEOUT, why);
+    if (x->state == KVC_XFER_WAIT_PEER) {
+        kvc_read_finish(eng, x);
+    } else if (x->src->ep != NULL) {
+        /* Force-close the endpoint: in-flight gets complete with errors and
+         * only then are the blocks reported (SPEC §10). */
+        kvu_ep_fail(x->src->ep, KVX_ERR_TRANSFER_TIMEOUT, why);
+    }
+}
+
+void kvc_read_tick(struct kvx_engine *eng)
+{
+    uint64_t now = kvc_now_us();
+
+    for (size_t b = 0; b < KVC_XFER_BUCKETS; b++) {
+        kvc_xfer_t *x = eng->xfers[b];
+
+        while (x != NULL) {
+            kvc_xfer_t *next = x->hnext;
+
+            if ((x->state == KVC_XFER_HELD || x->state == KVC_XFER_WAIT_PEER ||
+                 x->state == KVC_XFER_INFLIGHT) &&
+                !x->timed_out && now > x->deadline_us) {
+                kvc_read_tick_xfer(eng, x, now);
+            }
+            x = next;
+        }
+    }
+    for (kvc_early_release_t **pp = &eng->early; *pp != NULL;) {
+        if ((*pp)->expires_us < now) {
+            kvc_early_release_t *e = *pp;
+
+            *pp = e->next;
+            free(e);
+            eng->nearly--;
+        } else {
+            pp = &(*pp)->next;
+        }
+    }
+}
+
+/* --- waits -------------------------------------------------------------- */
+
+static kvx_status_t kvc_xfer_poll(struct kvx_engine *eng, const char *tid,
+                                  int64_t layer, uint64_t *deadline_p)
+{
+    kvc_xfer_t *x = kvc_xfer_find(eng, tid);
+
+    if (x == NULL) {
+        return kvc_error(KVX_ERR_NOT_FOUND, "transfer_id '%s': %s", tid,
+                         kvc_idset_contains(&eng->terminal, tid)
+                             ? "finished and its event was already consumed"
+                             : "no such transfer on this rank");
+    }
+    if (x->is_producer) {
+        return kvc_error(KVX_ERR_BAD_STATE, "transfer_id '%s': waits are for "
+                         "the consumer side", tid);
+    }
+    if (layer >= (int64_t)eng->nlayers) {
+        return kvc_error(KVX_ERR_INVALID_PARAM, "layer %lld: must be < %zu",
+                         (long long)layer, eng->nlayers);
+    }
+    if (*deadline_p == 0) {
+        *deadline_p = x->deadline_us + 1000000u;
+    }
+    if (layer >= 0 && x->ops != NULL && x->ops[layer].done &&
+        x->ops[layer].status == KVX_OK) {
+        return KVX_OK;
+    }
+    if (x->state == KVC_XFER_DONE) {
+        return KVX_OK;
+    }
+    if (x->state == KVC_XFER_FAILED) {
+        return kvc_error(x->status, "transfer %s: %s", tid, x->reason);
+    }
+    return KVX_INPROGRESS;
+}
+
+kvx_status_t kvc_xfer_wait(struct kvx_engine *eng, const char *tid,
+                           int64_t layer, int64_t timeout_ms)
+{
+    uint64_t     deadline = timeout_ms >= 0
+                                ? kvc_now_us() + (uint64_t)timeout_ms * 1000u
+                                : 0;
+    kvx_status_t st;
+
+    pthread_mutex_lock(&eng->lock);
+    while ((st = kvc_xfer_poll(eng, tid, layer, &deadline)) ==
+           KVX_INPROGRESS) {
+        uint64_t        now = kvc_now_us();
+        struct timespec ts;
+        uint64_t        left;
+
+        if (now >= deadline) {
+            st = kvc_error(KVX_ERR_TIMEOUT, "transfer %s: wait timed out",
+                           tid);
+            break;
+        }
+        left = deadline - now;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += (time_t)(left / 1000000u);
+        ts.tv_nsec += (long)(left % 1000000u) * 1000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&eng->cond, &eng->lock, &ts);
+    }
+    pthread_mutex_unlock(&eng->lock);
+    return st;
+}

@@ -1,0 +1,113 @@
+/*
+ * layout.h - KV layer geometry and per-transfer offset plans (SPEC §6).
+ *
+ * kvc_geom_from_desc derives a layer's per-block geometry from the tensor
+ * shape/strides and the attention spec the framework passes at registration
+ * (never from a fixed block dimension). kvc_plan_build turns paired block id
+ * lists into merged (local offset, remote offset, length) runs, bounds-checked
+ * against num_blocks on both sides and against both registered regions.
+ * Offsets are in bytes relative to the start of each side's layer tensor.
+ *
+ * Threading: pure functions, any thread.
+ */
+#ifndef KVC_LAYOUT_H
+#define KVC_LAYOUT_H
+
+#include "error.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum kvc_layout_kind {
+    KVC_LAYOUT_KEY_ONLY           = 1, /* [NB, BS, L] MLA / indexer */
+    KVC_LAYOUT_SPLIT              = 2, /* [2, NB, BS, H, D] or [2,NB,H,BS,D] */
+    KVC_LAYOUT_SPLIT_KERNEL       = 3, /* [2, NB*k, kbs, H, D] */
+    KVC_LAYOUT_INTERLEAVED        = 4, /* [NB, 2, BS, H, D] or [NB,2,H,BS,D] */
+    KVC_LAYOUT_INTERLEAVED_KERNEL = 5, /* [NB*k, 2, kbs, H, D] */
+    KVC_LAYOUT_PACKED             = 6, /* [NB, H, BS, Dk+Dv] */
+} kvc_layout_kind_t;
+
+/* kvc_geom_t: all byte quantities. For split layouts a block has two
+ * transfer units (K at b*block_stride, V at kv_stride + b*block_stride); for
+ * interleaved (non-kernel) the V unit is at b*block_stride + kv_stride with
+ * kv_stride == block_len, so the two merge into one run; the others have one
+ * unit of block_len at b*block_stride. */
+typedef struct kvc_geom {
+    kvc_layout_kind_t kind;
+    uint64_t num_blocks;          /* logical blocks */
+    uint64_t block_len;           /* bytes of one transfer unit */
+    uint64_t block_stride;        /* bytes between logical blocks */
+    uint64_t kv_stride;           /* bytes from K unit to V unit (tpb == 2) */
+    uint32_t transfers_per_block; /* 1 or 2 */
+    uint32_t elem_size;
+    uint32_t block_size;          /* logical tokens per block */
+    uint32_t kernel_block_size;   /* tokens per kernel block (= block_size
+                                     when not a kernel layout) */
+    uint32_t num_kv_heads;
+    uint32_t head_size;
+    uint32_t head_size_v;
+    uint32_t key_only;
+} kvc_geom_t;
+
+struct kvx_layer_desc;
+
+/* kvc_geom_from_desc: KVX_ERR_LAYOUT (with the reason: which dimension did
+ * not match which spec value, or that two axes match ambiguously) or
+ * KVX_ERR_INVALID_PARAM (zero sizes, ndim out of range, extent of the
+ * geometry larger than desc->length). */
+kvx_status_t kvc_geom_from_desc(const struct kvx_layer_desc *desc,
+                                kvc_geom_t *geom);
+
+/* kvc_geom_for_peer returns geometry `like` as a peer with remote_num_blocks
+ * would have it: same per-block shape, num_blocks = remote_num_blocks and,
+ * for split layouts whose V plane follows all K units (kv_stride >=
+ * block_stride), kv_stride = block_stride * remote_num_blocks (SPEC §6: the
+ * remote V offset uses the remote num_blocks). A split shape whose strides
+ * keep K and V inside one block (kv_stride < block_stride) keeps kv_stride.
+ * The product saturates at UINT64_MAX, so kvc_plan_build rejects it. */
+void kvc_geom_for_peer(const kvc_geom_t *like, uint64_t remote_num_blocks,
+                       kvc_geom_t *out);
+
+/* kvc_geom_extent: bytes the geometry spans from the tensor start (the
+ * highest offset + length any valid block can touch). */
+uint64_t kvc_geom_extent(const kvc_geom_t *geom);
+
+/* kvc_geom_compatible: KVX_OK when a and b have the same kind and per-block
+ * shape (everything but num_blocks and kv_stride); otherwise
+ * KVX_ERR_PEER_INCOMPATIBLE naming the first differing field and both
+ * values. */
+kvx_status_t kvc_geom_compatible(const kvc_geom_t *local,
+                                 const kvc_geom_t *remote);
+
+/* kvc_geom_same reports whether two geometries produce identical plans
+ * (all fields equal); used to cache plans per geometry. */
+int kvc_geom_same(const kvc_geom_t *a, const kvc_geom_t *b);
+
+typedef struct kvc_run {
+    uint64_t local_off;
+    uint64_t remote_off;
+    uint64_t len;
+} kvc_run_t;
+
+/* kvc_plan_max_runs: capacity kvc_plan_build needs for nlocal blocks. */
+size_t kvc_plan_max_runs(const kvc_geom_t *local, size_t nlocal);
+
+/*
+ * kvc_plan_build pairs local_ids[i] with remote_ids[nremote - nlocal + i] (a
+ * shorter local list reads the last remote blocks; nlocal > nremote is
+ * KVX_ERR_INVALID_PARAM), computes the transfer units, sorts them by local
+ * offset and merges neighbours whose local and remote offsets both continue.
+ * Every id is checked against its side's num_blocks and every run against
+ * its side's region length: KVX_ERR_OUT_OF_BOUNDS naming the side, the list
+ * index, the id and the limit. local and remote must pass
+ * kvc_geom_compatible (else its KVX_ERR_PEER_INCOMPATIBLE). runs must hold
+ * kvc_plan_max_runs() entries; *nruns_p is written only on KVX_OK.
+ */
+kvx_status_t kvc_plan_build(const kvc_geom_t *local, uint64_t local_region_len,
+                            const kvc_geom_t *remote,
+                            uint64_t remote_region_len,
+                            const uint64_t *local_ids, size_t nlocal,
+                            const uint64_t *remote_ids, size_t nremote,
+                            kvc_run_t *runs, size_t *nruns_p);
+
+#endif

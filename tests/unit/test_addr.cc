@@ -1,0 +1,1056 @@
+// test_addr.cc - peer addressing: zmq_address, request_id, trust, host of a
+// remote rank, TP rank map and ack quorum, kv_transfer_params (SPEC §3-§4).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+extern "C" {
+#include "addr.h"
+#include "error.h"
+}
+
+namespace {
+
+const char kP[]   = "host:10.0.0.1,handshake:6301,notify:61005";
+const char kD[]   = "host:10.0.0.2,handshake:7301,notify:7501";
+const char kHex[] = "0123456789abcdef0123456789abcdef";
+
+std::string LastError()
+{
+    return std::string(kvc_last_error());
+}
+
+bool ErrorHas(const char *sub)
+{
+    return LastError().find(sub) != std::string::npos;
+}
+
+std::string ReqId(const std::string &p, const std::string &d,
+                  const std::string &tail = kHex)
+{
+    return "___prefill_addr_" + p + "___decode_addr_" + d + "_" + tail;
+}
+
+// ---- request_id --------------------------------------------------------
+
+struct ReqidCase {
+    const char *name;
+    std::string id;
+    int         want_prefill;
+    bool        ok;
+    const char *host;     // expected host, or error substring when !ok
+    uint32_t    handshake;
+    uint32_t    notify;
+};
+
+std::vector<ReqidCase> ReqidCases()
+{
+    const std::string v6p = "host:::1,handshake:6301,notify:61005";
+    const std::string v6d = "host:fd00::5,handshake:7301,notify:7501";
+    const std::string wrapped =
+        "chatcmpl-" + ReqId(kP, kD) + "-0-deadbeef";
+    return {
+        {"PlainDecodeSide", ReqId(kP, kD), 1, true, "10.0.0.1", 6301, 61005},
+        {"PlainPrefillSide", ReqId(kP, kD), 0, true, "10.0.0.2", 7301, 7501},
+        {"WrappedDecodeSide", wrapped, 1, true, "10.0.0.1", 6301, 61005},
+        {"WrappedPrefillSide", wrapped, 0, true, "10.0.0.2", 7301, 7501},
+        {"CmplSuffixPrefillSide", "cmpl-" + ReqId(kP, kD) + "-3-0a1b2c3d", 0,
+         true, "10.0.0.2", 7301, 7501},
+        {"UnderscoreSuffixPrefillSide", ReqId(kP, kD) + "_x", 0, true,
+         "10.0.0.2", 7301, 7501},
+        {"Ipv6PrefillHost", ReqId(v6p, kD), 1, true, "::1", 6301, 61005},
+        {"Ipv6PrefillHostOtherSide", ReqId(v6p, kD), 0, true, "10.0.0.2",
+         7301, 7501},
+        {"Ipv6DecodeHost", ReqId(kP, v6d), 0, true, "fd00::5", 7301, 7501},
+        {"Ipv6DecodeHostOtherSide", ReqId(kP, v6d), 1, true, "10.0.0.1",
+         6301, 61005},
+        {"Ipv6BothWrapped", "chatcmpl-" + ReqId(v6p, v6d) + "-0-deadbeef", 0,
+         true, "fd00::5", 7301, 7501},
+        {"KeysAnyOrder",
+         ReqId("notify:61005,host:p.example,handshake:6301", kD), 1, true,
+         "p.example", 6301, 61005},
+        {"MissingPrefillMarker",
+         "___decode_addr_" + std::string(kD) + "_" + kHex, 1, false,
+         "___prefill_addr_", 0, 0},
+        {"MissingDecodeMarkerDecodeSide",
+         "___prefill_addr_" + std::string(kP) + "_" + kHex, 1, false,
+         "___decode_addr_", 0, 0},
+        {"MissingDecodeMarkerPrefillSide",
+         "___prefill_addr_" + std::string(kP) + "_" + kHex, 0, false,
+         "___decode_addr_", 0, 0},
+        {"MissingNotifyKey",
+         ReqId("host:10.0.0.1,handshake:6301", kD), 1, false,
+         "missing key 'notify'", 0, 0},
+        {"MissingHostKey", ReqId(kP, "handshake:7301,notify:7501"), 0, false,
+         "missing key 'host'", 0, 0},
+        {"NonNumericPort", ReqId("host:10.0.0.1,handshake:abc,notify:5", kD),
+         1, false, "abc", 0, 0},
+        {"PortZero", ReqId(kP, "host:10.0.0.2,handshake:0,notify:7501"), 0,
+         false, "1..65535", 0, 0},
+        {"PortTooLarge",
+         ReqId("host:10.0.0.1,handshake:65536,notify:5", kD), 1, false,
+         "65536", 0, 0},
+        {"TailOf31Hex", ReqId(kP, kD, std::string(kHex).substr(1)), 0, false,
+         "32 lowercase hex", 0, 0},
+        {"TailOf33Hex", ReqId(kP, kD, std::string(kHex) + "a"), 0, false,
+         "32 lowercase hex", 0, 0},
+        {"TailUppercaseHex", ReqId(kP, kD, "0123456789ABCDEF0123456789ABCDEF"),
+         0, false, "32 lowercase hex", 0, 0},
+        {"EmptyHost", ReqId("host:,handshake:6301,notify:61005", kD), 1,
+         false, "host must be 1..255 characters", 0, 0},
+        {"EmptyPrefillAddress", ReqId("", kD), 1, false, "':'", 0, 0},
+        {"EmptyDecodeAddress", ReqId(kP, ""), 0, false, "32 lowercase hex", 0,
+         0},
+        {"DuplicateKey",
+         ReqId("host:a,host:b,handshake:6301,notify:61005", kD), 1, false,
+         "duplicate", 0, 0},
+        {"EmptyId", "", 1, false, "empty", 0, 0},
+    };
+}
+
+class AddrReqid : public ::testing::TestWithParam<ReqidCase> {};
+
+TEST_P(AddrReqid, Parses)
+{
+    const ReqidCase &c = GetParam();
+    kvc_peer_addr_t  addr;
+
+    memset(&addr, 0x5a, sizeof(addr));
+    kvx_status_t st = kvc_reqid_parse(c.id.c_str(), c.want_prefill, &addr);
+    if (c.ok) {
+        ASSERT_EQ(st, KVX_OK) << LastError();
+        EXPECT_STREQ(addr.host, c.host);
+        EXPECT_EQ(addr.handshake_port, c.handshake);
+        EXPECT_EQ(addr.notify_port, c.notify);
+    } else {
+        EXPECT_EQ(st, KVX_ERR_INVALID_PARAM);
+        EXPECT_TRUE(ErrorHas("request_id")) << LastError();
+        EXPECT_TRUE(ErrorHas(c.host)) << LastError();
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Table, AddrReqid, ::testing::ValuesIn(ReqidCases()),
+                         [](const ::testing::TestParamInfo<ReqidCase> &i) {
+                             return std::string(i.param.name);
+                         });
+
+TEST(AddrReqidNull, NullIsAnError)
+{
+    kvc_peer_addr_t addr;
+
+    EXPECT_EQ(kvc_reqid_parse(nullptr, 0, &addr), KVX_ERR_INVALID_PARAM);
+    EXPECT_TRUE(ErrorHas("request_id"));
+}
+
+// ---- zmq_address -------------------------------------------------------
+
+TEST(AddrZmq, FormatParseRoundTrip)
+{
+    const kvc_peer_addr_t cases[] = {
+        {"10.0.0.1", 6301, 61005},
+        {"::1", 1024, 65535},
+        {"fd00:1:2::5", 7000, 7001},
+        {"prefill-0.cluster.local", 1, 2},
+    };
+    for (const kvc_peer_addr_t &a : cases) {
+        char            buf[512];
+        kvc_peer_addr_t back;
+        int             n = kvc_zmq_addr_format(&a, buf, sizeof(buf));
+
+        ASSERT_GT(n, 0);
+        ASSERT_LT((size_t)n, sizeof(buf));
+        EXPECT_EQ(std::string(buf),
+                  std::string("host:") + a.host +
+                      ",handshake:" + std::to_string(a.handshake_port) +
+                      ",notify:" + std::to_string(a.notify_port));
+        ASSERT_EQ(kvc_zmq_addr_parse(buf, (size_t)n, "zmq_address", &back),
+                  KVX_OK)
+            << LastError();
+        EXPECT_STREQ(back.host, a.host);
+        EXPECT_EQ(back.handshake_port, a.handshake_port);
+        EXPECT_EQ(back.notify_port, a.notify_port);
+    }
+}
+
+TEST(AddrZmq, ParsesOnlyLenBytes)
+{
+    const char      s[] = "host:h1,handshake:2000,notify:3000TRAILING";
+    kvc_peer_addr_t a;
+
+    ASSERT_EQ(kvc_zmq_addr_parse(s, strlen(s) - strlen("TRAILING"), "f", &a),
+              KVX_OK)
+        << LastError();
+    EXPECT_STREQ(a.host, "h1");
+    EXPECT_EQ(a.notify_port, 3000u);
+}
+
+TEST(AddrZmq, IgnoresUnknownKeys)
+{
+    const char      s[] = "host:h1,handshake:2000,notify:3000,extra:1";
+    kvc_peer_addr_t a;
+
+    ASSERT_EQ(kvc_zmq_addr_parse(s, strlen(s), "f", &a), KVX_OK);
+    EXPECT_EQ(a.handshake_port, 2000u);
+}
+
+TEST(AddrZmq, ErrorsNameTheField)
+{
+    const char *bad[] = {
+        "host:h1,handshake:2000",
+        "host:h1,handshake:2000,notify:-1",
+        "host:h1,handshake:2000,notify:3000,",
+        "host:h1,handshake: 2000,notify:3000",
+        "",
+    };
+    for (const char *s : bad) {
+        kvc_peer_addr_t a;
+
+        EXPECT_EQ(kvc_zmq_addr_parse(s, strlen(s), "registration.zmq_address",
+                                     &a),
+                  KVX_ERR_INVALID_PARAM)
+            << s;
+        EXPECT_TRUE(ErrorHas("registration.zmq_address")) << LastError();
+    }
+}
+
+// ---- host of a remote rank ---------------------------------------------
+
+struct ResolveCase {
+    const char              *name;
+    std::vector<std::string> hosts;
+    uint32_t                 dp_size, tp_size, dp_rank, tp_rank;
+    int                      index;
+};
+
+std::vector<ResolveCase> ResolveCases()
+{
+    const std::vector<std::string> two  = {"hostA", "hostB"};
+    const std::vector<std::string> four = {"h0", "h1", "h2", "h3"};
+    std::vector<ResolveCase>       v    = {
+        {"Tp16Rank0", two, 1, 16, 0, 0, 0},
+        {"Tp16Rank7", two, 1, 16, 0, 7, 0},
+        {"Tp16Rank8", two, 1, 16, 0, 8, 1},
+        {"Tp16Rank15", two, 1, 16, 0, 15, 1},
+        {"Dp16Rank0", two, 16, 1, 0, 0, 0},
+        {"Dp16Rank7", two, 16, 1, 7, 0, 0},
+        {"Dp16Rank8", two, 16, 1, 8, 0, 1},
+        {"Dp16Rank15", two, 16, 1, 15, 0, 1},
+        {"Dp2Tp16Dp1Tp9", four, 2, 16, 1, 9, 3},
+        {"Dp2Tp16Dp0Tp8", four, 2, 16, 0, 8, 1},
+        {"Dp2Tp16Dp0Tp0", four, 2, 16, 0, 0, 0},
+        {"Dp2Tp16Dp0Tp7", four, 2, 16, 0, 7, 0},
+        {"Dp2Tp16Dp0Tp15", four, 2, 16, 0, 15, 1},
+        {"Dp2Tp16Dp1Tp0", four, 2, 16, 1, 0, 2},
+        {"Dp2Tp16Dp1Tp7", four, 2, 16, 1, 7, 2},
+        {"Dp2Tp16Dp1Tp15", four, 2, 16, 1, 15, 3},
+    };
+    for (uint32_t dp = 0; dp < 2; dp++) {
+        for (uint32_t tp = 0; tp < 8; tp++) {
+            v.push_back({"", two, 2, 8, dp, tp, (int)dp});
+        }
+    }
+    return v;
+}
+
+class AddrHostResolve : public ::testing::TestWithParam<ResolveCase> {};
+
+TEST_P(AddrHostResolve, PicksHost)
+{
+    const ResolveCase &c = GetParam();
+    std::vector<char *> ptrs;
+    const char         *host  = nullptr;
+    int                 index = -7;
+
+    for (const std::string &h : c.hosts) {
+        ptrs.push_back(const_cast<char *>(h.c_str()));
+    }
+    ASSERT_EQ(kvc_host_resolve("advertised", ptrs.data(), ptrs.size(),
+                               c.dp_size, c.tp_size, c.dp_rank, c.tp_rank,
+                               &host, &index),
+              KVX_OK)
+        << LastError();
+    EXPECT_EQ(index, c.index);
+    EXPECT_EQ(host, ptrs[(size_t)c.index]);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Table, AddrHostResolve, ::testing::ValuesIn(ResolveCases()),
+    [](const ::testing::TestParamInfo<ResolveCase> &i) {
+        if (i.param.name[0] != '\0') {
+            return std::string(i.param.name);
+        }
+        return "Dp2Tp8Dp" + std::to_string(i.param.dp_rank) + "Tp" +
+               std::to_string(i.param.tp_rank);
+    });
+
+TEST(AddrHostResolveAdvertised, ZeroOrOneEntryKeepsAdvertised)
+{
+    char        only[] = "other-host";
+    char       *one[]  = {only};
+    const char *adv    = "10.0.0.1";
+
+    for (size_t n = 0; n <= 1; n++) {
+        for (uint32_t dp = 0; dp < 2; dp++) {
+            for (uint32_t tp = 0; tp < 16; tp++) {
+                const char *host  = nullptr;
+                int         index = 5;
+
+                ASSERT_EQ(kvc_host_resolve(adv, n ? one : nullptr, n, 2, 16,
+                                           dp, tp, &host, &index),
+                          KVX_OK);
+                EXPECT_EQ(host, adv);
+                EXPECT_EQ(index, -1);
+            }
+        }
+    }
+}
+
+TEST(AddrHostResolveErrors, WorldNotMultipleOfHosts)
+{
+    char        a[] = "a", b[] = "b", c[] = "c", d[] = "d";
+    char       *hosts[] = {a, b, c, d};
+    const char *host    = nullptr;
+
+    EXPECT_EQ(kvc_host_resolve("adv", hosts, 4, 1, 6, 0, 0, &host, nullptr),
+              KVX_ERR_CONFIG);
+    EXPECT_TRUE(ErrorHas("world 6")) << LastError();
+    EXPECT_TRUE(ErrorHas("4 remote_hosts")) << LastError();
+    EXPECT_EQ(host, nullptr);
+}
+
+TEST(AddrHostResolveErrors, RankOutOfRangeAndZeroSizes)
+{
+    char        a[] = "a", b[] = "b";
+    char       *hosts[] = {a, b};
+    const char *host    = nullptr;
+
+    EXPECT_EQ(kvc_host_resolve("adv", hosts, 2, 1, 16, 0, 16, &host, nullptr),
+              KVX_ERR_INVALID_PARAM);
+    EXPECT_TRUE(ErrorHas("tp 16")) << LastError();
+    EXPECT_EQ(kvc_host_resolve("adv", hosts, 2, 2, 8, 2, 0, &host, nullptr),
+              KVX_ERR_INVALID_PARAM);
+    EXPECT_EQ(kvc_host_resolve("adv", hosts, 2, 1, 0, 0, 0, &host, nullptr),
+              KVX_ERR_INVALID_PARAM);
+    EXPECT_TRUE(ErrorHas("remote_tp_size 0")) << LastError();
+    EXPECT_EQ(host, nullptr);
+}
+
+// ---- trust ---------------------------------------------------------------
+
+struct TrustCase {
+    const char *host;
+    bool        ok;
+    const char *rule; // substring of the rule when rejected
+};
+
+class Trust {
+  public:
+    Trust(std::vector<std::string> list, int set)
+    {
+        std::vector<char *> ptrs;
+
+        for (std::string &h : list) {
+            ptrs.push_back(const_cast<char *>(h.c_str()));
+        }
+        st_ = kvc_trust_init(&t_, ptrs.data(), ptrs.size(), set);
+    }
+    ~Trust() { kvc_trust_fini(&t_); }
+    const kvc_trust_t *get() const { return &t_; }
+    kvx_status_t       status() const { return st_; }
+
+  private:
+    kvc_trust_t  t_;
+    kvx_status_t st_;
+};
+
+void CheckTrustTable(const kvc_trust_t *t, const std::vector<TrustCase> &tab)
+{
+    for (const TrustCase &c : tab) {
+        kvx_status_t st =
+            kvc_trust_check(t, c.host, "kv_transfer_params.remote_host");
+        if (c.ok) {
+            EXPECT_EQ(st, KVX_OK) << c.host << ": " << LastError();
+            continue;
+        }
+        EXPECT_EQ(st, KVX_ERR_UNTRUSTED_PEER) << c.host;
+        std::string prefix = std::string("peer host '") + c.host +
+                             "' from kv_transfer_params.remote_host "
+                             "rejected: ";
+        EXPECT_EQ(LastError().compare(0, prefix.size(), prefix), 0)
+            << LastError();
+        EXPECT_TRUE(ErrorHas(c.rule)) << c.host << ": " << LastError();
+    }
+}
+
+const std::vector<TrustCase> &SpecialCases()
+{
+    static const std::vector<TrustCase> v = {
+        {"0.0.0.0", false, "wildcard address"},
+        {"::", false, "wildcard address"},
+        {"0:0:0:0:0:0:0:0", false, "wildcard address"},
+        {"::ffff:0.0.0.0", false, "wildcard address"},
+        {"224.0.0.1", false, "multicast address"},
+        {"239.255.255.255", false, "multicast address"},
+        {"ff02::1", false, "multicast address"},
+        {"::ffff:224.0.0.5", false, "multicast address"},
+        {"255.255.255.255", false, "broadcast address"},
+        {"", false, "empty host"},
+        {"[::1]", false, "malformed host name"},
+        {"bad_host", false, "malformed host name"},
+        {"-lead.example", false, "malformed host name"},
+        {"trail-.example", false, "malformed host name"},
+        {"a..b", false, "malformed host name"},
+        {"a.b.", false, "malformed host name"},
+        {"10.1", false, "malformed host name"},
+        {"0", false, "malformed host name"},
+        {"0x7f.1", false, "malformed host name"},
+        {"host:6301", false, "malformed host name"},
+        {"host name", false, "malformed host name"},
+    };
+    return v;
+}
+
+TEST(AddrTrust, AllowListMatches)
+{
+    Trust t({"prefill-a.example.com", "Node7", "10.1.0.0/16", "192.168.1.7",
+             "172.16.0.0/12", "::1", "fd00::/8", "2001:db8::/33"},
+            1);
+    ASSERT_EQ(t.status(), KVX_OK) << LastError();
+    CheckTrustTable(
+        t.get(),
+        {
+            {"prefill-a.example.com", true, ""},
+            {"PREFILL-A.Example.COM", true, ""},
+            {"node7", true, ""},
+            {"prefill-b.example.com", false, "not in trusted_remote_hosts"},
+            {"prefill-a.example", false, "not in trusted_remote_hosts"},
+            {"10.1.0.0", true, ""},
+            {"10.1.255.255", true, ""},
+            {"10.0.255.255", false, "not in trusted_remote_hosts"},
+            {"10.2.0.0", false, "not in trusted_remote_hosts"},
+            {"172.16.0.0", true, ""},
+            {"172.31.255.255", true, ""},
+            {"172.15.255.255", false, "not in trusted_remote_hosts"},
+            {"172.32.0.0", false, "not in trusted_remote_hosts"},
+            {"192.168.1.7", true, ""},
+            {"192.168.1.8", false, "not in trusted_remote_hosts"},
+            {"::1", true, ""},
+            {"0:0:0:0:0:0:0:1", true, ""},
+            {"0::1", true, ""},
+            {"::2", false, "not in trusted_remote_hosts"},
+            {"::ffff:10.1.0.1", false, "not in trusted_remote_hosts"},
+            {"fd00::5", true, ""},
+            {"fdff:ffff::1", true, ""},
+            {"fc00::1", false, "not in trusted_remote_hosts"},
+            {"fe00::1", false, "not in trusted_remote_hosts"},
+            {"2001:db8::1", true, ""},
+            {"2001:db8:7fff:ffff::1", true, ""},
+            {"2001:db8:8000::", false, "not in trusted_remote_hosts"},
+            {"2001:db9::", false, "not in trusted_remote_hosts"},
+        });
+    CheckTrustTable(t.get(), SpecialCases());
+}
+
+TEST(AddrTrust, SpecialAddressesRejectedEvenWhenListedOrUnset)
+{
+    Trust all({"0.0.0.0/0", "::/0", "0.0.0.0", "255.255.255.255"}, 1);
+    Trust unset({"ignored"}, 0);
+
+    ASSERT_EQ(all.status(), KVX_OK) << LastError();
+    ASSERT_EQ(unset.status(), KVX_OK);
+    EXPECT_EQ(unset.get()->set, 0);
+    for (const kvc_trust_t *t : {all.get(), unset.get(),
+                                 (const kvc_trust_t *)nullptr}) {
+        CheckTrustTable(t, SpecialCases());
+        CheckTrustTable(t, {{"10.9.9.9", true, ""},
+                            {"2001:db8::1", true, ""},
+                            {"::1", true, ""},
+                            {"127.0.0.1", true, ""}});
+    }
+    CheckTrustTable(unset.get(), {{"anything.example", true, ""},
+                                  {"UPPER-case.Name", true, ""}});
+}
+
+TEST(AddrTrust, NameLengthLimits)
+{
+    Trust       unset({}, 0);
+    std::string label63(63, 'a'), label64(64, 'a');
+    std::string name253 = label63 + "." + label63 + "." + label63 + "." +
+                          std::string(61, 'b');
+    std::string name254 = name253 + "c";
+
+    ASSERT_EQ(name253.size(), 253u);
+    EXPECT_EQ(kvc_trust_check(unset.get(), label63.c_str(), "f"), KVX_OK);
+    EXPECT_EQ(kvc_trust_check(unset.get(), name253.c_str(), "f"), KVX_OK);
+    EXPECT_EQ(kvc_trust_check(unset.get(), label64.c_str(), "f"),
+              KVX_ERR_UNTRUSTED_PEER);
+    EXPECT_TRUE(ErrorHas("malformed host name"));
+    EXPECT_EQ(kvc_trust_check(unset.get(), name254.c_str(), "f"),
+              KVX_ERR_UNTRUSTED_PEER);
+    EXPECT_TRUE(ErrorHas("longer than 253"));
+}
+
+TEST(AddrTrust, EmptyListRejectsEverything)
+{
+    Trust t({}, 1);
+
+    ASSERT_EQ(t.status(), KVX_OK);
+    CheckTrustTable(t.get(),
+                    {{"10.0.0.1", false, "not in trusted_remote_hosts"},
+                     {"localhost", false, "not in trusted_remote_hosts"}});
+}
+
+TEST(AddrTrust, ErrorNamesEverySourceField)
+{
+    Trust       t({"10.0.0.1"}, 1);
+    const char *fields[] = {
+        "kv_transfer_params.remote_host", "kv_transfer_params.remote_hosts[1]",
+        "request_id", "registration.zmq_address",
+        "remote_blocks.decode_host",
+    };
+    for (const char *f : fields) {
+        EXPECT_EQ(kvc_trust_check(t.get(), "10.6.6.6", f),
+                  KVX_ERR_UNTRUSTED_PEER);
+        EXPECT_EQ(LastError(), std::string("peer host '10.6.6.6' from ") + f +
+                                   " rejected: not in trusted_remote_hosts");
+        EXPECT_EQ(kvc_trust_check(t.get(), "224.1.1.1", f),
+                  KVX_ERR_UNTRUSTED_PEER);
+        EXPECT_EQ(LastError(), std::string("peer host '224.1.1.1' from ") +
+                                   f + " rejected: multicast address");
+    }
+}
+
+TEST(AddrTrust, MalformedEntriesAreConfigErrors)
+{
+    struct {
+        std::vector<std::string> list;
+        const char              *index;
+        const char              *rule;
+    } cases[] = {
+        {{"10.0.0.1", "10.0.0.0/33"}, "trusted_remote_hosts[1]", "prefix"},
+        {{"fd00::/129"}, "trusted_remote_hosts[0]", "prefix"},
+        {{"10.0.0.0/"}, "trusted_remote_hosts[0]", "prefix"},
+        {{"10.0.0.0/8x"}, "trusted_remote_hosts[0]", "prefix"},
+        {{"10.0.0/8"}, "trusted_remote_hosts[0]", "CIDR address"},
+        {{"name/8"}, "trusted_remote_hosts[0]", "CIDR address"},
+        {{"a", "b", ""}, "trusted_remote_hosts[2]", "empty"},
+        {{"bad host"}, "trusted_remote_hosts[0]", "malformed host name"},
+    };
+    for (auto &c : cases) {
+        Trust t(c.list, 1);
+
+        EXPECT_EQ(t.status(), KVX_ERR_CONFIG) << c.index;
+        EXPECT_TRUE(ErrorHas(c.index)) << LastError();
+        EXPECT_TRUE(ErrorHas(c.rule)) << LastError();
+        EXPECT_EQ(t.get()->entries, nullptr);
+        EXPECT_EQ(t.get()->set, 0);
+    }
+}
+
+TEST(AddrTrust, FiniOfZeroedIsNoop)
+{
+    kvc_trust_t t;
+
+    memset(&t, 0, sizeof(t));
+    kvc_trust_fini(&t);
+    kvc_trust_fini(&t);
+    EXPECT_EQ(t.entries, nullptr);
+}
+
+TEST(AddrPort, Range)
+{
+    struct {
+        uint64_t port;
+        bool     ok;
+    } cases[] = {{0, false},    {1023, false},  {1024, true},
+                 {65535, true}, {65536, false}, {UINT64_MAX, false}};
+    for (auto &c : cases) {
+        kvx_status_t st =
+            kvc_port_check(c.port, "kv_transfer_params.remote_notify_port");
+        if (c.ok) {
+            EXPECT_EQ(st, KVX_OK) << c.port;
+            continue;
+        }
+        EXPECT_EQ(st, KVX_ERR_UNTRUSTED_PEER) << c.port;
+        EXPECT_EQ(LastError(),
+                  "kv_transfer_params.remote_notify_port: port " +
+                      std::to_string(c.port) + ": must be in 1024..65535");
+    }
+}
+
+// ---- TP rank map and ack quorum ------------------------------------------
+
+std::vector<uint32_t> Reads(uint32_t d_tp, uint32_t p_tp)
+{
+    std::vector<uint32_t> v;
+
+    for (uint32_t d = 0; d < d_tp; d++) {
+        kvc_rankmap_t m;
+
+        EXPECT_EQ(kvc_rankmap(d_tp, p_tp, 1, d, &m), KVX_OK) << LastError();
+        v.push_back(m.read_rank);
+    }
+    return v;
+}
+
+std::vector<uint32_t> Quorums(uint32_t d_tp, uint32_t p_tp, int replicated)
+{
+    std::vector<uint32_t> v;
+
+    for (uint32_t p = 0; p < p_tp; p++) {
+        uint32_t q = 999;
+
+        EXPECT_EQ(kvc_ack_quorum(d_tp, p_tp, replicated, p, &q), KVX_OK)
+            << LastError();
+        v.push_back(q);
+    }
+    return v;
+}
+
+TEST(AddrRankmap, EqualTpIsIdentity)
+{
+    for (uint32_t tp : {1u, 2u, 8u, 16u}) {
+        for (int replicated = 0; replicated <= 1; replicated++) {
+            for (uint32_t d = 0; d < tp; d++) {
+                kvc_rankmap_t m;
+
+                ASSERT_EQ(kvc_rankmap(tp, tp, replicated, d, &m), KVX_OK);
+                EXPECT_EQ(m.read_rank, d);
+                EXPECT_EQ(m.num_release, 1u);
+                EXPECT_EQ(m.release[0], d);
+                EXPECT_EQ(m.num_slices, 1u);
+                EXPECT_EQ(m.head_slice, 0u);
+            }
+            EXPECT_EQ(Quorums(tp, tp, replicated),
+                      std::vector<uint32_t>(tp, 1u));
+        }
+    }
+}
+
+TEST(AddrRankmap, D8P4Replicated)
+{
+    EXPECT_EQ(Reads(8, 4), (std::vector<uint32_t>{0, 0, 1, 1, 2, 2, 3, 3}));
+    for (uint32_t d = 0; d < 8; d++) {
+        kvc_rankmap_t m;
+
+        ASSERT_EQ(kvc_rankmap(8, 4, 1, d, &m), KVX_OK);
+        EXPECT_EQ(m.num_release, 1u);
+        EXPECT_EQ(m.release[0], d / 2);
+    }
+    EXPECT_EQ(Quorums(8, 4, 1), (std::vector<uint32_t>{2, 2, 2, 2}));
+}
+
+TEST(AddrRankmap, D4P8Replicated)
+{
+    EXPECT_EQ(Reads(4, 8), (std::vector<uint32_t>{0, 2, 4, 6}));
+    for (uint32_t d = 0; d < 4; d++) {
+        kvc_rankmap_t m;
+
+        ASSERT_EQ(kvc_rankmap(4, 8, 1, d, &m), KVX_OK);
+        ASSERT_EQ(m.num_release, 2u);
+        EXPECT_EQ(m.release[0], 2 * d);
+        EXPECT_EQ(m.release[1], 2 * d + 1);
+    }
+    // Every P rank, including the ones nobody reads, gets one release.
+    EXPECT_EQ(Quorums(4, 8, 1), std::vector<uint32_t>(8, 1u));
+}
+
+TEST(AddrRankmap, QuorumAgreesWithReleaseSets)
+{
+    const uint32_t pairs[][2] = {{1, 8}, {2, 16}, {16, 2}, {8, 1}, {4, 4},
+                                 {2, 8}, {16, 4}};
+    for (const auto &pr : pairs) {
+        uint32_t              d_tp = pr[0], p_tp = pr[1];
+        std::vector<uint32_t> count(p_tp, 0);
+
+        for (uint32_t d = 0; d < d_tp; d++) {
+            kvc_rankmap_t m;
+
+            ASSERT_EQ(kvc_rankmap(d_tp, p_tp, 1, d, &m), KVX_OK);
+            EXPECT_LT(m.read_rank, p_tp);
+            for (uint32_t k = 0; k < m.num_release; k++) {
+                count[m.release[k]]++;
+            }
+        }
+        std::vector<uint32_t> q = Quorums(d_tp, p_tp, 1);
+        EXPECT_EQ(q, count) << d_tp << "/" << p_tp;
+        for (uint32_t x : q) {
+            EXPECT_GE(x, 1u) << d_tp << "/" << p_tp;
+        }
+    }
+}
+
+TEST(AddrRankmap, Errors)
+{
+    kvc_rankmap_t m;
+    uint32_t      q = 77;
+
+    EXPECT_EQ(kvc_rankmap(6, 4, 1, 0, &m), KVX_ERR_CONFIG);
+    EXPECT_TRUE(ErrorHas("multiple")) << LastError();
+    EXPECT_EQ(kvc_rankmap(3, 2, 1, 0, &m), KVX_ERR_CONFIG);
+    EXPECT_EQ(kvc_ack_quorum(6, 4, 1, 0, &q), KVX_ERR_CONFIG);
+    EXPECT_EQ(kvc_rankmap(8, 4, 0, 0, &m), KVX_ERR_NOT_SUPPORTED);
+    EXPECT_TRUE(ErrorHas("heterogeneous TP with sharded KV heads"));
+    EXPECT_EQ(kvc_rankmap(4, 8, 0, 0, &m), KVX_ERR_NOT_SUPPORTED);
+    EXPECT_EQ(kvc_ack_quorum(4, 8, 0, 0, &q), KVX_ERR_NOT_SUPPORTED);
+    EXPECT_EQ(kvc_rankmap(8, 8, 1, 8, &m), KVX_ERR_INVALID_PARAM);
+    EXPECT_TRUE(ErrorHas("tp_rank 8")) << LastError();
+    EXPECT_EQ(kvc_ack_quorum(8, 8, 1, 8, &q), KVX_ERR_INVALID_PARAM);
+    EXPECT_EQ(kvc_rankmap(0, 8, 1, 0, &m), KVX_ERR_INVALID_PARAM);
+    EXPECT_EQ(kvc_ack_quorum(0, 8, 1, 0, &q), KVX_ERR_INVALID_PARAM);
+    EXPECT_EQ(q, 77u);
+}
+
+// ---- kv_transfer_params ----------------------------------------------------
+
+class Params {
+  public:
+    explicit Params(const char *json) { st_ = kvc_params_parse(json, &p_); }
+    ~Params() { kvc_params_fini(&p_); }
+    const kvc_xfer_params_t &operator*() const { return p_; }
+    const kvc_xfer_params_t *operator->() const { return &p_; }
+    kvx_status_t             status() const { return st_; }
+
+  private:
+    kvc_xfer_params_t p_;
+    kvx_status_t      st_;
+};
+
+TEST(AddrParams, FullParse)
+{
+    Params p(R"({"transfer_id": "tx-1234", "remote_host": "10.0.0.1",
+        "remote_handshake_port": 6301, "remote_notify_port": 61005,
+        "remote_hosts": ["10.0.0.1", "10.0.0.2"],
+        "remote_block_ids": [3, 1, 4, 0], "remote_engine_id": "10.0.0.1:6301",
+        "remote_tp_size": 8, "tp_size": 4, "remote_dp_size": 2,
+        "remote_dp_rank": 1, "do_remote_prefill": true,
+        "do_remote_decode": false, "unknown_field": {"x": [1]}})");
+
+    ASSERT_EQ(p.status(), KVX_OK) << LastError();
+    EXPECT_STREQ(p->transfer_id, "tx-1234");
+    EXPECT_EQ(p->has_remote_addr, 1);
+    EXPECT_STREQ(p->remote.host, "10.0.0.1");
+    EXPECT_EQ(p->remote.handshake_port, 6301u);
+    EXPECT_EQ(p->remote.notify_port, 61005u);
+    ASSERT_EQ(p->num_remote_hosts, 2u);
+    EXPECT_STREQ(p->remote_hosts[0], "10.0.0.1");
+    EXPECT_STREQ(p->remote_hosts[1], "10.0.0.2");
+    EXPECT_EQ(p->has_remote_block_ids, 1);
+    ASSERT_EQ(p->num_remote_block_ids, 4u);
+    EXPECT_EQ(std::vector<uint64_t>(p->remote_block_ids,
+                                    p->remote_block_ids + 4),
+              (std::vector<uint64_t>{3, 1, 4, 0}));
+    EXPECT_STREQ(p->remote_engine_id, "10.0.0.1:6301");
+    EXPECT_EQ(p->remote_tp_size, 8u);
+    EXPECT_EQ(p->remote_dp_size, 2u);
+    EXPECT_EQ(p->remote_dp_rank, 1u);
+    EXPECT_EQ(p->do_remote_prefill, 1);
+    EXPECT_EQ(p->do_remote_decode, 0);
+}
+
+TEST(AddrParams, DefaultsAndNulls)
+{
+    for (const char *json :
+         {(const char *)nullptr, "", "null", "{}",
+          R"({"transfer_id": null, "remote_host": null,
+              "remote_handshake_port": null, "remote_notify_port": null,
+              "remote_hosts": null, "remote_block_ids": null,
+              "remote_engine_id": null, "remote_tp_size": null,
+              "tp_size": null, "remote_dp_size": null,
+              "remote_dp_rank": null, "do_remote_prefill": null,
+              "do_remote_decode": null})"}) {
+        Params p(json);
+
+        ASSERT_EQ(p.status(), KVX_OK) << (json ? json : "NULL");
+        EXPECT_STREQ(p->transfer_id, "");
+        EXPECT_EQ(p->has_remote_addr, 0);
+        EXPECT_EQ(p->num_remote_hosts, 0u);
+        EXPECT_EQ(p->has_remote_block_ids, 0);
+        EXPECT_EQ(p->remote_block_ids, nullptr);
+        EXPECT_STREQ(p->remote_engine_id, "");
+        EXPECT_EQ(p->remote_tp_size, 0u);
+        EXPECT_EQ(p->remote_dp_size, 0u);
+        EXPECT_EQ(p->do_remote_prefill, 0);
+        EXPECT_EQ(p->do_remote_decode, 0);
+    }
+}
+
+TEST(AddrParams, TpSizeFallbackStringPortsCommaHosts)
+{
+    Params p(R"({"tp_size": 4, "remote_host": "fd00::5",
+        "remote_handshake_port": "7301", "remote_notify_port": "7501",
+        "remote_hosts": " a.example , b.example,,c.example ",
+        "remote_block_ids": []})");
+
+    ASSERT_EQ(p.status(), KVX_OK) << LastError();
+    EXPECT_EQ(p->remote_tp_size, 4u);
+    EXPECT_EQ(p->has_remote_addr, 1);
+    EXPECT_EQ(p->remote.handshake_port, 7301u);
+    EXPECT_EQ(p->remote.notify_port, 7501u);
+    ASSERT_EQ(p->num_remote_hosts, 3u);
+    EXPECT_STREQ(p->remote_hosts[0], "a.example");
+    EXPECT_STREQ(p->remote_hosts[1], "b.example");
+    EXPECT_STREQ(p->remote_hosts[2], "c.example");
+    EXPECT_EQ(p->has_remote_block_ids, 1);
+    EXPECT_EQ(p->num_remote_block_ids, 0u);
+}
+
+TEST(AddrParams, RemoteTpSizeZeroFallsBack)
+{
+    Params p(R"({"remote_tp_size": 0, "tp_size": 2})");
+
+    ASSERT_EQ(p.status(), KVX_OK);
+    EXPECT_EQ(p->remote_tp_size, 2u);
+}
+
+struct ParamsErrCase {
+    const char  *json;
+    kvx_status_t status;
+    const char  *field; // must appear in the error text
+    const char  *value; // must appear too
+};
+
+TEST(AddrParams, WrongTypesNameTheField)
+{
+    const ParamsErrCase cases[] = {
+        {R"({"transfer_id": 5})", KVX_ERR_INVALID_PARAM,
+         "kv_transfer_params.transfer_id", "5"},
+        {R"({"remote_host": ["h"]})", KVX_ERR_INVALID_PARAM,
+         "kv_transfer_params.remote_host", "[\"h\"]"},
+        {R"({"remote_handshake_port": "abc"})", KVX_ERR_INVALID_PARAM,
+         "kv_transfer_params.remote_handshake_port", "abc"},
+        {R"({"remote_handshake_port": "63 01"})", KVX_ERR_INVALID_PARAM,
+         "kv_transfer_params.remote_handshake_port", "63 01"},
+        {R"({"remote_handshake_port": 6301.5})", KVX_ERR_INVALID_PARAM,
+         "kv_transfer_params.remote_handshake_port", "6301.5"},
+        {R"({"remote_notify_port": true})", KVX_ERR_INVALID_PARAM,
+         "kv_transfer_params.remote_notify_port", "true"},
+        {R"({"remote_notify_port": ""})", KVX_ERR_INVALID_PARAM,
+         "kv_transfer_params.remote_notify_port", "\"\""},
+        {R"({"remote_hosts": 5})", KVX_ERR_INVALID_PARAM,
+         "kv_transfer_params.remote_hosts", "5"},
+        {R"({"remote_hosts": ["a", 1]})", KVX_ERR_INVALID_PARAM,
+         "kv_transfer_params.remote_hosts[1]", "1"},
+        {R"({"remote_block_ids": "1,2"})", KVX_ERR_INVALID_PARAM,
+         "kv_transfer_params.remote_block_ids", "1,2"},
+        {R"({"remote_block_ids": [0, 1, 2, -1]})", KVX_ERR_INVALID_PARAM,
+         "kv_transfer_params.remote_block_ids[3]", "-1"},
+        {R"({"remote_block_ids": [1.5]})", KVX_ERR_INVALID_PARAM,
+         "kv_transfer_params.remote_block_ids[0]", "1.5"},
+        {R"({"remote_block_ids": ["7"]})", KVX_ERR_INVALID_PARAM,
+         "kv_transfer_params.remote_block_ids[0]", "7"},
+        {R"({"remote_engine_id": 3})", KVX_ERR_INVALID_PARAM,
+         "kv_transfer_params.remote_engine_id", "3"},
+        {R"({"remote_tp_size": "8"})", KVX_ERR_INVALID_PARAM,
+         "kv_transfer_params.remote_tp_size", "8"},
+        {R"({"remote_tp_size": -1})", KVX_ERR_INVALID_PARAM,
+         "kv_transfer_params.remote_tp_size", "-1"},
+        {R"({"tp_size": 4294967296})", KVX_ERR_INVALID_PARAM,
+         "kv_transfer_params.tp_size", "4294967296"},
+        {R"({"remote_dp_size": 1.0})", KVX_ERR_INVALID_PARAM,
+         "kv_transfer_params.remote_dp_size", "1"},
+        {R"({"remote_dp_rank": "0"})", KVX_ERR_INVALID_PARAM,
+         "kv_transfer_params.remote_dp_rank", "0"},
+        {R"({"do_remote_prefill": "true"})", KVX_ERR_INVALID_PARAM,
+         "kv_transfer_params.do_remote_prefill", "true"},
+        {R"({"do_remote_decode": 1})", KVX_ERR_INVALID_PARAM,
+         "kv_transfer_params.do_remote_decode", "1"},
+        {R"({"remote_handshake_port": 80})", KVX_ERR_UNTRUSTED_PEER,
+         "kv_transfer_params.remote_handshake_port", "port 80"},
+        {R"({"remote_handshake_port": "70000"})", KVX_ERR_UNTRUSTED_PEER,
+         "kv_transfer_params.remote_handshake_port", "port 70000"},
+        {R"({"remote_notify_port": -5})", KVX_ERR_UNTRUSTED_PEER,
+         "kv_transfer_params.remote_notify_port", "port -5"},
+        {R"({"remote_notify_port": 0})", KVX_ERR_UNTRUSTED_PEER,
+         "kv_transfer_params.remote_notify_port", "port 0"},
+        {R"({"transfer_id": )", KVX_ERR_INVALID_PARAM, "kv_transfer_params",
+         "invalid JSON"},
+        {R"([1, 2])", KVX_ERR_INVALID_PARAM, "kv_transfer_params",
+         "JSON object"},
+    };
+    for (const ParamsErrCase &c : cases) {
+        Params p(c.json);
+
+        EXPECT_EQ(p.status(), c.status) << c.json;
+        EXPECT_TRUE(ErrorHas(c.field)) << c.json << " -> " << LastError();
+        EXPECT_TRUE(ErrorHas(c.value)) << c.json << " -> " << LastError();
+        // Nothing to free after an error.
+        EXPECT_EQ(p->remote_hosts, nullptr);
+        EXPECT_EQ(p->remote_block_ids, nullptr);
+    }
+}
+
+TEST(AddrParams, ErrorAfterListsLeavesNothing)
+{
+    Params p(R"({"remote_hosts": ["a", "b"], "remote_block_ids": [1, 2],
+        "do_remote_decode": "yes"})");
+
+    EXPECT_EQ(p.status(), KVX_ERR_INVALID_PARAM);
+    EXPECT_TRUE(ErrorHas("do_remote_decode"));
+    EXPECT_EQ(p->remote_hosts, nullptr);
+    EXPECT_EQ(p->num_remote_hosts, 0u);
+    EXPECT_EQ(p->remote_block_ids, nullptr);
+}
+
+TEST(AddrParams, PeerAddrExplicitWins)
+{
+    Params          p(R"({"remote_host": "10.9.9.9",
+        "remote_handshake_port": 2000, "remote_notify_port": 3000})");
+    kvc_peer_addr_t a;
+    const char     *field = nullptr;
+    std::string     id    = ReqId(kP, kD);
+
+    ASSERT_EQ(p.status(), KVX_OK) << LastError();
+    for (int want_prefill = 0; want_prefill <= 1; want_prefill++) {
+        ASSERT_EQ(kvc_params_peer_addr(&*p, id.c_str(), want_prefill, &a,
+                                       &field),
+                  KVX_OK);
+        EXPECT_STREQ(field, "remote_host");
+        EXPECT_STREQ(a.host, "10.9.9.9");
+        EXPECT_EQ(a.handshake_port, 2000u);
+        EXPECT_EQ(a.notify_port, 3000u);
+    }
+    // Explicit address also works without any request_id.
+    ASSERT_EQ(kvc_params_peer_addr(&*p, nullptr, 1, &a, nullptr), KVX_OK);
+    EXPECT_STREQ(a.host, "10.9.9.9");
+}
+
+TEST(AddrParams, PeerAddrFallsBackToRequestId)
+{
+    const char *partial[] = {
+        R"({"remote_handshake_port": 2000, "remote_notify_port": 3000})",
+        R"({"remote_host": "10.9.9.9", "remote_notify_port": 3000})",
+        R"({"remote_host": "10.9.9.9", "remote_handshake_port": 2000})",
+        R"({"remote_host": "10.9.9.9", "remote_handshake_port": 2000,
+            "remote_notify_port": null})",
+        R"({"remote_host": "", "remote_handshake_port": 2000,
+            "remote_notify_port": 3000})",
+        "{}",
+    };
+    std::string id = "chatcmpl-" + ReqId(kP, kD) + "-0-deadbeef";
+
+    for (const char *json : partial) {
+        Params          p(json);
+        kvc_peer_addr_t a;
+        const char     *field = nullptr;
+
+        ASSERT_EQ(p.status(), KVX_OK) << json << LastError();
+        EXPECT_EQ(p->has_remote_addr, 0) << json;
+        ASSERT_EQ(kvc_params_peer_addr(&*p, id.c_str(), 1, &a, &field),
+                  KVX_OK);
+        EXPECT_STREQ(field, "request_id");
+        EXPECT_STREQ(a.host, "10.0.0.1");
+        EXPECT_EQ(a.handshake_port, 6301u);
+        ASSERT_EQ(kvc_params_peer_addr(&*p, id.c_str(), 0, &a, &field),
+                  KVX_OK);
+        EXPECT_STREQ(a.host, "10.0.0.2");
+        EXPECT_EQ(a.notify_port, 7501u);
+
+        field = "untouched";
+        EXPECT_EQ(kvc_params_peer_addr(&*p, "plain-id", 1, &a, &field),
+                  KVX_ERR_INVALID_PARAM);
+        EXPECT_TRUE(ErrorHas("request_id"));
+        EXPECT_STREQ(field, "untouched");
+    }
+}
+
+// ---- proxy helper ----------------------------------------------------------
+
+TEST(AddrBuildDecode, RoundTrip)
+{
+    const char *resp = R"({"do_remote_decode": false,
+        "do_remote_prefill": true, "transfer_id": "tx-from-p",
+        "remote_block_ids": [7, 8, 9, 18446744073709551615],
+        "remote_engine_id": "10.0.0.1:6301", "remote_host": "10.0.0.1",
+        "remote_handshake_port": 6301, "remote_notify_port": "61005",
+        "tp_size": 16, "remote_tp_size": 4, "remote_dp_size": 2,
+        "remote_dp_rank": 1, "remote_hosts": "10.0.0.1, 10.0.0.3",
+        "prefill_complete_ts": 12.5})";
+    char *out = nullptr;
+
+    ASSERT_EQ(kvc_params_build_decode(resp, "tx-proxy", &out), KVX_OK)
+        << LastError();
+    ASSERT_NE(out, nullptr);
+    Params d(out);
+    Params p(resp);
+    ASSERT_EQ(d.status(), KVX_OK) << out << LastError();
+    ASSERT_EQ(p.status(), KVX_OK);
+    EXPECT_STREQ(d->transfer_id, "tx-proxy");
+    EXPECT_EQ(d->do_remote_prefill, 1);
+    EXPECT_EQ(d->do_remote_decode, 0);
+    EXPECT_EQ(d->has_remote_addr, 1);
+    EXPECT_STREQ(d->remote.host, p->remote.host);
+    EXPECT_EQ(d->remote.handshake_port, p->remote.handshake_port);
+    EXPECT_EQ(d->remote.notify_port, 61005u);
+    ASSERT_EQ(d->num_remote_hosts, p->num_remote_hosts);
+    for (size_t i = 0; i < d->num_remote_hosts; i++) {
+        EXPECT_STREQ(d->remote_hosts[i], p->remote_hosts[i]);
+    }
+    ASSERT_EQ(d->num_remote_block_ids, 4u);
+    EXPECT_EQ(std::vector<uint64_t>(d->remote_block_ids,
+                                    d->remote_block_ids + 4),
+              (std::vector<uint64_t>{7, 8, 9, UINT64_MAX}));
+    EXPECT_STREQ(d->remote_engine_id, "10.0.0.1:6301");
+    EXPECT_EQ(d->remote_tp_size, 16u); // P's tp_size, not the echoed one
+    EXPECT_EQ(d->remote_dp_size, 2u);
+    EXPECT_EQ(d->remote_dp_rank, 1u);
+    EXPECT_EQ(std::string(out).find("prefill_complete_ts"),
+              std::string::npos);
+    free(out);
+}
+
+TEST(AddrBuildDecode, TransferIdAndOptionalFields)
+{
+    char *out = nullptr;
+
+    ASSERT_EQ(kvc_params_build_decode(
+                  R"({"transfer_id": "tx-p", "remote_tp_size": 4,
+                      "remote_block_ids": []})",
+                  nullptr, &out),
+              KVX_OK);
+    {
+        Params d(out);
+
+        ASSERT_EQ(d.status(), KVX_OK);
+        EXPECT_STREQ(d->transfer_id, "tx-p");
+        EXPECT_EQ(d->remote_tp_size, 4u);
+        EXPECT_EQ(d->has_remote_block_ids, 1);
+        EXPECT_EQ(d->has_remote_addr, 0);
+        EXPECT_EQ(std::string(out).find("remote_dp_rank"), std::string::npos);
+        EXPECT_EQ(std::string(out).find("remote_host"), std::string::npos);
+    }
+    free(out);
+    out = nullptr;
+
+    ASSERT_EQ(kvc_params_build_decode(R"({"remote_dp_rank": 0})", "", &out),
+              KVX_OK);
+    EXPECT_NE(std::string(out).find("\"remote_dp_rank\":0"),
+              std::string::npos)
+        << out;
+    EXPECT_EQ(std::string(out).find("transfer_id"), std::string::npos);
+    EXPECT_NE(std::string(out).find("\"do_remote_prefill\":true"),
+              std::string::npos);
+    free(out);
+}
+
+TEST(AddrBuildDecode, RejectsBadResponse)
+{
+    char       *out = nullptr;
+    std::string long_id(KVX_ID_MAX, 'x');
+
+    EXPECT_EQ(kvc_params_build_decode(R"({"remote_block_ids": [-2]})",
+                                      "tx", &out),
+              KVX_ERR_INVALID_PARAM);
+    EXPECT_TRUE(ErrorHas("remote_block_ids[0]"));
+    EXPECT_EQ(kvc_params_build_decode("{", "tx", &out),
+              KVX_ERR_INVALID_PARAM);
+    EXPECT_EQ(kvc_params_build_decode("{}", long_id.c_str(), &out),
+              KVX_ERR_INVALID_PARAM);
+    EXPECT_TRUE(ErrorHas("transfer_id"));
+    EXPECT_EQ(out, nullptr);
+}
+
+} // namespace

@@ -1,0 +1,538 @@
+// test_layout.cc - plugin/layout.c: geometry per SPEC §6 layout, offset
+// plans (worked examples of research/moriio.md §6), bounds and errors.
+//
+// Units: tensor shapes and strides are in elements (as torch reports them);
+// every kvc_geom_t field and every plan offset/length is in BYTES. The
+// element size is 2 (bf16) throughout, so a research-note value given in
+// elements appears here multiplied by 2.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+extern "C" {
+#include "error.h"
+#include "layout.h"
+}
+
+namespace {
+
+constexpr uint32_t kElem = 2; // bf16
+
+struct DescSpec {
+    std::vector<int64_t> shape;
+    std::vector<int64_t> stride; // empty: contiguous
+    uint32_t             block_size;
+    uint32_t             heads;
+    uint32_t             head;
+    uint32_t             head_v;
+    uint32_t             key_only;
+    size_t               length; // 0: exactly the contiguous tensor bytes
+};
+
+kvx_layer_desc_t MakeDesc(const DescSpec &s)
+{
+    kvx_layer_desc_t d = {};
+    int64_t          n = 1;
+
+    d.struct_size = sizeof(d);
+    d.name        = "model.layers.0.attn";
+    d.ndim        = static_cast<uint32_t>(s.shape.size());
+    for (size_t i = s.shape.size(); i-- > 0;) {
+        d.shape[i]  = s.shape[i];
+        d.stride[i] = s.stride.empty() ? n : s.stride[i];
+        n *= s.shape[i];
+    }
+    d.length       = s.length != 0 ? s.length : static_cast<size_t>(n) * kElem;
+    d.elem_size    = kElem;
+    d.block_size   = s.block_size;
+    d.num_kv_heads = s.heads;
+    d.head_size    = s.head;
+    d.head_size_v  = s.head_v;
+    d.key_only     = s.key_only;
+    return d;
+}
+
+bool HasText(const std::string &needle)
+{
+    return std::string(kvc_last_error()).find(needle) != std::string::npos;
+}
+
+#define EXPECT_LAST_ERROR_HAS(text)                                            \
+    EXPECT_TRUE(HasText(text)) << "last error: " << kvc_last_error()
+
+// The research-note example spec: block_size 4, 2 KV heads, head dim 3.
+const DescSpec kSplit       = {{2, 8, 4, 2, 3}, {}, 4, 2, 3, 0, 0, 0};
+const DescSpec kSplitHnd    = {{2, 8, 2, 4, 3}, {}, 4, 2, 3, 0, 0, 0};
+const DescSpec kInterleaved = {{8, 2, 4, 2, 3}, {}, 4, 2, 3, 0, 0, 0};
+const DescSpec kInterHnd    = {{8, 2, 2, 4, 3}, {}, 4, 2, 3, 0, 0, 0};
+const DescSpec kMla         = {{8, 4, 3}, {}, 4, 1, 3, 0, 1, 0};
+const DescSpec kKernelSplit = {{2, 32, 8, 2, 3}, {}, 16, 8, 3, 0, 0, 0};
+const DescSpec kInterKernel = {{32, 2, 2, 8, 3}, {}, 16, 8, 3, 0, 0, 0};
+const DescSpec kPacked      = {{8, 2, 4, 5}, {}, 4, 2, 3, 2, 0, 0};
+const DescSpec kKeyKernel   = {{32, 2, 3}, {}, 8, 1, 3, 0, 1, 0};
+// shape[0] == shape[1] == 2: only the interleaved-kernel reading fits,
+// because stride[1] (20) is not the kernel block size (2*3*3 = 18) that a
+// split-kernel layout needs, while axes 1..4 fit inside stride[0] (40).
+const DescSpec kDoubleTwo = {{2, 2, 2, 3, 3}, {40, 20, 9, 3, 1}, 4, 3, 3, 0,
+                             0, 80 * kElem};
+// A split shape whose strides put num_blocks outermost (K and V of a block
+// are adjacent): V is per block and must not move with remote num_blocks.
+const DescSpec kSplitNbOuter = {{2, 8, 4, 2, 3}, {24, 48, 6, 3, 1}, 4, 2, 3,
+                                0, 0, 384 * kElem};
+
+// ---------------------------------------------------------------- geometry
+
+struct GeomRow {
+    const char       *name;
+    DescSpec          desc;
+    kvc_layout_kind_t kind;
+    uint64_t          num_blocks;
+    uint64_t          block_len;    // bytes
+    uint64_t          block_stride; // bytes
+    uint64_t          kv_stride;    // bytes, local
+    uint32_t          tpb;
+    uint32_t          kernel_block_size;
+    uint64_t          peer_num_blocks;
+    uint64_t          peer_kv_stride; // bytes, kvc_geom_for_peer
+};
+
+void PrintTo(const GeomRow &r, std::ostream *os)
+{
+    *os << r.name;
+}
+
+class LayoutGeom : public ::testing::TestWithParam<GeomRow> {};
+
+TEST_P(LayoutGeom, DerivesSpecGeometry)
+{
+    const GeomRow   &r = GetParam();
+    kvx_layer_desc_t d = MakeDesc(r.desc);
+    kvc_geom_t       g, peer;
+
+    ASSERT_EQ(KVX_OK, kvc_geom_from_desc(&d, &g)) << kvc_last_error();
+    EXPECT_EQ(r.kind, g.kind);
+    EXPECT_EQ(r.num_blocks, g.num_blocks);
+    EXPECT_EQ(r.block_len, g.block_len);
+    EXPECT_EQ(r.block_stride, g.block_stride);
+    EXPECT_EQ(r.kv_stride, g.kv_stride);
+    EXPECT_EQ(r.tpb, g.transfers_per_block);
+    EXPECT_EQ(r.kernel_block_size, g.kernel_block_size);
+    EXPECT_EQ(r.desc.block_size, g.block_size);
+    EXPECT_EQ(kElem, g.elem_size);
+    EXPECT_LE(kvc_geom_extent(&g), d.length);
+
+    kvc_geom_for_peer(&g, r.peer_num_blocks, &peer);
+    EXPECT_EQ(r.peer_num_blocks, peer.num_blocks);
+    EXPECT_EQ(r.peer_kv_stride, peer.kv_stride);
+    EXPECT_EQ(g.block_len, peer.block_len);
+    EXPECT_EQ(g.block_stride, peer.block_stride);
+    EXPECT_EQ(KVX_OK, kvc_geom_compatible(&g, &peer));
+}
+
+// Research note §6 values in elements: kernel split block_stride 384,
+// local kv 1536, remote kv 3072 (remote_num_blocks 8) -> x2 bytes below.
+const GeomRow kGeomRows[] = {
+    {"Split", kSplit, KVC_LAYOUT_SPLIT, 8, 48, 48, 384, 2, 4, 16, 768},
+    {"SplitHeadsFirst", kSplitHnd, KVC_LAYOUT_SPLIT, 8, 48, 48, 384, 2, 4, 16,
+     768},
+    {"Interleaved", kInterleaved, KVC_LAYOUT_INTERLEAVED, 8, 48, 96, 48, 2, 4,
+     16, 48},
+    {"InterleavedHeadsFirst", kInterHnd, KVC_LAYOUT_INTERLEAVED, 8, 48, 96, 48,
+     2, 4, 16, 48},
+    {"Mla", kMla, KVC_LAYOUT_KEY_ONLY, 8, 24, 24, 0, 1, 4, 16, 0},
+    {"KernelSplit", kKernelSplit, KVC_LAYOUT_SPLIT_KERNEL, 4, 768, 384 * 2,
+     1536 * 2, 2, 2, 8, 3072 * 2},
+    {"InterleavedKernel", kInterKernel, KVC_LAYOUT_INTERLEAVED_KERNEL, 4,
+     96 * 8 * 2, 96 * 8 * 2, 0, 1, 2, 8, 0},
+    {"ContentPacked", kPacked, KVC_LAYOUT_PACKED, 8, 4 * 2 * 5 * 2, 80, 0, 1, 4,
+     16, 0},
+    {"KeyOnlyKernel", kKeyKernel, KVC_LAYOUT_KEY_ONLY, 8, 48, 48, 0, 1, 2, 16,
+     0},
+    {"DoubleTwoResolved", kDoubleTwo, KVC_LAYOUT_INTERLEAVED_KERNEL, 1, 160,
+     160, 0, 1, 2, 4, 0},
+    {"SplitNumBlocksOuter", kSplitNbOuter, KVC_LAYOUT_SPLIT, 8, 48, 96, 48, 2,
+     4, 16, 48},
+};
+
+INSTANTIATE_TEST_SUITE_P(SpecLayouts, LayoutGeom,
+                         ::testing::ValuesIn(kGeomRows),
+                         [](const ::testing::TestParamInfo<GeomRow> &info) {
+                             return std::string(info.param.name);
+                         });
+
+// ------------------------------------------------------------------- plans
+
+struct PlanRow {
+    const char           *name;
+    DescSpec              desc;
+    std::vector<uint64_t> local_ids;
+    std::vector<uint64_t> remote_ids;
+    uint64_t              remote_num_blocks;
+    std::vector<uint64_t> local_offs;  // bytes, sorted by local offset
+    std::vector<uint64_t> remote_offs; // bytes
+    std::vector<uint64_t> sizes;       // bytes
+};
+
+void PrintTo(const PlanRow &r, std::ostream *os)
+{
+    *os << r.name;
+}
+
+struct Plan {
+    kvc_geom_t             local;
+    kvc_geom_t             remote;
+    std::vector<kvc_run_t> runs;
+    kvx_status_t           status;
+};
+
+// BuildPlan derives the local geometry, makes the remote one with
+// kvc_geom_for_peer and builds the plan against both full extents.
+Plan BuildPlan(const DescSpec &spec, const std::vector<uint64_t> &lids,
+               const std::vector<uint64_t> &rids, uint64_t remote_nb)
+{
+    kvx_layer_desc_t d = MakeDesc(spec);
+    Plan             p = {};
+    size_t           n = 0;
+
+    p.status = kvc_geom_from_desc(&d, &p.local);
+    if (p.status != KVX_OK) {
+        return p;
+    }
+    kvc_geom_for_peer(&p.local, remote_nb, &p.remote);
+    p.runs.resize(kvc_plan_max_runs(&p.local, lids.size()) + 1);
+    p.status = kvc_plan_build(&p.local, d.length, &p.remote,
+                              kvc_geom_extent(&p.remote), lids.data(),
+                              lids.size(), rids.data(), rids.size(),
+                              p.runs.data(), &n);
+    p.runs.resize(p.status == KVX_OK ? n : 0);
+    return p;
+}
+
+class LayoutPlan : public ::testing::TestWithParam<PlanRow> {};
+
+TEST_P(LayoutPlan, MatchesWorkedExample)
+{
+    const PlanRow &r = GetParam();
+    Plan p = BuildPlan(r.desc, r.local_ids, r.remote_ids, r.remote_num_blocks);
+
+    ASSERT_EQ(KVX_OK, p.status) << kvc_last_error();
+    std::vector<uint64_t> lo, ro, sz;
+    for (const kvc_run_t &run : p.runs) {
+        lo.push_back(run.local_off);
+        ro.push_back(run.remote_off);
+        sz.push_back(run.len);
+    }
+    EXPECT_EQ(r.local_offs, lo);
+    EXPECT_EQ(r.remote_offs, ro);
+    EXPECT_EQ(r.sizes, sz);
+}
+
+// The first four rows are the research note's worked examples (local
+// [1,3] -> remote [4,5], remote_num_blocks 16); the kernel-split row's
+// offsets follow from its note geometry (block 768 B, kv 3072 / 6144 B).
+const PlanRow kPlanRows[] = {
+    {"Split", kSplit, {1, 3}, {4, 5}, 16, {48, 144, 432, 528},
+     {192, 240, 960, 1008}, {48, 48, 48, 48}},
+    {"Interleaved", kInterleaved, {1, 3}, {4, 5}, 16, {96, 288}, {384, 480},
+     {96, 96}},
+    {"Mla", kMla, {1, 3}, {4, 5}, 16, {24, 72}, {96, 120}, {24, 24}},
+    {"KernelSplit", kKernelSplit, {1, 3}, {4, 5}, 8, {768, 2304, 3840, 5376},
+     {3072, 3840, 9216, 9984}, {768, 768, 768, 768}},
+    {"MlaConsecutiveMergeToOneRun", kMla, {0, 1, 2, 3}, {4, 5, 6, 7}, 16, {0},
+     {96}, {96}},
+    {"SplitConsecutiveMergeToKAndV", kSplit, {0, 1, 2, 3}, {4, 5, 6, 7}, 16,
+     {0, 384}, {192, 960}, {192, 192}},
+    {"InterleavedConsecutiveMerge", kInterleaved, {0, 1}, {2, 3}, 16, {0},
+     {192}, {192}},
+    {"PrefixHitReadsLastRemote", kSplit, {1, 3}, {0, 2, 4, 5}, 16,
+     {48, 144, 432, 528}, {192, 240, 960, 1008}, {48, 48, 48, 48}},
+    {"UnsortedInputSorted", kSplit, {3, 1}, {5, 4}, 16, {48, 144, 432, 528},
+     {192, 240, 960, 1008}, {48, 48, 48, 48}},
+    // P has 8 blocks (remote), D 16 (local): the remote V plane is at
+    // 8 * 48 = 384 bytes, the local one at 16 * 48 = 768.
+    {"RemoteFewerBlocksMovesV", {{2, 16, 4, 2, 3}, {}, 4, 2, 3, 0, 0, 0}, {0},
+     {2}, 8, {0, 768}, {96, 480}, {48, 48}},
+    {"SplitNumBlocksOuterMerges", kSplitNbOuter, {1}, {2}, 16, {96}, {192},
+     {96}},
+    {"InterleavedKernel", kInterKernel, {0, 1, 3}, {1, 2, 4}, 8, {0, 4608},
+     {1536, 6144}, {3072, 1536}},
+    {"Empty", kSplit, {}, {4, 5}, 16, {}, {}, {}},
+};
+
+INSTANTIATE_TEST_SUITE_P(SpecLayouts, LayoutPlan,
+                         ::testing::ValuesIn(kPlanRows),
+                         [](const ::testing::TestParamInfo<PlanRow> &info) {
+                             return std::string(info.param.name);
+                         });
+
+TEST(LayoutPlanBounds, MoreLocalThanRemoteIsInvalid)
+{
+    Plan p = BuildPlan(kSplit, {1, 2, 3}, {4, 5}, 16);
+
+    EXPECT_EQ(KVX_ERR_INVALID_PARAM, p.status);
+    EXPECT_LAST_ERROR_HAS("3 local blocks but only 2 remote blocks");
+}
+
+TEST(LayoutPlanBounds, LocalIdOutOfRange)
+{
+    Plan p = BuildPlan(kSplit, {1, 99}, {4, 5}, 16);
+
+    EXPECT_EQ(KVX_ERR_OUT_OF_BOUNDS, p.status);
+    EXPECT_LAST_ERROR_HAS("local block_ids[1] = 99: must be < num_blocks 8");
+}
+
+TEST(LayoutPlanBounds, RemoteIdOutOfRangeNamesRemoteIndex)
+{
+    // Prefix hit: local[1] pairs with remote index 2.
+    Plan p = BuildPlan(kSplit, {1, 3}, {0, 4, 16}, 16);
+
+    EXPECT_EQ(KVX_ERR_OUT_OF_BOUNDS, p.status);
+    EXPECT_LAST_ERROR_HAS("remote block_ids[2] = 16: must be < num_blocks 16");
+}
+
+TEST(LayoutPlanBounds, RunOutsideRegionOnEitherSide)
+{
+    kvx_layer_desc_t d = MakeDesc(kSplit);
+    kvc_geom_t       local, remote;
+    kvc_run_t        runs[4];
+    size_t           n     = 0;
+    const uint64_t   lid[] = {7};
+    const uint64_t   rid[] = {15};
+
+    ASSERT_EQ(KVX_OK, kvc_geom_from_desc(&d, &local));
+    kvc_geom_for_peer(&local, 16, &remote);
+    // Block 7's V unit is [384 + 336, 768); a 700-byte local region is short.
+    EXPECT_EQ(KVX_ERR_OUT_OF_BOUNDS,
+              kvc_plan_build(&local, 700, &remote, 1536, lid, 1, rid, 1, runs,
+                             &n));
+    EXPECT_LAST_ERROR_HAS("local block_ids[0] = 7");
+    EXPECT_LAST_ERROR_HAS("[720, 768)");
+    EXPECT_LAST_ERROR_HAS("region of 700 bytes");
+    // Remote block 15's K unit is [720, 768); V is [1488, 1536).
+    EXPECT_EQ(KVX_ERR_OUT_OF_BOUNDS,
+              kvc_plan_build(&local, 768, &remote, 1500, lid, 1, rid, 1, runs,
+                             &n));
+    EXPECT_LAST_ERROR_HAS("remote block_ids[0] = 15");
+    EXPECT_LAST_ERROR_HAS("region of 1500 bytes");
+    EXPECT_EQ(KVX_OK, kvc_plan_build(&local, 768, &remote, 1536, lid, 1, rid,
+                                     1, runs, &n));
+    EXPECT_EQ(2u, n);
+}
+
+TEST(LayoutPlanBounds, HugeRemoteNumBlocksCannotWrapOffsets)
+{
+    kvx_layer_desc_t d = MakeDesc(kSplit);
+    kvc_geom_t       local, remote;
+    kvc_run_t        runs[2];
+    size_t           n     = 0;
+    const uint64_t   lid[] = {0};
+    const uint64_t   rid[] = {1};
+
+    ASSERT_EQ(KVX_OK, kvc_geom_from_desc(&d, &local));
+    kvc_geom_for_peer(&local, UINT64_MAX / 16, &remote);
+    EXPECT_EQ(KVX_ERR_OUT_OF_BOUNDS,
+              kvc_plan_build(&local, d.length, &remote, UINT64_MAX, lid, 1,
+                             rid, 1, runs, &n));
+    EXPECT_LAST_ERROR_HAS("remote block_ids[0] = 1");
+}
+
+TEST(LayoutPlanBounds, IncompatiblePeerGeometryRejected)
+{
+    kvx_layer_desc_t d  = MakeDesc(kSplit);
+    kvx_layer_desc_t d6 = MakeDesc({{2, 8, 4, 2, 6}, {}, 4, 2, 6, 0, 0, 0});
+    kvc_geom_t       local, remote;
+    kvc_run_t        runs[2];
+    size_t           n     = 0;
+    const uint64_t   ids[] = {0};
+
+    ASSERT_EQ(KVX_OK, kvc_geom_from_desc(&d, &local));
+    ASSERT_EQ(KVX_OK, kvc_geom_from_desc(&d6, &remote));
+    EXPECT_EQ(KVX_ERR_PEER_INCOMPATIBLE,
+              kvc_plan_build(&local, d.length, &remote, d6.length, ids, 1, ids,
+                             1, runs, &n));
+    EXPECT_LAST_ERROR_HAS("block_len local 48 remote 96");
+}
+
+TEST(LayoutPlanBounds, MaxRunsFollowsTransfersPerBlock)
+{
+    kvc_geom_t split = {}, mla = {};
+
+    split.transfers_per_block = 2;
+    mla.transfers_per_block   = 1;
+    EXPECT_EQ(10u, kvc_plan_max_runs(&split, 5));
+    EXPECT_EQ(5u, kvc_plan_max_runs(&mla, 5));
+    EXPECT_EQ(0u, kvc_plan_max_runs(&mla, 0));
+}
+
+TEST(LayoutPlanBounds, ThousandsOfBlocksMergeIntoTwoRuns)
+{
+    const uint64_t        nb = 4096;
+    DescSpec              s  = {{2, 8192, 4, 2, 3}, {}, 4, 2, 3, 0, 0, 0};
+    std::vector<uint64_t> lids, rids;
+
+    // Reverse order: the plan must sort before merging.
+    for (uint64_t i = nb; i-- > 0;) {
+        lids.push_back(i);
+        rids.push_back(i + 100);
+    }
+    Plan p = BuildPlan(s, lids, rids, 8192);
+    ASSERT_EQ(KVX_OK, p.status) << kvc_last_error();
+    ASSERT_EQ(2u, p.runs.size());
+    EXPECT_EQ(0u, p.runs[0].local_off);
+    EXPECT_EQ(100u * 48, p.runs[0].remote_off);
+    EXPECT_EQ(nb * 48, p.runs[0].len);
+    EXPECT_EQ(8192u * 48, p.runs[1].local_off);
+    EXPECT_EQ(8192u * 48 + 100u * 48, p.runs[1].remote_off);
+    EXPECT_EQ(nb * 48, p.runs[1].len);
+}
+
+// ------------------------------------------------------- peer comparisons
+
+TEST(LayoutPeer, CompatibleNamesFirstDifferingField)
+{
+    kvx_layer_desc_t a = MakeDesc(kSplit);
+    kvx_layer_desc_t b = MakeDesc({{2, 8, 4, 2, 6}, {}, 4, 2, 6, 0, 0, 0});
+    kvx_layer_desc_t c = MakeDesc(kInterleaved);
+    kvc_geom_t       ga, gb, gc, peer;
+
+    ASSERT_EQ(KVX_OK, kvc_geom_from_desc(&a, &ga));
+    ASSERT_EQ(KVX_OK, kvc_geom_from_desc(&b, &gb));
+    ASSERT_EQ(KVX_OK, kvc_geom_from_desc(&c, &gc));
+    EXPECT_EQ(KVX_ERR_PEER_INCOMPATIBLE, kvc_geom_compatible(&ga, &gb));
+    EXPECT_LAST_ERROR_HAS("peer layer geometry differs: block_len local 48 "
+                          "remote 96");
+    EXPECT_EQ(KVX_ERR_PEER_INCOMPATIBLE, kvc_geom_compatible(&ga, &gc));
+    EXPECT_LAST_ERROR_HAS("layout local split remote interleaved");
+    // num_blocks and kv_stride may differ.
+    kvc_geom_for_peer(&ga, 1000, &peer);
+    EXPECT_EQ(KVX_OK, kvc_geom_compatible(&ga, &peer));
+}
+
+TEST(LayoutPeer, SameComparesEveryField)
+{
+    kvx_layer_desc_t a = MakeDesc(kSplit);
+    kvc_geom_t       g, same, other;
+
+    ASSERT_EQ(KVX_OK, kvc_geom_from_desc(&a, &g));
+    kvc_geom_for_peer(&g, 8, &same);
+    EXPECT_TRUE(kvc_geom_same(&g, &same));
+    kvc_geom_for_peer(&g, 16, &other);
+    EXPECT_FALSE(kvc_geom_same(&g, &other));
+    other            = g;
+    other.head_size_v = 7;
+    EXPECT_FALSE(kvc_geom_same(&g, &other));
+}
+
+TEST(LayoutPeer, ExtentCoversLastVUnit)
+{
+    kvx_layer_desc_t a = MakeDesc(kSplit);
+    kvc_geom_t       g, peer;
+
+    ASSERT_EQ(KVX_OK, kvc_geom_from_desc(&a, &g));
+    EXPECT_EQ(768u, kvc_geom_extent(&g));
+    kvc_geom_for_peer(&g, 16, &peer);
+    EXPECT_EQ(1536u, kvc_geom_extent(&peer));
+    kvc_geom_for_peer(&g, 0, &peer);
+    EXPECT_EQ(0u, kvc_geom_extent(&peer));
+}
+
+// ---------------------------------------------------------------- rejects
+
+struct RejectRow {
+    const char              *name;
+    DescSpec                 desc;
+    kvx_status_t             status;
+    std::vector<std::string> texts;
+};
+
+void PrintTo(const RejectRow &r, std::ostream *os)
+{
+    *os << r.name;
+}
+
+class LayoutReject : public ::testing::TestWithParam<RejectRow> {};
+
+TEST_P(LayoutReject, FailsWithReason)
+{
+    const RejectRow &r = GetParam();
+    kvx_layer_desc_t d = MakeDesc(r.desc);
+    kvc_geom_t       g;
+
+    kvc_error_clear();
+    EXPECT_EQ(r.status, kvc_geom_from_desc(&d, &g));
+    for (const std::string &t : r.texts) {
+        EXPECT_LAST_ERROR_HAS(t);
+    }
+}
+
+const RejectRow kRejectRows[] = {
+    {"TokenAxisMatchesNothing", {{2, 8, 5, 2, 3}, {}, 4, 2, 3, 0, 0, 0},
+     KVX_ERR_LAYOUT,
+     {"model.layers.0.attn", "shape (2,8,5,2,3)", "block_size 4",
+      "num_kv_heads 2", "shape[2] = 5"}},
+    {"HeadSizeMismatch", {{2, 8, 4, 2, 5}, {}, 4, 2, 3, 0, 0, 0},
+     KVX_ERR_LAYOUT, {"shape[4] = 5: expected head_size 3"}},
+    {"ThreeDimNeedsKeyOnly", {{8, 4, 3}, {}, 4, 1, 3, 0, 0, 0}, KVX_ERR_LAYOUT,
+     {"shape (8,4,3)", "needs key_only"}},
+    {"KeyOnlyLatentMismatch", {{8, 4, 5}, {}, 4, 1, 3, 0, 1, 0},
+     KVX_ERR_LAYOUT, {"shape[2] = 5: expected head_size 3"}},
+    {"KeyOnlyBlockMismatch", {{8, 3, 3}, {}, 4, 1, 3, 0, 1, 0},
+     KVX_ERR_LAYOUT, {"shape[1] = 3: expected block_size 4"}},
+    {"KeyOnlyFiveDim", {{2, 8, 4, 2, 3}, {}, 4, 2, 3, 0, 1, 0}, KVX_ERR_LAYOUT,
+     {"a key_only layer needs a 3-D shape"}},
+    {"PackedWrongWidth", {{8, 2, 4, 6}, {}, 4, 2, 3, 2, 0, 0}, KVX_ERR_LAYOUT,
+     {"shape (8,2,4,6)", "expected head_size + head_size_v = 5"}},
+    {"PackedWrongHeads", {{8, 3, 4, 5}, {}, 4, 2, 3, 2, 0, 0}, KVX_ERR_LAYOUT,
+     {"shape[1] = 3: expected num_kv_heads 2"}},
+    {"KernelAxisAmbiguous", {{2, 32, 2, 2, 3}, {}, 16, 2, 3, 0, 0, 0},
+     KVX_ERR_LAYOUT, {"ambiguous kernel-block layout"}},
+    {"SplitOrInterleavedAmbiguous", {{2, 2, 4, 2, 3}, {}, 4, 2, 3, 0, 0, 0},
+     KVX_ERR_LAYOUT, {"ambiguous: shape[0] and shape[1] are both 2"}},
+    {"NoKvAxis", {{4, 8, 4, 2, 3}, {}, 4, 2, 3, 0, 0, 0}, KVX_ERR_LAYOUT,
+     {"K/V axis"}},
+    {"KernelCountNotMultiple", {{2, 30, 8, 2, 3}, {}, 16, 8, 3, 0, 0, 0},
+     KVX_ERR_LAYOUT, {"shape[1] = 30: not a multiple of the 8 kernel blocks"}},
+    {"BlockNotDense", {{2, 8, 4, 2, 3}, {384, 48, 12, 3, 1}, 4, 2, 3, 0, 0,
+                       10000},
+     KVX_ERR_LAYOUT, {"not dense"}},
+    {"KernelBlocksNotAdjacent",
+     {{2, 32, 8, 2, 3}, {3072, 96, 6, 3, 1}, 16, 8, 3, 0, 0, 20000},
+     KVX_ERR_LAYOUT, {"stride[1] = 96, expected 48"}},
+    {"KAndVOverlap", {{2, 8, 4, 2, 3}, {12, 48, 6, 3, 1}, 4, 2, 3, 0, 0,
+                      10000},
+     KVX_ERR_LAYOUT, {"K and V units overlap"}},
+    {"LengthTooShort", {{2, 8, 4, 2, 3}, {}, 4, 2, 3, 0, 0, 700},
+     KVX_ERR_INVALID_PARAM,
+     {"layer model.layers.0.attn: layout needs 768 bytes but length is 700"}},
+    {"SixDims", {{1, 2, 8, 4, 2, 3}, {}, 4, 2, 3, 0, 0, 0},
+     KVX_ERR_INVALID_PARAM, {"ndim 6: must be 3, 4 or 5"}},
+    {"ZeroStride", {{2, 8, 4, 2, 3}, {192, 24, 0, 3, 1}, 4, 2, 3, 0, 0, 0},
+     KVX_ERR_INVALID_PARAM, {"stride[2] = 0: must be > 0"}},
+    {"NegativeStride", {{8, 4, 3}, {-12, 3, 1}, 4, 1, 3, 0, 1, 1000},
+     KVX_ERR_INVALID_PARAM, {"stride[0] = -12: must be > 0"}},
+    {"ZeroBlockSize", {{8, 4, 3}, {}, 0, 1, 3, 0, 1, 0}, KVX_ERR_INVALID_PARAM,
+     {"block_size 0"}},
+    {"HugeStridesOverflow",
+     {{2, 8, 4, 2, 3}, {INT64_MAX, INT64_MAX / 32, 6, 3, 1}, 4, 2, 3, 0, 0,
+      SIZE_MAX},
+     KVX_ERR_INVALID_PARAM, {"overflow"}},
+};
+
+INSTANTIATE_TEST_SUITE_P(SpecLayouts, LayoutReject,
+                         ::testing::ValuesIn(kRejectRows),
+                         [](const ::testing::TestParamInfo<RejectRow> &info) {
+                             return std::string(info.param.name);
+                         });
+
+TEST(LayoutRejectArgs, NullDescIsInvalid)
+{
+    kvc_geom_t g;
+
+    EXPECT_EQ(KVX_ERR_INVALID_PARAM, kvc_geom_from_desc(nullptr, &g));
+    EXPECT_LAST_ERROR_HAS("must not be NULL");
+}
+
+} // namespace

@@ -1,0 +1,277 @@
+/*
+ * kvn.c - nng req/rep control plane (see kvn.h).
+ */
+#include "kvn.h"
+
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/rep.h>
+#include <nng/protocol/reqrep0/req.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define KVN_MAX_CTX 16
+
+typedef struct kvn_sctx {
+    struct kvn_server *srv;
+    nng_ctx            ctx;
+    nng_aio           *aio;
+    int                sending;
+} kvn_sctx_t;
+
+struct kvn_server {
+    nng_socket     sock;
+    kvn_handler_fn fn;
+    void          *arg;
+    int            nctx;
+    kvn_sctx_t     ctxs[KVN_MAX_CTX];
+    char           url[300];
+};
+
+struct kvn_client {
+    nng_socket sock;
+    char       url[300];
+};
+
+kvx_status_t kvn_status_from_nng(int rv)
+{
+    switch (rv) {
+    case 0:
+        return KVX_OK;
+    case NNG_ETIMEDOUT:
+        return KVX_ERR_TIMEOUT;
+    case NNG_ENOMEM:
+        return KVX_ERR_NO_MEMORY;
+    case NNG_EADDRINUSE:
+    case NNG_EADDRINVAL:
+    case NNG_EINVAL:
+        return KVX_ERR_CONFIG;
+    default:
+        return KVX_ERR_CONTROL;
+    }
+}
+
+void kvn_url(const char *host, uint32_t port, char *buf, size_t len)
+{
+    if (strchr(host, ':') != NULL) {
+        snprintf(buf, len, "tcp://[%s]:%u", host, port);
+    } else {
+        snprintf(buf, len, "tcp://%s:%u", host, port);
+    }
+}
+
+static void kvn_sctx_recv(kvn_sctx_t *c)
+{
+    c->sending = 0;
+    nng_ctx_recv(c->ctx, c->aio);
+}
+
+static void kvn_sctx_reply(kvn_sctx_t *c, nng_msg *req)
+{
+    char   *reply     = NULL;
+    size_t  reply_len = 0;
+    nng_msg *out;
+
+    c->srv->fn(c->srv->arg, nng_msg_body(req), nng_msg_len(req), &reply,
+               &reply_len);
+    nng_msg_free(req);
+    if (nng_msg_alloc(&out, 0) != 0 ||
+        (reply != NULL && nng_msg_append(out, reply, reply_len) != 0)) {
+        free(reply);
+        kvc_log_error("KVX-CTL-REPLY", "%s: cannot allocate reply",
+                      c->srv->url);
+        kvn_sctx_recv(c);
+        return;
+    }
+    free(reply);
+    nng_aio_set_msg(c->aio, out);
+    c->sending = 1;
+    nng_ctx_send(c->ctx, c->aio);
+}
+
+static void kvn_sctx_cb(void *arg)
+{
+    kvn_sctx_t *c  = arg;
+    int         rv = nng_aio_result(c->aio);
+
+    if (rv == NNG_ECLOSED || rv == NNG_ECANCELED) {
+        if (c->sending) {
+            nng_msg_free(nng_aio_get_msg(c->aio));
+        }
+        return;
+    }
+    if (c->sending) {
+        if (rv != 0) {
+            nng_msg_free(nng_aio_get_msg(c->aio));
+        }
+        kvn_sctx_recv(c);
+        return;
+    }
+    if (rv != 0) {
+        kvc_log_warn("KVX-CTL-RECV", "%s: receive failed: %s", c->srv->url,
+                     nng_strerror(rv));
+        kvn_sctx_recv(c);
+        return;
+    }
+    kvn_sctx_reply(c, nng_aio_get_msg(c->aio));
+}
+
+kvx_status_t kvn_server_create(const char *host, uint32_t port, int nctx,
+                               size_t max_msg, kvn_handler_fn fn, void *arg,
+                               kvn_server_t **srv_p)
+{
+    kvn_server_t *srv = calloc(1, sizeof(*srv));
+    int           rv;
+
+    if (srv == NULL) {
+        return kvc_error(KVX_ERR_NO_MEMORY, "kvn server: out of memory");
+    }
+    srv->fn   = fn;
+    srv->arg  = arg;
+    srv->nctx = nctx < 1 ? 1 : (nctx > KVN_MAX_CTX ? KVN_MAX_CTX : nctx);
+    kvn_url(host, port, srv->url, sizeof(srv->url));
+    if ((rv = nng_rep0_open(&srv->sock)) != 0) {
+        free(srv);
+        return kvc_error(KVX_ERR_CONTROL, "nng_rep0_open: %s",
+                         nng_strerror(rv));
+    }
+    nng_socket_set_size(srv->sock, NNG_OPT_RECVMAXSZ, max_msg);
+    for (int i = 0; i < srv->nctx; i++) {
+        kvn_sctx_t *c = &srv->ctxs[i];
+
+        c->srv = srv;
+        if ((rv = nng_aio_alloc(&c->aio, kvn_sctx_cb, c)) != 0 ||
+            (rv = nng_ctx_open(&c->ctx, srv->sock)) != 0) {
+            srv->nctx = i + (c->aio != NULL ? 1 : 0);
+            kvn_server_destroy(srv);
+            return kvc_error(KVX_ERR_CONTROL, "nng context: %s",
+                             nng_strerror(rv));
+        }
+    }
+    if ((rv = nng_listen(srv->sock, srv->url, NULL, 0)) != 0) {
+        kvn_server_destroy(srv);
+        return kvc_error(kvn_status_from_nng(rv) == KVX_ERR_CONFIG
+                             ? KVX_ERR_CONFIG : KVX_ERR_CONTROL,
+                         "listen on %s: %s", srv->url, nng_strerror(rv));
+    }
+    for (int i = 0; i < srv->nctx; i++) {
+        kvn_sctx_recv(&srv->ctxs[i]);
+    }
+    *srv_p = srv;
+    return KVX_OK;
+}
+
+void kvn_server_destroy(kvn_server_t *srv)
+{
+    if (srv == NULL) {
+        return;
+    }
+    nng_close(srv->sock);
+    for (int i = 0; i < srv->nctx; i++) {
+        if (srv->ctxs[i].aio != NULL) {
+            nng_aio_stop(srv->ctxs[i].aio);
+            nng_aio_free(srv->ctxs[i].aio);
+        }
+    }
+    free(srv);
+}
+
+kvx_status_t kvn_client_open(const char *host, uint32_t port,
+                             kvn_client_t **cli_p)
+{
+    kvn_client_t *cli = calloc(1, sizeof(*cli));
+    int           rv;
+
+    if (cli == NULL) {
+        return kvc_error(KVX_ERR_NO_MEMORY, "kvn client: out of memory");
+    }
+    kvn_url(host, port, cli->url, sizeof(cli->url));
+    if ((rv = nng_req0_open(&cli->sock)) != 0) {
+        free(cli);
+        return kvc_error(KVX_ERR_CONTROL, "nng_req0_open: %s",
+                         nng_strerror(rv));
+    }
+    /* Never resend a request on our own: every message has one deadline. */
+    nng_socket_set_ms(cli->sock, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
+    nng_socket_set_ms(cli->sock, NNG_OPT_RECONNMINT, 10);
+    nng_socket_set_ms(cli->sock, NNG_OPT_RECONNMAXT, 500);
+    nng_socket_set_size(cli->sock, NNG_OPT_RECVMAXSZ, 64u << 20);
+    if ((rv = nng_dial(cli->sock, cli->url, NULL, NNG_FLAG_NONBLOCK)) != 0) {
+        nng_close(cli->sock);
+        free(cli);
+        return kvc_error(KVX_ERR_CONTROL, "dial %s: %s", cli->url,
+                         nng_strerror(rv));
+    }
+    *cli_p = cli;
+    return KVX_OK;
+}
+
+static int64_t kvn_clock_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+kvx_status_t kvn_client_request(kvn_client_t *cli, const void *msg,
+                                size_t len, int timeout_ms, char **reply_p,
+                                size_t *reply_len_p)
+{
+    nng_msg *req, *rep;
+    int64_t  start = kvn_clock_ms();
+    int      rv;
+    int      left;
+
+    if (timeout_ms < 1) {
+        timeout_ms = 1;
+    }
+    if ((rv = nng_msg_alloc(&req, 0)) != 0 ||
+        (rv = nng_msg_append(req, msg, len)) != 0) {
+        return kvc_error(KVX_ERR_NO_MEMORY, "request to %s: %s", cli->url,
+                         nng_strerror(rv));
+    }
+    nng_socket_set_ms(cli->sock, NNG_OPT_SENDTIMEO, timeout_ms);
+    if ((rv = nng_sendmsg(cli->sock, req, 0)) != 0) {
+        nng_msg_free(req);
+        return kvc_error(kvn_status_from_nng(rv) == KVX_ERR_TIMEOUT
+                             ? KVX_ERR_TIMEOUT : KVX_ERR_CONTROL,
+                         "request to %s: send failed after %d ms: %s",
+                         cli->url, (int)(kvn_clock_ms() - start),
+                         nng_strerror(rv));
+    }
+    left = timeout_ms - (int)(kvn_clock_ms() - start);
+    nng_socket_set_ms(cli->sock, NNG_OPT_RECVTIMEO, left < 1 ? 1 : left);
+    if ((rv = nng_recvmsg(cli->sock, &rep, 0)) != 0) {
+        return kvc_error(rv == NNG_ETIMEDOUT ? KVX_ERR_TIMEOUT
+                                             : KVX_ERR_CONTROL,
+                         "request to %s: no reply within %d ms: %s",
+                         cli->url, timeout_ms, nng_strerror(rv));
+    }
+    *reply_len_p = nng_msg_len(rep);
+    *reply_p     = malloc(*reply_len_p + 1);
+    if (*reply_p == NULL) {
+        nng_msg_free(rep);
+        return kvc_error(KVX_ERR_NO_MEMORY, "reply from %s: out of memory",
+                         cli->url);
+    }
+    memcpy(*reply_p, nng_msg_body(rep), *reply_len_p);
+    (*reply_p)[*reply_len_p] = '\0';
+    nng_msg_free(rep);
+    return KVX_OK;
+}
+
+void kvn_client_close(kvn_client_t *cli)
+{
+    if (cli == NULL) {
+        return;
+    }
+    nng_close(cli->sock);
+    free(cli);
+}
+
+const char *kvn_client_url(const kvn_client_t *cli)
+{
+    return cli->url;
+}

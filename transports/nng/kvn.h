@@ -1,0 +1,55 @@
+/*
+ * kvn.h - the nng control plane: REP servers that answer JSON requests with
+ * several contexts in flight, and REQ clients with per-request deadlines.
+ *
+ * A server's handler runs on an nng callback thread, may run concurrently
+ * for different contexts, must not block for long, and always produces a
+ * reply (the listener never stops on a bad message). A client is used by one
+ * thread at a time.
+ *
+ * Threading: kvn_server_destroy blocks until running handlers return; never
+ * call it from a handler.
+ */
+#ifndef KVN_H
+#define KVN_H
+
+#include "error.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct kvn_server kvn_server_t;
+typedef struct kvn_client kvn_client_t;
+
+/* kvn_handler_fn: msg is len bytes (not NUL-terminated). Set *reply_p to a
+ * malloc'd buffer of *reply_len_p bytes (kvn frees it). */
+typedef void (*kvn_handler_fn)(void *arg, const char *msg, size_t len,
+                               char **reply_p, size_t *reply_len_p);
+
+/* kvn_url formats "tcp://host:port" ("tcp://[v6]:port" for IPv6). */
+void kvn_url(const char *host, uint32_t port, char *buf, size_t len);
+
+/* kvn_server_create binds a REP socket at host:port (host "0.0.0.0" or "::"
+ * for any) with nctx contexts. Messages above max_msg bytes are dropped by
+ * nng (connection closed); the handler sees everything up to that size. */
+kvx_status_t kvn_server_create(const char *host, uint32_t port, int nctx,
+                               size_t max_msg, kvn_handler_fn fn, void *arg,
+                               kvn_server_t **srv_p);
+void         kvn_server_destroy(kvn_server_t *srv);
+
+/* kvn_client_open creates a REQ socket that dials host:port in the
+ * background (reconnecting). */
+kvx_status_t kvn_client_open(const char *host, uint32_t port,
+                             kvn_client_t **cli_p);
+/* kvn_client_request sends msg and waits at most timeout_ms for the reply
+ * (malloc'd, caller frees). KVX_ERR_TIMEOUT when nothing answered. */
+kvx_status_t kvn_client_request(kvn_client_t *cli, const void *msg,
+                                size_t len, int timeout_ms, char **reply_p,
+                                size_t *reply_len_p);
+void         kvn_client_close(kvn_client_t *cli);
+const char  *kvn_client_url(const kvn_client_t *cli);
+
+/* kvn_status_from_nng converts an nng error number. */
+kvx_status_t kvn_status_from_nng(int rv);
+
+#endif

@@ -1,0 +1,1124 @@
+/*
+ * kvu.c - UCX data plane: context, worker, progress thread, memory,
+ * endpoints, rkeys and run posting (see kvu.h for the contract).
+ */
+#define _GNU_SOURCE
+#include "kvu.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+#include <ucp/api/ucp.h>
+
+#define KVU_TICK_MS       20
+#define KVU_CLOSE_WAIT_MS 3000
+
+typedef struct kvu_job kvu_job_t;
+
+struct kvu_job {
+    kvu_op_t        *op;
+    int              is_put;
+    uint64_t         local_base;
+    ucp_mem_h        memh;
+    ucp_rkey_h       rkey;
+    uint64_t         remote_base;
+    const kvc_run_t *runs;
+    size_t           n;
+    size_t           idx;  /* current run */
+    uint64_t         off;  /* bytes of runs[idx] already issued */
+    kvu_job_t       *next;
+};
+
+/* kvu_req_t lives inside every UCP request (UCP_PARAM_FIELD_REQUEST_SIZE). */
+typedef struct kvu_req {
+    kvu_ep_t *ep;
+    kvu_op_t *op;
+    uint64_t  len;
+} kvu_req_t;
+
+struct kvu_mem {
+    kvu_ctx_t *ctx;
+    ucp_mem_h  memh;
+    void      *base;
+    size_t     len;
+    void      *rkey_buf;
+    size_t     rkey_len;
+};
+
+struct kvu_rkey {
+    kvu_ep_t  *ep;
+    ucp_rkey_h rkey;
+};
+
+struct kvu_ep {
+    kvu_ctx_t    *ctx;
+    ucp_ep_h      ep;
+    char          peer[160];
+    char          transports[512];
+    int           emulated;
+    kvu_ep_err_fn err_cb;
+    void         *err_arg;
+    int           failed;
+    int           err_pending;   /* error callback not yet delivered */
+    int           closed;        /* kvu_ep_close called */
+    kvx_status_t  fail_status;
+    char          fail_reason[256];
+    uint64_t      inflight;      /* bytes */
+    uint64_t      inflight_reqs;
+    void         *close_req;
+    int           wired;         /* wire-up flush completed */
+    ucs_status_t  wire_status;
+    kvu_job_t    *qhead, *qtail;
+    kvu_ep_t     *next;          /* ctx->eps or ctx->closing */
+};
+
+struct kvu_ctx {
+    ucp_context_h   ucp;
+    ucp_worker_h    worker;
+    ucp_address_t  *addr;
+    size_t          addr_len;
+    pthread_mutex_t lock;
+    pthread_cond_t  cond;
+    pthread_t       thread;
+    int             thread_started;
+    _Atomic int     stop;
+    int             efd;
+    int             wakefd;
+    kvu_params_t    params;
+    char            name[64];
+    uint64_t        chunk;
+    kvu_op_t       *done_head;   /* completed ops, under lock */
+    kvu_ep_t       *eps;         /* live endpoints */
+    kvu_ep_t       *closing;     /* closed, waiting for UCX */
+    uint64_t        mem_types;
+    int             delivering;  /* error callbacks running unlocked */
+};
+
+static uint64_t kvu_now_us(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+kvx_status_t kvu_status_from_ucs(int ucs_status)
+{
+    switch ((ucs_status_t)ucs_status) {
+    case UCS_OK:
+        return KVX_OK;
+    case UCS_INPROGRESS:
+        return KVX_INPROGRESS;
+    case UCS_ERR_NO_MEMORY:
+        return KVX_ERR_NO_MEMORY;
+    case UCS_ERR_INVALID_PARAM:
+        return KVX_ERR_INVALID_PARAM;
+    case UCS_ERR_UNSUPPORTED:
+        return KVX_ERR_NOT_SUPPORTED;
+    case UCS_ERR_CANCELED:
+        return KVX_ERR_CANCELED;
+    case UCS_ERR_TIMED_OUT:
+    case UCS_ERR_ENDPOINT_TIMEOUT:
+        return KVX_ERR_TRANSFER_TIMEOUT;
+    case UCS_ERR_UNREACHABLE:
+    case UCS_ERR_CONNECTION_RESET:
+    case UCS_ERR_NOT_CONNECTED:
+    case UCS_ERR_REJECTED:
+    case UCS_ERR_IO_ERROR:
+        return KVX_ERR_ENDPOINT;
+    default:
+        return ucs_status < 0 ? KVX_ERR_ENDPOINT : KVX_ERR_INTERNAL;
+    }
+}
+
+const char *kvu_version(void)
+{
+    return ucp_get_version_string();
+}
+
+void kvu_ctx_kick(kvu_ctx_t *ctx)
+{
+    uint64_t one = 1;
+    ssize_t  rc  = write(ctx->wakefd, &one, sizeof(one));
+
+    (void)rc;
+}
+
+/* --- completion bookkeeping (ctx lock held) ----------------------------- */
+
+static void kvu_op_set_error(kvu_op_t *op, kvx_status_t status)
+{
+    int expected = 0;
+
+    atomic_compare_exchange_strong(&op->status, &expected, (int)status);
+}
+
+static void kvu_op_put(kvu_ctx_t *ctx, kvu_op_t *op)
+{
+    if (atomic_fetch_sub(&op->remaining, 1) == 1) {
+        op->next       = ctx->done_head;
+        ctx->done_head = op;
+    }
+}
+
+static void kvu_req_cb(void *request, ucs_status_t status, void *user_data)
+{
+    kvu_req_t *req = request;
+    kvu_ep_t  *ep  = req->ep;
+    kvu_op_t  *op  = user_data;
+
+    (void)user_data;
+    ep->inflight -= req->len;
+    ep->inflight_reqs--;
+    if (status != UCS_OK) {
+        kvu_op_set_error(op, ep->failed ? ep->fail_status
+                                        : kvu_status_from_ucs(status));
+    }
+    kvu_op_put(ep->ctx, op);
+    ucp_request_free(request);
+}
+
+static void kvu_job_cancel_all(kvu_ep_t *ep, kvx_status_t status)
+{
+    kvu_job_t *job;
+
+    while ((job = ep->qhead) != NULL) {
+        ep->qhead = job->next;
+        kvu_op_set_error(job->op, status);
+        kvu_op_put(ep->ctx, job->op);
+        free(job);
+    }
+    ep->qtail = NULL;
+}
+
+static int kvu_issue(kvu_ep_t *ep, kvu_job_t *job, uint64_t len)
+{
+    const kvc_run_t   *run = &job->runs[job->idx];
+    ucp_request_param_t prm;
+    ucs_status_ptr_t    sp;
+    void               *lbuf = (void *)(uintptr_t)(job->local_base +
+                                                 run->local_off + job->off);
+    uint64_t            raddr = job->remote_base + run->remote_off + job->off;
+
+    memset(&prm, 0, sizeof(prm));
+    prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    prm.cb.send      = kvu_req_cb;
+    prm.user_data    = job->op;
+#if UCP_API_VERSION >= UCP_VERSION(1, 13)
+    prm.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH | UCP_OP_ATTR_FLAG_MULTI_SEND;
+    prm.memh          = job->memh;
+#endif
+    if (job->is_put) {
+        sp = ucp_put_nbx(ep->ep, lbuf, len, raddr, job->rkey, &prm);
+    } else {
+        sp = ucp_get_nbx(ep->ep, lbuf, len, raddr, job->rkey, &prm);
+    }
+    if (sp == NULL) {
+        return 0;
+    }
+    if (UCS_PTR_IS_ERR(sp)) {
+        kvu_op_set_error(job->op, kvu_status_from_ucs(UCS_PTR_STATUS(sp)));
+        kvc_log_error("KVX-UCX-POST", "%s of %llu bytes to %s failed: %s",
+                      job->is_put ? "put" : "get", (unsigned long long)len,
+                      ep->peer, ucs_status_string(UCS_PTR_STATUS(sp)));
+        return -1;
+    }
+    kvu_req_t *req = sp;
+    req->ep  = ep;
+    req->op  = job->op;
+    req->len = len;
+    ep->inflight += len;
+    ep->inflight_reqs++;
+    atomic_fetch_add(&job->op->remaining, 1);
+    return 0;
+}
+
+/* kvu_ep_drain issues queued runs while under the in-flight cap. */
+static void kvu_ep_drain(kvu_ep_t *ep)
+{
+    kvu_ctx_t *ctx = ep->ctx;
+    kvu_job_t *job;
+
+    while (!ep->failed && (job = ep->qhead) != NULL) {
+        while (job->idx < job->n) {
+            const kvc_run_t *run = &job->runs[job->idx];
+            uint64_t         len;
+
+            if (ep->inflight > 0 &&
+                ep->inflight >= ctx->params.max_inflight_bytes) {
+                return;
+            }
+            len = run->len - job->off;
+            if (len > ctx->chunk) {
+                len = ctx->chunk;
+            }
+            if (len > 0 && kvu_issue(ep, job, len) != 0) {
+                job->idx = job->n;
+                break;
+            }
+            job->off += len;
+            if (job->off >= run->len) {
+                job->idx++;
+                job->off = 0;
+            }
+        }
+        ep->qhead = job->next;
+        if (ep->qhead == NULL) {
+            ep->qtail = NULL;
+        }
+        kvu_op_put(ctx, job->op);
+        free(job);
+    }
+}
+
+/* --- progress thread ---------------------------------------------------- */
+
+static void kvu_reap_closing(kvu_ctx_t *ctx)
+{
+    kvu_ep_t **pp = &ctx->closing;
+
+    while (*pp != NULL) {
+        kvu_ep_t *ep = *pp;
+
+        if (ep->close_req != NULL &&
+            ucp_request_check_status(ep->close_req) != UCS_INPROGRESS) {
+            ucp_request_free(ep->close_req);
+            ep->close_req = NULL;
+        }
+        if (ep->close_req == NULL && ep->inflight_reqs == 0 &&
+            !ep->err_pending) {
+            *pp = ep->next;
+            free(ep);
+            continue;
+        }
+        pp = &ep->next;
+    }
+}
+
+/* Collects completions and endpoint errors under the lock, delivers them
+ * without it. Returns the number of things delivered. */
+static int kvu_deliver(kvu_ctx_t *ctx)
+{
+    kvu_op_t *ops;
+    kvu_ep_t *errs[64];
+    int       nerr = 0, n = 0;
+
+    pthread_mutex_lock(&ctx->lock);
+    for (kvu_ep_t *ep = ctx->eps; ep != NULL; ep = ep->next) {
+        if (ep->qhead != NULL) {
+            kvu_ep_drain(ep);
+        }
+    }
+    for (kvu_ep_t *ep = ctx->eps; ep != NULL && nerr < 64; ep = ep->next) {
+        if (ep->err_pending) {
+            ep->err_pending = 0;
+            errs[nerr++]    = ep;
+        }
+    }
+    for (kvu_ep_t *ep = ctx->closing; ep != NULL; ep = ep->next) {
+        ep->err_pending = 0; /* closed endpoints report nothing */
+    }
+    kvu_reap_closing(ctx);
+    ops            = ctx->done_head;
+    ctx->done_head = NULL;
+    ctx->delivering = nerr > 0;
+    pthread_mutex_unlock(&ctx->lock);
+
+    /* Endpoints in errs stay allocated: only kvu_ep_close (by the owner of
+     * err_cb, after this returns) can move them to the closing list. */
+    for (int i = 0; i < nerr; i++) {
+        kvu_ep_t *ep = errs[i];
+
+        if (ep->err_cb != NULL) {
+            ep->err_cb(ep->err_arg, ep, ep->fail_status, ep->fail_reason);
+        }
+        n++;
+    }
+    if (nerr > 0) {
+        pthread_mutex_lock(&ctx->lock);
+        ctx->delivering = 0;
+        pthread_cond_broadcast(&ctx->cond);
+        pthread_mutex_unlock(&ctx->lock);
+    }
+    while (ops != NULL) {
+        kvu_op_t *next = ops->next;
+
+        ops->done(ops);
+        ops = next;
+        n++;
+    }
+    return n;
+}
+
+static void kvu_wait(kvu_ctx_t *ctx)
+{
+    struct pollfd pfd[2];
+    ucs_status_t  st;
+    uint64_t      val;
+
+    pthread_mutex_lock(&ctx->lock);
+    st = ucp_worker_arm(ctx->worker);
+    pthread_mutex_unlock(&ctx->lock);
+    if (st == UCS_ERR_BUSY) {
+        return;
+    }
+    pfd[0].fd     = ctx->efd;
+    pfd[0].events = POLLIN;
+    pfd[1].fd     = ctx->wakefd;
+    pfd[1].events = POLLIN;
+    if (poll(pfd, 2, KVU_TICK_MS) > 0 && (pfd[1].revents & POLLIN)) {
+        ssize_t rc = read(ctx->wakefd, &val, sizeof(val));
+        (void)rc;
+    }
+}
+
+static void *kvu_progress_main(void *arg)
+{
+    kvu_ctx_t *ctx       = arg;
+    uint64_t   last_busy = kvu_now_us();
+    uint64_t   last_tick = 0;
+
+    while (!atomic_load(&ctx->stop)) {
+        unsigned int n = 0;
+        uint64_t     now;
+
+        pthread_mutex_lock(&ctx->lock);
+        while (ucp_worker_progress(ctx->worker) != 0 && n < 1024) {
+            n++;
+        }
+        pthread_mutex_unlock(&ctx->lock);
+        pthread_cond_broadcast(&ctx->cond);
+        n += (unsigned int)kvu_deliver(ctx);
+        now = kvu_now_us();
+        if (ctx->params.tick != NULL &&
+            now - last_tick >= KVU_TICK_MS * 1000u / 2) {
+            last_tick = now;
+            ctx->params.tick(ctx->params.tick_arg);
+        }
+        if (n > 0) {
+            last_busy = now;
+            continue;
+        }
+        if (now - last_busy < ctx->params.spin_us) {
+            continue;
+        }
+        kvu_wait(ctx);
+    }
+    return NULL;
+}
+
+/* --- context ------------------------------------------------------------ */
+
+static kvx_status_t kvu_ucp_init(kvu_ctx_t *ctx)
+{
+    ucp_config_t *config;
+    ucp_params_t  params;
+    ucs_status_t  st;
+
+    st = ucp_config_read(NULL, NULL, &config);
+    if (st != UCS_OK) {
+        return kvc_error(KVX_ERR_TRANSPORT, "ucp_config_read: %s",
+                         ucs_status_string(st));
+    }
+    if (ctx->params.tls != NULL && ctx->params.tls[0] != '\0') {
+        st = ucp_config_modify(config, "TLS", ctx->params.tls);
+        if (st != UCS_OK) {
+            ucp_config_release(config);
+            return kvc_error(KVX_ERR_CONFIG,
+                             "kv_connector_extra_config.ucx_tls: value '%s': "
+                             "rejected by UCX: %s", ctx->params.tls,
+                             ucs_status_string(st));
+        }
+    }
+    if (ctx->params.net_devices != NULL && ctx->params.net_devices[0]) {
+        st = ucp_config_modify(config, "NET_DEVICES", ctx->params.net_devices);
+        if (st != UCS_OK) {
+            ucp_config_release(config);
+            return kvc_error(KVX_ERR_CONFIG,
+                             "kv_connector_extra_config.ucx_net_devices: "
+                             "value '%s': rejected by UCX: %s",
+                             ctx->params.net_devices, ucs_status_string(st));
+        }
+    }
+    if (ctx->params.err_mode_peer) {
+        /* Peer error mode drops the sysv/posix lanes on 1.13 unless they
+         * advertise peer-failure support (research/ucx.md §0.5, G/G2). */
+        (void)ucp_config_modify(config, "MM_ERROR_HANDLING", "y");
+        (void)ucp_config_modify(config, "CMA_MEMORY_INVALIDATE", "y");
+    }
+    memset(&params, 0, sizeof(params));
+    params.field_mask   = UCP_PARAM_FIELD_FEATURES |
+                          UCP_PARAM_FIELD_REQUEST_SIZE |
+                          UCP_PARAM_FIELD_MT_WORKERS_SHARED |
+                          UCP_PARAM_FIELD_NAME;
+    params.features     = UCP_FEATURE_RMA | UCP_FEATURE_AM |
+                          UCP_FEATURE_WAKEUP;
+    params.request_size = sizeof(kvu_req_t);
+    params.mt_workers_shared = 0;
+    params.name         = ctx->name;
+    st = ucp_init(&params, config, &ctx->ucp);
+    ucp_config_release(config);
+    if (st != UCS_OK) {
+        return kvc_error(KVX_ERR_TRANSPORT, "ucp_init (tls '%s'): %s",
+                         ctx->params.tls ? ctx->params.tls : "",
+                         ucs_status_string(st));
+    }
+    return KVX_OK;
+}
+
+static kvx_status_t kvu_worker_init(kvu_ctx_t *ctx)
+{
+    ucp_worker_params_t wp;
+    ucp_context_attr_t  ca;
+    ucs_status_t        st;
+
+    memset(&ca, 0, sizeof(ca));
+    ca.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
+    if (ucp_context_query(ctx->ucp, &ca) == UCS_OK) {
+        ctx->mem_types = ca.memory_types;
+    }
+    memset(&wp, 0, sizeof(wp));
+    wp.field_mask  = UCP_WORKER_PARAM_FIELD_THREAD_MODE |
+                     UCP_WORKER_PARAM_FIELD_EVENTS;
+    wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;
+    wp.events      = UCP_WAKEUP_RMA | UCP_WAKEUP_AMO | UCP_WAKEUP_TAG_SEND |
+                     UCP_WAKEUP_TAG_RECV | UCP_WAKEUP_TX | UCP_WAKEUP_RX;
+    st = ucp_worker_create(ctx->ucp, &wp, &ctx->worker);
+    if (st != UCS_OK) {
+        return kvc_error(KVX_ERR_TRANSPORT, "ucp_worker_create: %s",
+                         ucs_status_string(st));
+    }
+    st = ucp_worker_get_efd(ctx->worker, &ctx->efd);
+    if (st != UCS_OK) {
+        return kvc_error(KVX_ERR_TRANSPORT, "ucp_worker_get_efd: %s",
+                         ucs_status_string(st));
+    }
+    st = ucp_worker_get_address(ctx->worker, &ctx->addr, &ctx->addr_len);
+    if (st != UCS_OK) {
+        return kvc_error(KVX_ERR_TRANSPORT, "ucp_worker_get_address: %s",
+                         ucs_status_string(st));
+    }
+    return KVX_OK;
+}
+
+static void kvu_ctx_free(kvu_ctx_t *ctx)
+{
+    if (ctx->addr != NULL) {
+        ucp_worker_release_address(ctx->worker, ctx->addr);
+    }
+    if (ctx->worker != NULL) {
+        ucp_worker_destroy(ctx->worker);
+    }
+    if (ctx->ucp != NULL) {
+        ucp_cleanup(ctx->ucp);
+    }
+    if (ctx->wakefd >= 0) {
+        close(ctx->wakefd);
+    }
+    pthread_cond_destroy(&ctx->cond);
+    pthread_mutex_destroy(&ctx->lock);
+    free(ctx);
+}
+
+kvx_status_t kvu_ctx_create(const kvu_params_t *params, kvu_ctx_t **ctx_p)
+{
+    kvu_ctx_t   *ctx = calloc(1, sizeof(*ctx));
+    kvx_status_t status;
+
+    if (ctx == NULL) {
+        return kvc_error(KVX_ERR_NO_MEMORY, "kvu context: out of memory");
+    }
+    ctx->params = *params;
+    ctx->efd    = -1;
+    snprintf(ctx->name, sizeof(ctx->name), "%s",
+             params->name ? params->name : "kvxfer");
+    ctx->params.name = ctx->name;
+    if (ctx->params.max_inflight_bytes < 4096) {
+        ctx->params.max_inflight_bytes = 16u << 20;
+    }
+    ctx->chunk = ctx->params.max_inflight_bytes / 8;
+    if (ctx->chunk < 65536) {
+        ctx->chunk = 65536;
+    }
+    pthread_mutex_init(&ctx->lock, NULL);
+    pthread_cond_init(&ctx->cond, NULL);
+    ctx->wakefd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (ctx->wakefd < 0) {
+        status = kvc_error(KVX_ERR_INTERNAL, "eventfd: %s", strerror(errno));
+        goto err;
+    }
+    status = kvu_ucp_init(ctx);
+    if (status != KVX_OK) {
+        goto err;
+    }
+    status = kvu_worker_init(ctx);
+    if (status != KVX_OK) {
+        goto err;
+    }
+    if (pthread_create(&ctx->thread, NULL, kvu_progress_main, ctx) != 0) {
+        status = kvc_error(KVX_ERR_INTERNAL, "progress thread: %s",
+                           strerror(errno));
+        goto err;
+    }
+    ctx->thread_started = 1;
+    *ctx_p = ctx;
+    return KVX_OK;
+
+err:
+    kvu_ctx_free(ctx);
+    return status;
+}
+
+void kvu_ctx_destroy(kvu_ctx_t *ctx)
+{
+    uint64_t deadline;
+
+    if (ctx == NULL) {
+        return;
+    }
+    deadline = kvu_now_us() + KVU_CLOSE_WAIT_MS * 1000u;
+    pthread_mutex_lock(&ctx->lock);
+    while ((ctx->closing != NULL || ctx->eps != NULL) &&
+           kvu_now_us() < deadline) {
+        struct timespec ts;
+
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 10 * 1000000;
+        if (ts.tv_nsec >= 1000000000) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000;
+        }
+        pthread_mutex_unlock(&ctx->lock);
+        kvu_ctx_kick(ctx);
+        pthread_mutex_lock(&ctx->lock);
+        pthread_cond_timedwait(&ctx->cond, &ctx->lock, &ts);
+    }
+    if (ctx->closing != NULL || ctx->eps != NULL) {
+        kvc_log_warn("KVX-UCX-CLOSE", "%s: endpoints still closing after %d ms",
+                     ctx->name, KVU_CLOSE_WAIT_MS);
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    atomic_store(&ctx->stop, 1);
+    kvu_ctx_kick(ctx);
+    if (ctx->thread_started) {
+        pthread_join(ctx->thread, NULL);
+    }
+    while (ctx->closing != NULL) {
+        kvu_ep_t *ep = ctx->closing;
+
+        ctx->closing = ep->next;
+        free(ep);
+    }
+    kvu_ctx_free(ctx);
+}
+
+void kvu_worker_address(kvu_ctx_t *ctx, const void **addr_p, size_t *len_p)
+{
+    *addr_p = ctx->addr;
+    *len_p  = ctx->addr_len;
+}
+
+/* --- memory ------------------------------------------------------------- */
+
+static kvx_status_t kvu_mem_finish(kvu_ctx_t *ctx, kvu_mem_t *mem)
+{
+    ucs_status_t st = ucp_rkey_pack(ctx->ucp, mem->memh, &mem->rkey_buf,
+                                    &mem->rkey_len);
+
+    if (st != UCS_OK) {
+        ucp_mem_unmap(ctx->ucp, mem->memh);
+        free(mem);
+        return kvc_error(KVX_ERR_TRANSPORT, "ucp_rkey_pack: %s",
+                         ucs_status_string(st));
+    }
+    return KVX_OK;
+}
+
+kvx_status_t kvu_mem_register(kvu_ctx_t *ctx, void *base, size_t len,
+                              int mem_type, kvu_mem_t **mem_p)
+{
+    ucp_mem_map_params_t mp;
+    ucs_memory_type_t    mt = mem_type == KVX_MEM_ROCM ? UCS_MEMORY_TYPE_ROCM
+                                                       : UCS_MEMORY_TYPE_HOST;
+    kvu_mem_t           *mem;
+    ucs_status_t         st;
+
+    if (!(ctx->mem_types & UCS_BIT(mt))) {
+        return kvc_error(KVX_ERR_DEVICE,
+                         "mem_type %s: UCX %s in this process was built "
+                         "without support for it (memory types mask 0x%llx); "
+                         "refusing to register device memory as host memory",
+                         mem_type == KVX_MEM_ROCM ? "rocm" : "host",
+                         ucp_get_version_string(),
+                         (unsigned long long)ctx->mem_types);
+    }
+    mem = calloc(1, sizeof(*mem));
+    if (mem == NULL) {
+        return kvc_error(KVX_ERR_NO_MEMORY, "kvu mem: out of memory");
+    }
+    memset(&mp, 0, sizeof(mp));
+    mp.field_mask  = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
+                     UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                     UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
+    mp.address     = base;
+    mp.length      = len;
+    mp.memory_type = mt;
+    pthread_mutex_lock(&ctx->lock);
+    st = ucp_mem_map(ctx->ucp, &mp, &mem->memh);
+    pthread_mutex_unlock(&ctx->lock);
+    if (st != UCS_OK) {
+        free(mem);
+        return kvc_error(KVX_ERR_TRANSPORT, "ucp_mem_map(%p, %zu): %s", base,
+                         len, ucs_status_string(st));
+    }
+    mem->ctx  = ctx;
+    mem->base = base;
+    mem->len  = len;
+    if (kvu_mem_finish(ctx, mem) != KVX_OK) {
+        return KVX_ERR_TRANSPORT;
+    }
+    *mem_p = mem;
+    return KVX_OK;
+}
+
+kvx_status_t kvu_mem_alloc(kvu_ctx_t *ctx, size_t len, kvu_mem_t **mem_p,
+                           void **ptr_p)
+{
+    ucp_mem_map_params_t mp;
+    ucp_mem_attr_t       ma;
+    kvu_mem_t           *mem = calloc(1, sizeof(*mem));
+    ucs_status_t         st;
+
+    if (mem == NULL) {
+        return kvc_error(KVX_ERR_NO_MEMORY, "kvu mem: out of memory");
+    }
+    memset(&mp, 0, sizeof(mp));
+    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
+                    UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                    UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+    mp.address    = NULL;
+    mp.length     = len;
+    mp.flags      = UCP_MEM_MAP_ALLOCATE;
+    st = ucp_mem_map(ctx->ucp, &mp, &mem->memh);
+    if (st != UCS_OK) {
+        free(mem);
+        return kvc_error(KVX_ERR_NO_MEMORY, "ucp_mem_map(ALLOCATE %zu): %s",
+                         len, ucs_status_string(st));
+    }
+    ma.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+    st = ucp_mem_query(mem->memh, &ma);
+    if (st != UCS_OK) {
+        ucp_mem_unmap(ctx->ucp, mem->memh);
+        free(mem);
+        return kvc_error(KVX_ERR_TRANSPORT, "ucp_mem_query: %s",
+                         ucs_status_string(st));
+    }
+    mem->ctx  = ctx;
+    mem->base = ma.address;
+    mem->len  = len;
+    if (kvu_mem_finish(ctx, mem) != KVX_OK) {
+        return KVX_ERR_TRANSPORT;
+    }
+    *mem_p = mem;
+    *ptr_p = mem->base;
+    return KVX_OK;
+}
+
+void kvu_mem_release(kvu_mem_t *mem)
+{
+    if (mem == NULL) {
+        return;
+    }
+    ucp_rkey_buffer_release(mem->rkey_buf);
+    pthread_mutex_lock(&mem->ctx->lock);
+    ucp_mem_unmap(mem->ctx->ucp, mem->memh);
+    pthread_mutex_unlock(&mem->ctx->lock);
+    free(mem);
+}
+
+void *kvu_mem_base(const kvu_mem_t *mem)
+{
+    return mem->base;
+}
+
+size_t kvu_mem_length(const kvu_mem_t *mem)
+{
+    return mem->len;
+}
+
+void kvu_mem_rkey(const kvu_mem_t *mem, const void **buf_p, size_t *len_p)
+{
+    *buf_p = mem->rkey_buf;
+    *len_p = mem->rkey_len;
+}
+
+/* --- endpoints ---------------------------------------------------------- */
+
+static void kvu_ep_err_handler(void *arg, ucp_ep_h uep, ucs_status_t status)
+{
+    kvu_ep_t *ep = arg;
+
+    (void)uep;
+    /* Runs inside ucp_worker_progress with the ctx lock held. */
+    if (!ep->failed) {
+        ep->failed      = 1;
+        ep->fail_status = KVX_ERR_ENDPOINT;
+        snprintf(ep->fail_reason, sizeof(ep->fail_reason),
+                 "UCX endpoint to %s failed: %s", ep->peer,
+                 ucs_status_string(status));
+        ep->err_pending = 1;
+    }
+    kvc_log_warn("KVX-UCX-EP-ERROR", "endpoint to %s: %s", ep->peer,
+                 ucs_status_string(status));
+    kvu_job_cancel_all(ep, ep->fail_status);
+}
+
+static void kvu_wire_cb(void *request, ucs_status_t status, void *user_data)
+{
+    kvu_ep_t *ep = user_data;
+
+    ep->wired       = 1;
+    ep->wire_status = status;
+    ucp_request_free(request);
+}
+
+/* kvu_ep_describe parses ucp_ep_print_info into a compact transport list:
+ * one "tl/dev" per distinct lane, with the lane roles. */
+static void kvu_ep_describe(kvu_ep_t *ep)
+{
+    char  *text = NULL;
+    size_t len  = 0;
+    FILE  *f    = open_memstream(&text, &len);
+    size_t used = 0;
+
+    if (f == NULL) {
+        return;
+    }
+    ucp_ep_print_info(ep->ep, f);
+    fclose(f);
+    ep->transports[0] = '\0';
+    ep->emulated      = 1;
+    for (char *line = strtok(text, "\n"); line != NULL;
+         line = strtok(NULL, "\n")) {
+        char *lane = strstr(line, "lane[");
+        char *tl, *end, *roles;
+
+        if (lane == NULL || (tl = strchr(lane, ':')) == NULL) {
+            continue;
+        }
+        tl++;
+        while (*tl == ' ' || (*tl >= '0' && *tl <= '9') || *tl == ':') {
+            tl++;
+        }
+        end = tl;
+        while (*end != '\0' && *end != ' ') {
+            end++;
+        }
+        roles = strstr(end, "->");
+        roles = roles != NULL ? strchr(roles + 3, ' ') : NULL;
+        if (roles != NULL && strstr(roles, "rma") != NULL &&
+            strstr(roles, "rma_bw") != roles + 1) {
+            /* a lane with the plain "rma" role does one-sided RMA */
+            for (char *r = strstr(roles, "rma"); r != NULL;
+                 r = strstr(r + 3, "rma")) {
+                if (r[3] == '#' || r[3] == ' ' || r[3] == '\0') {
+                    ep->emulated = 0;
+                }
+            }
+        }
+        used += (size_t)snprintf(ep->transports + used,
+                                 used < sizeof(ep->transports)
+                                     ? sizeof(ep->transports) - used : 0,
+                                 "%s%.*s[%s]", used ? " " : "",
+                                 (int)(end - tl), tl,
+                                 roles != NULL ? roles + 1 : "");
+        if (used >= sizeof(ep->transports)) {
+            break;
+        }
+    }
+    free(text);
+}
+
+static kvx_status_t kvu_ep_wireup(kvu_ep_t *ep, int timeout_ms)
+{
+    kvu_ctx_t          *ctx = ep->ctx;
+    ucp_request_param_t prm;
+    ucs_status_ptr_t    sp;
+    uint64_t            deadline = kvu_now_us() + (uint64_t)timeout_ms * 1000u;
+
+    memset(&prm, 0, sizeof(prm));
+    prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    prm.cb.send      = kvu_wire_cb;
+    prm.user_data    = ep;
+    sp = ucp_ep_flush_nbx(ep->ep, &prm);
+    if (sp == NULL) {
+        ep->wired = 1;
+    } else if (UCS_PTR_IS_ERR(sp)) {
+        ep->wired       = 1;
+        ep->wire_status = UCS_PTR_STATUS(sp);
+    }
+    while (!ep->wired && kvu_now_us() < deadline) {
+        struct timespec ts;
+
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 5 * 1000000;
+        if (ts.tv_nsec >= 1000000000) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000;
+        }
+        pthread_mutex_unlock(&ctx->lock);
+        kvu_ctx_kick(ctx);
+        pthread_mutex_lock(&ctx->lock);
+        if (!ep->wired) {
+            pthread_cond_timedwait(&ctx->cond, &ctx->lock, &ts);
+        }
+    }
+    if (!ep->wired) {
+        return kvc_error(KVX_ERR_HANDSHAKE_TIMEOUT,
+                         "UCX wire-up with %s did not finish within %d ms",
+                         ep->peer, timeout_ms);
+    }
+    if (ep->wire_status != UCS_OK || ep->failed) {
+        return kvc_error(KVX_ERR_ENDPOINT, "UCX wire-up with %s failed: %s",
+                         ep->peer, ucs_status_string(ep->wire_status));
+    }
+    return KVX_OK;
+}
+
+kvx_status_t kvu_ep_create(kvu_ctx_t *ctx, const void *addr, size_t len,
+                           const char *peer_name, int timeout_ms,
+                           kvu_ep_err_fn err_cb, void *err_arg,
+                           kvu_ep_t **ep_p)
+{
+    ucp_ep_params_t ep_params;
+    kvu_ep_t       *ep = calloc(1, sizeof(*ep));
+    kvx_status_t    status;
+    ucs_status_t    st;
+
+    (void)len;
+    if (ep == NULL) {
+        return kvc_error(KVX_ERR_NO_MEMORY, "kvu ep: out of memory");
+    }
+    ep->ctx     = ctx;
+    ep->err_cb  = err_cb;
+    ep->err_arg = err_arg;
+    snprintf(ep->peer, sizeof(ep->peer), "%s", peer_name);
+    memset(&ep_params, 0, sizeof(ep_params));
+    ep_params.field_mask      = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
+                                UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                                UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep_params.address         = addr;
+    ep_params.err_mode        = ctx->params.err_mode_peer
+                                    ? UCP_ERR_HANDLING_MODE_PEER
+                                    : UCP_ERR_HANDLING_MODE_NONE;
+    ep_params.err_handler.cb  = kvu_ep_err_handler;
+    ep_params.err_handler.arg = ep;
+    pthread_mutex_lock(&ctx->lock);
+    st = ucp_ep_create(ctx->worker, &ep_params, &ep->ep);
+    if (st != UCS_OK) {
+        pthread_mutex_unlock(&ctx->lock);
+        free(ep);
+        return kvc_error(KVX_ERR_ENDPOINT,
+                         "ucp_ep_create to %s: %s (error mode %s; a transport "
+                         "set without peer-failure support cannot be used "
+                         "in peer mode)", peer_name, ucs_status_string(st),
+                         ctx->params.err_mode_peer ? "peer" : "none");
+    }
+    ep->next = ctx->eps;
+    ctx->eps = ep;
+    status   = kvu_ep_wireup(ep, timeout_ms);
+    if (status == KVX_OK) {
+        kvu_ep_describe(ep);
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    if (status != KVX_OK) {
+        ep->err_cb = NULL;
+        kvu_ep_close(ep);
+        return status;
+    }
+    kvc_log_info("KVX-UCX-EP", "%s: endpoint to %s uses %s%s", ctx->name,
+                 ep->peer, ep->transports,
+                 ep->emulated ? " (RMA emulated over active messages)" : "");
+    *ep_p = ep;
+    return KVX_OK;
+}
+
+static void kvu_ep_close_locked(kvu_ep_t *ep, int force)
+{
+    kvu_ctx_t          *ctx = ep->ctx;
+    ucp_request_param_t prm;
+    ucs_status_ptr_t    sp;
+
+    if (ep->ep == NULL) {
+        return;
+    }
+    memset(&prm, 0, sizeof(prm));
+    prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    prm.flags        = (force && ctx->params.err_mode_peer)
+                           ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+    sp     = ucp_ep_close_nbx(ep->ep, &prm);
+    ep->ep = NULL;
+    if (sp != NULL && !UCS_PTR_IS_ERR(sp)) {
+        ep->close_req = sp;
+    }
+}
+
+void kvu_ep_close(kvu_ep_t *ep)
+{
+    kvu_ctx_t *ctx;
+
+    if (ep == NULL) {
+        return;
+    }
+    ctx = ep->ctx;
+    pthread_mutex_lock(&ctx->lock);
+    /* An error callback being delivered may still use ep: wait for it,
+     * unless we are that callback (the progress thread). */
+    while (ctx->delivering && !pthread_equal(pthread_self(), ctx->thread)) {
+        pthread_cond_wait(&ctx->cond, &ctx->lock);
+    }
+    ep->closed = 1;
+    kvu_job_cancel_all(ep, KVX_ERR_CANCELED);
+    kvu_ep_close_locked(ep, ep->failed);
+    for (kvu_ep_t **pp = &ctx->eps; *pp != NULL; pp = &(*pp)->next) {
+        if (*pp == ep) {
+            *pp = ep->next;
+            break;
+        }
+    }
+    ep->err_pending = 0;
+    ep->next        = ctx->closing;
+    ctx->closing    = ep;
+    pthread_mutex_unlock(&ctx->lock);
+    kvu_ctx_kick(ctx);
+}
+
+void kvu_ep_fail(kvu_ep_t *ep, kvx_status_t status, const char *reason)
+{
+    kvu_ctx_t *ctx = ep->ctx;
+
+    pthread_mutex_lock(&ctx->lock);
+    if (!ep->failed && !ep->closed) {
+        ep->failed      = 1;
+        ep->fail_status = status;
+        snprintf(ep->fail_reason, sizeof(ep->fail_reason), "%s", reason);
+        ep->err_pending = 1;
+        kvu_job_cancel_all(ep, status);
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    kvu_ctx_kick(ctx);
+}
+
+int kvu_ep_failed(kvu_ep_t *ep)
+{
+    int failed;
+
+    pthread_mutex_lock(&ep->ctx->lock);
+    failed = ep->failed;
+    pthread_mutex_unlock(&ep->ctx->lock);
+    return failed;
+}
+
+const char *kvu_ep_transports(const kvu_ep_t *ep)
+{
+    return ep->transports;
+}
+
+int kvu_ep_rma_emulated(const kvu_ep_t *ep)
+{
+    return ep->emulated;
+}
+
+const char *kvu_ep_peer(const kvu_ep_t *ep)
+{
+    return ep->peer;
+}
+
+/* --- rkeys and posting -------------------------------------------------- */
+
+kvx_status_t kvu_rkey_unpack(kvu_ep_t *ep, const void *buf, size_t len,
+                             kvu_rkey_t **rkey_p)
+{
+    kvu_rkey_t  *rk = calloc(1, sizeof(*rk));
+    ucs_status_t st;
+
+    (void)len;
+    if (rk == NULL) {
+        return kvc_error(KVX_ERR_NO_MEMORY, "kvu rkey: out of memory");
+    }
+    pthread_mutex_lock(&ep->ctx->lock);
+    st = ep->ep != NULL ? ucp_ep_rkey_unpack(ep->ep, buf, &rk->rkey)
+                        : UCS_ERR_NOT_CONNECTED;
+    pthread_mutex_unlock(&ep->ctx->lock);
+    if (st != UCS_OK) {
+        free(rk);
+        return kvc_error(KVX_ERR_HANDSHAKE, "rkey from %s: unpack failed: %s",
+                         ep->peer, ucs_status_string(st));
+    }
+    rk->ep  = ep;
+    *rkey_p = rk;
+    return KVX_OK;
+}
+
+void kvu_rkey_destroy(kvu_rkey_t *rkey)
+{
+    if (rkey == NULL) {
+        return;
+    }
+    pthread_mutex_lock(&rkey->ep->ctx->lock);
+    ucp_rkey_destroy(rkey->rkey);
+    pthread_mutex_unlock(&rkey->ep->ctx->lock);
+    free(rkey);
+}
+
+kvx_status_t kvu_post(kvu_ep_t *ep, int is_put, kvu_mem_t *local_mem,
+                      uint64_t local_base, kvu_rkey_t *rkey,
+                      uint64_t remote_base, const kvc_run_t *runs, size_t n,
+                      kvu_op_t *op)
+{
+    kvu_ctx_t *ctx = ep->ctx;
+    kvu_job_t *job = calloc(1, sizeof(*job));
+
+    if (job == NULL) {
+        return kvc_error(KVX_ERR_NO_MEMORY, "kvu post: out of memory");
+    }
+    job->op          = op;
+    job->is_put      = is_put;
+    job->local_base  = local_base;
+    job->memh        = local_mem->memh;
+    job->rkey        = rkey->rkey;
+    job->remote_base = remote_base;
+    job->runs        = runs;
+    job->n           = n;
+    atomic_store(&op->remaining, 1);
+    atomic_store(&op->status, 0);
+    op->bytes = 0;
+    for (size_t i = 0; i < n; i++) {
+        op->bytes += runs[i].len;
+    }
+    pthread_mutex_lock(&ctx->lock);
+    if (ep->failed || ep->closed || ep->ep == NULL) {
+        kvx_status_t st = ep->failed ? ep->fail_status : KVX_ERR_ENDPOINT;
+
+        pthread_mutex_unlock(&ctx->lock);
+        free(job);
+        return kvc_error(st, "post to %s: endpoint %s", ep->peer,
+                         ep->failed ? ep->fail_reason : "closed");
+    }
+    if (ep->qtail != NULL) {
+        ep->qtail->next = job;
+    } else {
+        ep->qhead = job;
+    }
+    ep->qtail = job;
+    kvu_ep_drain(ep);
+    pthread_mutex_unlock(&ctx->lock);
+    kvu_ctx_kick(ctx);
+    return KVX_OK;
+}

@@ -1,0 +1,140 @@
+/*
+ * kvu.h - the UCX data plane: one UCP context and worker per engine, driven
+ * by one progress thread (the progress owner, SPEC §11).
+ *
+ * All UCP calls on a worker are serialised by the context lock; the worker
+ * is created UCS_THREAD_MODE_SERIALIZED. The progress thread keeps the worker
+ * progressing even while the API is idle, because on UCX 1.13 one-sided
+ * operations on app-owned memory are emulated over active messages and need
+ * target-side progress (research/ucx.md §0.2, experiment D).
+ *
+ * Operations are posted as run lists against a kvu_op_t. Runs are issued
+ * under a per-endpoint bytes-in-flight cap; the rest wait in the endpoint's
+ * queue. When every run of an op has completed, op->done(op) runs on the
+ * progress thread WITHOUT the context lock held, so it may take other locks
+ * and call kvu functions. Endpoint failures (peer error mode) are delivered
+ * the same way through the endpoint's error callback.
+ *
+ * Threading: every function may be called from any thread except
+ * kvu_ctx_destroy, which blocks and must not run on the progress thread.
+ */
+#ifndef KVU_H
+#define KVU_H
+
+#include "error.h"
+#include "layout.h"
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct kvu_ctx  kvu_ctx_t;
+typedef struct kvu_mem  kvu_mem_t;
+typedef struct kvu_ep   kvu_ep_t;
+typedef struct kvu_rkey kvu_rkey_t;
+typedef struct kvu_op   kvu_op_t;
+
+typedef void (*kvu_tick_fn)(void *arg);
+typedef void (*kvu_ep_err_fn)(void *arg, kvu_ep_t *ep, kvx_status_t status,
+                              const char *reason);
+typedef void (*kvu_op_done_fn)(kvu_op_t *op);
+
+typedef struct kvu_params {
+    const char *tls;            /* "" or NULL: UCX default */
+    const char *net_devices;    /* "" or NULL: all */
+    int         err_mode_peer;  /* 1: UCP_ERR_HANDLING_MODE_PEER */
+    uint32_t    spin_us;        /* busy-poll before sleeping */
+    uint64_t    max_inflight_bytes; /* per endpoint */
+    kvu_tick_fn tick;           /* called by the progress thread, unlocked,
+                                   at least every 20 ms */
+    void       *tick_arg;
+    const char *name;           /* for logs */
+} kvu_params_t;
+
+/* kvu_op_t tracks a batch of runs; embed it in the caller's object. */
+struct kvu_op {
+    kvu_op_done_fn   done;     /* set by caller */
+    void            *arg;      /* caller's */
+    _Atomic int64_t  remaining; /* runs not yet completed (internal) */
+    _Atomic int      status;   /* first error (kvx_status_t), 0 = ok */
+    uint64_t         bytes;    /* bytes posted */
+    kvu_op_t        *next;     /* internal: completion list */
+};
+
+kvx_status_t kvu_ctx_create(const kvu_params_t *params, kvu_ctx_t **ctx_p);
+/* kvu_ctx_destroy: endpoints, rkeys and mems must be released first. */
+void         kvu_ctx_destroy(kvu_ctx_t *ctx);
+/* kvu_ctx_kick wakes the progress thread (e.g. after new work). */
+void         kvu_ctx_kick(kvu_ctx_t *ctx);
+
+/* kvu_worker_address: borrowed, valid until kvu_ctx_destroy. */
+void kvu_worker_address(kvu_ctx_t *ctx, const void **addr_p, size_t *len_p);
+/* kvu_version: "1.13.1" style runtime version string (constant). */
+const char *kvu_version(void);
+
+/* kvu_mem_register maps existing memory (mem_type kvx_mem_type_t). ROCm
+ * memory with a UCX that has no ROCm support is KVX_ERR_DEVICE. */
+kvx_status_t kvu_mem_register(kvu_ctx_t *ctx, void *base, size_t len,
+                              int mem_type, kvu_mem_t **mem_p);
+/* kvu_mem_alloc lets UCX allocate host memory (shared-memory peers can then
+ * attach and copy directly). */
+kvx_status_t kvu_mem_alloc(kvu_ctx_t *ctx, size_t len, kvu_mem_t **mem_p,
+                           void **ptr_p);
+void         kvu_mem_release(kvu_mem_t *mem);
+void        *kvu_mem_base(const kvu_mem_t *mem);
+size_t       kvu_mem_length(const kvu_mem_t *mem);
+/* kvu_mem_rkey: packed rkey, borrowed until kvu_mem_release. */
+void         kvu_mem_rkey(const kvu_mem_t *mem, const void **buf_p,
+                          size_t *len_p);
+
+/* kvu_ep_create connects to a peer worker address and waits (up to
+ * timeout_ms) for wire-up, then records the lanes it uses. */
+kvx_status_t kvu_ep_create(kvu_ctx_t *ctx, const void *addr, size_t len,
+                           const char *peer_name, int timeout_ms,
+                           kvu_ep_err_fn err_cb, void *err_arg,
+                           kvu_ep_t **ep_p);
+/* kvu_ep_close cancels queued runs (their ops fail with KVX_ERR_CANCELED),
+ * closes the endpoint (force-close when it failed) and frees it once UCX is
+ * done. All rkeys of the endpoint must be destroyed before. */
+void         kvu_ep_close(kvu_ep_t *ep);
+/* kvu_ep_fail marks the endpoint failed (e.g. transfer timeout): queued
+ * runs are canceled and in-flight ones are completed by a force close. */
+void         kvu_ep_fail(kvu_ep_t *ep, kvx_status_t status,
+                         const char *reason);
+int          kvu_ep_failed(kvu_ep_t *ep);
+/* kvu_ep_transports: e.g. "rma_am(tcp/lo) am(tcp/lo)"; borrowed. */
+const char  *kvu_ep_transports(const kvu_ep_t *ep);
+/* kvu_ep_rma_emulated: 1 when RMA goes over active messages. */
+int          kvu_ep_rma_emulated(const kvu_ep_t *ep);
+const char  *kvu_ep_peer(const kvu_ep_t *ep);
+
+kvx_status_t kvu_rkey_unpack(kvu_ep_t *ep, const void *buf, size_t len,
+                             kvu_rkey_t **rkey_p);
+void         kvu_rkey_destroy(kvu_rkey_t *rkey);
+
+/*
+ * kvu_post queues runs (offsets relative to local_base / remote_base) as
+ * gets (is_put = 0) or puts. runs must stay valid until op->done has run.
+ * op->done is called exactly once on KVX_OK, after the last run completed
+ * or failed (op->status holds the first error); with an error return it is
+ * never called. Zero runs complete at once (done still runs on the
+ * progress thread).
+ */
+kvx_status_t kvu_post(kvu_ep_t *ep, int is_put, kvu_mem_t *local_mem,
+                      uint64_t local_base, kvu_rkey_t *rkey,
+                      uint64_t remote_base, const kvc_run_t *runs, size_t n,
+                      kvu_op_t *op);
+
+/* kvu_status_from_ucs converts a ucs_status_t (passed as int). */
+kvx_status_t kvu_status_from_ucs(int ucs_status);
+
+/* kvu_hip_mem_type asks HIP what memory ptr is: 0 host, 1 device; -1 when
+ * HIP is not compiled in or no device is present (reason in last error). */
+int kvu_hip_mem_type(const void *ptr);
+/* kvu_topo_pick_nic: from an hwloc topology (XML path, or NULL for this
+ * machine), choose the network device nearest to the PCI bus id of a GPU
+ * (NULL: nearest to the first NUMA node); writes its name to buf. */
+kvx_status_t kvu_topo_pick_nic(const char *xml_path, const char *gpu_busid,
+                               char *buf, size_t len);
+
+#endif
