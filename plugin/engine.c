@@ -831,13 +831,8 @@ void kvx_engine_destroy(struct kvx_engine *eng)
     }
     kvn_server_destroy(eng->hs_srv);
     kvn_server_destroy(eng->notify_srv);
-    pthread_mutex_lock(&eng->lock);
-    for (kvc_peer_t *p = eng->peers; p != NULL; p = p->next) {
-        if (p->ep != NULL) {
-            kvu_ep_fail(p->ep, KVX_ERR_CANCELED, "engine destroyed");
-        }
-    }
-    pthread_mutex_unlock(&eng->lock);
+    /* Peers close their endpoints (force-close in peer mode): in-flight
+     * gets complete as canceled before the transfers are freed. */
     kvc_peers_stop(eng);
     kvc_engine_quiesce(eng);
     pthread_mutex_lock(&eng->lock);

@@ -198,10 +198,12 @@ kvx_status_t kvn_client_open(const char *host, uint32_t port,
     nng_socket_set_ms(cli->sock, NNG_OPT_RECONNMAXT, 500);
     nng_socket_set_size(cli->sock, NNG_OPT_RECVMAXSZ, 64u << 20);
     if ((rv = nng_dial(cli->sock, cli->url, NULL, NNG_FLAG_NONBLOCK)) != 0) {
+        kvx_status_t st = kvc_error(KVX_ERR_CONTROL, "dial %s: %s", cli->url,
+                                    nng_strerror(rv));
+
         nng_close(cli->sock);
         free(cli);
-        return kvc_error(KVX_ERR_CONTROL, "dial %s: %s", cli->url,
-                         nng_strerror(rv));
+        return st;
     }
     *cli_p = cli;
     return KVX_OK;

@@ -415,6 +415,31 @@ static void *kvu_progress_main(void *arg)
 
 /* --- context ------------------------------------------------------------ */
 
+/* kvu_tls_has_mm: does the UCX_TLS list enable sysv/posix shared memory? */
+static int kvu_tls_has_mm(const char *tls)
+{
+    static const char *const mm[] = {"sm", "shm", "sysv", "posix", "mm", "all"};
+
+    if (tls == NULL || tls[0] == '\0') {
+        return 1;
+    }
+    for (size_t i = 0; i < sizeof(mm) / sizeof(mm[0]); i++) {
+        const char *p = tls;
+        size_t      n = strlen(mm[i]);
+
+        while ((p = strstr(p, mm[i])) != NULL) {
+            int start = p == tls || p[-1] == ',' || p[-1] == '^';
+            int end   = p[n] == '\0' || p[n] == ',';
+
+            if (start && end) {
+                return 1;
+            }
+            p += n;
+        }
+    }
+    return 0;
+}
+
 static kvx_status_t kvu_ucp_init(kvu_ctx_t *ctx)
 {
     ucp_config_t *config;
@@ -446,11 +471,10 @@ static kvx_status_t kvu_ucp_init(kvu_ctx_t *ctx)
                              ctx->params.net_devices, ucs_status_string(st));
         }
     }
-    if (ctx->params.err_mode_peer) {
+    if (ctx->params.err_mode_peer && kvu_tls_has_mm(ctx->params.tls)) {
         /* Peer error mode drops the sysv/posix lanes on 1.13 unless they
-         * advertise peer-failure support (research/ucx.md §0.5, G/G2). */
+         * advertise peer-failure support (research/ucx.md §0.5, exp. G). */
         (void)ucp_config_modify(config, "MM_ERROR_HANDLING", "y");
-        (void)ucp_config_modify(config, "CMA_MEMORY_INVALIDATE", "y");
     }
     memset(&params, 0, sizeof(params));
     params.field_mask   = UCP_PARAM_FIELD_FEATURES |
@@ -960,8 +984,10 @@ static void kvu_ep_close_locked(kvu_ep_t *ep, int force)
     }
     memset(&prm, 0, sizeof(prm));
     prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    prm.flags        = (force && ctx->params.err_mode_peer)
-                           ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+    /* Peer mode: force-close (no confirmation from a peer that may be
+     * gone; in-flight requests complete as canceled). */
+    (void)force;
+    prm.flags        = ctx->params.err_mode_peer ? UCP_EP_CLOSE_FLAG_FORCE : 0;
     sp     = ucp_ep_close_nbx(ep->ep, &prm);
     ep->ep = NULL;
     if (sp != NULL && !UCS_PTR_IS_ERR(sp)) {

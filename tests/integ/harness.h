@@ -1,0 +1,98 @@
+// harness.h - helpers for integration tests: real engines (UCX + nng) in
+// this process, a 3-layer model with mixed layouts, byte patterns keyed by
+// (rank, layer, block), and condition waits with deadlines.
+#ifndef KVT_HARNESS_H
+#define KVT_HARNESS_H
+
+#include <kvxfer/kvxfer.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace kvt {
+
+const kvx_api_t *Api();
+
+// A layer of the test model. kind: "split", "interleaved", "key_only".
+struct LayerSpec {
+    std::string name;
+    std::string kind;
+};
+
+struct ModelSpec {
+    std::vector<LayerSpec> layers;
+    uint32_t               block_size = 4;
+    uint32_t               heads      = 2;
+    uint32_t               head_dim   = 16;
+    uint32_t               elem       = 2;
+};
+
+ModelSpec ThreeLayerModel();
+
+// One rank: an engine and its layer buffers.
+struct Rank {
+    kvx_engine_t                    *eng = nullptr;
+    std::vector<std::vector<uint8_t>> bufs;
+    std::vector<kvx_layer_desc_t>    descs;
+    uint32_t                         num_blocks = 0;
+    uint32_t                         tp_rank    = 0;
+    ~Rank();
+};
+
+struct RankOpts {
+    bool        producer   = true;
+    uint32_t    tp_rank    = 0;
+    uint32_t    tp_size    = 1;
+    uint32_t    num_blocks = 32;
+    uint16_t    hs_port    = 0;
+    uint16_t    notify_port = 0;
+    std::string tls        = "tcp";
+    std::string host       = "127.0.0.1";
+    std::string extra;       // extra JSON members of extra_config
+    double      handshake_timeout = 5.0;
+    double      transfer_timeout  = 20.0;
+    double      defer_timeout     = 60.0;
+};
+
+// PortBase returns a base port unique to this process and call (>= 20000).
+uint16_t PortBase(int span);
+
+std::string RankConfig(const RankOpts &o);
+// MakeRank creates, registers the model's layers (filled with the pattern
+// of `pattern_rank` for producers, 0xEE for consumers) and starts.
+kvx_status_t MakeRank(const ModelSpec &m, const RankOpts &o, Rank *r);
+
+// Pattern byte of (rank, layer, block, unit, offset).
+uint8_t Pattern(uint32_t rank, uint32_t layer, uint64_t block, int unit,
+                uint64_t i);
+
+// Geometry helpers of the test model (independent of the library).
+uint64_t UnitLen(const ModelSpec &m, const LayerSpec &l);
+int      Units(const LayerSpec &l);
+uint64_t UnitOffset(const ModelSpec &m, const LayerSpec &l, uint32_t nb,
+                    uint64_t block, int unit);
+
+// VerifyPull checks that D's layer buffers hold P rank src_rank's blocks
+// remote[i] at local[i] (last-remote pairing) and the 0xEE fill elsewhere.
+// Returns "" or a description of the first mismatch.
+std::string VerifyPull(const ModelSpec &m, const Rank &d, uint32_t src_rank,
+                       const std::vector<uint64_t> &local,
+                       const std::vector<uint64_t> &remote);
+
+// WaitFor polls cond every 2 ms until true or timeout_ms passed.
+bool WaitFor(const std::function<bool()> &cond, int timeout_ms);
+
+// DrainEvents polls events of an engine into out; returns count.
+int DrainEvents(kvx_engine_t *eng, std::vector<kvx_event_t> *out);
+void FreeEvents(std::vector<kvx_event_t> *evs);
+
+std::string Params(const std::string &tid, const std::string &host,
+                   uint16_t hs, uint16_t notify,
+                   const std::vector<uint64_t> &remote_ids,
+                   uint32_t remote_tp, const std::string &more = "");
+
+} // namespace kvt
+
+#endif
