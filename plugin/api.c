@@ -279,12 +279,6 @@ static kvx_status_t api_check_request(kvx_engine_t *eng, int producer,
                          producer ? "producer" : "consumer",
                          eng->cfg.is_producer ? "kv_producer" : "kv_consumer");
     }
-    if (!eng->cfg.read_mode) {
-        return kvc_error(KVX_ERR_NOT_SUPPORTED,
-                         "kv_connector_extra_config.read_mode: value false: "
-                         "WRITE mode is not implemented yet; set read_mode "
-                         "true");
-    }
     return KVX_OK;
 }
 
@@ -298,8 +292,12 @@ static kvx_status_t api_producer_request(kvx_engine_t *eng, const char *rid,
     if (st == KVX_OK && resp_p == NULL) {
         st = kvc_error(KVX_ERR_INVALID_PARAM, "response_params_p: NULL");
     }
-    return st != KVX_OK ? st
-                        : kvc_read_producer(eng, rid, params, ids, n, resp_p);
+    if (st != KVX_OK) {
+        return st;
+    }
+    return eng->cfg.read_mode
+               ? kvc_read_producer(eng, rid, params, ids, n, resp_p)
+               : kvc_write_producer(eng, rid, params, ids, n, resp_p);
 }
 
 static kvx_status_t api_consumer_request(kvx_engine_t *eng, const char *rid,
@@ -308,7 +306,11 @@ static kvx_status_t api_consumer_request(kvx_engine_t *eng, const char *rid,
 {
     kvx_status_t st = api_check_request(eng, 0, ids, n);
 
-    return st != KVX_OK ? st : kvc_read_consumer(eng, rid, params, ids, n);
+    if (st != KVX_OK) {
+        return st;
+    }
+    return eng->cfg.read_mode ? kvc_read_consumer(eng, rid, params, ids, n)
+                              : kvc_write_consumer(eng, rid, params, ids, n);
 }
 
 static kvx_status_t api_wait_layer(kvx_engine_t *eng, const char *tid,
@@ -406,6 +408,87 @@ static kvx_status_t api_build_decode_params(const char *resp, const char *tid,
     return kvc_params_build_decode(resp, tid, out_p);
 }
 
+static kvx_status_t api_write_check(kvx_engine_t *eng, const char *tid,
+                                    const char *what)
+{
+    kvc_error_clear();
+    if (eng == NULL || tid == NULL) {
+        return kvc_error(KVX_ERR_INVALID_PARAM, "%s: NULL argument", what);
+    }
+    if (!eng->started || !eng->cfg.is_producer) {
+        return kvc_error(KVX_ERR_BAD_STATE, "%s: needs a started kv_producer "
+                         "engine", what);
+    }
+    return KVX_OK;
+}
+
+static kvx_status_t api_layer_ready(kvx_engine_t *eng, const char *tid,
+                                    uint32_t layer)
+{
+    kvx_status_t st = api_write_check(eng, tid, "layer_ready");
+
+    if (st != KVX_OK || eng->cfg.read_mode) {
+        return st;
+    }
+    return kvc_write_layer_ready(eng, tid, layer);
+}
+
+static kvx_status_t api_seal_transfer(kvx_engine_t *eng, const char *tid)
+{
+    kvx_status_t st = api_write_check(eng, tid, "seal_transfer");
+
+    if (st != KVX_OK || eng->cfg.read_mode) {
+        return st;
+    }
+    return kvc_write_seal(eng, tid);
+}
+
+static kvx_status_t api_consumer_abort(kvx_engine_t *eng, const char *rid,
+                                       const char *params)
+{
+    kvx_status_t st = api_check_request(eng, 0, NULL, 0);
+
+    return st != KVX_OK ? st : kvc_write_abort(eng, rid, params);
+}
+
+static kvx_status_t api_stats(kvx_engine_t *eng, char **json_p)
+{
+    static const char *names[] = {"", "remote_blocks", "write_done",
+                                  "release", "heartbeat"};
+    json_object       *o, *rx;
+
+    if (eng == NULL || json_p == NULL) {
+        return kvc_error(KVX_ERR_INVALID_PARAM, "stats: NULL argument");
+    }
+    o  = json_object_new_object();
+    rx = json_object_new_object();
+    pthread_mutex_lock(&eng->lock);
+    for (int t = 1; t <= 4; t++) {
+        json_object_object_add(rx, names[t], json_object_new_int64(
+                                   (int64_t)eng->stats.rx_msgs[t]));
+    }
+    json_object_object_add(o, "rx", rx);
+#define KVC_STAT(name) \
+    json_object_object_add(o, #name, \
+                           json_object_new_int64((int64_t)eng->stats.name))
+    KVC_STAT(rx_bad);
+    KVC_STAT(tx_msgs);
+    KVC_STAT(tx_fail);
+    KVC_STAT(handshakes_ok);
+    KVC_STAT(handshakes_failed);
+    KVC_STAT(bytes_read);
+    KVC_STAT(bytes_written);
+#undef KVC_STAT
+    json_object_object_add(o, "transfers",
+                           json_object_new_int64((int64_t)eng->nxfers));
+    json_object_object_add(o, "events",
+                           json_object_new_int64((int64_t)eng->nevents));
+    pthread_mutex_unlock(&eng->lock);
+    *json_p = strdup(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
+    json_object_put(o);
+    return *json_p ? KVX_OK : kvc_error(KVX_ERR_NO_MEMORY, "out of memory");
+}
+
 static const kvx_api_t kvc_api = {
     .abi_major            = KVX_ABI_MAJOR,
     .abi_minor            = KVX_ABI_MINOR,
@@ -430,6 +513,10 @@ static const kvx_api_t kvc_api = {
     .poll_events          = api_poll_events,
     .transports           = api_transports,
     .build_decode_params  = api_build_decode_params,
+    .layer_ready          = api_layer_ready,
+    .seal_transfer        = api_seal_transfer,
+    .consumer_abort       = api_consumer_abort,
+    .stats                = api_stats,
 };
 
 const kvx_api_t *kvc_api_table(void)

@@ -90,6 +90,9 @@ void kvc_xfer_free(kvc_xfer_t *x)
     }
     free(x->plans);
     free(x->ops);
+    free(x->scheduled);
+    free(x->posted);
+    kvc_params_fini(&x->dparams);
     free(x->local_ids);
     free(x->remote_ids);
     free(x);
@@ -359,7 +362,9 @@ static void kvc_peer_do_handshake(kvc_peer_t *peer)
         snprintf(peer->fail_reason, sizeof(peer->fail_reason), "%s",
                  kvc_last_error());
         kvc_log_warn("KVX-HANDSHAKE", "%s", peer->fail_reason);
+        eng->stats.handshakes_failed++;
         kvc_read_peer_failed(eng, peer);
+        kvc_write_peer_failed(eng, peer);
         return;
     }
     peer->meta      = m;
@@ -367,10 +372,12 @@ static void kvc_peer_do_handshake(kvc_peer_t *peer)
     peer->rkeys     = rkeys;
     peer->layer_map = map;
     peer->state     = KVC_PEER_READY;
+    eng->stats.handshakes_ok++;
     kvc_log_info("KVX-HANDSHAKE-OK", "peer %s: epoch %llu, %zu layers, %s",
                  peer->name, (unsigned long long)m.epoch, m.num_layers,
                  kvu_ep_transports(ep));
     kvc_read_peer_ready(eng, peer);
+    kvc_write_peer_ready(eng, peer);
 }
 
 static void kvc_peer_do_send(kvc_peer_t *peer, kvc_ctlout_t *out)
@@ -405,6 +412,8 @@ static void kvc_peer_do_send(kvc_peer_t *peer, kvc_ctlout_t *out)
     free(out->buf);
     free(out);
     pthread_mutex_lock(&eng->lock);
+    eng->stats.tx_msgs++;
+    eng->stats.tx_fail += st != KVX_OK || !ok;
 }
 
 static void *kvc_peer_main(void *arg)
@@ -581,22 +590,25 @@ static void kvc_notify_handler(void *arg, const char *msg, size_t len,
     if (kvc_msg_decode(msg, len, eng->cfg.is_producer, &m) != KVX_OK) {
         kvc_log_warn("KVX-BAD-MESSAGE", "%s notify listener: %s",
                      eng->engine_id, kvc_last_error());
+        pthread_mutex_lock(&eng->lock);
+        eng->stats.rx_bad++;
+        pthread_mutex_unlock(&eng->lock);
         kvc_reply(0, kvc_last_error(), reply_p, len_p);
         return;
     }
     pthread_mutex_lock(&eng->lock);
+    eng->stats.rx_msgs[m.type]++;
     switch (m.type) {
     case KVC_MSG_RELEASE:
         kvc_read_on_release(eng, &m, reason, sizeof(reason), &ok);
         break;
-    case KVC_MSG_HEARTBEAT:
+    case KVC_MSG_REMOTE_BLOCKS:
+        kvc_write_on_remote_blocks(eng, &m, reason, sizeof(reason), &ok);
         break;
-    default:
-        ok = 0;
-        snprintf(reason, sizeof(reason),
-                 "control message type %d for transfer '%s': WRITE mode is "
-                 "not implemented by this engine yet", (int)m.type,
-                 m.transfer_id);
+    case KVC_MSG_WRITE_DONE:
+        kvc_write_on_write_done(eng, &m);
+        break;
+    case KVC_MSG_HEARTBEAT:
         break;
     }
     pthread_mutex_unlock(&eng->lock);
@@ -708,6 +720,7 @@ static void kvc_engine_tick(void *arg)
     pthread_mutex_lock(&eng->lock);
     if (!eng->stopping) {
         kvc_read_tick(eng);
+        kvc_write_tick(eng);
     }
     pthread_mutex_unlock(&eng->lock);
 }
@@ -794,6 +807,13 @@ static void kvc_engine_free_state(struct kvx_engine *eng)
         eng->early = e->next;
         free(e);
     }
+    while (eng->early_blocks != NULL) {
+        kvc_early_blocks_t *e = eng->early_blocks;
+
+        eng->early_blocks = e->next;
+        kvc_msg_fini(&e->msg);
+        free(e);
+    }
 }
 
 /* Waits (bounded) until no D transfer has operations in flight, so that
@@ -808,7 +828,9 @@ static void kvc_engine_quiesce(struct kvx_engine *eng)
 
         for (size_t b = 0; b < KVC_XFER_BUCKETS && !busy; b++) {
             for (kvc_xfer_t *x = eng->xfers[b]; x != NULL; x = x->hnext) {
-                if (x->state == KVC_XFER_INFLIGHT && x->layers_pending > 0) {
+                if ((x->state == KVC_XFER_INFLIGHT && x->layers_pending > 0) ||
+                    (x->write && (x->ncompleted != x->nposted ||
+                                  x->flushing))) {
                     busy = 1;
                     break;
                 }

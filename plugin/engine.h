@@ -84,9 +84,12 @@ typedef struct kvc_peer {
 typedef enum kvc_xfer_state {
     KVC_XFER_WAIT_PEER = 1, /* D: waiting for the handshake */
     KVC_XFER_INFLIGHT,      /* D: gets posted */
-    KVC_XFER_HELD,          /* P: blocks held until released */
+    KVC_XFER_HELD,          /* P READ: blocks held until released */
     KVC_XFER_DONE,
     KVC_XFER_FAILED,
+    KVC_XFER_PUSHING,       /* P WRITE: scheduling / putting layers */
+    KVC_XFER_WAIT_WRITE,    /* D WRITE: remote_blocks sent, awaiting
+                               write_done */
 } kvc_xfer_state_t;
 
 typedef struct kvc_layer_op {
@@ -120,6 +123,19 @@ typedef struct kvc_xfer {
     size_t            nplans;
     uint32_t          layers_pending;
     int               timed_out;
+    /* WRITE mode (both sides) */
+    int               write;
+    uint8_t          *scheduled;   /* P: per layer, owned */
+    uint8_t          *posted;      /* P: per layer, owned */
+    uint32_t          nscheduled, ncompleted, nposted;
+    int               sealed;
+    int               have_blocks; /* P: remote_blocks arrived */
+    int32_t           decode_rank; /* P: D DP rank to write to */
+    kvc_xfer_params_t dparams;     /* P: D's instance from the request */
+    kvc_peer_addr_t   daddr;       /* P: D's base address */
+    kvu_op_t          flush_op;    /* P: final ep flush */
+    int               flushing;
+    uint32_t          waiting_done; /* D: write_done still expected */
     /* P side */
     uint32_t          quorum;      /* 0 until the first release */
     uint32_t          released;
@@ -139,6 +155,12 @@ typedef struct kvc_early_release {
     uint64_t expires_us;
     struct kvc_early_release *next;
 } kvc_early_release_t;
+
+typedef struct kvc_early_blocks {
+    kvc_msg_t                msg;       /* owned */
+    uint64_t                 expires_us;
+    struct kvc_early_blocks *next;
+} kvc_early_blocks_t;
 
 #define KVC_XFER_BUCKETS   1024
 #define KVC_EARLY_MAX      4096
@@ -169,6 +191,15 @@ struct kvx_engine {
     kvc_idset_t       terminal;
     kvc_early_release_t *early;
     size_t            nearly;
+    struct {
+        uint64_t rx_msgs[5];      /* by kvc_msg_type_t */
+        uint64_t rx_bad;          /* rejected control messages */
+        uint64_t tx_msgs, tx_fail;
+        uint64_t handshakes_ok, handshakes_failed;
+        uint64_t bytes_read, bytes_written;
+    } stats;
+    kvc_early_blocks_t *early_blocks; /* remote_blocks before P's request */
+    size_t            nearly_blocks;
 };
 
 uint64_t kvc_now_us(void);
@@ -190,6 +221,12 @@ void        kvc_peer_send(kvc_peer_t *peer, char *buf, size_t len,
 void        kvc_peer_want_handshake(kvc_peer_t *peer);
 
 /* engine_read.c */
+kvc_xfer_t  *kvc_xfer_new(const char *tid, const char *req_id,
+                          const uint64_t *ids, size_t n);
+kvx_status_t kvc_xfer_check_ids(struct kvx_engine *eng, const uint64_t *ids,
+                                size_t n);
+kvx_status_t kvc_xfer_plan(struct kvx_engine *eng, kvc_xfer_t *x,
+                           const uint64_t *lids, size_t nl);
 kvx_status_t kvc_read_consumer(struct kvx_engine *eng, const char *req_id,
                                const char *params_json, const uint64_t *ids,
                                size_t n);
@@ -201,6 +238,29 @@ void         kvc_read_peer_failed(struct kvx_engine *eng, kvc_peer_t *peer);
 void         kvc_read_on_release(struct kvx_engine *eng, const kvc_msg_t *m,
                                  char *reason, size_t reason_len, int *ok_p);
 void         kvc_read_tick(struct kvx_engine *eng);
+/* engine_write.c */
+kvx_status_t kvc_write_producer(struct kvx_engine *eng, const char *req_id,
+                                const char *params_json, const uint64_t *ids,
+                                size_t n, char **response_p);
+kvx_status_t kvc_write_consumer(struct kvx_engine *eng, const char *req_id,
+                                const char *params_json, const uint64_t *ids,
+                                size_t n);
+kvx_status_t kvc_write_layer_ready(struct kvx_engine *eng, const char *tid,
+                                   uint32_t layer);
+kvx_status_t kvc_write_seal(struct kvx_engine *eng, const char *tid);
+kvx_status_t kvc_write_abort(struct kvx_engine *eng, const char *req_id,
+                             const char *params_json);
+void         kvc_write_on_remote_blocks(struct kvx_engine *eng, kvc_msg_t *m,
+                                        char *reason, size_t len, int *ok_p);
+void         kvc_write_on_write_done(struct kvx_engine *eng,
+                                     const kvc_msg_t *m);
+void         kvc_write_on_release(struct kvx_engine *eng, kvc_xfer_t *x);
+void         kvc_write_peer_ready(struct kvx_engine *eng, kvc_peer_t *peer);
+void         kvc_write_peer_failed(struct kvx_engine *eng, kvc_peer_t *peer);
+void         kvc_write_tick(struct kvx_engine *eng);
+void         kvc_write_free(kvc_xfer_t *x);
+char        *kvc_read_response(struct kvx_engine *eng, const kvc_xfer_t *x);
+
 kvx_status_t kvc_xfer_wait(struct kvx_engine *eng, const char *tid,
                            int64_t layer, int64_t timeout_ms);
 

@@ -70,7 +70,9 @@ static void kvc_read_op_done(kvu_op_t *op)
     pthread_mutex_lock(&eng->lock);
     lop->done   = 1;
     lop->status = st;
-    if (st != KVX_OK) {
+    if (st == KVX_OK) {
+        eng->stats.bytes_read += op->bytes;
+    } else {
         char why[KVX_REASON_MAX];
 
         snprintf(why, sizeof(why), "layer %u gets from %s failed: %s",
@@ -84,9 +86,11 @@ static void kvc_read_op_done(kvu_op_t *op)
     pthread_mutex_unlock(&eng->lock);
 }
 
-/* Builds every layer's run list (one per distinct geometry); nothing is
- * posted if any block or range is out of bounds. */
-static kvx_status_t kvc_read_plan(struct kvx_engine *eng, kvc_xfer_t *x)
+/* Builds every layer's run list (one per distinct geometry) pairing lids
+ * with x->remote_ids; nothing is posted if any block or range is out of
+ * bounds. */
+kvx_status_t kvc_xfer_plan(struct kvx_engine *eng, kvc_xfer_t *x,
+                           const uint64_t *lids, size_t nl)
 {
     kvc_peer_t *peer = x->src;
 
@@ -120,14 +124,14 @@ static kvx_status_t kvc_read_plan(struct kvx_engine *eng, kvc_xfer_t *x)
             continue;
         }
         x->plans[x->nplans] = malloc(
-            (kvc_plan_max_runs(&l->geom, x->nlocal) + 1) * sizeof(kvc_run_t));
+            (kvc_plan_max_runs(&l->geom, nl) + 1) * sizeof(kvc_run_t));
         if (x->plans[x->nplans] == NULL) {
             return kvc_error(KVX_ERR_NO_MEMORY, "plan: out of memory");
         }
         x->ops[i].runs = x->plans[x->nplans++];
         st = kvc_plan_build(&l->geom, l->length, &rl->geom, rl->length,
-                            x->local_ids, x->nlocal, x->remote_ids,
-                            x->nremote, x->ops[i].runs, &x->ops[i].nruns);
+                            lids, nl, x->remote_ids, x->nremote,
+                            x->ops[i].runs, &x->ops[i].nruns);
         if (st != KVX_OK) {
             return kvc_error(st, "transfer %s, layer '%s': %s", x->transfer_id,
                              l->name, kvc_last_error());
@@ -139,7 +143,7 @@ static kvx_status_t kvc_read_plan(struct kvx_engine *eng, kvc_xfer_t *x)
 static void kvc_read_post(struct kvx_engine *eng, kvc_xfer_t *x)
 {
     kvc_peer_t  *peer = x->src;
-    kvx_status_t st   = kvc_read_plan(eng, x);
+    kvx_status_t st   = kvc_xfer_plan(eng, x, x->local_ids, x->nlocal);
 
     if (st != KVX_OK) {
         kvc_xfer_fail(x, st, kvc_last_error());
@@ -250,7 +254,7 @@ static kvx_status_t kvc_read_check_hosts(struct kvx_engine *eng,
     return st;
 }
 
-static kvc_xfer_t *kvc_xfer_new(const char *tid, const char *req_id,
+kvc_xfer_t *kvc_xfer_new(const char *tid, const char *req_id,
                                 const uint64_t *ids, size_t n)
 {
     kvc_xfer_t *x = calloc(1, sizeof(*x));
@@ -457,6 +461,10 @@ void kvc_read_on_release(struct kvx_engine *eng, const kvc_msg_t *m,
         }
         return;
     }
+    if (x->write) {
+        kvc_write_on_release(eng, x);
+        return;
+    }
     kvc_read_released(eng, x, m->consumer_tp_size, m->consumer_rank);
 }
 
@@ -476,14 +484,16 @@ static void kvc_early_apply(struct kvx_engine *eng, kvc_xfer_t *x)
         *pp = e->next;
         eng->nearly--;
         /* x may be freed by the release that completes its quorum. */
-        if (kvc_xfer_find(eng, tid) == x) {
+        if (kvc_xfer_find(eng, tid) == x && x->write) {
+            kvc_write_on_release(eng, x);
+        } else if (kvc_xfer_find(eng, tid) == x) {
             kvc_read_released(eng, x, e->consumer_tp_size, e->consumer_rank);
         }
         free(e);
     }
 }
 
-static char *kvc_read_response(struct kvx_engine *eng, const kvc_xfer_t *x)
+char *kvc_read_response(struct kvx_engine *eng, const kvc_xfer_t *x)
 {
     json_object *o = json_object_new_object(), *ids, *hosts;
     char        *out;
@@ -522,8 +532,8 @@ static char *kvc_read_response(struct kvx_engine *eng, const kvc_xfer_t *x)
     return out;
 }
 
-static kvx_status_t kvc_read_check_own_ids(struct kvx_engine *eng,
-                                           const uint64_t *ids, size_t n)
+kvx_status_t kvc_xfer_check_ids(struct kvx_engine *eng, const uint64_t *ids,
+                                size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         for (size_t l = 0; l < eng->nlayers; l++) {
@@ -559,7 +569,7 @@ kvx_status_t kvc_read_producer(struct kvx_engine *eng, const char *req_id,
         return kvc_error(KVX_ERR_INVALID_PARAM,
                          "kv_transfer_params.transfer_id: missing");
     }
-    st = kvc_read_check_own_ids(eng, ids, n);
+    st = kvc_xfer_check_ids(eng, ids, n);
     x  = st == KVX_OK ? kvc_xfer_new(p.transfer_id, req_id, ids, n) : NULL;
     kvc_params_fini(&p);
     if (x == NULL) {

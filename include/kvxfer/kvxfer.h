@@ -38,7 +38,7 @@ extern "C" {
 #endif
 
 #define KVX_ABI_MAJOR 1
-#define KVX_ABI_MINOR 0
+#define KVX_ABI_MINOR 1
 
 #define KVX_ENTRY_POINT_NAME "kvx_get_api"
 
@@ -234,6 +234,32 @@ typedef struct kvx_api {
     kvx_status_t (*build_decode_params)(const char *prefill_response_json,
                                         const char *transfer_id,
                                         char **decode_params_p);
+
+    /* --- ABI 1.1: WRITE mode (read_mode false) ------------------------- */
+    /* In WRITE mode producer_request is called when P allocated the
+     * request's blocks (before or during prefill); consumer_request when D
+     * allocated its blocks: D then sends remote_blocks to its P rank and
+     * reports KVX_EVENT_FINISHED_RECVING on write_done.
+     *
+     * layer_ready (P): the KV of `layer` is computed for this transfer;
+     * its puts start as soon as D's blocks are known. Calling it twice is a
+     * no-op; any order. In READ mode it is a no-op. */
+    kvx_status_t (*layer_ready)(kvx_engine_t *engine, const char *transfer_id,
+                                uint32_t layer);
+    /* seal_transfer (P): no more layers will be scheduled; write_done goes
+     * to D once every scheduled layer's puts completed. No-op in READ. */
+    kvx_status_t (*seal_transfer)(kvx_engine_t *engine,
+                                  const char *transfer_id);
+    /* consumer_abort (D): the request finished or was aborted before (or
+     * instead of) receiving: P is released at once (no timeout), and a
+     * pending WRITE transfer of this id fails with KVX_ERR_CANCELED. */
+    kvx_status_t (*consumer_abort)(kvx_engine_t *engine,
+                                   const char *request_id,
+                                   const char *params_json);
+    /* stats returns counters as JSON (caller frees): control messages
+     * received by type and rejected, sent and failed, handshakes, bytes
+     * read and written, active transfers, pending events. */
+    kvx_status_t (*stats)(kvx_engine_t *engine, char **json_p);
 } kvx_api_t;
 
 /*

@@ -28,6 +28,42 @@ ModelSpec ThreeLayerModel()
     return m;
 }
 
+ModelSpec MixedModel()
+{
+    ModelSpec m;
+    for (int i = 0; i < 4; i++) {
+        m.layers.push_back({"model.layers." + std::to_string(i) + ".attn",
+                            "split"});
+    }
+    m.layers.push_back({"model.layers.1.indexer", "key_only"});
+    m.layers.push_back({"model.layers.3.indexer", "key_only"});
+    m.layers.push_back({"model.layers.4.attn", "interleaved"});
+    return m;
+}
+
+long long StatCount(kvx_engine_t *eng, const std::string &key)
+{
+    char *json = nullptr;
+    if (Api()->stats(eng, &json) != KVX_OK) {
+        return -1;
+    }
+    std::string s(json), leaf = key;
+    Api()->free(json);
+    size_t dot = key.find('.'), at = 0;
+    if (dot != std::string::npos) {
+        at   = s.find("\"" + key.substr(0, dot) + "\"");
+        leaf = key.substr(dot + 1);
+        if (at == std::string::npos) {
+            return -1;
+        }
+    }
+    size_t p = s.find("\"" + leaf + "\":", at);
+    if (p == std::string::npos) {
+        return -1;
+    }
+    return std::stoll(s.substr(p + leaf.size() + 3));
+}
+
 Rank::~Rank()
 {
     Api()->engine_destroy(eng);
@@ -49,11 +85,12 @@ std::string RankConfig(const RankOpts &o)
     snprintf(buf, sizeof(buf),
              "{\"role\":\"%s\",\"tp_rank\":%u,\"tp_size\":%u,"
              "\"kv_connector_extra_config\":{\"host_ip\":\"%s\","
-             "\"handshake_port\":%u,\"notify_port\":%u,\"read_mode\":true,"
+             "\"handshake_port\":%u,\"notify_port\":%u,\"read_mode\":%s,"
              "\"ucx_tls\":\"%s\",\"handshake_timeout\":%.3f,"
              "\"transfer_timeout\":%.3f,\"defer_timeout\":%.3f%s%s}}",
              o.producer ? "kv_producer" : "kv_consumer", o.tp_rank, o.tp_size,
-             o.host.c_str(), o.hs_port, o.notify_port, o.tls.c_str(),
+             o.host.c_str(), o.hs_port, o.notify_port,
+             o.read_mode ? "true" : "false", o.tls.c_str(),
              o.handshake_timeout, o.transfer_timeout, o.defer_timeout,
              o.extra.empty() ? "" : ",", o.extra.c_str());
     return buf;

@@ -30,6 +30,12 @@ struct ModelSpec {
 };
 
 ModelSpec ThreeLayerModel();
+// MixedModel: 4 dense split K/V layers, 2 key-only indexer layers and one
+// interleaved layer (the mixed-layout model).
+ModelSpec MixedModel();
+// StatCount reads one counter ("rx.write_done", "tx_msgs", ...) from
+// api->stats() of eng; -1 if absent.
+long long StatCount(kvx_engine_t *eng, const std::string &key);
 
 // One rank: an engine and its layer buffers.
 struct Rank {
@@ -51,6 +57,7 @@ struct RankOpts {
     std::string tls        = "tcp";
     std::string host       = "127.0.0.1";
     std::string extra;       // extra JSON members of extra_config
+    bool        read_mode  = true;
     double      handshake_timeout = 5.0;
     double      transfer_timeout  = 20.0;
     double      defer_timeout     = 60.0;

@@ -24,6 +24,7 @@ typedef struct kvu_job kvu_job_t;
 struct kvu_job {
     kvu_op_t        *op;
     int              is_put;
+    int              is_flush;  /* ep flush after every earlier job */
     uint64_t         local_base;
     ucp_mem_h        memh;
     ucp_rkey_h       rkey;
@@ -239,6 +240,31 @@ static int kvu_issue(kvu_ep_t *ep, kvu_job_t *job, uint64_t len)
     return 0;
 }
 
+static void kvu_issue_flush(kvu_ep_t *ep, kvu_job_t *job)
+{
+    ucp_request_param_t prm;
+    ucs_status_ptr_t    sp;
+
+    memset(&prm, 0, sizeof(prm));
+    prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    prm.cb.send      = kvu_req_cb;
+    prm.user_data    = job->op;
+    sp = ucp_ep_flush_nbx(ep->ep, &prm);
+    if (sp == NULL) {
+        return;
+    }
+    if (UCS_PTR_IS_ERR(sp)) {
+        kvu_op_set_error(job->op, kvu_status_from_ucs(UCS_PTR_STATUS(sp)));
+        return;
+    }
+    kvu_req_t *req = sp;
+    req->ep  = ep;
+    req->op  = job->op;
+    req->len = 0;
+    ep->inflight_reqs++;
+    atomic_fetch_add(&job->op->remaining, 1);
+}
+
 /* kvu_ep_drain issues queued runs while under the in-flight cap. */
 static void kvu_ep_drain(kvu_ep_t *ep)
 {
@@ -246,6 +272,9 @@ static void kvu_ep_drain(kvu_ep_t *ep)
     kvu_job_t *job;
 
     while (!ep->failed && (job = ep->qhead) != NULL) {
+        if (job->is_flush) {
+            kvu_issue_flush(ep, job);
+        }
         while (job->idx < job->n) {
             const kvc_run_t *run = &job->runs[job->idx];
             uint64_t         len;
@@ -1068,6 +1097,8 @@ const char *kvu_ep_peer(const kvu_ep_t *ep)
 
 /* --- rkeys and posting -------------------------------------------------- */
 
+static kvx_status_t kvu_enqueue(kvu_ep_t *ep, kvu_job_t *job);
+
 kvx_status_t kvu_rkey_unpack(kvu_ep_t *ep, const void *buf, size_t len,
                              kvu_rkey_t **rkey_p)
 {
@@ -1108,7 +1139,6 @@ kvx_status_t kvu_post(kvu_ep_t *ep, int is_put, kvu_mem_t *local_mem,
                       uint64_t remote_base, const kvc_run_t *runs, size_t n,
                       kvu_op_t *op)
 {
-    kvu_ctx_t *ctx = ep->ctx;
     kvu_job_t *job = calloc(1, sizeof(*job));
 
     if (job == NULL) {
@@ -1128,6 +1158,28 @@ kvx_status_t kvu_post(kvu_ep_t *ep, int is_put, kvu_mem_t *local_mem,
     for (size_t i = 0; i < n; i++) {
         op->bytes += runs[i].len;
     }
+    return kvu_enqueue(ep, job);
+}
+
+kvx_status_t kvu_flush(kvu_ep_t *ep, kvu_op_t *op)
+{
+    kvu_job_t *job = calloc(1, sizeof(*job));
+
+    if (job == NULL) {
+        return kvc_error(KVX_ERR_NO_MEMORY, "kvu flush: out of memory");
+    }
+    job->op       = op;
+    job->is_flush = 1;
+    atomic_store(&op->remaining, 1);
+    atomic_store(&op->status, 0);
+    op->bytes = 0;
+    return kvu_enqueue(ep, job);
+}
+
+static kvx_status_t kvu_enqueue(kvu_ep_t *ep, kvu_job_t *job)
+{
+    kvu_ctx_t *ctx = ep->ctx;
+
     pthread_mutex_lock(&ctx->lock);
     if (ep->failed || ep->closed || ep->ep == NULL) {
         kvx_status_t st = ep->failed ? ep->fail_status : KVX_ERR_ENDPOINT;

@@ -125,6 +125,11 @@ kvx_status_t kvu_post(kvu_ep_t *ep, int is_put, kvu_mem_t *local_mem,
                       uint64_t remote_base, const kvc_run_t *runs, size_t n,
                       kvu_op_t *op);
 
+/* kvu_flush completes op once every run posted on ep before it has
+ * completed at the origin and the target (ucp_ep_flush_nbx): puts are then
+ * remotely visible. Same callback contract as kvu_post. */
+kvx_status_t kvu_flush(kvu_ep_t *ep, kvu_op_t *op);
+
 /* kvu_status_from_ucs converts a ucs_status_t (passed as int). */
 kvx_status_t kvu_status_from_ucs(int ucs_status);
 

@@ -1,0 +1,240 @@
+// WRITE mode end to end (SPEC §8): P pushes layer by layer into D's blocks
+// over real UCX endpoints; control messages over real nng sockets. Mixed
+// layouts, different num_blocks on P and D, every byte verified, write_done
+// exactly once, P's blocks released.
+#include "harness.h"
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+using namespace kvt;
+
+namespace {
+
+struct WritePair {
+    ModelSpec model = MixedModel();
+    Rank      p, d;
+    uint16_t  hs = 0;
+};
+
+void MakeWritePair(WritePair *w, const std::string &tls, double defer = 30.0)
+{
+    w->hs = PortBase(2);
+    RankOpts o;
+    o.read_mode     = false;
+    o.tls           = tls;
+    o.producer      = true;
+    o.num_blocks    = 40;
+    o.hs_port       = w->hs;
+    o.notify_port   = (uint16_t)(w->hs + 20000);
+    o.defer_timeout = defer;
+    ASSERT_EQ(KVX_OK, MakeRank(w->model, o, &w->p)) << Api()->last_error();
+    o.producer    = false;
+    o.num_blocks  = 24;
+    o.hs_port     = (uint16_t)(w->hs + 1);
+    o.notify_port = (uint16_t)(w->hs + 1 + 20000);
+    ASSERT_EQ(KVX_OK, MakeRank(w->model, o, &w->d)) << Api()->last_error();
+}
+
+// P's params name D (explicit address); D's params name P.
+std::string PParams(const WritePair &w, const std::string &tid)
+{
+    return "{\"transfer_id\":\"" + tid + "\",\"do_remote_decode\":true,"
+           "\"remote_host\":\"127.0.0.1\",\"remote_handshake_port\":" +
+           std::to_string(w.hs + 1) + ",\"remote_notify_port\":" +
+           std::to_string(w.hs + 1 + 20000) + ",\"remote_tp_size\":1}";
+}
+
+std::string DParams(const WritePair &w, const std::string &tid)
+{
+    return "{\"transfer_id\":\"" + tid + "\",\"do_remote_prefill\":true,"
+           "\"remote_host\":\"127.0.0.1\",\"remote_handshake_port\":" +
+           std::to_string(w.hs) + ",\"remote_notify_port\":" +
+           std::to_string(w.hs + 20000) + ",\"remote_tp_size\":1}";
+}
+
+int CountEvents(std::vector<kvx_event_t> &evs, kvx_event_type_t type,
+                const std::string &tid)
+{
+    int n = 0;
+    for (auto &e : evs) {
+        n += e.type == type && tid == e.transfer_id;
+    }
+    return n;
+}
+
+class WriteTransfer : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(WriteTransfer, MixedLayersOutOfOrderTwiceAndDuplicateBlocks)
+{
+    WritePair w;
+    MakeWritePair(&w, GetParam());
+    if (HasFatalFailure()) {
+        return;
+    }
+    const std::vector<uint64_t> pids = {5, 6, 7, 30, 12, 39};
+    const std::vector<uint64_t> dids = {0, 1, 2, 3, 20, 9};
+    const std::string           tid  = "tx-write-" + GetParam();
+    char                       *resp = nullptr;
+
+    ASSERT_EQ(KVX_OK, Api()->producer_request(w.p.eng, "req-w",
+                                              PParams(w, tid).c_str(),
+                                              pids.data(), pids.size(), &resp))
+        << Api()->last_error();
+    Api()->free(resp);
+    // Layers 6, 2, 0 become ready before D allocated: they wait.
+    for (uint32_t l : {6u, 2u, 0u}) {
+        ASSERT_EQ(KVX_OK, Api()->layer_ready(w.p.eng, tid.c_str(), l));
+    }
+    ASSERT_EQ(KVX_OK, Api()->consumer_request(w.d.eng, "req-w",
+                                              DParams(w, tid).c_str(),
+                                              dids.data(), dids.size()))
+        << Api()->last_error();
+    // The rest in another order, and layer 2 again (no-op).
+    for (uint32_t l : {5u, 2u, 1u, 4u, 3u}) {
+        ASSERT_EQ(KVX_OK, Api()->layer_ready(w.p.eng, tid.c_str(), l));
+    }
+    ASSERT_EQ(KVX_OK, Api()->seal_transfer(w.p.eng, tid.c_str()));
+    ASSERT_EQ(KVX_OK, Api()->wait_transfer(w.d.eng, tid.c_str(), 20000))
+        << Api()->last_error();
+    EXPECT_EQ("", VerifyPull(w.model, w.d, 0, dids, pids));
+
+    std::vector<kvx_event_t> pev, dev;
+    ASSERT_TRUE(WaitFor([&] { DrainEvents(w.p.eng, &pev); return !pev.empty(); },
+                        10000));
+    DrainEvents(w.d.eng, &dev);
+    EXPECT_EQ(1, CountEvents(pev, KVX_EVENT_FINISHED_SENDING, tid));
+    EXPECT_EQ(1, CountEvents(dev, KVX_EVENT_FINISHED_RECVING, tid));
+    EXPECT_EQ(1, StatCount(w.d.eng, "rx.write_done"));
+    EXPECT_EQ(1, StatCount(w.p.eng, "rx.remote_blocks"));
+    FreeEvents(&pev);
+    FreeEvents(&dev);
+}
+
+INSTANTIATE_TEST_SUITE_P(Tls, WriteTransfer,
+                         ::testing::Values(std::string("tcp"),
+                                           std::string("sm")));
+
+TEST(WriteFlow, SealCountsScheduledLayersNotRegisteredOnes)
+{
+    WritePair w;
+    MakeWritePair(&w, "tcp");
+    if (HasFatalFailure()) {
+        return;
+    }
+    const std::vector<uint64_t> ids = {1, 2, 3};
+    const std::string           tid = "tx-partial";
+    char                       *resp = nullptr;
+
+    ASSERT_EQ(KVX_OK, Api()->producer_request(w.p.eng, "r", PParams(w, tid).c_str(),
+                                              ids.data(), ids.size(), &resp));
+    Api()->free(resp);
+    ASSERT_EQ(KVX_OK, Api()->consumer_request(w.d.eng, "r", DParams(w, tid).c_str(),
+                                              ids.data(), ids.size()));
+    // Only 2 of 7 layers are scheduled (e.g. the others belong to another
+    // KV group): write_done must still come, after exactly those two.
+    ASSERT_EQ(KVX_OK, Api()->layer_ready(w.p.eng, tid.c_str(), 4));
+    ASSERT_EQ(KVX_OK, Api()->layer_ready(w.p.eng, tid.c_str(), 0));
+    ASSERT_EQ(KVX_OK, Api()->seal_transfer(w.p.eng, tid.c_str()));
+    ASSERT_EQ(KVX_OK, Api()->wait_transfer(w.d.eng, tid.c_str(), 20000))
+        << Api()->last_error();
+    EXPECT_EQ(1, StatCount(w.d.eng, "rx.write_done"));
+    // Scheduling after seal is refused; after finish it is a no-op.
+    std::vector<kvx_event_t> pev;
+    ASSERT_TRUE(WaitFor([&] { DrainEvents(w.p.eng, &pev); return !pev.empty(); },
+                        10000));
+    EXPECT_EQ(KVX_OK, Api()->layer_ready(w.p.eng, tid.c_str(), 1));
+    FreeEvents(&pev);
+}
+
+TEST(WriteFlow, DuplicateRemoteBlocksAndLegacyWriteDone)
+{
+    WritePair w;
+    MakeWritePair(&w, "tcp");
+    if (HasFatalFailure()) {
+        return;
+    }
+    const std::vector<uint64_t> ids = {4, 5};
+    const std::string           tid = "tx-dup";
+    char                       *resp = nullptr;
+
+    ASSERT_EQ(KVX_OK, Api()->producer_request(w.p.eng, "r", PParams(w, tid).c_str(),
+                                              ids.data(), ids.size(), &resp));
+    Api()->free(resp);
+    // D's request twice: the second consumer_request is refused (same id
+    // active) - send a duplicate remote_blocks by hand instead.
+    ASSERT_EQ(KVX_OK, Api()->consumer_request(w.d.eng, "r", DParams(w, tid).c_str(),
+                                              ids.data(), ids.size()));
+    EXPECT_EQ(KVX_ERR_EXISTS,
+              Api()->consumer_request(w.d.eng, "r", DParams(w, tid).c_str(),
+                                      ids.data(), ids.size()));
+    ASSERT_TRUE(WaitFor([&] { return StatCount(w.p.eng, "rx.remote_blocks") == 1; },
+                        5000));
+    for (uint32_t l = 0; l < 7; l++) {
+        ASSERT_EQ(KVX_OK, Api()->layer_ready(w.p.eng, tid.c_str(), l));
+    }
+    ASSERT_EQ(KVX_OK, Api()->seal_transfer(w.p.eng, tid.c_str()));
+    ASSERT_EQ(KVX_OK, Api()->wait_transfer(w.d.eng, tid.c_str(), 20000));
+    EXPECT_EQ("", VerifyPull(w.model, w.d, 0, ids, ids));
+    EXPECT_EQ(1, StatCount(w.d.eng, "rx.write_done"));
+}
+
+TEST(WriteFlow, ConsumerAbortBeforeAllocationReleasesProducer)
+{
+    WritePair w;
+    MakeWritePair(&w, "tcp");
+    if (HasFatalFailure()) {
+        return;
+    }
+    const std::vector<uint64_t> ids = {8, 9, 10};
+    const std::string           tid = "tx-abort";
+    char                       *resp = nullptr;
+
+    ASSERT_EQ(KVX_OK, Api()->producer_request(w.p.eng, "r", PParams(w, tid).c_str(),
+                                              ids.data(), ids.size(), &resp));
+    Api()->free(resp);
+    ASSERT_EQ(KVX_OK, Api()->layer_ready(w.p.eng, tid.c_str(), 0));
+    ASSERT_EQ(KVX_OK, Api()->consumer_abort(w.d.eng, "r", DParams(w, tid).c_str()))
+        << Api()->last_error();
+    std::vector<kvx_event_t> pev;
+    ASSERT_TRUE(WaitFor([&] { DrainEvents(w.p.eng, &pev); return !pev.empty(); },
+                        5000));
+    EXPECT_EQ(KVX_EVENT_FINISHED_SENDING, pev[0].type);
+    EXPECT_EQ(ids.size(), pev[0].num_block_ids);
+    EXPECT_EQ(0, StatCount(w.d.eng, "rx.write_done"));
+    FreeEvents(&pev);
+    // A remote_blocks arriving after the abort is ignored.
+    EXPECT_EQ(KVX_OK, Api()->seal_transfer(w.p.eng, tid.c_str()));
+}
+
+TEST(WriteFlow, RemoteBlocksNeverSentFailsAtDeferTimeout)
+{
+    WritePair w;
+    MakeWritePair(&w, "tcp", 0.4);
+    if (HasFatalFailure()) {
+        return;
+    }
+    const std::vector<uint64_t> ids = {1};
+    const std::string           tid = "tx-never";
+    char                       *resp = nullptr;
+
+    ASSERT_EQ(KVX_OK, Api()->producer_request(w.p.eng, "r", PParams(w, tid).c_str(),
+                                              ids.data(), ids.size(), &resp));
+    Api()->free(resp);
+    ASSERT_EQ(KVX_OK, Api()->layer_ready(w.p.eng, tid.c_str(), 0));
+    ASSERT_EQ(KVX_OK, Api()->seal_transfer(w.p.eng, tid.c_str()));
+    std::vector<kvx_event_t> pev;
+    ASSERT_TRUE(WaitFor([&] { DrainEvents(w.p.eng, &pev); return !pev.empty(); },
+                        5000));
+    EXPECT_EQ(KVX_EVENT_FAILED, pev[0].type);
+    EXPECT_EQ(KVX_ERR_TIMEOUT, pev[0].status);
+    EXPECT_NE(std::string(pev[0].reason).find("defer_timeout"), std::string::npos)
+        << pev[0].reason;
+    EXPECT_EQ(0, StatCount(w.d.eng, "rx.write_done"));
+    FreeEvents(&pev);
+}
+
+} // namespace

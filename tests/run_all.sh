@@ -1,0 +1,36 @@
+#!/bin/bash
+# run_all.sh - install dependencies, build with warnings as errors, run every
+# test suite; then build with ASan+UBSan and run the suites again.
+# Prints "N passed, M failed" (gtest cases) at the end.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+
+tests/setup.sh build-ci --werror -Dbuildtype=debugoptimized || exit 1
+tests/setup.sh build-ci-asan --werror -Dbuildtype=debug \
+    -Db_sanitize=address,undefined -Db_lundef=false || exit 1
+
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
+rc=0
+meson test -C build-ci --print-errorlogs --num-processes 1 || rc=1
+meson test -C build-ci-asan --print-errorlogs --num-processes 1 \
+    --no-suite netns --timeout-multiplier 3 || rc=1
+
+python3 - "$root/build-ci" "$root/build-ci-asan" <<'PY'
+import sys, xml.etree.ElementTree as ET, os
+passed = failed = skipped = 0
+for d in sys.argv[1:]:
+    p = os.path.join(d, "meson-logs", "testlog.junit.xml")
+    if not os.path.exists(p):
+        continue
+    for tc in ET.parse(p).getroot().iter("testcase"):
+        if tc.find("failure") is not None or tc.find("error") is not None:
+            failed += 1
+        elif tc.find("skipped") is not None:
+            skipped += 1
+        else:
+            passed += 1
+print(f"{passed} passed, {failed} failed, {skipped} skipped")
+PY
+exit $rc
