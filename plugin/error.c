@@ -40,11 +40,15 @@ const char *kvc_status_string(kvx_status_t status)
 
 kvx_status_t kvc_error(kvx_status_t status, const char *fmt, ...)
 {
+    char    tmp[KVC_ERR_MAX];
     va_list ap;
 
+    /* Format into a temporary first: callers often wrap the previous
+     * message ("...: %s", kvc_last_error()). */
     va_start(ap, fmt);
-    vsnprintf(kvc_err_buf, sizeof(kvc_err_buf), fmt, ap);
+    vsnprintf(tmp, sizeof(tmp), fmt, ap);
     va_end(ap);
+    memcpy(kvc_err_buf, tmp, sizeof(tmp));
     return status;
 }
 

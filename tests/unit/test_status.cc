@@ -64,3 +64,12 @@ TEST(Status, ErrorTextIsPerThread)
 }
 
 } // namespace
+
+namespace {
+TEST(Status, ErrorMayWrapThePreviousMessage)
+{
+    kvc_error(KVX_ERR_CONFIG, "inner %d", 7);
+    kvc_error(KVX_ERR_HANDSHAKE, "outer: %s", kvc_last_error());
+    EXPECT_STREQ("outer: inner 7", kvc_last_error());
+}
+} // namespace
