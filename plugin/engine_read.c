@@ -24,6 +24,12 @@ static void kvc_read_send_releases(struct kvx_engine *eng, kvc_xfer_t *x)
         size_t    len;
         char     *buf;
 
+        if (x->rel[i]->state == KVC_PEER_FAILED &&
+            (x->rel[i]->fail_status == KVX_ERR_HANDSHAKE_TIMEOUT ||
+             x->rel[i]->fail_status == KVX_ERR_CONTROL)) {
+            /* Unreachable: a release would only wait for its deadline. */
+            continue;
+        }
         memset(&m, 0, sizeof(m));
         m.type             = KVC_MSG_RELEASE;
         m.consumer_tp_size = (int32_t)eng->cfg.tp_size;

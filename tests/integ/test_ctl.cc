@@ -1,1 +1,1222 @@
+// Control plane and failure behaviour of READ mode (SPEC §3-§10) with real
+// engines (UCX + nng on 127.0.0.1 / ::1) in this process. Raw control
+// messages are sent with the nng transport directly to an engine's notify
+// port (notify base + dp*tp_size + tp).
+#include "harness.h"
 
+#include <gtest/gtest.h>
+
+extern "C" {
+#include "ctlmsg.h"
+#include "nng/kvn.h"
+}
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+using namespace kvt;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point t0)
+{
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// ---- engines ------------------------------------------------------------
+
+RankOpts Opts(bool producer, uint16_t hs, uint32_t num_blocks)
+{
+    RankOpts o;
+    o.producer    = producer;
+    o.hs_port     = hs;
+    o.notify_port = (uint16_t)(hs + 20000);
+    o.num_blocks  = num_blocks;
+    return o;
+}
+
+// Start creates and starts one rank; nullptr (and *err) on failure.
+std::unique_ptr<Rank> Start(const ModelSpec &m, const RankOpts &o,
+                            std::string *err)
+{
+    std::unique_ptr<Rank> r(new Rank);
+    kvx_status_t          st = MakeRank(m, o, r.get());
+    if (st != KVX_OK) {
+        *err = std::string(Api()->status_name(st)) + ": " + Api()->last_error();
+        return nullptr;
+    }
+    return r;
+}
+
+uint16_t NotifyPortOf(const RankOpts &o)
+{
+    return (uint16_t)(o.notify_port + o.tp_rank); // dp 0
+}
+
+ModelSpec KeyOnlyModel()
+{
+    ModelSpec m;
+    m.layers = {{"model.layers.0.indexer", "key_only"},
+                {"model.layers.1.mla", "key_only"}};
+    return m;
+}
+
+// Hold makes P hold `ids` under transfer id tid.
+kvx_status_t Hold(const Rank &p, const std::string &tid,
+                  const std::vector<uint64_t> &ids,
+                  const std::string &rid = "req-ctl")
+{
+    char       *resp = nullptr;
+    std::string pp   = "{\"transfer_id\":\"" + tid +
+                     "\",\"do_remote_decode\":true}";
+    kvx_status_t st = Api()->producer_request(p.eng, rid.c_str(), pp.c_str(),
+                                              ids.data(), ids.size(), &resp);
+    Api()->free(resp);
+    return st;
+}
+
+std::string ReleaseJson(const std::string &tid, int consumer_tp_size,
+                        int consumer_rank)
+{
+    std::string s = "{\"type\":\"release\",\"transfer_id\":\"" + tid +
+                    "\",\"consumer_tp_size\":" +
+                    std::to_string(consumer_tp_size);
+    if (consumer_rank >= 0) {
+        s += ",\"consumer_rank\":" + std::to_string(consumer_rank);
+    }
+    return s + "}";
+}
+
+bool AllEE(const Rank &r)
+{
+    for (const auto &b : r.bufs) {
+        if (std::any_of(b.begin(), b.end(),
+                        [](uint8_t c) { return c != 0xEE; })) {
+            return false;
+        }
+    }
+    return true;
+}
+
+// ---- events -------------------------------------------------------------
+
+struct Events {
+    std::vector<kvx_event_t> v;
+    ~Events() { FreeEvents(&v); }
+    size_t Poll(kvx_engine_t *eng)
+    {
+        DrainEvents(eng, &v);
+        return v.size();
+    }
+    // WaitN polls until at least n events arrived or timeout_ms passed.
+    bool WaitN(kvx_engine_t *eng, size_t n, int timeout_ms)
+    {
+        return WaitFor([&] { return Poll(eng) >= n; }, timeout_ms);
+    }
+    size_t Count(kvx_event_type_t type, const std::string &tid) const
+    {
+        size_t n = 0;
+        for (const auto &e : v) {
+            n += e.type == type && tid == e.transfer_id;
+        }
+        return n;
+    }
+};
+
+std::vector<uint64_t> Ids(const kvx_event_t &e)
+{
+    return std::vector<uint64_t>(e.block_ids, e.block_ids + e.num_block_ids);
+}
+
+// ---- raw control messages -----------------------------------------------
+
+struct CtlReply {
+    kvx_status_t st = KVX_ERR_INTERNAL; // transport status
+    kvx_status_t dec = KVX_ERR_INTERNAL; // kvc_reply_decode status
+    int          ok  = -1;
+    std::string  error;
+    std::string  raw;
+};
+
+class CtlClient {
+  public:
+    CtlClient(const std::string &host, uint16_t port)
+    {
+        open_st_ = kvn_client_open(host.c_str(), port, &cli_);
+    }
+    ~CtlClient() { kvn_client_close(cli_); }
+    kvx_status_t open_status() const { return open_st_; }
+
+    CtlReply Send(const std::string &bytes, int timeout_ms = 5000)
+    {
+        CtlReply r;
+        char    *reply = nullptr;
+        size_t   len   = 0;
+        if (cli_ == nullptr) {
+            r.st = open_st_;
+            return r;
+        }
+        r.st = kvn_client_request(cli_, bytes.data(), bytes.size(),
+                                  timeout_ms, &reply, &len);
+        if (r.st != KVX_OK) {
+            r.error = Api()->last_error();
+            return r;
+        }
+        r.raw = std::string(reply, len);
+        char reason[KVX_REASON_MAX] = "";
+        r.dec   = kvc_reply_decode(reply, len, &r.ok, reason, sizeof(reason));
+        r.error = reason;
+        free(reply);
+        return r;
+    }
+
+  private:
+    kvn_client_t *cli_     = nullptr;
+    kvx_status_t  open_st_ = KVX_ERR_INTERNAL;
+};
+
+#define EXPECT_REPLY_OK(rep)                                                   \
+    do {                                                                       \
+        const CtlReply &r_ = (rep);                                            \
+        ASSERT_EQ(KVX_OK, r_.st) << r_.error;                                  \
+        ASSERT_EQ(KVX_OK, r_.dec) << r_.raw;                                   \
+        EXPECT_EQ(1, r_.ok) << r_.raw;                                         \
+    } while (0)
+
+#define EXPECT_REPLY_ERROR(rep)                                                \
+    do {                                                                       \
+        const CtlReply &r_ = (rep);                                            \
+        ASSERT_EQ(KVX_OK, r_.st) << r_.error;                                  \
+        ASSERT_EQ(KVX_OK, r_.dec) << r_.raw.substr(0, 200);                   \
+        EXPECT_EQ(0, r_.ok) << r_.raw.substr(0, 200);                          \
+        EXPECT_FALSE(r_.error.empty()) << r_.raw.substr(0, 200);               \
+    } while (0)
+
+// ---- raw TCP listener (to prove nothing dials a rejected peer) ----------
+
+class TcpListener {
+  public:
+    explicit TcpListener(uint16_t port)
+    {
+        fd_ = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (fd_ < 0) {
+            return;
+        }
+        int one = 1;
+        setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+        sockaddr_in a;
+        memset(&a, 0, sizeof(a));
+        a.sin_family      = AF_INET;
+        a.sin_port        = htons(port);
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        if (bind(fd_, (sockaddr *)&a, sizeof(a)) != 0 || listen(fd_, 8) != 0) {
+            close(fd_);
+            fd_ = -1;
+        }
+    }
+    ~TcpListener()
+    {
+        if (fd_ >= 0) {
+            close(fd_);
+        }
+    }
+    bool ok() const { return fd_ >= 0; }
+    // Accepted waits up to timeout_ms for one incoming connection.
+    bool Accepted(int timeout_ms)
+    {
+        pollfd p{fd_, POLLIN, 0};
+        auto   end = Clock::now() + std::chrono::milliseconds(timeout_ms);
+        for (;;) {
+            int left = (int)std::chrono::duration_cast<std::chrono::milliseconds>(
+                           end - Clock::now()).count();
+            if (left < 0) {
+                left = 0;
+            }
+            int rc = poll(&p, 1, left);
+            if (rc > 0) {
+                int c = accept(fd_, nullptr, nullptr);
+                if (c >= 0) {
+                    close(c);
+                    return true;
+                }
+            }
+            if (left == 0) {
+                return false;
+            }
+        }
+    }
+
+  private:
+    int fd_ = -1;
+};
+
+bool CanBindIpv6Loopback()
+{
+    int fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        return false;
+    }
+    sockaddr_in6 a;
+    memset(&a, 0, sizeof(a));
+    a.sin6_family = AF_INET6;
+    a.sin6_addr   = in6addr_loopback;
+    bool ok       = bind(fd, (sockaddr *)&a, sizeof(a)) == 0;
+    close(fd);
+    return ok;
+}
+
+std::string ReqId(const std::string &phost, uint16_t phs, uint16_t pnotify,
+                  const std::string &dhost, uint16_t dhs, uint16_t dnotify)
+{
+    return "chatcmpl-___prefill_addr_host:" + phost +
+           ",handshake:" + std::to_string(phs) +
+           ",notify:" + std::to_string(pnotify) +
+           "___decode_addr_host:" + dhost +
+           ",handshake:" + std::to_string(dhs) +
+           ",notify:" + std::to_string(dnotify) +
+           "_0123456789abcdef0123456789abcdef-0-1a2b3c4d";
+}
+
+bool Contains(const std::string &hay, const std::string &needle)
+{
+    return hay.find(needle) != std::string::npos;
+}
+
+// One healthy P/D pair: P has 32 blocks, D 24 (3-layer model).
+struct Pair {
+    ModelSpec             model = ThreeLayerModel();
+    RankOpts              po, dopt;
+    std::unique_ptr<Rank> p, d;
+    uint16_t              hs = 0;
+};
+
+void MakePair(Pair *pr, const std::string &dextra = "",
+              double d_hs_timeout = 5.0, double d_xfer_timeout = 20.0)
+{
+    std::string err;
+    pr->hs   = PortBase(2);
+    pr->po   = Opts(true, pr->hs, 32);
+    pr->dopt = Opts(false, (uint16_t)(pr->hs + 1), 24);
+    pr->dopt.extra             = dextra;
+    pr->dopt.handshake_timeout = d_hs_timeout;
+    pr->dopt.transfer_timeout  = d_xfer_timeout;
+    pr->p = Start(pr->model, pr->po, &err);
+    ASSERT_TRUE(pr->p) << "P: " << err;
+    pr->d = Start(pr->model, pr->dopt, &err);
+    ASSERT_TRUE(pr->d) << "D: " << err;
+}
+
+std::string PairParams(const Pair &pr, const std::string &tid,
+                       const std::vector<uint64_t> &remote,
+                       const std::string &more = "")
+{
+    return Params(tid, "127.0.0.1", pr.hs, (uint16_t)(pr.hs + 20000), remote,
+                  1, more);
+}
+
+// Pull runs one full transfer P->D and verifies the bytes and both events.
+void Pull(Pair &pr, const std::string &tid, const std::vector<uint64_t> &local,
+          const std::vector<uint64_t> &remote)
+{
+    ASSERT_EQ(KVX_OK, Hold(*pr.p, tid, remote)) << Api()->last_error();
+    std::string params = PairParams(pr, tid, remote);
+    ASSERT_EQ(KVX_OK, Api()->consumer_request(pr.d->eng, "req-ctl",
+                                              params.c_str(), local.data(),
+                                              local.size()))
+        << Api()->last_error();
+    ASSERT_EQ(KVX_OK, Api()->wait_transfer(pr.d->eng, tid.c_str(), 20000))
+        << Api()->last_error();
+    EXPECT_EQ("", VerifyPull(pr.model, *pr.d, 0, local, remote));
+    Events dev, pev;
+    ASSERT_TRUE(dev.WaitN(pr.d->eng, 1, 5000));
+    EXPECT_EQ(1u, dev.Count(KVX_EVENT_FINISHED_RECVING, tid));
+    ASSERT_TRUE(pev.WaitN(pr.p->eng, 1, 10000));
+    EXPECT_EQ(1u, pev.Count(KVX_EVENT_FINISHED_SENDING, tid));
+}
+
+// ========================================================================
+// 1. Handshake to a port with nothing listening.
+// ========================================================================
+
+TEST(ReadFailure, HandshakeToDeadPortTimesOutWithReasonAndBlocks)
+{
+    ModelSpec   model = ThreeLayerModel();
+    uint16_t    base  = PortBase(2);
+    uint16_t    dead  = base; // nothing listens here
+    RankOpts    o     = Opts(false, (uint16_t)(base + 1), 24);
+    std::string err;
+    o.handshake_timeout = 0.5;
+    auto d              = Start(model, o, &err);
+    ASSERT_TRUE(d) << err;
+
+    const std::vector<uint64_t> local  = {5, 1, 9};
+    const std::vector<uint64_t> remote = {2, 3, 4};
+    std::string params = Params("tx-dead-hs", "127.0.0.1", dead,
+                                (uint16_t)(dead + 20000), remote, 1);
+    auto t0 = Clock::now();
+    ASSERT_EQ(KVX_OK, Api()->consumer_request(d->eng, "req-dead",
+                                              params.c_str(), local.data(),
+                                              local.size()))
+        << Api()->last_error();
+    kvx_status_t st = Api()->wait_transfer(d->eng, "tx-dead-hs", 10000);
+    double       dt = SecondsSince(t0);
+    std::string  le = Api()->last_error();
+    EXPECT_EQ(KVX_ERR_HANDSHAKE_TIMEOUT, st)
+        << Api()->status_name(st) << ": " << le;
+    EXPECT_GE(dt, 0.4);
+    EXPECT_LT(dt, 3.0);
+
+    Events ev;
+    ASSERT_TRUE(ev.WaitN(d->eng, 1, 3000));
+    ASSERT_EQ(1u, ev.v.size());
+    const kvx_event_t &e = ev.v[0];
+    EXPECT_EQ(KVX_EVENT_FAILED, e.type);
+    EXPECT_EQ(KVX_ERR_HANDSHAKE_TIMEOUT, e.status);
+    EXPECT_STREQ("tx-dead-hs", e.transfer_id);
+    EXPECT_STREQ("req-dead", e.request_id);
+    EXPECT_TRUE(Contains(e.reason, "handshake")) << e.reason;
+    EXPECT_TRUE(Contains(e.reason, std::to_string(dead))) << e.reason;
+    EXPECT_EQ(local, Ids(e));
+    EXPECT_TRUE(AllEE(*d));
+}
+
+// ========================================================================
+// 2. Malformed control messages do not stop the listener.
+// ========================================================================
+
+TEST(CtlListener, MalformedMessagesGetErrorRepliesAndListenerKeepsServing)
+{
+    ModelSpec   model = ThreeLayerModel();
+    uint16_t    hs    = PortBase(1);
+    RankOpts    o     = Opts(true, hs, 32);
+    std::string err;
+    auto        p = Start(model, o, &err);
+    ASSERT_TRUE(p) << err;
+    const std::vector<uint64_t> ids = {1, 2, 3};
+    ASSERT_EQ(KVX_OK, Hold(*p, "tx-ctl-a", ids)) << Api()->last_error();
+    ASSERT_EQ(KVX_OK, Hold(*p, "tx-ctl-legacy", {4, 5}))
+        << Api()->last_error();
+
+    CtlClient cli("127.0.0.1", NotifyPortOf(o));
+    ASSERT_EQ(KVX_OK, cli.open_status()) << Api()->last_error();
+
+    struct Bad {
+        const char *what;
+        std::string bytes;
+    };
+    std::string big = "{\"type\":\"release\",\"transfer_id\":\"tx-ctl-a\","
+                      "\"pad\":\"" + std::string(5u << 20, 'a') + "\"}";
+    const Bad bad[] = {
+        {"binary garbage", std::string("\xff\xfe\x01\x02garbage\x7f", 12)},
+        {"truncated json", "{\"type\":\"release\",\"transfer_id\":"},
+        {"empty-block remote_blocks",
+         "{\"type\":\"remote_blocks\",\"transfer_id\":\"tx-ctl-a\","
+         "\"req_id\":\"req-ctl\",\"block_notify_list\":[],"
+         "\"decode_rank\":0}"},
+        {"unknown type",
+         "{\"type\":\"frobnicate\",\"transfer_id\":\"tx-ctl-a\"}"},
+        {"5 MB message", big},
+        {"object without type", "{\"transfer_id\":\"tx-ctl-a\"}"},
+        {"release with consumer_tp_size 0",
+         "{\"type\":\"release\",\"transfer_id\":\"tx-ctl-a\","
+         "\"consumer_tp_size\":0}"},
+        {"empty", ""},
+    };
+    for (const Bad &b : bad) {
+        SCOPED_TRACE(b.what);
+        CtlReply r = cli.Send(b.bytes);
+        EXPECT_REPLY_ERROR(r);
+    }
+    // Nothing was released by the bad messages.
+    Events ev;
+    EXPECT_EQ(0u, ev.Poll(p->eng));
+
+    // The listener still serves a valid release.
+    CtlReply r = cli.Send(ReleaseJson("tx-ctl-a", 1, 0));
+    EXPECT_REPLY_OK(r);
+    ASSERT_TRUE(ev.WaitN(p->eng, 1, 3000));
+    ASSERT_EQ(1u, ev.v.size());
+    EXPECT_EQ(KVX_EVENT_FINISHED_SENDING, ev.v[0].type);
+    EXPECT_STREQ("tx-ctl-a", ev.v[0].transfer_id);
+    EXPECT_EQ(KVX_OK, ev.v[0].status);
+    EXPECT_EQ(ids, Ids(ev.v[0]));
+
+    // A plain-string legacy release (just the transfer id bytes).
+    r = cli.Send("tx-ctl-legacy");
+    EXPECT_REPLY_OK(r);
+    ASSERT_TRUE(ev.WaitN(p->eng, 2, 3000));
+    ASSERT_EQ(2u, ev.v.size());
+    EXPECT_EQ(KVX_EVENT_FINISHED_SENDING, ev.v[1].type);
+    EXPECT_STREQ("tx-ctl-legacy", ev.v[1].transfer_id);
+    EXPECT_EQ((std::vector<uint64_t>{4, 5}), Ids(ev.v[1]));
+
+    // A fresh client (new connection) is still served after all that.
+    CtlClient cli2("127.0.0.1", NotifyPortOf(o));
+    r = cli2.Send("{\"type\":\"heartbeat\",\"transfer_id\":\"hb\"}");
+    ASSERT_EQ(KVX_OK, r.st) << r.error;
+    EXPECT_EQ(KVX_OK, r.dec) << r.raw;
+}
+
+// ========================================================================
+// 3. Duplicate releases and the ack quorum.
+// ========================================================================
+
+TEST(CtlRelease, DuplicateReleaseFromSameRankGivesOneEvent)
+{
+    ModelSpec   model = ThreeLayerModel();
+    uint16_t    hs    = PortBase(1);
+    RankOpts    o     = Opts(true, hs, 32);
+    std::string err;
+    auto        p = Start(model, o, &err);
+    ASSERT_TRUE(p) << err;
+    ASSERT_EQ(KVX_OK, Hold(*p, "tx-dup", {7, 8})) << Api()->last_error();
+
+    CtlClient cli("127.0.0.1", NotifyPortOf(o));
+    EXPECT_REPLY_OK(cli.Send(ReleaseJson("tx-dup", 1, 0)));
+    EXPECT_REPLY_OK(cli.Send(ReleaseJson("tx-dup", 1, 0)));
+    // Events are queued before the reply is sent: a marker transfer
+    // released afterwards proves that every event of tx-dup is in.
+    ASSERT_EQ(KVX_OK, Hold(*p, "tx-dup-marker", {9})) << Api()->last_error();
+    EXPECT_REPLY_OK(cli.Send(ReleaseJson("tx-dup-marker", 1, 0)));
+    Events ev;
+    ASSERT_TRUE(ev.WaitN(p->eng, 2, 3000));
+    ev.Poll(p->eng);
+    EXPECT_EQ(1u, ev.Count(KVX_EVENT_FINISHED_SENDING, "tx-dup"));
+    EXPECT_EQ(1u, ev.Count(KVX_EVENT_FINISHED_SENDING, "tx-dup-marker"));
+    EXPECT_EQ(2u, ev.v.size());
+}
+
+TEST(CtlRelease, KeyOnlyQuorumOfTwoNeedsTwoDistinctConsumerRanks)
+{
+    // Key-only layers are replicated: D tp 2 -> both D ranks read P rank 0,
+    // so P rank 0's quorum is 2.
+    ModelSpec   model = KeyOnlyModel();
+    uint16_t    hs    = PortBase(1);
+    RankOpts    o     = Opts(true, hs, 32);
+    std::string err;
+    auto        p = Start(model, o, &err);
+    ASSERT_TRUE(p) << err;
+    ASSERT_EQ(KVX_OK, Hold(*p, "tx-q2", {1, 2, 3})) << Api()->last_error();
+
+    CtlClient cli("127.0.0.1", NotifyPortOf(o));
+    Events    ev;
+    EXPECT_REPLY_OK(cli.Send(ReleaseJson("tx-q2", 2, 0)));
+    EXPECT_EQ(0u, ev.Poll(p->eng)) << "released after 1 of 2 consumer ranks";
+    // The same rank again is a duplicate and must not complete the quorum.
+    EXPECT_REPLY_OK(cli.Send(ReleaseJson("tx-q2", 2, 0)));
+    EXPECT_EQ(0u, ev.Poll(p->eng))
+        << "a duplicate release from consumer rank 0 completed the quorum";
+    EXPECT_REPLY_OK(cli.Send(ReleaseJson("tx-q2", 2, 1)));
+    ASSERT_TRUE(ev.WaitN(p->eng, 1, 3000));
+    ASSERT_EQ(1u, ev.v.size());
+    EXPECT_EQ(KVX_EVENT_FINISHED_SENDING, ev.v[0].type);
+    EXPECT_STREQ("tx-q2", ev.v[0].transfer_id);
+    EXPECT_EQ((std::vector<uint64_t>{1, 2, 3}), Ids(ev.v[0]));
+    // A third release (rank 1 again) after completion changes nothing.
+    EXPECT_REPLY_OK(cli.Send(ReleaseJson("tx-q2", 2, 1)));
+    EXPECT_EQ(1u, ev.Poll(p->eng));
+}
+
+TEST(CtlRelease, ShardedHeadsWithDifferentTpFallBackToQuorumOne)
+{
+    // The 3-layer model shards its heads: consumer_tp_size 2 against P tp 1
+    // has no rank mapping (not supported yet), so the quorum falls back to
+    // 1 and the first release frees the blocks (never pinned forever).
+    ModelSpec   model = ThreeLayerModel();
+    uint16_t    hs    = PortBase(1);
+    RankOpts    o     = Opts(true, hs, 32);
+    std::string err;
+    auto        p = Start(model, o, &err);
+    ASSERT_TRUE(p) << err;
+    ASSERT_EQ(KVX_OK, Hold(*p, "tx-q1", {4})) << Api()->last_error();
+    CtlClient cli("127.0.0.1", NotifyPortOf(o));
+    EXPECT_REPLY_OK(cli.Send(ReleaseJson("tx-q1", 2, 0)));
+    Events ev;
+    ASSERT_TRUE(ev.WaitN(p->eng, 1, 3000));
+    EXPECT_EQ(1u, ev.Count(KVX_EVENT_FINISHED_SENDING, "tx-q1"));
+}
+
+// ========================================================================
+// 4. A release that overtakes producer_request is remembered.
+// ========================================================================
+
+TEST(CtlRelease, EarlyReleaseBeforeProducerRequestIsRemembered)
+{
+    ModelSpec   model = ThreeLayerModel();
+    uint16_t    hs    = PortBase(1);
+    RankOpts    o     = Opts(true, hs, 32);
+    std::string err;
+    auto        p = Start(model, o, &err);
+    ASSERT_TRUE(p) << err;
+
+    CtlClient cli("127.0.0.1", NotifyPortOf(o));
+    EXPECT_REPLY_OK(cli.Send(ReleaseJson("tx-early", 1, 0)));
+    Events ev;
+    EXPECT_EQ(0u, ev.Poll(p->eng));
+
+    auto t0 = Clock::now();
+    ASSERT_EQ(KVX_OK, Hold(*p, "tx-early", {10, 11})) << Api()->last_error();
+    ASSERT_TRUE(ev.WaitN(p->eng, 1, 1000))
+        << "the early release was not applied to producer_request";
+    EXPECT_LT(SecondsSince(t0), 1.0);
+    ASSERT_EQ(1u, ev.v.size());
+    EXPECT_EQ(KVX_EVENT_FINISHED_SENDING, ev.v[0].type);
+    EXPECT_STREQ("tx-early", ev.v[0].transfer_id);
+    EXPECT_EQ((std::vector<uint64_t>{10, 11}), Ids(ev.v[0]));
+
+    // With a quorum of 2 (key-only model, consumer tp 2) one early release
+    // is not enough; the second, arriving after producer_request, is.
+    ModelSpec km  = KeyOnlyModel();
+    uint16_t  hs2 = PortBase(1);
+    RankOpts  o2  = Opts(true, hs2, 32);
+    auto      p2  = Start(km, o2, &err);
+    ASSERT_TRUE(p2) << err;
+    CtlClient cli2("127.0.0.1", NotifyPortOf(o2));
+    EXPECT_REPLY_OK(cli2.Send(ReleaseJson("tx-early2", 2, 1)));
+    ASSERT_EQ(KVX_OK, Hold(*p2, "tx-early2", {3})) << Api()->last_error();
+    Events ev2;
+    EXPECT_EQ(0u, ev2.Poll(p2->eng));
+    EXPECT_REPLY_OK(cli2.Send(ReleaseJson("tx-early2", 2, 0)));
+    ASSERT_TRUE(ev2.WaitN(p2->eng, 1, 3000));
+    EXPECT_EQ(1u, ev2.Count(KVX_EVENT_FINISHED_SENDING, "tx-early2"));
+}
+
+// ========================================================================
+// 5. A release for a finished transfer is ignored.
+// ========================================================================
+
+TEST(CtlRelease, ReleaseForFinishedTransferIsIgnored)
+{
+    ModelSpec   model = ThreeLayerModel();
+    uint16_t    hs    = PortBase(1);
+    RankOpts    o     = Opts(true, hs, 32);
+    std::string err;
+    auto        p = Start(model, o, &err);
+    ASSERT_TRUE(p) << err;
+    CtlClient cli("127.0.0.1", NotifyPortOf(o));
+
+    ASSERT_EQ(KVX_OK, Hold(*p, "tx-fin", {1})) << Api()->last_error();
+    EXPECT_REPLY_OK(cli.Send(ReleaseJson("tx-fin", 1, 0)));
+    Events ev;
+    ASSERT_TRUE(ev.WaitN(p->eng, 1, 3000));
+    EXPECT_EQ(1u, ev.Count(KVX_EVENT_FINISHED_SENDING, "tx-fin"));
+
+    // Late releases (JSON and legacy) are answered ok and ignored.
+    EXPECT_REPLY_OK(cli.Send(ReleaseJson("tx-fin", 1, 0)));
+    EXPECT_REPLY_OK(cli.Send("tx-fin"));
+    ASSERT_EQ(KVX_OK, Hold(*p, "tx-fin-marker", {2})) << Api()->last_error();
+    EXPECT_REPLY_OK(cli.Send(ReleaseJson("tx-fin-marker", 1, 0)));
+    ASSERT_TRUE(ev.WaitN(p->eng, 2, 3000));
+    ev.Poll(p->eng);
+    EXPECT_EQ(1u, ev.Count(KVX_EVENT_FINISHED_SENDING, "tx-fin"));
+    EXPECT_EQ(1u, ev.Count(KVX_EVENT_FINISHED_SENDING, "tx-fin-marker"));
+    EXPECT_EQ(2u, ev.v.size());
+}
+
+// ========================================================================
+// 6. Block ids past num_blocks are rejected before anything is posted.
+// ========================================================================
+
+TEST(ReadFailure, OutOfBoundsBlockIdsFailBeforeAnyGetAndStillRelease)
+{
+    Pair pr;
+    MakePair(&pr);
+    if (HasFatalFailure()) {
+        return;
+    }
+    struct Case {
+        const char           *tid;
+        std::vector<uint64_t> local, remote_params, p_holds;
+        std::string           bad_id;
+    };
+    const Case cases[] = {
+        // local id 24 >= D's 24 blocks (the first case also handshakes).
+        {"tx-oob-local", {0, 24}, {1, 2}, {1, 2}, "24"},
+        // remote id 40 >= P's 32 blocks, named in D's params only.
+        {"tx-oob-remote", {3, 4}, {5, 40}, {5, 6}, "40"},
+    };
+    for (const Case &c : cases) {
+        SCOPED_TRACE(c.tid);
+        ASSERT_EQ(KVX_OK, Hold(*pr.p, c.tid, c.p_holds))
+            << Api()->last_error();
+        std::string params = PairParams(pr, c.tid, c.remote_params);
+        ASSERT_EQ(KVX_OK, Api()->consumer_request(pr.d->eng, "req-oob",
+                                                  params.c_str(),
+                                                  c.local.data(),
+                                                  c.local.size()))
+            << Api()->last_error();
+        kvx_status_t st = Api()->wait_transfer(pr.d->eng, c.tid, 10000);
+        std::string  le = Api()->last_error();
+        EXPECT_EQ(KVX_ERR_OUT_OF_BOUNDS, st)
+            << Api()->status_name(st) << ": " << le;
+        EXPECT_TRUE(Contains(le, c.bad_id)) << le;
+
+        Events dev;
+        ASSERT_TRUE(dev.WaitN(pr.d->eng, 1, 3000));
+        ASSERT_EQ(1u, dev.v.size());
+        EXPECT_EQ(KVX_EVENT_FAILED, dev.v[0].type);
+        EXPECT_EQ(KVX_ERR_OUT_OF_BOUNDS, dev.v[0].status);
+        EXPECT_TRUE(Contains(dev.v[0].reason, c.bad_id)) << dev.v[0].reason;
+        EXPECT_EQ(c.local, Ids(dev.v[0]));
+        EXPECT_TRUE(AllEE(*pr.d)) << "D memory was written";
+
+        // D releases P even though it read nothing.
+        Events pev;
+        ASSERT_TRUE(pev.WaitN(pr.p->eng, 1, 5000)) << "P never released";
+        EXPECT_EQ(1u, pev.Count(KVX_EVENT_FINISHED_SENDING, c.tid));
+    }
+    // The engine keeps serving: a valid transfer afterwards works.
+    Pull(pr, "tx-oob-after", {0, 1}, {30, 31});
+}
+
+// ========================================================================
+// 7. Peer address derived from the request_id.
+// ========================================================================
+
+TEST(ReadAddress, RequestIdDerivedAddressTransfers)
+{
+    Pair pr;
+    MakePair(&pr);
+    if (HasFatalFailure()) {
+        return;
+    }
+    const std::string rid = ReqId("127.0.0.1", pr.hs,
+                                  (uint16_t)(pr.hs + 20000), "127.0.0.1",
+                                  (uint16_t)(pr.hs + 1),
+                                  (uint16_t)(pr.hs + 20001));
+    const std::vector<uint64_t> remote = {6, 7, 8, 20};
+    const std::vector<uint64_t> local  = {2, 3, 11, 23};
+    ASSERT_EQ(KVX_OK, Hold(*pr.p, "tx-rid", remote, rid))
+        << Api()->last_error();
+    std::string params = Params("tx-rid", "", 0, 0, remote, 1);
+    ASSERT_EQ(std::string::npos, params.find("remote_host"));
+    ASSERT_EQ(KVX_OK, Api()->consumer_request(pr.d->eng, rid.c_str(),
+                                              params.c_str(), local.data(),
+                                              local.size()))
+        << Api()->last_error();
+    ASSERT_EQ(KVX_OK, Api()->wait_transfer(pr.d->eng, "tx-rid", 20000))
+        << Api()->last_error();
+    EXPECT_EQ("", VerifyPull(pr.model, *pr.d, 0, local, remote));
+    Events dev, pev;
+    ASSERT_TRUE(dev.WaitN(pr.d->eng, 1, 3000));
+    EXPECT_EQ(1u, dev.Count(KVX_EVENT_FINISHED_RECVING, "tx-rid"));
+    EXPECT_EQ(rid, dev.v[0].request_id);
+    ASSERT_TRUE(pev.WaitN(pr.p->eng, 1, 10000));
+    EXPECT_EQ(1u, pev.Count(KVX_EVENT_FINISHED_SENDING, "tx-rid"));
+}
+
+TEST(ReadAddress, MalformedRequestIdWithoutExplicitAddressIsRejected)
+{
+    Pair pr;
+    MakePair(&pr);
+    if (HasFatalFailure()) {
+        return;
+    }
+    const std::vector<uint64_t> ids = {1, 2};
+    const std::string bad[] = {
+        "chatcmpl-plain-request-0123456789abcdef0123456789abcdef",
+        "chatcmpl-___prefill_addr_host:127.0.0.1,handshake:abc,notify:1"
+        "___decode_addr_host:127.0.0.1,handshake:2000,notify:2001"
+        "_0123456789abcdef0123456789abcdef",
+        "chatcmpl-___prefill_addr_host:127.0.0.1,notify:30000"
+        "___decode_addr_host:127.0.0.1,handshake:2000,notify:2001"
+        "_0123456789abcdef0123456789abcdef",
+    };
+    for (const std::string &rid : bad) {
+        SCOPED_TRACE(rid);
+        std::string  params = Params("tx-badrid", "", 0, 0, ids, 1);
+        kvx_status_t st = Api()->consumer_request(pr.d->eng, rid.c_str(),
+                                                  params.c_str(), ids.data(),
+                                                  ids.size());
+        std::string  le = Api()->last_error();
+        EXPECT_EQ(KVX_ERR_INVALID_PARAM, st)
+            << Api()->status_name(st) << ": " << le;
+        EXPECT_TRUE(Contains(le, "request_id")) << le;
+    }
+    // Nothing was started, so nothing is reported.
+    Events ev;
+    EXPECT_EQ(0u, ev.Poll(pr.d->eng));
+    // The rejected id never became a transfer.
+    EXPECT_EQ(KVX_ERR_NOT_FOUND,
+              Api()->wait_transfer(pr.d->eng, "tx-badrid", 100));
+}
+
+// ========================================================================
+// 8. Trust: nothing is sent to a rejected peer.
+// ========================================================================
+
+TEST(ReadTrust, UntrustedHostIsRejectedSynchronouslyAndNeverDialed)
+{
+    ModelSpec   model = ThreeLayerModel();
+    uint16_t    base  = PortBase(2);
+    uint16_t    target_hs = base, target_notify = (uint16_t)(base + 20000);
+    TcpListener hs_l(target_hs), notify_l(target_notify);
+    ASSERT_TRUE(hs_l.ok() && notify_l.ok()) << "cannot bind test listeners";
+
+    RankOpts o = Opts(false, (uint16_t)(base + 1), 24);
+    o.extra    = "\"trusted_remote_hosts\":[\"127.0.0.2\"]";
+    std::string err;
+    auto        d = Start(model, o, &err);
+    ASSERT_TRUE(d) << err;
+
+    const std::vector<uint64_t> ids = {1, 2};
+    // Explicit remote_host.
+    std::string  params = Params("tx-untrusted", "127.0.0.1", target_hs,
+                                 target_notify, ids, 1);
+    kvx_status_t st = Api()->consumer_request(d->eng, "req-u", params.c_str(),
+                                              ids.data(), ids.size());
+    std::string  le = Api()->last_error();
+    EXPECT_EQ(KVX_ERR_UNTRUSTED_PEER, st) << Api()->status_name(st) << ": "
+                                          << le;
+    EXPECT_TRUE(Contains(le, "127.0.0.1")) << le;
+    EXPECT_TRUE(Contains(le, "remote_host")) << le;
+    EXPECT_TRUE(Contains(le, "trusted_remote_hosts")) << le;
+
+    // Trusted remote_host but an untrusted remote_hosts entry.
+    params = Params("tx-untrusted2", "127.0.0.2", target_hs, target_notify,
+                    ids, 1, ",\"remote_hosts\":[\"127.0.0.1\"]");
+    st = Api()->consumer_request(d->eng, "req-u", params.c_str(), ids.data(),
+                                 ids.size());
+    le = Api()->last_error();
+    EXPECT_EQ(KVX_ERR_UNTRUSTED_PEER, st) << Api()->status_name(st) << ": "
+                                          << le;
+    EXPECT_TRUE(Contains(le, "127.0.0.1")) << le;
+    EXPECT_TRUE(Contains(le, "remote_hosts")) << le;
+
+    // Address from the request_id.
+    std::string rid = ReqId("127.0.0.1", target_hs, target_notify,
+                            "127.0.0.1", (uint16_t)(base + 1),
+                            (uint16_t)(base + 20001));
+    params = Params("tx-untrusted3", "", 0, 0, ids, 1);
+    st = Api()->consumer_request(d->eng, rid.c_str(), params.c_str(),
+                                 ids.data(), ids.size());
+    le = Api()->last_error();
+    EXPECT_EQ(KVX_ERR_UNTRUSTED_PEER, st) << Api()->status_name(st) << ": "
+                                          << le;
+    EXPECT_TRUE(Contains(le, "127.0.0.1")) << le;
+    EXPECT_TRUE(Contains(le, "request_id")) << le;
+
+    // Nothing dialled the rejected address, nothing was reported.
+    EXPECT_FALSE(hs_l.Accepted(500)) << "a rejected peer was dialled";
+    EXPECT_FALSE(notify_l.Accepted(0)) << "a rejected peer was notified";
+    Events ev;
+    EXPECT_EQ(0u, ev.Poll(d->eng));
+    char *json = nullptr;
+    ASSERT_EQ(KVX_OK, Api()->transports(d->eng, &json));
+    EXPECT_EQ("[]", std::string(json)) << "a peer was created: " << json;
+    Api()->free(json);
+
+    // Positive control: the listener does see a real connection.
+    int c = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ASSERT_GE(c, 0);
+    sockaddr_in a;
+    memset(&a, 0, sizeof(a));
+    a.sin_family      = AF_INET;
+    a.sin_port        = htons(target_hs);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(0, connect(c, (sockaddr *)&a, sizeof(a)));
+    EXPECT_TRUE(hs_l.Accepted(2000));
+    close(c);
+}
+
+TEST(ReadTrust, WildcardHostAndPrivilegedPortRejectedWithoutTrustList)
+{
+    Pair pr;
+    MakePair(&pr);
+    if (HasFatalFailure()) {
+        return;
+    }
+    const std::vector<uint64_t> ids = {1, 2};
+    struct Case {
+        const char *what;
+        std::string params;
+        std::vector<std::string> needles;
+    };
+    const Case cases[] = {
+        {"wildcard host",
+         Params("tx-w", "0.0.0.0", pr.hs, (uint16_t)(pr.hs + 20000), ids, 1),
+         {"0.0.0.0", "remote_host", "wildcard"}},
+        {"ipv6 wildcard host",
+         Params("tx-w6", "::", pr.hs, (uint16_t)(pr.hs + 20000), ids, 1),
+         {"remote_host", "wildcard"}},
+        {"broadcast host",
+         Params("tx-b", "255.255.255.255", pr.hs, (uint16_t)(pr.hs + 20000),
+                ids, 1),
+         {"255.255.255.255", "remote_host"}},
+        {"handshake port 80",
+         Params("tx-p80", "127.0.0.1", 80, (uint16_t)(pr.hs + 20000), ids, 1),
+         {"80", "remote_handshake_port", "1024..65535"}},
+        {"notify port 80",
+         Params("tx-n80", "127.0.0.1", pr.hs, 80, ids, 1),
+         {"80", "remote_notify_port", "1024..65535"}},
+    };
+    for (const Case &c : cases) {
+        SCOPED_TRACE(c.what);
+        kvx_status_t st = Api()->consumer_request(pr.d->eng, "req-w",
+                                                  c.params.c_str(),
+                                                  ids.data(), ids.size());
+        std::string  le = Api()->last_error();
+        EXPECT_EQ(KVX_ERR_UNTRUSTED_PEER, st)
+            << Api()->status_name(st) << ": " << le;
+        for (const std::string &n : c.needles) {
+            EXPECT_TRUE(Contains(le, n)) << "'" << n << "' not in: " << le;
+        }
+    }
+    // Wildcard in the request_id.
+    std::string rid = ReqId("0.0.0.0", pr.hs, (uint16_t)(pr.hs + 20000),
+                            "127.0.0.1", (uint16_t)(pr.hs + 1),
+                            (uint16_t)(pr.hs + 20001));
+    std::string params = Params("tx-wrid", "", 0, 0, ids, 1);
+    kvx_status_t st = Api()->consumer_request(pr.d->eng, rid.c_str(),
+                                              params.c_str(), ids.data(),
+                                              ids.size());
+    std::string le = Api()->last_error();
+    EXPECT_EQ(KVX_ERR_UNTRUSTED_PEER, st) << Api()->status_name(st) << ": "
+                                          << le;
+    EXPECT_TRUE(Contains(le, "request_id")) << le;
+
+    Events ev;
+    EXPECT_EQ(0u, ev.Poll(pr.d->eng));
+    // The engine keeps serving other requests.
+    Pull(pr, "tx-after-reject", {4, 5}, {9, 10});
+}
+
+// ========================================================================
+// 9. IPv6 loopback.
+// ========================================================================
+
+TEST(ReadAddress, Ipv6LoopbackTransfers)
+{
+    if (!CanBindIpv6Loopback()) {
+        GTEST_SKIP() << "cannot bind ::1 on this machine";
+    }
+    Pair pr;
+    pr.hs       = PortBase(2);
+    pr.po       = Opts(true, pr.hs, 32);
+    pr.dopt     = Opts(false, (uint16_t)(pr.hs + 1), 24);
+    pr.po.host  = "::1";
+    pr.dopt.host = "::1";
+    std::string err;
+    pr.p = Start(pr.model, pr.po, &err);
+    ASSERT_TRUE(pr.p) << "P on ::1: " << err;
+    pr.d = Start(pr.model, pr.dopt, &err);
+    ASSERT_TRUE(pr.d) << "D on ::1: " << err;
+
+    const std::string rid = ReqId("::1", pr.hs, (uint16_t)(pr.hs + 20000),
+                                  "::1", (uint16_t)(pr.hs + 1),
+                                  (uint16_t)(pr.hs + 20001));
+    ASSERT_TRUE(Contains(rid, "host:::1,"));
+    const std::vector<uint64_t> remote = {0, 31, 15};
+    const std::vector<uint64_t> local  = {23, 0, 12};
+    ASSERT_EQ(KVX_OK, Hold(*pr.p, "tx-v6", remote, rid))
+        << Api()->last_error();
+    std::string params = Params("tx-v6", "", 0, 0, remote, 1);
+    ASSERT_EQ(KVX_OK, Api()->consumer_request(pr.d->eng, rid.c_str(),
+                                              params.c_str(), local.data(),
+                                              local.size()))
+        << Api()->last_error();
+    ASSERT_EQ(KVX_OK, Api()->wait_transfer(pr.d->eng, "tx-v6", 20000))
+        << Api()->last_error();
+    EXPECT_EQ("", VerifyPull(pr.model, *pr.d, 0, local, remote));
+    Events pev;
+    ASSERT_TRUE(pev.WaitN(pr.p->eng, 1, 10000)) << "release over ::1 lost";
+    EXPECT_EQ(1u, pev.Count(KVX_EVENT_FINISHED_SENDING, "tx-v6"));
+
+    // An explicit IPv6 remote_host works the same way.
+    const std::vector<uint64_t> remote2 = {1, 2};
+    const std::vector<uint64_t> local2  = {5, 6};
+    ASSERT_EQ(KVX_OK, Hold(*pr.p, "tx-v6b", remote2)) << Api()->last_error();
+    params = Params("tx-v6b", "::1", pr.hs, (uint16_t)(pr.hs + 20000),
+                    remote2, 1);
+    ASSERT_EQ(KVX_OK, Api()->consumer_request(pr.d->eng, "req-v6b",
+                                              params.c_str(), local2.data(),
+                                              local2.size()))
+        << Api()->last_error();
+    ASSERT_EQ(KVX_OK, Api()->wait_transfer(pr.d->eng, "tx-v6b", 20000))
+        << Api()->last_error();
+    std::vector<uint64_t> all_l = local, all_r = remote;
+    all_l.insert(all_l.end(), local2.begin(), local2.end());
+    all_r.insert(all_r.end(), remote2.begin(), remote2.end());
+    EXPECT_EQ("", VerifyPull(pr.model, *pr.d, 0, all_l, all_r));
+    ASSERT_TRUE(pev.WaitN(pr.p->eng, 2, 10000));
+    EXPECT_EQ(1u, pev.Count(KVX_EVENT_FINISHED_SENDING, "tx-v6b"));
+}
+
+// ========================================================================
+// 10. defer_timeout on P.
+// ========================================================================
+
+TEST(ReadFailure, DeferTimeoutFailsHeldTransferWithBlocks)
+{
+    ModelSpec model = ThreeLayerModel();
+    uint16_t  hs    = PortBase(1);
+    RankOpts  o     = Opts(true, hs, 32);
+    o.defer_timeout = 0.3;
+    std::string err;
+    auto        p = Start(model, o, &err);
+    ASSERT_TRUE(p) << err;
+    const std::vector<uint64_t> ids = {12, 3, 30};
+    auto t0 = Clock::now();
+    ASSERT_EQ(KVX_OK, Hold(*p, "tx-defer", ids)) << Api()->last_error();
+    Events ev;
+    ASSERT_TRUE(ev.WaitN(p->eng, 1, 3000)) << "no event within 3 s";
+    double dt = SecondsSince(t0);
+    EXPECT_GE(dt, 0.25);
+    EXPECT_LT(dt, 3.0);
+    ASSERT_EQ(1u, ev.v.size());
+    EXPECT_EQ(KVX_EVENT_FAILED, ev.v[0].type);
+    EXPECT_EQ(KVX_ERR_TIMEOUT, ev.v[0].status);
+    EXPECT_STREQ("tx-defer", ev.v[0].transfer_id);
+    EXPECT_TRUE(Contains(ev.v[0].reason, "defer_timeout")) << ev.v[0].reason;
+    EXPECT_EQ(ids, Ids(ev.v[0]));
+
+    // A late release is answered ok and produces no second event.
+    CtlClient cli("127.0.0.1", NotifyPortOf(o));
+    EXPECT_REPLY_OK(cli.Send(ReleaseJson("tx-defer", 1, 0)));
+    EXPECT_EQ(1u, ev.Poll(p->eng));
+}
+
+// ========================================================================
+// 11. Peer death after a completed handshake.
+// ========================================================================
+
+TEST(ReadFailure, DeadPeerFailsPromptlyAndEngineKeepsServing)
+{
+    ModelSpec   model = ThreeLayerModel();
+    uint16_t    base  = PortBase(3);
+    const double hs_to = 1.0, xfer_to = 3.0;
+    RankOpts    o1 = Opts(true, base, 32);
+    RankOpts    o2 = Opts(true, (uint16_t)(base + 1), 32);
+    RankOpts    od = Opts(false, (uint16_t)(base + 2), 24);
+    od.handshake_timeout = hs_to;
+    od.transfer_timeout  = xfer_to;
+    std::string err;
+    auto        p1 = Start(model, o1, &err);
+    ASSERT_TRUE(p1) << err;
+    auto p2 = Start(model, o2, &err);
+    ASSERT_TRUE(p2) << err;
+    auto d = Start(model, od, &err);
+    ASSERT_TRUE(d) << err;
+
+    auto run = [&](const Rank &p, uint16_t hs, const std::string &tid,
+                   const std::vector<uint64_t> &local,
+                   const std::vector<uint64_t> &remote) {
+        std::string params = Params(tid, "127.0.0.1", hs,
+                                    (uint16_t)(hs + 20000), remote, 1);
+        if (Hold(p, tid, remote) != KVX_OK) {
+            return std::string("hold: ") + Api()->last_error();
+        }
+        kvx_status_t st = Api()->consumer_request(d->eng, "req-death",
+                                                  params.c_str(), local.data(),
+                                                  local.size());
+        return st == KVX_OK ? std::string()
+                            : std::string("consumer_request: ") +
+                                  Api()->last_error();
+    };
+
+    // A healthy transfer from P1: the handshake completes.
+    ASSERT_EQ("", run(*p1, o1.hs_port, "tx-alive", {0, 1}, {2, 3}));
+    ASSERT_EQ(KVX_OK, Api()->wait_transfer(d->eng, "tx-alive", 20000))
+        << Api()->last_error();
+    Events dev;
+    ASSERT_TRUE(dev.WaitN(d->eng, 1, 3000));
+    EXPECT_EQ(1u, dev.Count(KVX_EVENT_FINISHED_RECVING, "tx-alive"));
+    {
+        Events pev;
+        ASSERT_TRUE(pev.WaitN(p1->eng, 1, 10000));
+    }
+    char *json = nullptr;
+    ASSERT_EQ(KVX_OK, Api()->transports(d->eng, &json));
+    EXPECT_TRUE(Contains(json, "\"state\":\"ready\"")) << json;
+    Api()->free(json);
+
+    // P1 dies.
+    p1.reset();
+
+    const std::vector<uint64_t> local = {10, 11, 12};
+    std::string params = Params("tx-to-dead", "127.0.0.1", o1.hs_port,
+                                (uint16_t)(o1.hs_port + 20000), {2, 3, 4}, 1);
+    auto t0 = Clock::now();
+    ASSERT_EQ(KVX_OK, Api()->consumer_request(d->eng, "req-death",
+                                              params.c_str(), local.data(),
+                                              local.size()))
+        << Api()->last_error();
+    kvx_status_t st = Api()->wait_transfer(d->eng, "tx-to-dead", 20000);
+    double       dt = SecondsSince(t0);
+    std::string  le = Api()->last_error();
+    EXPECT_NE(KVX_OK, st);
+    EXPECT_NE(KVX_ERR_TIMEOUT, st) << "wait ran out before the transfer failed: "
+                                   << le;
+    EXPECT_TRUE(KVX_IS_PEER_ERROR(st) || KVX_IS_TRANSFER_ERROR(st))
+        << Api()->status_name(st) << ": " << le;
+    EXPECT_LT(dt, hs_to + xfer_to + 1.0) << le;
+    ASSERT_TRUE(dev.WaitN(d->eng, 2, 3000));
+    const kvx_event_t &e = dev.v[1];
+    EXPECT_EQ(KVX_EVENT_FAILED, e.type);
+    EXPECT_STREQ("tx-to-dead", e.transfer_id);
+    EXPECT_EQ(st, e.status);
+    EXPECT_NE(std::string(), e.reason);
+    EXPECT_EQ(local, Ids(e));
+
+    // The D engine keeps serving: a transfer from the healthy P2 works.
+    ASSERT_EQ("", run(*p2, o2.hs_port, "tx-p2", {20, 21}, {7, 8}));
+    ASSERT_EQ(KVX_OK, Api()->wait_transfer(d->eng, "tx-p2", 20000))
+        << Api()->last_error();
+    // P1 and P2 have the same pattern (rank 0): D holds tx-alive and tx-p2;
+    // tx-to-dead may have left partial data only in its own local blocks.
+    std::vector<uint64_t> all_l = {0, 1, 20, 21}, all_r = {2, 3, 7, 8};
+    std::string           diff;
+    {
+        // Ignore the failed transfer's blocks by copying D's buffers with
+        // those blocks reset to 0xEE.
+        Rank view;
+        view.num_blocks = d->num_blocks;
+        view.bufs       = d->bufs;
+        for (size_t li = 0; li < model.layers.size(); li++) {
+            const LayerSpec &l = model.layers[li];
+            for (uint64_t b : local) {
+                for (int u = 0; u < Units(l); u++) {
+                    memset(view.bufs[li].data() +
+                               UnitOffset(model, l, view.num_blocks, b, u),
+                           0xEE, UnitLen(model, l));
+                }
+            }
+        }
+        diff = VerifyPull(model, view, 0, all_l, all_r);
+    }
+    EXPECT_EQ("", diff);
+    ASSERT_TRUE(dev.WaitN(d->eng, 3, 3000));
+    EXPECT_EQ(1u, dev.Count(KVX_EVENT_FINISHED_RECVING, "tx-p2"));
+    Events pev2;
+    ASSERT_TRUE(pev2.WaitN(p2->eng, 1, 10000));
+    EXPECT_EQ(1u, pev2.Count(KVX_EVENT_FINISHED_SENDING, "tx-p2"));
+}
+
+// ========================================================================
+// 12. Many transfers in flight between one D and one P.
+// ========================================================================
+
+TEST(ReadConcurrency, EightTransfersInFlightAllVerified)
+{
+    Pair pr;
+    MakePair(&pr);
+    if (HasFatalFailure()) {
+        return;
+    }
+    const int                          n = 8;
+    std::vector<std::vector<uint64_t>> local(n), remote(n);
+    std::vector<std::string>           tids;
+    for (int i = 0; i < n; i++) {
+        remote[i] = {(uint64_t)i, (uint64_t)(8 + i), (uint64_t)(31 - i)};
+        local[i]  = {(uint64_t)(3 * i + 2), (uint64_t)(3 * i),
+                    (uint64_t)(3 * i + 1)};
+        tids.push_back("tx-conc-" + std::to_string(i));
+        ASSERT_EQ(KVX_OK, Hold(*pr.p, tids[i], remote[i]))
+            << Api()->last_error();
+    }
+    for (int i = 0; i < n; i++) {
+        std::string params = PairParams(pr, tids[i], remote[i]);
+        ASSERT_EQ(KVX_OK, Api()->consumer_request(pr.d->eng, "req-conc",
+                                                  params.c_str(),
+                                                  local[i].data(),
+                                                  local[i].size()))
+            << tids[i] << ": " << Api()->last_error();
+    }
+    for (int i = 0; i < n; i++) {
+        for (uint32_t l = 0; l < 3; l++) {
+            EXPECT_EQ(KVX_OK, Api()->wait_layer(pr.d->eng, tids[i].c_str(), l,
+                                                20000))
+                << tids[i] << " layer " << l << ": " << Api()->last_error();
+        }
+        EXPECT_EQ(KVX_OK, Api()->wait_transfer(pr.d->eng, tids[i].c_str(),
+                                               20000))
+            << tids[i] << ": " << Api()->last_error();
+    }
+    std::vector<uint64_t> all_l, all_r;
+    for (int i = 0; i < n; i++) {
+        all_l.insert(all_l.end(), local[i].begin(), local[i].end());
+        all_r.insert(all_r.end(), remote[i].begin(), remote[i].end());
+    }
+    EXPECT_EQ("", VerifyPull(pr.model, *pr.d, 0, all_l, all_r));
+    Events dev, pev;
+    ASSERT_TRUE(dev.WaitN(pr.d->eng, n, 5000));
+    ASSERT_TRUE(pev.WaitN(pr.p->eng, n, 10000));
+    for (int i = 0; i < n; i++) {
+        EXPECT_EQ(1u, dev.Count(KVX_EVENT_FINISHED_RECVING, tids[i])) << tids[i];
+        EXPECT_EQ(1u, pev.Count(KVX_EVENT_FINISHED_SENDING, tids[i]))
+            << tids[i];
+    }
+    EXPECT_EQ((size_t)n, dev.v.size());
+    EXPECT_EQ((size_t)n, pev.v.size());
+}
+
+// ========================================================================
+// 13. A dead peer does not delay a healthy one.
+// ========================================================================
+
+TEST(ReadConcurrency, DeadPeerDoesNotDelayHealthyPeer)
+{
+    ModelSpec   model = ThreeLayerModel();
+    uint16_t    base  = PortBase(3);
+    uint16_t    dead  = base; // nothing listens here
+    RankOpts    op    = Opts(true, (uint16_t)(base + 1), 32);
+    RankOpts    od    = Opts(false, (uint16_t)(base + 2), 24);
+    od.handshake_timeout = 2.0;
+    std::string err;
+    auto        p = Start(model, op, &err);
+    ASSERT_TRUE(p) << err;
+    auto d = Start(model, od, &err);
+    ASSERT_TRUE(d) << err;
+
+    const std::vector<uint64_t> dl = {0, 1}, dr = {4, 5};
+    const std::vector<uint64_t> hl = {10, 11, 12}, hr = {20, 21, 22};
+    std::string dparams = Params("tx-dead", "127.0.0.1", dead,
+                                 (uint16_t)(dead + 20000), dr, 1);
+    std::string hparams = Params("tx-healthy", "127.0.0.1", op.hs_port,
+                                 (uint16_t)(op.hs_port + 20000), hr, 1);
+    ASSERT_EQ(KVX_OK, Hold(*p, "tx-healthy", hr)) << Api()->last_error();
+
+    auto t_dead = Clock::now();
+    ASSERT_EQ(KVX_OK, Api()->consumer_request(d->eng, "req-dead",
+                                              dparams.c_str(), dl.data(),
+                                              dl.size()))
+        << Api()->last_error();
+    auto t0 = Clock::now();
+    ASSERT_EQ(KVX_OK, Api()->consumer_request(d->eng, "req-healthy",
+                                              hparams.c_str(), hl.data(),
+                                              hl.size()))
+        << Api()->last_error();
+    ASSERT_EQ(KVX_OK, Api()->wait_transfer(d->eng, "tx-healthy", 10000))
+        << Api()->last_error();
+    double dt = SecondsSince(t0);
+    EXPECT_LT(dt, 1.5) << "the healthy transfer waited for the dead peer";
+    EXPECT_EQ("", VerifyPull(model, *d, 0, hl, hr));
+
+    kvx_status_t st = Api()->wait_transfer(d->eng, "tx-dead", 10000);
+    EXPECT_EQ(KVX_ERR_HANDSHAKE_TIMEOUT, st) << Api()->last_error();
+    double dd = SecondsSince(t_dead);
+    EXPECT_GE(dd, 1.8);
+    EXPECT_LT(dd, 5.0);
+
+    Events dev, pev;
+    ASSERT_TRUE(dev.WaitN(d->eng, 2, 3000));
+    EXPECT_EQ(1u, dev.Count(KVX_EVENT_FINISHED_RECVING, "tx-healthy"));
+    EXPECT_EQ(1u, dev.Count(KVX_EVENT_FAILED, "tx-dead"));
+    ASSERT_TRUE(pev.WaitN(p->eng, 1, 10000));
+    EXPECT_EQ(1u, pev.Count(KVX_EVENT_FINISHED_SENDING, "tx-healthy"));
+}
+
+} // namespace
