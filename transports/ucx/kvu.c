@@ -291,6 +291,10 @@ static void kvu_ep_drain(kvu_ep_t *ep)
                 job->idx = job->n;
                 break;
             }
+            if (ep->failed) {
+                kvu_job_cancel_all(ep, ep->fail_status);
+                return;
+            }
             job->off += len;
             if (job->off >= run->len) {
                 job->idx++;
@@ -340,7 +344,9 @@ static int kvu_deliver(kvu_ctx_t *ctx)
 
     pthread_mutex_lock(&ctx->lock);
     for (kvu_ep_t *ep = ctx->eps; ep != NULL; ep = ep->next) {
-        if (ep->qhead != NULL) {
+        if (ep->qhead != NULL && ep->failed) {
+            kvu_job_cancel_all(ep, ep->fail_status);
+        } else if (ep->qhead != NULL) {
             kvu_ep_drain(ep);
         }
     }
@@ -829,7 +835,9 @@ static void kvu_ep_err_handler(void *arg, ucp_ep_h uep, ucs_status_t status)
     }
     kvc_log_warn("KVX-UCX-EP-ERROR", "endpoint to %s: %s", ep->peer,
                  ucs_status_string(status));
-    kvu_job_cancel_all(ep, ep->fail_status);
+    /* Queued jobs are canceled by kvu_ep_drain / kvu_deliver, never here:
+     * UCX may call this handler from inside a post made by kvu_ep_drain,
+     * which still holds the job it is issuing. */
 }
 
 static void kvu_wire_cb(void *request, ucs_status_t status, void *user_data)
