@@ -135,21 +135,40 @@ void kvc_event_push(struct kvx_engine *eng, kvx_event_type_t type,
 
 /* --- peers -------------------------------------------------------------- */
 
-static void kvc_peer_release_ucx(kvc_peer_t *peer)
+/* kvc_peer_conn_t: what a READY peer holds in UCX, detached from the peer
+ * under the engine lock so that exactly one thread releases it. */
+typedef struct kvc_peer_conn {
+    kvc_hs_meta_t meta;
+    kvu_ep_t     *ep;
+    kvu_rkey_t  **rkeys;
+    int          *layer_map;
+} kvc_peer_conn_t;
+
+static void kvc_peer_detach(kvc_peer_t *peer, kvc_peer_conn_t *c)
 {
-    if (peer->rkeys != NULL) {
-        for (size_t i = 0; i < peer->meta.num_layers; i++) {
-            kvu_rkey_destroy(peer->rkeys[i]);
+    c->meta         = peer->meta;
+    c->ep           = peer->ep;
+    c->rkeys        = peer->rkeys;
+    c->layer_map    = peer->layer_map;
+    memset(&peer->meta, 0, sizeof(peer->meta));
+    peer->ep        = NULL;
+    peer->rkeys     = NULL;
+    peer->layer_map = NULL;
+}
+
+/* kvc_peer_conn_free: rkeys first, then the endpoint (ucp.h: an rkey is
+ * destroyed before the endpoint it was unpacked on). */
+static void kvc_peer_conn_free(kvc_peer_conn_t *c)
+{
+    if (c->rkeys != NULL) {
+        for (size_t i = 0; i < c->meta.num_layers; i++) {
+            kvu_rkey_destroy(c->rkeys[i]);
         }
     }
-    free(peer->rkeys);
-    peer->rkeys = NULL;
-    free(peer->layer_map);
-    peer->layer_map = NULL;
-    kvu_ep_close(peer->ep);
-    peer->ep = NULL;
-    kvc_hs_fini(&peer->meta);
-    memset(&peer->meta, 0, sizeof(peer->meta));
+    free(c->rkeys);
+    free(c->layer_map);
+    kvu_ep_close(c->ep);
+    kvc_hs_fini(&c->meta);
 }
 
 static void kvc_peer_ep_error(void *arg, kvu_ep_t *ep, kvx_status_t status,
@@ -165,8 +184,12 @@ static void kvc_peer_ep_error(void *arg, kvu_ep_t *ep, kvx_status_t status,
         peer->fail_status = status;
         snprintf(peer->fail_reason, sizeof(peer->fail_reason), "%s", reason);
         /* In-flight ops complete with errors once the endpoint is closed;
-         * a later transfer handshakes afresh (new epoch, new rkeys). */
-        kvc_peer_release_ucx(peer);
+         * a later transfer handshakes afresh (new epoch, new rkeys). This
+         * runs on the progress thread, where kvu_ep_close never waits. */
+        kvc_peer_conn_t c;
+
+        kvc_peer_detach(peer, &c);
+        kvc_peer_conn_free(&c);
     }
     pthread_mutex_unlock(&eng->lock);
 }
@@ -356,6 +379,15 @@ static void kvc_peer_do_handshake(kvc_peer_t *peer)
     pthread_mutex_unlock(&eng->lock);
     st = kvc_peer_handshake(peer, &m, &map, &ep, &rkeys);
     pthread_mutex_lock(&eng->lock);
+    if (st == KVX_OK && eng->closing) {
+        kvc_peer_conn_t c = {m, ep, rkeys, map};
+
+        pthread_mutex_unlock(&eng->lock);
+        kvc_peer_conn_free(&c);
+        pthread_mutex_lock(&eng->lock);
+        st = kvc_error(KVX_ERR_CANCELED, "peer %s: engine destroyed",
+                       peer->name);
+    }
     if (st != KVX_OK) {
         peer->state       = KVC_PEER_FAILED;
         peer->fail_status = st;
@@ -519,7 +551,29 @@ void kvc_peer_want_handshake(kvc_peer_t *peer)
     pthread_cond_signal(&peer->cond);
 }
 
-static void kvc_peers_stop(struct kvx_engine *eng)
+/* kvc_peers_disconnect force-closes every peer's endpoint: in-flight ops
+ * then complete (as canceled) while transfers and peers still exist. Each
+ * connection is detached under the lock (an endpoint error delivered
+ * concurrently then finds nothing to release) and freed outside it
+ * (kvu_ep_close may wait for that delivery). */
+static void kvc_peers_disconnect(struct kvx_engine *eng)
+{
+    for (kvc_peer_t *p = eng->peers; p != NULL; p = p->next) {
+        kvc_peer_conn_t c;
+
+        pthread_mutex_lock(&eng->lock);
+        p->state = KVC_PEER_FAILED;
+        snprintf(p->fail_reason, sizeof(p->fail_reason), "engine destroyed");
+        p->fail_status = KVX_ERR_CANCELED;
+        kvc_peer_detach(p, &c);
+        pthread_mutex_unlock(&eng->lock);
+        kvc_peer_conn_free(&c);
+    }
+}
+
+/* kvc_peers_free stops the peer threads (each finishes its current bounded
+ * request) and frees the peers. */
+static void kvc_peers_free(struct kvx_engine *eng)
 {
     kvc_peer_t *p;
 
@@ -529,10 +583,10 @@ static void kvc_peers_stop(struct kvx_engine *eng)
         pthread_cond_signal(&p->cond);
     }
     pthread_mutex_unlock(&eng->lock);
-    /* Peer threads finish their current bounded request, then exit. */
     for (p = eng->peers; p != NULL; p = p->next) {
         pthread_join(p->thread, NULL);
     }
+    kvc_peers_disconnect(eng); /* none can connect any more */
     while ((p = eng->peers) != NULL) {
         eng->peers = p->next;
         while (p->out_head != NULL) {
@@ -542,7 +596,6 @@ static void kvc_peers_stop(struct kvx_engine *eng)
             free(o->buf);
             free(o);
         }
-        kvc_peer_release_ucx(p);
         pthread_cond_destroy(&p->cond);
         free(p);
     }
@@ -854,9 +907,13 @@ void kvx_engine_destroy(struct kvx_engine *eng)
     kvn_server_destroy(eng->hs_srv);
     kvn_server_destroy(eng->notify_srv);
     /* Peers close their endpoints (force-close in peer mode): in-flight
-     * gets complete as canceled before the transfers are freed. */
-    kvc_peers_stop(eng);
+     * gets complete as canceled before transfers and peers are freed. */
+    pthread_mutex_lock(&eng->lock);
+    eng->closing = 1;
+    pthread_mutex_unlock(&eng->lock);
+    kvc_peers_disconnect(eng);
     kvc_engine_quiesce(eng);
+    kvc_peers_free(eng);
     pthread_mutex_lock(&eng->lock);
     eng->stopping = 1;
     pthread_mutex_unlock(&eng->lock);

@@ -178,6 +178,7 @@ struct kvx_engine {
     kvc_region_t     *regions;
     int               started;
     int               stopping;
+    int               closing;       /* destroy began: no new connections */
     kvn_server_t     *hs_srv, *notify_srv;
     char             *meta_json;     /* handshake reply, owned */
     size_t            meta_len;

@@ -71,12 +71,13 @@ Rank::~Rank()
 
 uint16_t PortBase(int span)
 {
-    // Handshake ports come from [20000, 40000); the matching notify port is
-    // +20000. Each process starts at a pid-dependent offset so that parallel
-    // test binaries rarely collide.
-    static std::atomic<int> next{(int)(getpid() % 400) * 50};
+    // Handshake ports come from [2000, 12500); the matching notify port is
+    // +20000. Both stay below Linux's ephemeral range (32768+), so outgoing
+    // connections never hold them. Each process starts at a pid-dependent
+    // offset so that parallel test binaries rarely collide.
+    static std::atomic<int> next{(int)(getpid() % 200) * 50};
     int off = next.fetch_add(span + 1);
-    return (uint16_t)(20000 + off % 19000);
+    return (uint16_t)(2000 + off % 10400);
 }
 
 std::string RankConfig(const RankOpts &o)
