@@ -4,6 +4,10 @@
 // exactly once, P's blocks released.
 #include "harness.h"
 
+extern "C" {
+#include "nng/kvn.h"
+}
+
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -150,7 +154,7 @@ TEST(WriteFlow, SealCountsScheduledLayersNotRegisteredOnes)
     FreeEvents(&pev);
 }
 
-TEST(WriteFlow, DuplicateRemoteBlocksAndLegacyWriteDone)
+TEST(WriteFlow, DuplicateRemoteBlocksFirstOneWins)
 {
     WritePair w;
     MakeWritePair(&w, "tcp");
@@ -173,13 +177,32 @@ TEST(WriteFlow, DuplicateRemoteBlocksAndLegacyWriteDone)
                                       ids.data(), ids.size()));
     ASSERT_TRUE(WaitFor([&] { return StatCount(w.p.eng, "rx.remote_blocks") == 1; },
                         5000));
+    // A duplicate remote_blocks (another D retrying, or a replay) naming
+    // other blocks: answered, ignored - the first one wins.
+    kvn_client_t *cli = nullptr;
+    ASSERT_EQ(KVX_OK, kvn_client_open("127.0.0.1", (uint32_t)(w.hs + 20000), &cli));
+    const std::string dup = "{\"type\":\"remote_blocks\",\"transfer_id\":\"" + tid +
+                            "\",\"req_id\":\"r\",\"block_notify_list\":[20,21],"
+                            "\"decode_rank\":0}";
+    char  *reply = nullptr;
+    size_t rlen  = 0;
+    ASSERT_EQ(KVX_OK, kvn_client_request(cli, dup.data(), dup.size(), 5000, &reply,
+                                         &rlen));
+    free(reply);
+    kvn_client_close(cli);
+    EXPECT_EQ(2, StatCount(w.p.eng, "rx.remote_blocks"));
     for (uint32_t l = 0; l < 7; l++) {
         ASSERT_EQ(KVX_OK, Api()->layer_ready(w.p.eng, tid.c_str(), l));
     }
     ASSERT_EQ(KVX_OK, Api()->seal_transfer(w.p.eng, tid.c_str()));
     ASSERT_EQ(KVX_OK, Api()->wait_transfer(w.d.eng, tid.c_str(), 20000));
-    EXPECT_EQ("", VerifyPull(w.model, w.d, 0, ids, ids));
+    EXPECT_EQ("", VerifyPull(w.model, w.d, 0, ids, ids)); // not 20, 21
     EXPECT_EQ(1, StatCount(w.d.eng, "rx.write_done"));
+    std::vector<kvx_event_t> pev;
+    ASSERT_TRUE(WaitFor([&] { DrainEvents(w.p.eng, &pev); return !pev.empty(); },
+                        5000));
+    EXPECT_EQ(KVX_EVENT_FINISHED_SENDING, pev[0].type);
+    FreeEvents(&pev);
 }
 
 TEST(WriteFlow, ConsumerAbortBeforeAllocationReleasesProducer)
