@@ -471,6 +471,81 @@ static json_object *kvc_cfg_dump_enum(const kvc_config_field_t *f,
     return json_object_new_string(f->choices[idx]);
 }
 
+/* ---- PCI bus ids --------------------------------------------------------- */
+
+/* kvc_cfg_hex reads exactly n hex digits at *s into *out and advances *s. */
+static int kvc_cfg_hex(const char **s, int n, unsigned *out)
+{
+    unsigned v = 0;
+
+    for (int i = 0; i < n; i++) {
+        char c = (*s)[i];
+
+        if (!isxdigit((unsigned char)c)) {
+            return -1;
+        }
+        v = v * 16u + (unsigned)(isdigit((unsigned char)c)
+                                     ? c - '0'
+                                     : tolower((unsigned char)c) - 'a' + 10);
+    }
+    *s += n;
+    *out = v;
+    return 0;
+}
+
+int kvc_config_busid_parse(const char *s, unsigned *domain, unsigned *bus,
+                           unsigned *dev, unsigned *func)
+{
+    unsigned d = 0, b, v, f;
+
+    if (s == NULL) {
+        return -1;
+    }
+    /* The domain "dddd:" is there exactly when the text has 12 characters. */
+    if (strlen(s) == 12 && (kvc_cfg_hex(&s, 4, &d) != 0 || *s++ != ':')) {
+        return -1;
+    }
+    if (kvc_cfg_hex(&s, 2, &b) != 0 || *s++ != ':' ||
+        kvc_cfg_hex(&s, 2, &v) != 0 || *s++ != '.' ||
+        kvc_cfg_hex(&s, 1, &f) != 0 || *s != '\0' || v > 0x1f || f > 7) {
+        return -1;
+    }
+    if (domain != NULL) {
+        *domain = d;
+    }
+    if (bus != NULL) {
+        *bus = b;
+    }
+    if (dev != NULL) {
+        *dev = v;
+    }
+    if (func != NULL) {
+        *func = f;
+    }
+    return 0;
+}
+
+/* kvc_cfg_parse_busid: a trimmed string, empty or a PCI bus id. */
+static kvx_status_t kvc_cfg_parse_busid(const kvc_config_field_t *f,
+                                        const char *path, json_object *val,
+                                        kvc_config_t *cfg)
+{
+    kvx_status_t st  = kvc_cfg_parse_str(f, path, val, cfg);
+    char        *buf = KVC_CFG_AT(cfg, f, char);
+
+    if (st != KVX_OK) {
+        return st;
+    }
+    if (buf[0] != '\0' &&
+        kvc_config_busid_parse(buf, NULL, NULL, NULL, NULL) != 0) {
+        buf[0] = '\0';
+        return kvc_cfg_fail(path, val, "must be empty or a PCI bus id "
+                                       "\"dddd:bb:dd.f\" or \"bb:dd.f\" "
+                                       "(hex; device <= 1f, function <= 7)");
+    }
+    return KVX_OK;
+}
+
 /* ---- host lists ---------------------------------------------------------- */
 
 /* kvc_cfg_list_add appends the trimmed s[0..n) unless it is empty; 1 if the
@@ -706,6 +781,8 @@ static const kvc_cfg_type_t kvc_cfg_u64_range = {kvc_cfg_parse_u64,
                                                  kvc_cfg_dump_u64};
 static const kvc_cfg_type_t kvc_cfg_enum = {kvc_cfg_parse_enum,
                                             kvc_cfg_dump_enum};
+static const kvc_cfg_type_t kvc_cfg_busid = {kvc_cfg_parse_busid,
+                                             kvc_cfg_dump_str};
 
 /* Index = is_producer. */
 static const char *const kvc_cfg_roles[] = {"kv_consumer", "kv_producer",
@@ -815,6 +892,15 @@ static const kvc_config_field_t kvc_cfg_fields[] = {
     {.key = "progress_spin_us", .dfl_json = "50", .type = &kvc_cfg_uint_range,
      .off = KVC_OFF(progress_spin_us), .lo = 0, .hi = 100000, .flags = KVC_X,
      .doc = "busy-poll time before the progress thread sleeps"},
+    {.key = "gpu_bus_id", .dfl_json = "\"\"", .type = &kvc_cfg_busid,
+     .off = KVC_OFF(gpu_bus_id), .size = KVC_SIZE(gpu_bus_id), .lo = 0,
+     .flags = KVC_X,
+     .doc = "PCI bus id of this rank's GPU (dddd:bb:dd.f or bb:dd.f): hwloc "
+            "picks the nearest NIC and CPU set; empty: unknown"},
+    {.key = "hwloc_topology", .dfl_json = "\"\"", .type = &kvc_cfg_str,
+     .off = KVC_OFF(hwloc_topology), .size = KVC_SIZE(hwloc_topology),
+     .lo = 0, .flags = KVC_X,
+     .doc = "hwloc XML topology file to place by; empty: this machine"},
 };
 
 #define KVC_CFG_NFIELDS (sizeof(kvc_cfg_fields) / sizeof(kvc_cfg_fields[0]))

@@ -68,6 +68,13 @@ typedef struct kvc_config {
     uint64_t      max_inflight_bytes; /* [16 MiB] per endpoint, >= 4096 */
     uint32_t      progress_spin_us;   /* [50] 0..100000 busy-poll before
                                          sleeping */
+
+    /* Device placement (SPEC §11: hwloc picks the NIC near the GPU) */
+    char gpu_bus_id[32];      /* [""] = unknown; else the PCI bus id of this
+                                 rank's GPU, "dddd:bb:dd.f" or "bb:dd.f"
+                                 (hex, device <= 1f, function <= 7) */
+    char hwloc_topology[256]; /* [""] = this machine; else the path of an
+                                 hwloc XML topology to use instead */
 } kvc_config_t;
 
 typedef void (*kvc_warn_fn)(void *arg, const char *msg);
@@ -89,5 +96,12 @@ char *kvc_config_dump(const kvc_config_t *cfg);
  * rank dp_rank * tp_size + tp_rank (SPEC §2). */
 uint32_t kvc_config_world(const kvc_config_t *cfg);
 uint32_t kvc_config_rank(const kvc_config_t *cfg);
+
+/* kvc_config_busid_parse reads a PCI bus id "dddd:bb:dd.f" or "bb:dd.f"
+ * (domain 0): exactly 4, 2, 2 and 1 hex digits (any case), device <= 0x1f,
+ * function <= 7, nothing else (no white space). 0 on success, -1 if s does
+ * not have that form; out pointers may be NULL. */
+int kvc_config_busid_parse(const char *s, unsigned *domain, unsigned *bus,
+                           unsigned *dev, unsigned *func);
 
 #endif

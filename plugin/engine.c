@@ -446,6 +446,9 @@ static void kvc_peer_do_send(kvc_peer_t *peer, kvc_ctlout_t *out)
     pthread_mutex_lock(&eng->lock);
     eng->stats.tx_msgs++;
     eng->stats.tx_fail += st != KVX_OK || !ok;
+    if (st != KVX_OK && peer->stop) {
+        peer->drop_out = 1;
+    }
 }
 
 static void *kvc_peer_main(void *arg)
@@ -454,8 +457,12 @@ static void *kvc_peer_main(void *arg)
     struct kvx_engine *eng  = peer->eng;
 
     pthread_mutex_lock(&eng->lock);
-    while (!peer->stop) {
-        if (peer->want_handshake && peer->state != KVC_PEER_READY) {
+    /* On stop, queued control messages (a release just queued by a finished
+     * transfer) are still delivered, each within its deadline; after the
+     * first failure while stopping the rest is dropped. */
+    while (!peer->stop || (peer->out_head != NULL && !peer->drop_out)) {
+        if (!peer->stop && peer->want_handshake &&
+            peer->state != KVC_PEER_READY) {
             kvc_peer_do_handshake(peer);
             continue;
         }
@@ -787,6 +794,7 @@ kvx_status_t kvx_engine_create(const char *json, struct kvx_engine **eng_p)
     if (eng == NULL) {
         return kvc_error(KVX_ERR_NO_MEMORY, "engine: out of memory");
     }
+    kvn_pin_library();
     pthread_mutex_init(&eng->lock, NULL);
     pthread_cond_init(&eng->cond, NULL);
     st = kvc_config_parse(json, &eng->cfg, NULL, NULL);

@@ -76,6 +76,7 @@ typedef struct kvc_peer {
     pthread_t         thread;
     pthread_cond_t    cond;
     int               stop;
+    int               drop_out;     /* stopping and the peer is unreachable */
     kvn_client_t     *hs_cli;       /* peer thread only */
     kvn_client_t     *notify_cli;   /* peer thread only */
     struct kvc_peer  *next;

@@ -1,7 +1,11 @@
 /*
  * kvn.c - nng req/rep control plane (see kvn.h).
  */
+#define _GNU_SOURCE
 #include "kvn.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
 
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/rep.h>
@@ -33,6 +37,31 @@ struct kvn_client {
     nng_socket sock;
     char       url[300];
 };
+
+static void kvn_pin_once(void)
+{
+    Dl_info info;
+
+    /* nng starts process-wide threads (timer, reaper, pollers) that outlive
+     * any socket. If a framework dlclose()s kvxfer, libnng would be
+     * unmapped under them; keep libnng resident instead. */
+    if (dladdr((void *)nng_close, &info) != 0 && info.dli_fname != NULL) {
+        void *h = dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);
+
+        if (h == NULL) {
+            kvc_log_warn("KVX-NNG-PIN", "cannot pin %s: %s", info.dli_fname,
+                         dlerror());
+        }
+        /* The handle is deliberately kept: RTLD_NODELETE already pins. */
+    }
+}
+
+void kvn_pin_library(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+
+    pthread_once(&once, kvn_pin_once);
+}
 
 kvx_status_t kvn_status_from_nng(int rv)
 {

@@ -49,6 +49,10 @@ kvx_status_t kvn_client_request(kvn_client_t *cli, const void *msg,
 void         kvn_client_close(kvn_client_t *cli);
 const char  *kvn_client_url(const kvn_client_t *cli);
 
+/* kvn_pin_library keeps libnng mapped for the life of the process (its
+ * threads outlive a dlclose of kvxfer). Idempotent, any thread. */
+void kvn_pin_library(void);
+
 /* kvn_status_from_nng converts an nng error number. */
 kvx_status_t kvn_status_from_nng(int rv);
 

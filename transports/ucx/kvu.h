@@ -136,10 +136,32 @@ kvx_status_t kvu_status_from_ucs(int ucs_status);
 /* kvu_hip_mem_type asks HIP what memory ptr is: 0 host, 1 device; -1 when
  * HIP is not compiled in or no device is present (reason in last error). */
 int kvu_hip_mem_type(const void *ptr);
-/* kvu_topo_pick_nic: from an hwloc topology (XML path, or NULL for this
- * machine), choose the network device nearest to the PCI bus id of a GPU
- * (NULL: nearest to the first NUMA node); writes its name to buf. */
+
+/* Device placement (SPEC §11), read from an hwloc topology. xml_path is an
+ * hwloc XML file, NULL or "" for this machine (config key hwloc_topology);
+ * gpu_busid is the PCI bus id of the rank's GPU, "dddd:bb:dd.f" or "bb:dd.f"
+ * (config key gpu_bus_id), NULL or "" when unknown.
+ *
+ * kvu_topo_pick_nic writes to buf the UCX name (UCX_NET_DEVICES form) of the
+ * network device nearest the GPU: "<name>:<port>" for an OpenFabrics (RDMA)
+ * device, e.g. "mlx5_0:1" (its first active port, else port 1), else the
+ * interface name, e.g. "eth0". Nearest means the deepest common ancestor in
+ * the hwloc tree: same PCI switch < same host bridge < same NUMA node or
+ * package < machine. At equal distance RDMA devices win, then the device
+ * with fewer hops below that ancestor, then the first in hwloc's order.
+ * Without a GPU, distances are taken from the first NUMA node.
+ *
+ * kvu_topo_cpuset writes to buf the CPUs local to the GPU (the cpuset of its
+ * nearest non-I/O ancestor) in hwloc list form, e.g. "0-3,8-11"; without a
+ * GPU, the CPUs of the whole machine.
+ *
+ * Errors (with the last error set): KVX_ERR_CONFIG when the topology cannot
+ * be read (naming the path) or the bus id is malformed or not in it (naming
+ * the bus id); KVX_ERR_NOT_FOUND when there is no network device;
+ * KVX_ERR_INVALID_PARAM when buf is NULL or shorter than the answer. */
 kvx_status_t kvu_topo_pick_nic(const char *xml_path, const char *gpu_busid,
                                char *buf, size_t len);
+kvx_status_t kvu_topo_cpuset(const char *xml_path, const char *gpu_busid,
+                             char *buf, size_t len);
 
 #endif

@@ -8,6 +8,8 @@
  */
 #include "kvu.h"
 
+#include "config.h"
+
 #include <hwloc.h>
 #include <stdio.h>
 #include <string.h>
@@ -42,55 +44,138 @@ int kvu_hip_mem_type(const void *ptr)
 #endif
 }
 
+/* ---- hwloc placement ----------------------------------------------------- */
+
+/* Deepest hwloc tree handled; real topologies are far shallower. */
+#define KVU_TOPO_MAX_DEPTH 256
+
+static int kvu_topo_is_rdma(hwloc_obj_t os)
+{
+    return os->attr->osdev.type == HWLOC_OBJ_OSDEV_OPENFABRICS;
+}
+
 static int kvu_topo_is_net(hwloc_obj_t os)
 {
     return os->attr->osdev.type == HWLOC_OBJ_OSDEV_NETWORK ||
-           os->attr->osdev.type == HWLOC_OBJ_OSDEV_OPENFABRICS;
+           kvu_topo_is_rdma(os);
 }
 
-/* Distance between two objects: depth of the tree above their common
- * ancestor (smaller = closer). */
-static int kvu_topo_distance(hwloc_topology_t topo, hwloc_obj_t a,
-                             hwloc_obj_t b)
+static int kvu_topo_empty(const char *s)
 {
-    hwloc_obj_t anc = hwloc_get_common_ancestor_obj(topo, a, b);
-    int         d   = 0;
-
-    for (hwloc_obj_t o = a; o != NULL && o != anc; o = o->parent) {
-        d++;
-    }
-    for (hwloc_obj_t o = b; o != NULL && o != anc; o = o->parent) {
-        d++;
-    }
-    return d;
+    return s == NULL || s[0] == '\0';
 }
 
-static hwloc_obj_t kvu_topo_find_pci(hwloc_topology_t topo, const char *busid)
+/* kvu_topo_chain lists obj and its ancestors, root last; returns the count.
+ * Parent pointers are used rather than hwloc_get_common_ancestor_obj(),
+ * which compares depths and so does not work for I/O and memory objects
+ * (their depths are negative "virtual" depths). */
+static int kvu_topo_chain(hwloc_obj_t obj, hwloc_obj_t *chain)
 {
-    unsigned dom = 0, bus = 0, dev = 0, func = 0;
+    int n = 0;
 
-    if (sscanf(busid, "%x:%x:%x.%x", &dom, &bus, &dev, &func) != 4) {
-        return NULL;
+    for (; obj != NULL && n < KVU_TOPO_MAX_DEPTH; obj = obj->parent) {
+        chain[n++] = obj;
     }
-    return hwloc_get_pcidev_by_busid(topo, dom, bus, dev, func);
+    return n;
 }
 
+/* kvu_topo_closeness says how near os is to the reference whose ancestor
+ * chain is ref[0..nref) (ref[nref-1] is the root): *level is the depth below
+ * the root of their nearest common ancestor (larger = nearer), *hops the
+ * number of steps from os up to it. */
+static void kvu_topo_closeness(hwloc_obj_t *ref, int nref, hwloc_obj_t os,
+                               int *level, int *hops)
+{
+    *level = 0;
+    *hops  = 0;
+    for (hwloc_obj_t o = os; o != NULL; o = o->parent, (*hops)++) {
+        for (int i = 0; i < nref; i++) {
+            if (ref[i] == o) {
+                *level = nref - 1 - i;
+                return;
+            }
+        }
+    }
+}
+
+/* kvu_topo_busid finds the PCI device of busid in topo. */
+static kvx_status_t kvu_topo_busid(hwloc_topology_t topo, const char *xml_path,
+                                   const char *busid, hwloc_obj_t *out)
+{
+    unsigned dom, bus, dev, func;
+
+    if (kvc_config_busid_parse(busid, &dom, &bus, &dev, &func) != 0) {
+        return kvc_error(KVX_ERR_CONFIG,
+                         "gpu bus id '%s': not a PCI bus id "
+                         "(dddd:bb:dd.f or bb:dd.f)", busid);
+    }
+    *out = hwloc_get_pcidev_by_busid(topo, dom, bus, dev, func);
+    if (*out == NULL) {
+        return kvc_error(KVX_ERR_CONFIG,
+                         "gpu bus id '%s': no such PCI device in the "
+                         "topology of %s", busid,
+                         kvu_topo_empty(xml_path) ? "this machine" : xml_path);
+    }
+    return KVX_OK;
+}
+
+/* kvu_topo_load loads the topology of xml_path (NULL or "": this machine)
+ * with the important I/O objects (PCI devices, bridges, OS devices). */
 static kvx_status_t kvu_topo_load(const char *xml_path, hwloc_topology_t *t)
 {
     if (hwloc_topology_init(t) != 0) {
-        return kvc_error(KVX_ERR_INTERNAL, "hwloc_topology_init failed");
+        return kvc_error(KVX_ERR_NO_MEMORY, "hwloc_topology_init failed");
     }
     hwloc_topology_set_io_types_filter(*t, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
-    if (xml_path != NULL && hwloc_topology_set_xml(*t, xml_path) != 0) {
-        hwloc_topology_destroy(*t);
-        return kvc_error(KVX_ERR_CONFIG, "hwloc topology '%s': cannot read",
-                         xml_path);
+    if (!kvu_topo_empty(xml_path)) {
+        if (hwloc_topology_set_xml(*t, xml_path) != 0 ||
+            hwloc_topology_load(*t) != 0) {
+            hwloc_topology_destroy(*t);
+            return kvc_error(KVX_ERR_CONFIG,
+                             "hwloc topology '%s': cannot read it as an "
+                             "hwloc XML topology", xml_path);
+        }
+        return KVX_OK;
     }
     if (hwloc_topology_load(*t) != 0) {
         hwloc_topology_destroy(*t);
-        return kvc_error(KVX_ERR_INTERNAL, "hwloc_topology_load failed");
+        return kvc_error(KVX_ERR_INTERNAL,
+                         "hwloc: cannot load this machine's topology");
     }
     return KVX_OK;
+}
+
+/* kvu_topo_check_buf validates the output buffer. */
+static kvx_status_t kvu_topo_check_buf(const char *what, const char *buf,
+                                       size_t len)
+{
+    if (buf == NULL || len == 0) {
+        return kvc_error(KVX_ERR_INVALID_PARAM, "%s: no output buffer", what);
+    }
+    return KVX_OK;
+}
+
+/* kvu_topo_port returns the first active port of an OpenFabrics device
+ * (hwloc info "Port<N>State" = 4, IB_PORT_ACTIVE), else 1. */
+static unsigned kvu_topo_port(hwloc_obj_t os)
+{
+    unsigned best = 0;
+
+    for (unsigned i = 0; i < os->infos_count; i++) {
+        unsigned port = 0;
+        int      end  = 0;
+
+        if (os->infos[i].name == NULL || os->infos[i].value == NULL ||
+            sscanf(os->infos[i].name, "Port%uState%n", &port, &end) != 1 ||
+            os->infos[i].name[end] != '\0' || end == 0) {
+            continue;
+        }
+        if (strcmp(os->infos[i].value, "4") == 0 && port > 0 &&
+            (best == 0 || port < best)) {
+            best = port;
+        }
+    }
+    return best != 0 ? best : 1;
 }
 
 kvx_status_t kvu_topo_pick_nic(const char *xml_path, const char *gpu_busid,
@@ -98,49 +183,108 @@ kvx_status_t kvu_topo_pick_nic(const char *xml_path, const char *gpu_busid,
 {
     hwloc_topology_t topo;
     hwloc_obj_t      ref = NULL, best = NULL;
-    int              best_d = 1 << 30;
-    kvx_status_t     status = kvu_topo_load(xml_path, &topo);
+    hwloc_obj_t      chain[KVU_TOPO_MAX_DEPTH];
+    int              nchain, best_level = -1, best_hops = 0, n;
+    kvx_status_t     status = kvu_topo_check_buf("kvu_topo_pick_nic", buf,
+                                                 len);
 
+    if (status == KVX_OK) {
+        status = kvu_topo_load(xml_path, &topo);
+    }
     if (status != KVX_OK) {
         return status;
     }
-    if (gpu_busid != NULL) {
-        ref = kvu_topo_find_pci(topo, gpu_busid);
-        if (ref == NULL) {
-            hwloc_topology_destroy(topo);
-            return kvc_error(KVX_ERR_CONFIG,
-                             "gpu bus id '%s': not found in the topology",
-                             gpu_busid);
-        }
+    if (!kvu_topo_empty(gpu_busid)) {
+        status = kvu_topo_busid(topo, xml_path, gpu_busid, &ref);
     } else {
         ref = hwloc_get_obj_by_type(topo, HWLOC_OBJ_NUMANODE, 0);
         if (ref == NULL) {
             ref = hwloc_get_root_obj(topo);
         }
     }
+    if (status != KVX_OK) {
+        hwloc_topology_destroy(topo);
+        return status;
+    }
+    nchain = kvu_topo_chain(ref, chain);
     for (hwloc_obj_t os = hwloc_get_next_osdev(topo, NULL); os != NULL;
          os = hwloc_get_next_osdev(topo, os)) {
-        int d;
+        int level, hops, better;
 
-        if (!kvu_topo_is_net(os) || os->name == NULL) {
+        if (!kvu_topo_is_net(os) || os->name == NULL || os->name[0] == '\0') {
             continue;
         }
-        d = kvu_topo_distance(topo, ref, os);
-        /* Prefer RDMA (OpenFabrics) devices at equal distance. */
-        if (d < best_d || (d == best_d && best != NULL &&
-                           os->attr->osdev.type ==
-                               HWLOC_OBJ_OSDEV_OPENFABRICS &&
-                           best->attr->osdev.type !=
-                               HWLOC_OBJ_OSDEV_OPENFABRICS)) {
-            best   = os;
-            best_d = d;
+        kvu_topo_closeness(chain, nchain, os, &level, &hops);
+        if (best == NULL || level != best_level) {
+            better = best == NULL || level > best_level;
+        } else if (kvu_topo_is_rdma(os) != kvu_topo_is_rdma(best)) {
+            better = kvu_topo_is_rdma(os);
+        } else {
+            better = hops < best_hops;
+        }
+        if (better) {
+            best       = os;
+            best_level = level;
+            best_hops  = hops;
         }
     }
     if (best == NULL) {
         hwloc_topology_destroy(topo);
-        return kvc_error(KVX_ERR_NOT_FOUND, "no network device in topology");
+        return kvc_error(KVX_ERR_NOT_FOUND,
+                         "no network device in the topology of %s",
+                         kvu_topo_empty(xml_path) ? "this machine" : xml_path);
     }
-    snprintf(buf, len, "%s", best->name);
+    if (kvu_topo_is_rdma(best)) {
+        n = snprintf(buf, len, "%s:%u", best->name, kvu_topo_port(best));
+    } else {
+        n = snprintf(buf, len, "%s", best->name);
+    }
     hwloc_topology_destroy(topo);
+    if (n < 0 || (size_t)n >= len) {
+        return kvc_error(KVX_ERR_INVALID_PARAM,
+                         "kvu_topo_pick_nic: %zu bytes are too few for the "
+                         "device name (%d)", len, n);
+    }
+    return KVX_OK;
+}
+
+kvx_status_t kvu_topo_cpuset(const char *xml_path, const char *gpu_busid,
+                             char *buf, size_t len)
+{
+    hwloc_topology_t topo;
+    hwloc_obj_t      obj = NULL;
+    int              n;
+    kvx_status_t     status = kvu_topo_check_buf("kvu_topo_cpuset", buf, len);
+
+    if (status == KVX_OK) {
+        status = kvu_topo_load(xml_path, &topo);
+    }
+    if (status != KVX_OK) {
+        return status;
+    }
+    if (!kvu_topo_empty(gpu_busid)) {
+        status = kvu_topo_busid(topo, xml_path, gpu_busid, &obj);
+        if (status == KVX_OK) {
+            obj = hwloc_get_non_io_ancestor_obj(topo, obj);
+        }
+    } else {
+        obj = hwloc_get_root_obj(topo);
+    }
+    if (status == KVX_OK && (obj == NULL || obj->cpuset == NULL)) {
+        status = kvc_error(KVX_ERR_INTERNAL,
+                           "hwloc: no CPU set above gpu bus id '%s'",
+                           kvu_topo_empty(gpu_busid) ? "-" : gpu_busid);
+    }
+    if (status != KVX_OK) {
+        hwloc_topology_destroy(topo);
+        return status;
+    }
+    n = hwloc_bitmap_list_snprintf(buf, len, obj->cpuset);
+    hwloc_topology_destroy(topo);
+    if (n < 0 || (size_t)n >= len) {
+        return kvc_error(KVX_ERR_INVALID_PARAM,
+                         "kvu_topo_cpuset: %zu bytes are too few for the CPU "
+                         "set (%d)", len, n);
+    }
     return KVX_OK;
 }
