@@ -177,20 +177,15 @@ static void kvc_write_pump(struct kvx_engine *eng, kvc_xfer_t *x)
 
 /* --- producer (P) ------------------------------------------------------- */
 
+/* kvc_write_check_hosts: as kvc_read_check_hosts - remote_hosts entries are
+ * validated when a rank resolves to them (kvc_write_target). */
 static kvx_status_t kvc_write_check_hosts(struct kvx_engine *eng,
                                           const kvc_xfer_params_t *p,
                                           const kvc_peer_addr_t *addr,
                                           const char *field)
 {
-    kvx_status_t st = kvc_trust_check(&eng->trust, addr->host, field);
-
-    for (size_t i = 0; st == KVX_OK && i < p->num_remote_hosts; i++) {
-        char fld[64];
-
-        snprintf(fld, sizeof(fld), "remote_hosts[%zu]", i);
-        st = kvc_trust_check(&eng->trust, p->remote_hosts[i], fld);
-    }
-    return st;
+    (void)p;
+    return kvc_trust_check(&eng->trust, addr->host, field);
 }
 
 static kvx_status_t kvc_write_same_tp(struct kvx_engine *eng, uint32_t rtp)

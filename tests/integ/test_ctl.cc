@@ -785,9 +785,12 @@ TEST(ReadTrust, UntrustedHostIsRejectedSynchronouslyAndNeverDialed)
     EXPECT_TRUE(Contains(le, "remote_host")) << le;
     EXPECT_TRUE(Contains(le, "trusted_remote_hosts")) << le;
 
-    // Trusted remote_host but an untrusted remote_hosts entry.
+    // Trusted remote_host, but this rank (P DP rank 0 of a DP2 instance
+    // over two hosts) resolves to an untrusted remote_hosts entry.
     params = Params("tx-untrusted2", "127.0.0.2", target_hs, target_notify,
-                    ids, 1, ",\"remote_hosts\":[\"127.0.0.1\"]");
+                    ids, 1,
+                    ",\"remote_hosts\":[\"127.0.0.1\",\"127.0.0.2\"],"
+                    "\"remote_dp_size\":2,\"remote_dp_rank\":0");
     st = Api()->consumer_request(d->eng, "req-u", params.c_str(), ids.data(),
                                  ids.size());
     le = Api()->last_error();
