@@ -785,10 +785,49 @@ static void kvc_engine_tick(void *arg)
     pthread_mutex_unlock(&eng->lock);
 }
 
+/* kvc_engine_place: with gpu_bus_id set, hwloc picks the NIC nearest the
+ * rank's GPU (unless ucx_net_devices names one) and the CPUs local to it
+ * for the progress thread (SPEC §11). A bus id that is not in the topology
+ * (or an unreadable topology file) is a configuration error; a topology
+ * without any NIC only warns. */
+static kvx_status_t kvc_engine_place(struct kvx_engine *eng, char *nic,
+                                     size_t nlen, char *cpus, size_t clen)
+{
+    const kvc_config_t *c = &eng->cfg;
+    kvx_status_t        st;
+
+    snprintf(nic, nlen, "%s", c->ucx_net_devices);
+    cpus[0] = '\0';
+    if (c->gpu_bus_id[0] == '\0') {
+        return KVX_OK;
+    }
+    st = kvu_topo_cpuset(c->hwloc_topology, c->gpu_bus_id, cpus, clen);
+    if (st != KVX_OK) {
+        return kvc_error(st, "kv_connector_extra_config.gpu_bus_id: %s",
+                         kvc_last_error());
+    }
+    if (nic[0] == '\0') {
+        st = kvu_topo_pick_nic(c->hwloc_topology, c->gpu_bus_id, nic, nlen);
+        if (st == KVX_ERR_NOT_FOUND) {
+            kvc_log_warn("KVX-TOPO", "gpu_bus_id %s: %s; UCX chooses devices",
+                         c->gpu_bus_id, kvc_last_error());
+            nic[0] = '\0';
+        } else if (st != KVX_OK) {
+            return kvc_error(st, "kv_connector_extra_config.gpu_bus_id: %s",
+                             kvc_last_error());
+        }
+    }
+    kvc_log_info("KVX-TOPO", "gpu %s: NIC '%s', progress thread on CPUs '%s'",
+                 c->gpu_bus_id, nic, cpus);
+    kvc_error_clear();
+    return KVX_OK;
+}
+
 kvx_status_t kvx_engine_create(const char *json, struct kvx_engine **eng_p)
 {
     struct kvx_engine *eng = calloc(1, sizeof(*eng));
     kvu_params_t       up;
+    char               nic[256], cpus[256];
     kvx_status_t       st;
 
     if (eng == NULL) {
@@ -817,8 +856,13 @@ kvx_status_t kvx_engine_create(const char *json, struct kvx_engine **eng_p)
     snprintf(eng->engine_id, sizeof(eng->engine_id), "%s:%u", eng->cfg.host_ip,
              eng->cfg.handshake_port);
     memset(&up, 0, sizeof(up));
+    st = kvc_engine_place(eng, nic, sizeof(nic), cpus, sizeof(cpus));
+    if (st != KVX_OK) {
+        goto err_idset;
+    }
     up.tls                = eng->cfg.ucx_tls;
-    up.net_devices        = eng->cfg.ucx_net_devices;
+    up.net_devices        = nic;
+    up.cpus               = cpus;
     up.err_mode_peer      = eng->cfg.ucx_error_mode == KVC_ERR_MODE_PEER;
     up.spin_us            = eng->cfg.progress_spin_us;
     up.max_inflight_bytes = eng->cfg.max_inflight_bytes;

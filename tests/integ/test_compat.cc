@@ -189,3 +189,37 @@ TEST(Compat, LegacyPlainStringWriteDoneAndLateRemoteBlocks)
 }
 
 } // namespace
+
+namespace {
+
+std::string TopoConfig(const std::string &busid, const std::string &extra)
+{
+    const char *data = getenv("KVT_DATA");
+    std::string xml  = std::string(data ? data : "tests/data") + "/topo-2numa.xml";
+    return "{\"role\":\"kv_producer\",\"kv_connector_extra_config\":{"
+           "\"host_ip\":\"127.0.0.1\",\"ucx_tls\":\"tcp\",\"gpu_bus_id\":\"" +
+           busid + "\",\"hwloc_topology\":\"" + xml + "\"" + extra + "}}";
+}
+
+// hwloc seam: the NIC nearest the GPU becomes UCX's device; where that NIC
+// does not exist the engine refuses to start and says which device.
+TEST(Placement, GpuBusIdChoosesTheNearestNicOrFailsClearly)
+{
+    kvx_engine_t *eng = nullptr;
+    std::string   cfg = TopoConfig("0000:01:00.0", "");
+    EXPECT_EQ(KVX_ERR_CONFIG, Api()->engine_create(cfg.c_str(), &eng));
+    EXPECT_TRUE(Has(Api()->last_error(), "gpu_bus_id")) << Api()->last_error();
+    EXPECT_TRUE(Has(Api()->last_error(), "0000:01:00.0")) << Api()->last_error();
+
+    cfg = TopoConfig("0000:02:00.0", "");
+    EXPECT_EQ(KVX_ERR_TRANSPORT, Api()->engine_create(cfg.c_str(), &eng));
+    EXPECT_TRUE(Has(Api()->last_error(), "mlx5_0:1")) << Api()->last_error();
+
+    // An explicit device wins over the topology; the engine runs.
+    cfg = TopoConfig("0000:02:00.0", ",\"ucx_net_devices\":\"lo\"");
+    ASSERT_EQ(KVX_OK, Api()->engine_create(cfg.c_str(), &eng))
+        << Api()->last_error();
+    Api()->engine_destroy(eng);
+}
+
+} // namespace

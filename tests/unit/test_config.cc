@@ -23,7 +23,7 @@ const char *const kExtraKeys[] = {
     "backend",          "qp_per_transfer",    "post_batch_size",
     "num_workers",      "ucx_tls",            "ucx_net_devices",
     "ucx_required_transports", "ucx_error_mode", "max_inflight_bytes",
-    "progress_spin_us",
+    "progress_spin_us", "gpu_bus_id",         "hwloc_topology",
 };
 
 // Extra wraps body (the inside of kv_connector_extra_config) in a producer
@@ -125,6 +125,8 @@ TEST_F(ConfigDefaults, EveryKeyHasItsDefault)
     EXPECT_EQ(KVC_ERR_MODE_PEER, cfg_.ucx_error_mode);
     EXPECT_EQ(16777216u, cfg_.max_inflight_bytes);
     EXPECT_EQ(50u, cfg_.progress_spin_us);
+    EXPECT_STREQ("", cfg_.gpu_bus_id);
+    EXPECT_STREQ("", cfg_.hwloc_topology);
 }
 
 TEST_F(ConfigDefaults, HostIpIsANonLoopbackIpv4OrTheLoopbackFallback)
@@ -199,7 +201,8 @@ TEST_F(ConfigParse, EveryKeySetToAValidValue)
         "ucx_tls":"rc,sm,self","ucx_net_devices":"mlx5_0:1",
         "ucx_required_transports":["rc_verbs","sysv"],
         "ucx_error_mode":"none","max_inflight_bytes":1073741824,
-        "progress_spin_us":0}})";
+        "progress_spin_us":0,"gpu_bus_id":"0000:c1:00.0",
+        "hwloc_topology":"/etc/kvxfer/topo.xml"}})";
 
     ASSERT_EQ(KVX_OK, Parse(json)) << kvc_last_error();
     EXPECT_TRUE(warnings_.empty());
@@ -236,6 +239,8 @@ TEST_F(ConfigParse, EveryKeySetToAValidValue)
     EXPECT_EQ(KVC_ERR_MODE_NONE, cfg_.ucx_error_mode);
     EXPECT_EQ(1073741824u, cfg_.max_inflight_bytes);
     EXPECT_EQ(0u, cfg_.progress_spin_us);
+    EXPECT_STREQ("0000:c1:00.0", cfg_.gpu_bus_id);
+    EXPECT_STREQ("/etc/kvxfer/topo.xml", cfg_.hwloc_topology);
     EXPECT_EQ(6u, kvc_config_world(&cfg_));
     EXPECT_EQ(5u, kvc_config_rank(&cfg_));
 }
@@ -306,6 +311,18 @@ const ValidCase kValidCases[] = {
      "max_inflight_bytes", "1099511627776"},
     {"ProgressSpinUsMax", R"("progress_spin_us":100000)", "progress_spin_us",
      "100000"},
+    {"GpuBusIdFull", R"("gpu_bus_id":"0000:c1:00.0")", "gpu_bus_id",
+     R"("0000:c1:00.0")"},
+    {"GpuBusIdShort", R"("gpu_bus_id":"83:1f.7")", "gpu_bus_id",
+     R"("83:1f.7")"},
+    {"GpuBusIdUpperCasePadded", R"("gpu_bus_id":" 0001:C1:0A.1 ")",
+     "gpu_bus_id", R"("0001:C1:0A.1")"},
+    {"GpuBusIdEmpty", R"("gpu_bus_id":"")", "gpu_bus_id", R"("")"},
+    {"GpuBusIdBlank", R"("gpu_bus_id":"  ")", "gpu_bus_id", R"("")"},
+    {"HwlocTopologyPath", R"("hwloc_topology":"/tmp/topo.xml")",
+     "hwloc_topology", R"("/tmp/topo.xml")"},
+    {"HwlocTopologyEmpty", R"("hwloc_topology":"")", "hwloc_topology",
+     R"("")"},
 };
 
 INSTANTIATE_TEST_SUITE_P(
@@ -516,6 +533,8 @@ void ExpectSameConfig(const kvc_config_t &a, const kvc_config_t &b)
     EXPECT_EQ(a.ucx_error_mode, b.ucx_error_mode);
     EXPECT_EQ(a.max_inflight_bytes, b.max_inflight_bytes);
     EXPECT_EQ(a.progress_spin_us, b.progress_spin_us);
+    EXPECT_STREQ(a.gpu_bus_id, b.gpu_bus_id);
+    EXPECT_STREQ(a.hwloc_topology, b.hwloc_topology);
 }
 
 class ConfigRoundTrip : public Config,
@@ -553,7 +572,8 @@ INSTANTIATE_TEST_SUITE_P(
         "post_batch_size":5,"num_workers":6,"ucx_tls":"rc,\"x\"",
         "ucx_net_devices":"mlx5_0:1","ucx_required_transports":"rc_verbs",
         "ucx_error_mode":"none","max_inflight_bytes":9223372036854775807,
-        "progress_spin_us":7}})",
+        "progress_spin_us":7,"gpu_bus_id":" 83:00.0",
+        "hwloc_topology":"/data/topo \"a\".xml"}})",
         R"({"role":"kv_consumer","kv_connector_extra_config":{
         "trusted_remote_hosts":[]}})"));
 
@@ -760,6 +780,31 @@ std::vector<BadCase> BadCases()
           "progress_spin_us", "100001"),
         X("ProgressSpinUsNegative", R"("progress_spin_us":-1)",
           "progress_spin_us", "-1"),
+        X("GpuBusIdWord", R"("gpu_bus_id":"gpu0")", "gpu_bus_id",
+          "\"gpu0\""),
+        X("GpuBusIdNumber", R"("gpu_bus_id":3)", "gpu_bus_id", "value 3"),
+        X("GpuBusIdNoFunction", R"("gpu_bus_id":"0000:c1:00")", "gpu_bus_id",
+          "\"0000:c1:00\""),
+        X("GpuBusIdDeviceHigh", R"("gpu_bus_id":"c1:20.0")", "gpu_bus_id",
+          "\"c1:20.0\""),
+        X("GpuBusIdFunctionHigh", R"("gpu_bus_id":"0000:c1:00.8")",
+          "gpu_bus_id", "\"0000:c1:00.8\""),
+        X("GpuBusIdFiveDigitDomain", R"("gpu_bus_id":"10000:c1:00.0")",
+          "gpu_bus_id", "\"10000:c1:00.0\""),
+        X("GpuBusIdOneDigitBus", R"("gpu_bus_id":"1:00.0")", "gpu_bus_id",
+          "\"1:00.0\""),
+        X("GpuBusIdNotHex", R"("gpu_bus_id":"0000:g1:00.0")", "gpu_bus_id",
+          "\"0000:g1:00.0\""),
+        X("GpuBusIdTrailing", R"("gpu_bus_id":"0000:c1:00.0,0000:c2:00.0")",
+          "gpu_bus_id", "0000:c2:00.0"),
+        X("GpuBusIdTooLong", "\"gpu_bus_id\":\"" + kLong + "\"",
+          "gpu_bus_id", "hhhhhhhh"),
+        X("HwlocTopologyNumber", R"("hwloc_topology":1)", "hwloc_topology",
+          "value 1"),
+        X("HwlocTopologyList", R"("hwloc_topology":["a.xml"])",
+          "hwloc_topology", "[\"a.xml\"]"),
+        X("HwlocTopologyTooLong", "\"hwloc_topology\":\"" + kLong + "\"",
+          "hwloc_topology", "hhhhhhhh"),
         // An error after lists were parsed frees them.
         X("ErrorAfterLists",
           R"("node_hosts":"a,b","trusted_remote_hosts":"c",)"
@@ -809,6 +854,76 @@ TEST_F(ConfigBadValues, LongValuesAreShortenedButTheRuleStays)
     EXPECT_TRUE(Contains(err, "...")) << err;
     EXPECT_TRUE(Contains(err, "\"xgmi\"")) << err;
     EXPECT_LT(err.size(), 512u);
+}
+
+// gpu_bus_id errors state the accepted forms.
+TEST_F(ConfigBadValues, GpuBusIdErrorStatesTheRule)
+{
+    EXPECT_EQ(KVX_ERR_CONFIG, Parse(Extra(R"("gpu_bus_id":"card0")")));
+    EXPECT_EQ("kv_connector_extra_config.gpu_bus_id: value \"card0\": must "
+              "be empty or a PCI bus id \"dddd:bb:dd.f\" or \"bb:dd.f\" "
+              "(hex; device <= 1f, function <= 7)",
+              std::string(kvc_last_error()));
+}
+
+// The path limit is the field's buffer: 255 characters fit, 256 do not.
+TEST_F(ConfigParse, HwlocTopologyLengthLimit)
+{
+    const std::string fits(255, 'p'), over(256, 'p');
+
+    ASSERT_EQ(KVX_OK, Parse(Extra("\"hwloc_topology\":\"" + fits + "\"")))
+        << kvc_last_error();
+    EXPECT_EQ(fits, cfg_.hwloc_topology);
+    EXPECT_EQ(KVX_ERR_CONFIG,
+              Parse(Extra("\"hwloc_topology\":\"" + over + "\"")));
+    std::string err = kvc_last_error();
+    EXPECT_TRUE(Contains(err, "kv_connector_extra_config.hwloc_topology"))
+        << err;
+    EXPECT_TRUE(Contains(err, "must be shorter than 256 characters")) << err;
+}
+
+struct BusIdCase {
+    const char *text;
+    int         rc;
+    unsigned    domain, bus, dev, func;
+};
+
+TEST(ConfigBusId, ParsesBothFormsAndRejectsTheRest)
+{
+    const BusIdCase cases[] = {
+        {"0000:c1:00.0", 0, 0x0000, 0xc1, 0x00, 0},
+        {"abcd:EF:1f.7", 0, 0xabcd, 0xef, 0x1f, 7},
+        {"83:02.1", 0, 0, 0x83, 0x02, 1},
+        {"ffff:ff:1f.7", 0, 0xffff, 0xff, 0x1f, 7},
+        {"", -1, 0, 0, 0, 0},
+        {"0000:c1:00.0\n", -1, 0, 0, 0, 0},
+        {" 83:02.1", -1, 0, 0, 0, 0},
+        {"0000:c1:20.0", -1, 0, 0, 0, 0},
+        {"0000:c1:00.8", -1, 0, 0, 0, 0},
+        {"0000-c1:00.0", -1, 0, 0, 0, 0},
+        {"0000:c1.00.0", -1, 0, 0, 0, 0},
+        {"000:c1:00.0", -1, 0, 0, 0, 0},
+        {"0000:c1:00.00", -1, 0, 0, 0, 0},
+        {"+000:c1:00.0", -1, 0, 0, 0, 0},
+        {"0x00:c1:00.0", -1, 0, 0, 0, 0},
+    };
+
+    for (const BusIdCase &c : cases) {
+        unsigned d = 99, b = 99, v = 99, f = 99;
+
+        ASSERT_EQ(c.rc, kvc_config_busid_parse(c.text, &d, &b, &v, &f))
+            << "'" << c.text << "'";
+        if (c.rc == 0) {
+            EXPECT_EQ(c.domain, d) << c.text;
+            EXPECT_EQ(c.bus, b) << c.text;
+            EXPECT_EQ(c.dev, v) << c.text;
+            EXPECT_EQ(c.func, f) << c.text;
+        }
+    }
+    EXPECT_EQ(-1, kvc_config_busid_parse(nullptr, nullptr, nullptr, nullptr,
+                                         nullptr));
+    EXPECT_EQ(0, kvc_config_busid_parse("01:00.0", nullptr, nullptr, nullptr,
+                                        nullptr));
 }
 
 } // namespace

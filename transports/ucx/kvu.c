@@ -93,6 +93,7 @@ struct kvu_ctx {
     int             wakefd;
     kvu_params_t    params;
     char            name[64];
+    char            cpus[256];
     uint64_t        chunk;
     kvu_op_t       *done_head;   /* completed ops, under lock */
     kvu_ep_t       *eps;         /* live endpoints */
@@ -413,11 +414,48 @@ static void kvu_wait(kvu_ctx_t *ctx)
     }
 }
 
+/* kvu_bind_cpus binds the calling thread to a CPU list "0-3,8-11". */
+static void kvu_bind_cpus(const char *list)
+{
+    cpu_set_t   set;
+    const char *p = list;
+
+    CPU_ZERO(&set);
+    while (*p != '\0') {
+        char         *end;
+        unsigned long lo = strtoul(p, &end, 10), hi = lo;
+
+        if (end == p) {
+            return;
+        }
+        if (*end == '-') {
+            p  = end + 1;
+            hi = strtoul(p, &end, 10);
+        }
+        for (unsigned long c = lo; c <= hi && c < CPU_SETSIZE; c++) {
+            CPU_SET(c, &set);
+        }
+        p = *end == ',' ? end + 1 : end;
+        if (end == p && *p != '\0') {
+            return;
+        }
+    }
+    if (CPU_COUNT(&set) > 0 &&
+        pthread_setaffinity_np(pthread_self(), sizeof(set), &set) != 0) {
+        kvc_log_warn("KVX-TOPO", "cannot bind the progress thread to CPUs %s",
+                     list);
+    }
+}
+
 static void *kvu_progress_main(void *arg)
 {
     kvu_ctx_t *ctx       = arg;
     uint64_t   last_busy = kvu_now_us();
     uint64_t   last_tick = 0;
+
+    if (ctx->cpus[0] != '\0') {
+        kvu_bind_cpus(ctx->cpus);
+    }
 
     while (!atomic_load(&ctx->stop)) {
         unsigned int n = 0;
@@ -524,8 +562,12 @@ static kvx_status_t kvu_ucp_init(kvu_ctx_t *ctx)
     st = ucp_init(&params, config, &ctx->ucp);
     ucp_config_release(config);
     if (st != UCS_OK) {
-        return kvc_error(KVX_ERR_TRANSPORT, "ucp_init (tls '%s'): %s",
+        return kvc_error(KVX_ERR_TRANSPORT,
+                         "ucp_init (ucx_tls '%s', net devices '%s'): %s; the "
+                         "requested transports/devices are not usable here",
                          ctx->params.tls ? ctx->params.tls : "",
+                         ctx->params.net_devices ? ctx->params.net_devices
+                                                 : "",
                          ucs_status_string(st));
     }
     return KVX_OK;
@@ -598,6 +640,9 @@ kvx_status_t kvu_ctx_create(const kvu_params_t *params, kvu_ctx_t **ctx_p)
     snprintf(ctx->name, sizeof(ctx->name), "%s",
              params->name ? params->name : "kvxfer");
     ctx->params.name = ctx->name;
+    snprintf(ctx->cpus, sizeof(ctx->cpus), "%s",
+             params->cpus ? params->cpus : "");
+    ctx->params.cpus = ctx->cpus;
     if (ctx->params.max_inflight_bytes < 4096) {
         ctx->params.max_inflight_bytes = 16u << 20;
     }

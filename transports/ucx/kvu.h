@@ -49,6 +49,8 @@ typedef struct kvu_params {
                                    at least every 20 ms */
     void       *tick_arg;
     const char *name;           /* for logs */
+    const char *cpus;           /* "" or NULL, or a CPU list "0-3,8" the
+                                   progress thread is bound to */
 } kvu_params_t;
 
 /* kvu_op_t tracks a batch of runs; embed it in the caller's object. */

@@ -119,6 +119,10 @@ static kvx_status_t kvu_topo_busid(hwloc_topology_t topo, const char *xml_path,
     return KVX_OK;
 }
 
+/* Discovery components not wanted for this machine's topology. */
+static const char *const kvu_topo_skip[] = {
+    "pci", "opencl", "cuda", "nvml", "rsmi", "levelzero", "gl"};
+
 /* kvu_topo_load loads the topology of xml_path (NULL or "": this machine)
  * with the important I/O objects (PCI devices, bridges, OS devices). */
 static kvx_status_t kvu_topo_load(const char *xml_path, hwloc_topology_t *t)
@@ -136,6 +140,18 @@ static kvx_status_t kvu_topo_load(const char *xml_path, hwloc_topology_t *t)
                              "hwloc XML topology", xml_path);
         }
         return KVX_OK;
+    }
+    /* The Linux backend finds PCI devices, bridges, network and
+     * OpenFabrics devices in sysfs, which is all the placement needs. The
+     * GPU-runtime components (OpenCL, CUDA, NVML, ROCm SMI, Level Zero,
+     * X11/GL) would only initialise vendor runtimes inside the serving
+     * process, and the libpciaccess component ("pci") reads the same sysfs
+     * again and leaks on every load (hwloc 2.9, Debian 12). Best effort: a
+     * component that is not installed is simply not there. */
+    for (size_t i = 0; i < sizeof(kvu_topo_skip) / sizeof(kvu_topo_skip[0]);
+         i++) {
+        (void)hwloc_topology_set_components(
+            *t, HWLOC_TOPOLOGY_COMPONENTS_FLAG_BLACKLIST, kvu_topo_skip[i]);
     }
     if (hwloc_topology_load(*t) != 0) {
         hwloc_topology_destroy(*t);
