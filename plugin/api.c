@@ -6,6 +6,7 @@
 #define _GNU_SOURCE
 #include "api.h"
 #include "engine.h"
+#include "proxy.h"
 
 #include <json-c/json.h>
 #include <stdio.h>
@@ -489,6 +490,17 @@ static kvx_status_t api_stats(kvx_engine_t *eng, char **json_p)
     return *json_p ? KVX_OK : kvc_error(KVX_ERR_NO_MEMORY, "out of memory");
 }
 
+static kvx_status_t api_build_prefill_params(const char *reg, const char *tid,
+                                             char **out_p)
+{
+    kvc_error_clear();
+    if (out_p == NULL) {
+        return kvc_error(KVX_ERR_INVALID_PARAM, "prefill_params_p: NULL");
+    }
+    *out_p = NULL;
+    return kvc_params_build_prefill(reg, tid, out_p);
+}
+
 static const kvx_api_t kvc_api = {
     .abi_major            = KVX_ABI_MAJOR,
     .abi_minor            = KVX_ABI_MINOR,
@@ -517,6 +529,7 @@ static const kvx_api_t kvc_api = {
     .seal_transfer        = api_seal_transfer,
     .consumer_abort       = api_consumer_abort,
     .stats                = api_stats,
+    .build_prefill_params = api_build_prefill_params,
 };
 
 const kvx_api_t *kvc_api_table(void)

@@ -260,6 +260,12 @@ typedef struct kvx_api {
      * received by type and rejected, sent and failed, handshakes, bytes
      * read and written, active transfers, pending events. */
     kvx_status_t (*stats)(kvx_engine_t *engine, char **json_p);
+    /* build_prefill_params (proxy helper, no engine): from D's registration
+     * payload build the kv_transfer_params a proxy sends to P: D's address,
+     * sizes and remote_hosts = D's node_hosts (SPEC §3). Caller frees. */
+    kvx_status_t (*build_prefill_params)(const char *decode_registration_json,
+                                         const char *transfer_id,
+                                         char **prefill_params_p);
 } kvx_api_t;
 
 /*

@@ -1,0 +1,93 @@
+// Proxy helpers (SPEC §3): D's registration -> P's kv_transfer_params, and
+// the full proxy round trip P response -> D's params, read back by the same
+// parser the engines use.
+extern "C" {
+#include "proxy.h"
+}
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+
+namespace {
+
+const char kDecodeReg[] =
+    "{\"type\":\"D\",\"http_address\":\"10.1.0.9:8200\","
+    "\"zmq_address\":\"host:fd00::9,handshake:7301,notify:7501\","
+    "\"dp_size\":2,\"tp_size\":16,\"transfer_mode\":\"WRITE\","
+    "\"node_hosts\":[\"fd00::9\",\"fd00::10\"]}";
+
+TEST(ProxyParams, PrefillParamsCarryTheDecodeInstance)
+{
+    char *out = nullptr;
+    ASSERT_EQ(KVX_OK, kvc_params_build_prefill(kDecodeReg, "tx-1", &out))
+        << kvc_last_error();
+    kvc_xfer_params_t p;
+    ASSERT_EQ(KVX_OK, kvc_params_parse(out, &p)) << kvc_last_error() << out;
+    EXPECT_STREQ("tx-1", p.transfer_id);
+    EXPECT_TRUE(p.do_remote_decode);
+    EXPECT_FALSE(p.do_remote_prefill);
+    ASSERT_TRUE(p.has_remote_addr);
+    EXPECT_STREQ("fd00::9", p.remote.host);
+    EXPECT_EQ(7301u, p.remote.handshake_port);
+    EXPECT_EQ(7501u, p.remote.notify_port);
+    EXPECT_EQ(16u, p.remote_tp_size);
+    EXPECT_EQ(2u, p.remote_dp_size);
+    ASSERT_EQ(2u, p.num_remote_hosts);
+    EXPECT_STREQ("fd00::10", p.remote_hosts[1]);
+    EXPECT_FALSE(p.has_remote_block_ids);
+    kvc_params_fini(&p);
+    free(out);
+}
+
+TEST(ProxyParams, RejectsBrokenRegistrations)
+{
+    struct Row {
+        const char *reg;
+        const char *field;
+    } rows[] = {
+        {"[]", "registration"},
+        {"{\"tp_size\":1,\"dp_size\":1}", "zmq_address"},
+        {"{\"zmq_address\":\"host:a,handshake:1\",\"tp_size\":1,\"dp_size\":1}",
+         "zmq_address"},
+        {"{\"zmq_address\":\"host:a,handshake:7,notify:8\",\"dp_size\":1}",
+         "tp_size"},
+        {"{\"zmq_address\":\"host:a,handshake:7,notify:8\",\"tp_size\":0,"
+         "\"dp_size\":1}", "tp_size"},
+        {"{\"zmq_address\":\"host:a,handshake:7,notify:8\",\"tp_size\":1,"
+         "\"dp_size\":1,\"node_hosts\":[1]}", "node_hosts[0]"},
+    };
+    for (const Row &r : rows) {
+        char *out = nullptr;
+        EXPECT_EQ(KVX_ERR_INVALID_PARAM, kvc_params_build_prefill(r.reg, "tx", &out))
+            << r.reg;
+        EXPECT_NE(std::string(kvc_last_error()).find(r.field), std::string::npos)
+            << kvc_last_error();
+        EXPECT_EQ(nullptr, out);
+    }
+    char *out = nullptr;
+    EXPECT_EQ(KVX_ERR_INVALID_PARAM, kvc_params_build_prefill(kDecodeReg, "", &out));
+}
+
+TEST(ProxyParams, FullRoundTripThroughBothHelpers)
+{
+    // P's response (as producer_request returns it) -> D's params.
+    const char resp[] =
+        "{\"do_remote_prefill\":true,\"do_remote_decode\":false,"
+        "\"transfer_id\":\"tx-2\",\"remote_block_ids\":[4,5,6],"
+        "\"remote_engine_id\":\"10.0.0.1:6301\",\"remote_host\":\"10.0.0.1\","
+        "\"remote_handshake_port\":6301,\"remote_notify_port\":61005,"
+        "\"tp_size\":8,\"remote_dp_size\":1,\"remote_hosts\":[\"10.0.0.1\"]}";
+    char *dparams = nullptr;
+    ASSERT_EQ(KVX_OK, kvc_params_build_decode(resp, "tx-2", &dparams));
+    kvc_xfer_params_t p;
+    ASSERT_EQ(KVX_OK, kvc_params_parse(dparams, &p));
+    EXPECT_EQ(8u, p.remote_tp_size);
+    ASSERT_EQ(3u, p.num_remote_block_ids);
+    EXPECT_EQ(6u, p.remote_block_ids[2]);
+    EXPECT_STREQ("10.0.0.1", p.remote.host);
+    kvc_params_fini(&p);
+    free(dparams);
+}
+
+} // namespace
