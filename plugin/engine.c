@@ -20,6 +20,11 @@ uint64_t kvc_now_us(void)
     return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 
+uint64_t kvc_deadline_us(double seconds)
+{
+    return kvc_now_us() + (uint64_t)(seconds * 1e6);
+}
+
 static void kvc_abs_deadline(struct timespec *ts, uint64_t ms)
 {
     clock_gettime(CLOCK_REALTIME, ts);

@@ -205,6 +205,8 @@ struct kvx_engine {
 };
 
 uint64_t kvc_now_us(void);
+/* kvc_deadline_us: monotonic time `seconds` from now, in microseconds. */
+uint64_t kvc_deadline_us(double seconds);
 
 /* engine.c */
 kvc_xfer_t *kvc_xfer_find(struct kvx_engine *eng, const char *tid);

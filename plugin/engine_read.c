@@ -294,8 +294,7 @@ static kvx_status_t kvc_read_consumer_locked(struct kvx_engine *eng,
     if (st != KVX_OK) {
         return st;
     }
-    x->deadline_us = kvc_now_us() +
-                     (uint64_t)(eng->cfg.transfer_timeout * 1e6);
+    x->deadline_us = kvc_deadline_us(eng->cfg.transfer_timeout);
     if (x->nlocal == 0) {
         /* Nothing to read (full prefix hit): still release P (SPEC §7). */
         kvc_read_finish(eng, x);
@@ -442,8 +441,7 @@ static void kvc_early_remember(struct kvx_engine *eng, const kvc_msg_t *m)
     snprintf(e->transfer_id, sizeof(e->transfer_id), "%s", m->transfer_id);
     e->consumer_tp_size = m->consumer_tp_size;
     e->consumer_rank    = m->consumer_rank;
-    e->expires_us       = kvc_now_us() +
-                    (uint64_t)(eng->cfg.defer_timeout * 1e6);
+    e->expires_us       = kvc_deadline_us(eng->cfg.defer_timeout);
     e->next    = eng->early;
     eng->early = e;
     eng->nearly++;
@@ -581,7 +579,7 @@ kvx_status_t kvc_read_producer(struct kvx_engine *eng, const char *req_id,
     }
     x->is_producer = 1;
     x->state       = KVC_XFER_HELD;
-    x->deadline_us = kvc_now_us() + (uint64_t)(eng->cfg.defer_timeout * 1e6);
+    x->deadline_us = kvc_deadline_us(eng->cfg.defer_timeout);
     resp           = kvc_read_response(eng, x);
     pthread_mutex_lock(&eng->lock);
     st = resp != NULL ? kvc_xfer_insert(eng, x)

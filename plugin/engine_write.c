@@ -275,8 +275,7 @@ static void kvc_write_blocks(struct kvx_engine *eng, kvc_xfer_t *x,
     m->block_ids      = NULL;
     m->num_block_ids  = 0;
     x->src            = peer;
-    x->deadline_us    = kvc_now_us() +
-                     (uint64_t)(eng->cfg.transfer_timeout * 1e6);
+    x->deadline_us    = kvc_deadline_us(eng->cfg.transfer_timeout);
     if (peer->state == KVC_PEER_READY) {
         kvc_write_pump(eng, x);
     } else {
@@ -356,7 +355,7 @@ kvx_status_t kvc_write_producer(struct kvx_engine *eng, const char *req_id,
     x->state       = KVC_XFER_PUSHING;
     x->dparams     = p; /* owns p's lists from here */
     x->daddr       = addr;
-    x->deadline_us = kvc_now_us() + (uint64_t)(eng->cfg.defer_timeout * 1e6);
+    x->deadline_us = kvc_deadline_us(eng->cfg.defer_timeout);
     pthread_mutex_lock(&eng->lock);
     st = kvc_xfer_insert(eng, x);
     if (st == KVX_OK) {
@@ -413,8 +412,7 @@ kvx_status_t kvc_write_layer_ready(struct kvx_engine *eng, const char *tid,
             x->scheduled[layer] = 1;
             x->nscheduled++;
             if (x->have_blocks) {
-                x->deadline_us = kvc_now_us() +
-                    (uint64_t)(eng->cfg.transfer_timeout * 1e6);
+                x->deadline_us = kvc_deadline_us(eng->cfg.transfer_timeout);
             }
             kvc_write_pump(eng, x);
         }
@@ -434,8 +432,7 @@ kvx_status_t kvc_write_seal(struct kvx_engine *eng, const char *tid)
         /* Expected writes = distinct layers scheduled, not registered. */
         x->sealed = 1;
         if (x->have_blocks) {
-            x->deadline_us = kvc_now_us() +
-                (uint64_t)(eng->cfg.transfer_timeout * 1e6);
+            x->deadline_us = kvc_deadline_us(eng->cfg.transfer_timeout);
         }
         kvc_write_check(eng, x);
     }
@@ -466,8 +463,7 @@ static void kvc_write_remember(struct kvx_engine *eng, kvc_msg_t *m)
     e->msg           = *m;
     m->block_ids     = NULL;
     m->num_block_ids = 0;
-    e->expires_us    = kvc_now_us() +
-                    (uint64_t)(eng->cfg.defer_timeout * 1e6);
+    e->expires_us    = kvc_deadline_us(eng->cfg.defer_timeout);
     e->next           = eng->early_blocks;
     eng->early_blocks = e;
     eng->nearly_blocks++;
@@ -610,9 +606,8 @@ kvx_status_t kvc_write_consumer(struct kvx_engine *eng, const char *req_id,
     x->src          = peer;
     x->state        = KVC_XFER_WAIT_WRITE;
     x->waiting_done = 1;
-    x->deadline_us  = kvc_now_us() +
-                     (uint64_t)((eng->cfg.defer_timeout +
-                                 eng->cfg.transfer_timeout) * 1e6);
+    x->deadline_us  = kvc_deadline_us((eng->cfg.defer_timeout +
+                                 eng->cfg.transfer_timeout));
     memset(&m, 0, sizeof(m));
     snprintf(m.transfer_id, sizeof(m.transfer_id), "%s", x->transfer_id);
     m.consumer_rank = -1;

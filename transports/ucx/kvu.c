@@ -110,6 +110,17 @@ static uint64_t kvu_now_us(void)
     return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 
+/* kvu_abs_ms: CLOCK_REALTIME deadline `ms` from now, for condvar waits. */
+static void kvu_abs_ms(struct timespec *ts, long ms)
+{
+    clock_gettime(CLOCK_REALTIME, ts);
+    ts->tv_nsec += ms * 1000000L;
+    if (ts->tv_nsec >= 1000000000L) {
+        ts->tv_sec++;
+        ts->tv_nsec -= 1000000000L;
+    }
+}
+
 kvx_status_t kvu_status_from_ucs(int ucs_status)
 {
     switch ((ucs_status_t)ucs_status) {
@@ -692,12 +703,7 @@ void kvu_ctx_destroy(kvu_ctx_t *ctx)
            kvu_now_us() < deadline) {
         struct timespec ts;
 
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 10 * 1000000;
-        if (ts.tv_nsec >= 1000000000) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000;
-        }
+        kvu_abs_ms(&ts, 10);
         pthread_mutex_unlock(&ctx->lock);
         kvu_ctx_kick(ctx);
         pthread_mutex_lock(&ctx->lock);
@@ -972,12 +978,7 @@ static kvx_status_t kvu_ep_wireup(kvu_ep_t *ep, int timeout_ms)
     while (!ep->wired && kvu_now_us() < deadline) {
         struct timespec ts;
 
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 5 * 1000000;
-        if (ts.tv_nsec >= 1000000000) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000;
-        }
+        kvu_abs_ms(&ts, 5);
         pthread_mutex_unlock(&ctx->lock);
         kvu_ctx_kick(ctx);
         pthread_mutex_lock(&ctx->lock);
