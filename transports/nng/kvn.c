@@ -179,10 +179,13 @@ kvx_status_t kvn_server_create(const char *host, uint32_t port, int nctx,
         }
     }
     if ((rv = nng_listen(srv->sock, srv->url, NULL, 0)) != 0) {
+        kvx_status_t st = kvc_error(kvn_status_from_nng(rv) == KVX_ERR_CONFIG
+                                        ? KVX_ERR_CONFIG : KVX_ERR_CONTROL,
+                                    "listen on %s: %s", srv->url,
+                                    nng_strerror(rv));
+
         kvn_server_destroy(srv);
-        return kvc_error(kvn_status_from_nng(rv) == KVX_ERR_CONFIG
-                             ? KVX_ERR_CONFIG : KVX_ERR_CONTROL,
-                         "listen on %s: %s", srv->url, nng_strerror(rv));
+        return st;
     }
     for (int i = 0; i < srv->nctx; i++) {
         kvn_sctx_recv(&srv->ctxs[i]);
