@@ -384,8 +384,10 @@ static kvx_status_t api_transports(kvx_engine_t *eng, char **json_p)
         if (p->state == KVC_PEER_READY) {
             json_object_object_add(o, "transports", json_object_new_string(
                                        kvu_ep_transports(p->ep)));
+            json_object_object_add(o, "rma", json_object_new_string(
+                                       p->rma_mode));
             json_object_object_add(o, "rma_emulated", json_object_new_boolean(
-                                       kvu_ep_rma_emulated(p->ep)));
+                                       strcmp(p->rma_mode, "emulated") == 0));
         } else if (p->state == KVC_PEER_FAILED) {
             json_object_object_add(o, "error",
                                    json_object_new_string(p->fail_reason));

@@ -269,13 +269,28 @@ static kvx_status_t kvc_peer_check_lanes(kvc_peer_t *peer, kvu_ep_t *ep)
                              cfg->ucx_required_transports[i]);
         }
     }
-    if (kvu_ep_rma_emulated(ep)) {
-        kvc_log_warn("KVX-RMA-EMULATED",
-                     "peer %s: UCX has no one-sided lane for this memory "
-                     "(%s); gets/puts are emulated over active messages",
-                     peer->name, tls);
-    }
     return KVX_OK;
+}
+
+/* kvc_peer_rma_mode: how gets/puts to this peer really move (research/
+ * ucx.md §0.1-0.3): over a hardware/transport RMA lane, as direct copies
+ * into UCX-allocated shared memory, or emulated over active messages. */
+static const char *kvc_peer_rma_mode(kvc_peer_t *peer, const kvc_hs_meta_t *m,
+                                     kvu_ep_t *ep, kvu_rkey_t **rkeys)
+{
+    if (kvu_ep_rma_emulated(ep)) {
+        return "emulated";
+    }
+    if (!kvu_ep_rma_shm_only(ep)) {
+        return "rma";
+    }
+    for (size_t j = 0; j < m->num_layers; j++) {
+        if (!kvu_rkey_direct(rkeys[j], m->layers[j].base)) {
+            (void)peer;
+            return "emulated";
+        }
+    }
+    return "direct-shm";
 }
 
 static kvx_status_t kvc_peer_connect(kvc_peer_t *peer, kvc_hs_meta_t *m,
@@ -296,6 +311,20 @@ static kvx_status_t kvc_peer_connect(kvc_peer_t *peer, kvc_hs_meta_t *m,
     for (size_t j = 0; st == KVX_OK && j < m->num_layers; j++) {
         st = kvu_rkey_unpack(*ep_p, m->layers[j].rkey, m->layers[j].rkey_len,
                              &rkeys[j]);
+    }
+    if (st == KVX_OK) {
+        const char *mode = kvc_peer_rma_mode(peer, m, *ep_p, rkeys);
+
+        snprintf(peer->rma_mode, sizeof(peer->rma_mode), "%s", mode);
+        if (strcmp(mode, "emulated") == 0) {
+            kvc_log_warn("KVX-RMA-EMULATED",
+                         "peer %s: one-sided ops are emulated over active "
+                         "messages (lanes %s%s)", peer->name,
+                         kvu_ep_transports(*ep_p),
+                         kvu_ep_rma_shm_only(*ep_p)
+                             ? "; the peer's memory is not UCX-allocated, "
+                               "see alloc_region" : "");
+        }
     }
     if (st != KVX_OK) {
         for (size_t j = 0; rkeys != NULL && j < m->num_layers; j++) {

@@ -65,6 +65,7 @@ typedef struct kvc_peer {
     uint32_t          dp_rank, tp_rank, dp_size, tp_size; /* expected */
     char              name[KVC_HOST_MAX + 32]; /* "host:port(dpX,tpY)" */
     kvc_peer_state_t  state;
+    char              rma_mode[16];  /* rma | direct-shm | emulated */
     int               want_handshake;
     kvx_status_t      fail_status;
     char              fail_reason[KVX_REASON_MAX];

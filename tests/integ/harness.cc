@@ -195,13 +195,29 @@ kvx_status_t MakeRank(const ModelSpec &m, const RankOpts &o, Rank *r)
                 }
             }
         }
-        Describe(m, l, o.num_blocks, r->bufs[li].data(), len, &r->descs[li]);
+        void *mem = r->bufs[li].data();
+        if (o.region) {
+            st = Api()->alloc_region(r->eng, len, &mem);
+            if (st != KVX_OK) {
+                return st;
+            }
+            memcpy(mem, r->bufs[li].data(), len);
+            r->region.push_back((uint8_t *)mem);
+        }
+        Describe(m, l, o.num_blocks, mem, len, &r->descs[li]);
         st = Api()->register_layer(r->eng, &r->descs[li]);
         if (st != KVX_OK) {
             return st;
         }
     }
     return Api()->start(r->eng);
+}
+
+void SyncFromRegion(Rank *r)
+{
+    for (size_t li = 0; li < r->region.size(); li++) {
+        memcpy(r->bufs[li].data(), r->region[li], r->bufs[li].size());
+    }
 }
 
 std::string VerifyPull(const ModelSpec &m, const Rank &d, uint32_t src_rank,

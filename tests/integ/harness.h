@@ -44,6 +44,9 @@ struct Rank {
     std::vector<kvx_layer_desc_t>    descs;
     uint32_t                         num_blocks = 0;
     uint32_t                         tp_rank    = 0;
+    // With RankOpts::region the layers live in UCX-allocated memory here;
+    // bufs then mirror it (SyncFromRegion copies it back for checks).
+    std::vector<uint8_t *>           region;
     ~Rank();
 };
 
@@ -58,6 +61,7 @@ struct RankOpts {
     std::string host       = "127.0.0.1";
     std::string extra;       // extra JSON members of extra_config
     bool        read_mode  = true;
+    bool        region     = false; // layers in api->alloc_region memory
     double      handshake_timeout = 5.0;
     double      transfer_timeout  = 20.0;
     double      defer_timeout     = 60.0;
@@ -70,6 +74,9 @@ std::string RankConfig(const RankOpts &o);
 // MakeRank creates, registers the model's layers (filled with the pattern
 // of `pattern_rank` for producers, 0xEE for consumers) and starts.
 kvx_status_t MakeRank(const ModelSpec &m, const RankOpts &o, Rank *r);
+
+// SyncFromRegion copies region-resident layers back into r->bufs.
+void SyncFromRegion(Rank *r);
 
 // Pattern byte of (rank, layer, block, unit, offset).
 uint8_t Pattern(uint32_t rank, uint32_t layer, uint64_t block, int unit,

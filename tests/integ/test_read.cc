@@ -132,3 +132,42 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 } // namespace
+
+namespace {
+
+// With the KV pool in UCX-allocated memory (alloc_region), shared-memory
+// peers copy directly instead of going through UCX 1.13's emulation.
+TEST(ReadRegion, UcxAllocatedPoolGivesDirectSharedMemoryCopies)
+{
+    ModelSpec m  = ThreeLayerModel();
+    uint16_t  hs = PortBase(2);
+    Rank      p, d;
+    RankOpts  o;
+    o.tls         = "sm";
+    o.region      = true;
+    o.hs_port     = hs;
+    o.notify_port = (uint16_t)(hs + 20000);
+    ASSERT_EQ(KVX_OK, MakeRank(m, o, &p)) << Api()->last_error();
+    o.producer    = false;
+    o.num_blocks  = 24;
+    o.hs_port     = (uint16_t)(hs + 1);
+    o.notify_port = (uint16_t)(hs + 1 + 20000);
+    ASSERT_EQ(KVX_OK, MakeRank(m, o, &d)) << Api()->last_error();
+    const std::vector<uint64_t> pids = {2, 9, 10, 11, 31};
+    const std::vector<uint64_t> dids = {23, 0, 5, 6, 7};
+    std::string prm = Params("tx-region", "127.0.0.1", hs, (uint16_t)(hs + 20000),
+                             pids, 1);
+    ASSERT_EQ(KVX_OK, Api()->consumer_request(d.eng, "r", prm.c_str(), dids.data(),
+                                              dids.size()));
+    ASSERT_EQ(KVX_OK, Api()->wait_transfer(d.eng, "tx-region", 20000))
+        << Api()->last_error();
+    SyncFromRegion(&d);
+    EXPECT_EQ("", VerifyPull(m, d, 0, dids, pids));
+    char *json = nullptr;
+    ASSERT_EQ(KVX_OK, Api()->transports(d.eng, &json));
+    EXPECT_NE(std::string(json).find("\"rma\":\"direct-shm\""), std::string::npos)
+        << json;
+    Api()->free(json);
+}
+
+} // namespace

@@ -62,7 +62,8 @@ struct kvu_ep {
     ucp_ep_h      ep;
     char          peer[160];
     char          transports[512];
-    int           emulated;
+    int           emulated;      /* no RMA lane at all */
+    int           rma_shm_only;  /* RMA lanes are shared memory only */
     kvu_ep_err_fn err_cb;
     void         *err_arg;
     int           failed;
@@ -900,61 +901,74 @@ static void kvu_wire_cb(void *request, ucs_status_t status, void *user_data)
     ucp_request_free(request);
 }
 
-/* kvu_ep_describe parses ucp_ep_print_info into a compact transport list:
- * one "tl/dev" per distinct lane, with the lane roles. */
+/* kvu_ep_describe parses ucp_ep_print_info into a compact transport list,
+ * one "tl/dev[roles]" per lane. UCX 1.13 prints the lane roles on the lane
+ * line and the one-sided lanes as "put[i]" / "get[i]" protocol lines; a
+ * lane listed there gets the role "rma". No RMA lane means every put/get is
+ * emulated over active messages. */
+#define KVU_MAX_LANES 16
+
 static void kvu_ep_describe(kvu_ep_t *ep)
 {
-    char  *text = NULL;
-    size_t len  = 0;
+    char  *text = NULL, *save = NULL;
+    size_t len  = 0, used = 0;
     FILE  *f    = open_memstream(&text, &len);
-    size_t used = 0;
+    char   lanes[KVU_MAX_LANES][160];
+    int    rma[KVU_MAX_LANES] = {0}, nlanes = 0;
 
     if (f == NULL) {
         return;
     }
     ucp_ep_print_info(ep->ep, f);
     fclose(f);
-    ep->transports[0] = '\0';
-    ep->emulated      = 1;
-    for (char *line = strtok(text, "\n"); line != NULL;
-         line = strtok(NULL, "\n")) {
+    for (char *line = strtok_r(text, "\n", &save); line != NULL;
+         line = strtok_r(NULL, "\n", &save)) {
         char *lane = strstr(line, "lane[");
-        char *tl, *end, *roles;
+        char *op   = strstr(line, "put[");
+        int   idx;
 
-        if (lane == NULL || (tl = strchr(lane, ':')) == NULL) {
-            continue;
+        if (op == NULL) {
+            op = strstr(line, "get[");
         }
-        tl++;
-        while (*tl == ' ' || (*tl >= '0' && *tl <= '9') || *tl == ':') {
-            tl++;
-        }
-        end = tl;
-        while (*end != '\0' && *end != ' ') {
-            end++;
-        }
-        roles = strstr(end, "->");
-        roles = roles != NULL ? strchr(roles + 3, ' ') : NULL;
-        if (roles != NULL && strstr(roles, "rma") != NULL &&
-            strstr(roles, "rma_bw") != roles + 1) {
-            /* a lane with the plain "rma" role does one-sided RMA */
-            for (char *r = strstr(roles, "rma"); r != NULL;
-                 r = strstr(r + 3, "rma")) {
-                if (r[3] == '#' || r[3] == ' ' || r[3] == '\0') {
-                    ep->emulated = 0;
+        if (lane != NULL && nlanes < KVU_MAX_LANES) {
+            char tl[96] = "", roles[96] = "";
+            char *arrow = strstr(lane, "->");
+
+            if (sscanf(lane, "lane[%d]: %*d:%95s", &idx, tl) == 2) {
+                if (arrow != NULL && (arrow = strchr(arrow + 3, ' ')) != NULL) {
+                    snprintf(roles, sizeof(roles), "%s", arrow + 1);
                 }
+                snprintf(lanes[nlanes++], sizeof(lanes[0]), "%s[%s", tl, roles);
             }
-        }
-        used += (size_t)snprintf(ep->transports + used,
-                                 used < sizeof(ep->transports)
-                                     ? sizeof(ep->transports) - used : 0,
-                                 "%s%.*s[%s]", used ? " " : "",
-                                 (int)(end - tl), tl,
-                                 roles != NULL ? roles + 1 : "");
-        if (used >= sizeof(ep->transports)) {
-            break;
+        } else if (op != NULL && sscanf(op + 4, "%d]", &idx) == 1 &&
+                   idx >= 0 && idx < KVU_MAX_LANES) {
+            rma[idx] = 1;
         }
     }
     free(text);
+    ep->emulated      = 1;
+    ep->rma_shm_only  = 1;
+    ep->transports[0] = '\0';
+    for (int i = 0; i < nlanes && used < sizeof(ep->transports); i++) {
+        const char *l = lanes[i];
+        int         has_roles = l[strlen(l) - 1] != '[';
+
+        if (rma[i]) {
+            ep->emulated = 0;
+            if (strncmp(l, "sysv/", 5) && strncmp(l, "posix/", 6) &&
+                strncmp(l, "xpmem/", 6) && strncmp(l, "knem/", 5)) {
+                ep->rma_shm_only = 0;
+            }
+        }
+        used += (size_t)snprintf(ep->transports + used,
+                                 sizeof(ep->transports) - used, "%s%s%s%s]",
+                                 used ? " " : "", l,
+                                 rma[i] && has_roles ? " " : "",
+                                 rma[i] ? "rma" : "");
+    }
+    if (ep->emulated) {
+        ep->rma_shm_only = 0;
+    }
 }
 
 static kvx_status_t kvu_ep_wireup(kvu_ep_t *ep, int timeout_ms)
@@ -1142,6 +1156,25 @@ const char *kvu_ep_transports(const kvu_ep_t *ep)
 int kvu_ep_rma_emulated(const kvu_ep_t *ep)
 {
     return ep->emulated;
+}
+
+int kvu_rkey_direct(const kvu_rkey_t *rkey, uint64_t addr)
+{
+    void        *ptr = NULL;
+    ucs_status_t st;
+
+    /* A shared-memory RMA lane copies directly only when the peer's memory
+     * was allocated by UCX (its rkey then maps locally); otherwise UCX 1.13
+     * emulates the operation (research/ucx.md §0.2). */
+    pthread_mutex_lock(&rkey->ep->ctx->lock);
+    st = ucp_rkey_ptr(rkey->rkey, addr, &ptr);
+    pthread_mutex_unlock(&rkey->ep->ctx->lock);
+    return st == UCS_OK;
+}
+
+int kvu_ep_rma_shm_only(const kvu_ep_t *ep)
+{
+    return ep->rma_shm_only;
 }
 
 const char *kvu_ep_peer(const kvu_ep_t *ep)

@@ -106,8 +106,15 @@ void         kvu_ep_fail(kvu_ep_t *ep, kvx_status_t status,
 int          kvu_ep_failed(kvu_ep_t *ep);
 /* kvu_ep_transports: e.g. "rma_am(tcp/lo) am(tcp/lo)"; borrowed. */
 const char  *kvu_ep_transports(const kvu_ep_t *ep);
-/* kvu_ep_rma_emulated: 1 when RMA goes over active messages. */
+/* kvu_ep_rma_emulated: 1 when the endpoint has no RMA lane (every put/get
+ * goes over active messages). */
 int          kvu_ep_rma_emulated(const kvu_ep_t *ep);
+/* kvu_ep_rma_shm_only: 1 when all RMA lanes are shared memory (then only
+ * UCX-allocated peer memory is copied directly; see kvu_rkey_direct). */
+int          kvu_ep_rma_shm_only(const kvu_ep_t *ep);
+/* kvu_rkey_direct: 1 when the rkey maps the peer's memory at addr into
+ * this process (UCX-allocated shared memory). */
+int          kvu_rkey_direct(const kvu_rkey_t *rkey, uint64_t addr);
 const char  *kvu_ep_peer(const kvu_ep_t *ep);
 
 kvx_status_t kvu_rkey_unpack(kvu_ep_t *ep, const void *buf, size_t len,
