@@ -316,6 +316,11 @@ static kvx_status_t kvc_peer_connect(kvc_peer_t *peer, kvc_hs_meta_t *m,
         const char *mode = kvc_peer_rma_mode(peer, m, *ep_p, rkeys);
 
         snprintf(peer->rma_mode, sizeof(peer->rma_mode), "%s", mode);
+        for (size_t j = 0; strcmp(mode, "direct-shm") == 0 &&
+                           j < m->num_layers; j++) {
+            kvu_rkey_prefault(rkeys[j], m->layers[j].base,
+                              m->layers[j].length);
+        }
         if (strcmp(mode, "emulated") == 0) {
             kvc_log_warn("KVX-RMA-EMULATED",
                          "peer %s: one-sided ops are emulated over active "

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 #include <ucp/api/ucp.h>
@@ -1170,6 +1171,30 @@ int kvu_rkey_direct(const kvu_rkey_t *rkey, uint64_t addr)
     st = ucp_rkey_ptr(rkey->rkey, addr, &ptr);
     pthread_mutex_unlock(&rkey->ep->ctx->lock);
     return st == UCS_OK;
+}
+
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
+
+void kvu_rkey_prefault(const kvu_rkey_t *rkey, uint64_t addr, uint64_t len)
+{
+    void        *ptr = NULL;
+    ucs_status_t st;
+    uintptr_t    page = (uintptr_t)sysconf(_SC_PAGESIZE), start, end;
+
+    pthread_mutex_lock(&rkey->ep->ctx->lock);
+    st = ucp_rkey_ptr(rkey->rkey, addr, &ptr);
+    pthread_mutex_unlock(&rkey->ep->ctx->lock);
+    if (st != UCS_OK || len == 0) {
+        return;
+    }
+    /* Map the attached peer segment now (handshake time) rather than page
+     * by page inside the first transfer. Best effort: kernels before 5.14
+     * lack MADV_POPULATE_READ. */
+    start = (uintptr_t)ptr & ~(page - 1);
+    end   = ((uintptr_t)ptr + len + page - 1) & ~(page - 1);
+    (void)madvise((void *)start, end - start, MADV_POPULATE_READ);
 }
 
 int kvu_ep_rma_shm_only(const kvu_ep_t *ep)

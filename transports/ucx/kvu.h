@@ -115,6 +115,10 @@ int          kvu_ep_rma_shm_only(const kvu_ep_t *ep);
 /* kvu_rkey_direct: 1 when the rkey maps the peer's memory at addr into
  * this process (UCX-allocated shared memory). */
 int          kvu_rkey_direct(const kvu_rkey_t *rkey, uint64_t addr);
+/* kvu_rkey_prefault maps a directly attached peer range [addr, addr+len)
+ * into this process's page tables (no-op for other rkeys). */
+void         kvu_rkey_prefault(const kvu_rkey_t *rkey, uint64_t addr,
+                               uint64_t len);
 const char  *kvu_ep_peer(const kvu_ep_t *ep);
 
 kvx_status_t kvu_rkey_unpack(kvu_ep_t *ep, const void *buf, size_t len,
