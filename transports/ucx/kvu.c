@@ -914,7 +914,7 @@ static void kvu_ep_describe(kvu_ep_t *ep)
     char  *text = NULL, *save = NULL;
     size_t len  = 0, used = 0;
     FILE  *f    = open_memstream(&text, &len);
-    char   lanes[KVU_MAX_LANES][160];
+    char   lanes[KVU_MAX_LANES][200];
     int    rma[KVU_MAX_LANES] = {0}, nlanes = 0;
 
     if (f == NULL) {
