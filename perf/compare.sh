@@ -1,0 +1,214 @@
+#!/usr/bin/env bash
+# compare.sh - kvxfer_perf next to ucx_perftest in one run, at the same
+# message sizes, transport set (UCX_TLS) and memory placement, with the
+# ratio kvxfer / ucx_perftest per row, and single-thread memcpy of the same
+# pool (the physical limit of one copying thread) next to it.
+#
+# Usage: perf/compare.sh [BUILD_DIR] [OUT_DIR]
+#   BUILD_DIR  meson build directory with perf/bench/kvxfer_perf (build)
+#   OUT_DIR    raw logs, CSVs and summary.md (perf/results/compare-<date>)
+# Env knobs: REPS (3: the summary gives the median and the min-max of the
+#   repetitions; this VM is shared and noisy), TLS_LIST ("tcp sm"), ITERS
+#   (20), WARMUP (auto: one pass over
+#   the pool so every block was touched once), POOL (256M),
+#   PT_ITERS_1M (500), PT_ITERS_32K (4000), PORT_BASE (14600), CASES
+#   ("1m 32k").
+#
+# Cases (both as two processes on 127.0.0.1, like ucx_perftest; no pinning):
+#   1m   contiguous 1 MiB runs: llama-8b, contiguous block ids, batch 32 ->
+#        per transfer 64 runs of 1 MiB (K and V of 32 layers), window 16
+#        (kvxfer max_inflight_bytes 16M)   vs ucx_perftest -s 1M -O 16
+#   32k  scattered 32 KiB blocks: llama-8b, scattered ids, batch 32 -> 2048
+#        runs of 32 KiB per transfer, window 32 (max_inflight_bytes 1M)
+#        vs ucx_perftest -s 32K -O 32
+# READ is compared with ucp_get, WRITE with ucp_put_bw. Placement "ucx":
+# kvxfer pools from api->alloc_region, perftest's default UCX allocation;
+# "app": kvxfer pools mmap()ed by the application and registered, perftest
+# with UCX_ALLOC_PRIO=mmap,heap. kvxfer's pool (256 MiB per side, larger
+# than the 32 MiB LLC) is cold; ucx_perftest reuses one buffer (hot).
+set -u
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/.." && pwd)
+build=${1:-$root/build}
+case "$build" in /*) ;; *) build=$root/$build ;; esac
+out=${2:-$here/results/compare-$(date +%Y%m%d-%H%M%S)}
+perf=$build/perf/bench/kvxfer_perf
+REPS=${REPS:-3}
+TLS_LIST=${TLS_LIST:-"tcp sm"}
+CASES=${CASES:-"1m 32k"}
+ITERS=${ITERS:-20}
+WARMUP=${WARMUP:-}
+POOL=${POOL:-256M}
+PT_ITERS_1M=${PT_ITERS_1M:-500}
+PT_ITERS_32K=${PT_ITERS_32K:-4000}
+port=${PORT_BASE:-14600}
+TMO=300
+
+command -v ucx_perftest >/dev/null || { echo "ucx_perftest not found (apt-get install ucx-utils)"; exit 1; }
+[ -x "$perf" ] || { echo "$perf not built (ninja -C $build)"; exit 1; }
+mkdir -p "$out/logs"
+pt_csv=$out/perftest.csv
+echo "rep,tls,mem,case,test,size,window,iters,overall_MiBs,GBs,rc" > "$pt_csv"
+{
+    echo "# $(date -Is) $(uname -srm), $(nproc) cpus, $(lscpu | sed -n 's/^Model name: *//p')"
+    ucx_info -v | head -2
+    echo "# load: $(cat /proc/loadavg)"
+    echo "# REPS=$REPS TLS_LIST=$TLS_LIST CASES=$CASES ITERS=$ITERS POOL=$POOL"
+} > "$out/env.txt"
+
+# wait_pid PID SECONDS: wait for PID, end it (by its PID) after the deadline
+wait_pid() {
+    local pid=$1 left=$(( $2 * 10 ))
+    while kill -0 "$pid" 2>/dev/null && [ $left -gt 0 ]; do
+        sleep 0.1; left=$((left - 1))
+    done
+    if kill -0 "$pid" 2>/dev/null; then
+        echo "compare.sh: ending pid $pid after its deadline" >&2
+        kill "$pid" 2>/dev/null
+    fi
+    wait "$pid" 2>/dev/null
+}
+
+# wait_listen PORT: until something listens on PORT (10 s at most)
+wait_listen() {
+    local i
+    for i in $(seq 1 100); do
+        ss -Hltn "sport = :$1" 2>/dev/null | grep -q . && return 0
+        sleep 0.1
+    done
+    echo "compare.sh: nothing listens on port $1" >&2
+}
+
+# ucx_perftest TLS MEM CASE TEST SIZE WINDOW ITERS
+run_perftest() {
+    local tls=$1 mem=$2 cs=$3 test=$4 size=$5 win=$6 n=$7 envs tag line bw rc spid
+    envs=(UCX_TLS="$tls")
+    [ "$mem" = app ] && envs+=(UCX_ALLOC_PRIO=mmap,heap)
+    port=$((port + 1))
+    tag="pt_${tls}_${mem}_${cs}_${test}_r$rep"
+    env "${envs[@]}" timeout $TMO ucx_perftest -p "$port" > "$out/logs/$tag.server.log" 2>&1 &
+    spid=$!
+    wait_listen "$port"
+    env "${envs[@]}" UCX_LOG_LEVEL=info timeout $TMO ucx_perftest 127.0.0.1 -p "$port" \
+        -t "$test" -s "$size" -n "$n" -w $((n / 20 + 2)) -O "$win" -v \
+        > "$out/logs/$tag.client.log" 2>&1
+    rc=$?
+    wait_pid "$spid" 10
+    line=$(grep -E '^ *[0-9]+,' "$out/logs/$tag.client.log" | tail -1 | tr -d ' ')
+    bw=$(echo "$line" | cut -d, -f6)
+    [ -z "$bw" ] && bw=0
+    echo "$rep,$tls,$mem,$cs,$test,$size,$win,$n,$bw,$(awk -v b="$bw" 'BEGIN{printf "%.4f", b*1048576/1e9}'),$rc" >> "$pt_csv"
+    printf '  ucx_perftest %-10s %-4s %-3s %-10s -s %-8s -O %-3s %10.1f MiB/s rc=%s\n' \
+        "$tls" "$mem" "$cs" "$test" "$size" "$win" "$bw" "$rc"
+}
+
+# kvxfer_perf as two processes: TLS CASE ARGS...
+run_kvxfer() {
+    local tls=$1 cs=$2; shift 2
+    local tag="kvx_${tls}_${cs}_r$rep" spid rc
+    port=$((port + 1))
+    timeout $TMO "$perf" -p "$port" --bind 127.0.0.1 --accept-timeout 60 -q \
+        > "$out/logs/$tag.server.log" 2>&1 &
+    spid=$!
+    timeout $TMO "$perf" 127.0.0.1 -p "$port" --tls "$tls" -t read,write \
+        --mem ucx,app -n "$ITERS" ${WARMUP:+-w "$WARMUP"} --pool "$POOL" --memcpy -q \
+        --csv "$out/kvxfer_${tls}_${cs}_r$rep.csv" "$@" > "$out/logs/$tag.client.log" 2>&1
+    rc=$?
+    wait_pid "$spid" 30
+    echo "  kvxfer_perf  $tls $cs rc=$rc ($out/logs/$tag.client.log)"
+    cat "$out/logs/$tag.client.log"
+}
+
+echo "compare.sh: results in $out"
+for rep in $(seq 1 "$REPS"); do
+for tls in $TLS_LIST; do
+    for cs in $CASES; do
+        case $cs in
+            1m)  args=(-m llama-8b --contiguous -b 32 --max-inflight 16M); size=1048576; win=16; n=$PT_ITERS_1M ;;
+            32k) args=(-m llama-8b -b 32 --max-inflight 1M); size=32768; win=32; n=$PT_ITERS_32K ;;
+            *) echo "unknown case $cs"; exit 1 ;;
+        esac
+        echo "== $tls / $cs"
+        run_kvxfer "$tls" "$cs" "${args[@]}"
+        for mem in ucx app; do
+            run_perftest "$tls" "$mem" "$cs" ucp_get "$size" "$win" "$n"
+            run_perftest "$tls" "$mem" "$cs" ucp_put_bw "$size" "$win" "$n"
+        done
+    done
+done
+done
+
+python3 - "$out" <<'PY' | tee "$out/summary.md"
+import csv, glob, os, re, statistics, sys
+out = sys.argv[1]
+def fnum(x):
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return float("nan")
+def med(v):
+    v = [x for x in v if x == x]
+    return statistics.median(v) if v else float("nan")
+def rng(v):
+    v = [x for x in v if x == x]
+    return f"{min(v):.2f}-{max(v):.2f}" if v else "-"
+pt = {}
+for r in csv.DictReader(open(os.path.join(out, "perftest.csv"))):
+    pt.setdefault((r["tls"], r["mem"], r["case"], r["test"]), {})[r["rep"]] = fnum(r["GBs"])
+kv = {}
+for f in sorted(glob.glob(os.path.join(out, "kvxfer_*_r*.csv"))):
+    m = re.match(r"kvxfer_(.+)_(\w+)_r(\d+)\.csv", os.path.basename(f))
+    tls, cs, rp = m.group(1), m.group(2), m.group(3)
+    for r in csv.DictReader(open(f)):
+        kv.setdefault((tls, cs, r["mem"], r["mode"]), {})[rp] = r
+order = sorted(kv, key=lambda k: (k[0], k[1], k[3], k[2]))
+print("Medians over the repetitions (min-max in brackets). GB/s = 1e9 B/s.")
+print()
+print("| UCX_TLS | mem | case | op | kvxfer GB/s | ucx_perftest GB/s | ratio | target | memcpy GB/s (same pool) | kvxfer / memcpy | Post/Run us (<=0.5) | Avg Tx us | Runs/Xfer |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+for key in order:
+    tls, cs, mem, op = key
+    reps = kv[key]
+    test = "ucp_get" if op == "READ" else "ucp_put_bw"
+    pts = pt.get((tls, mem, cs, test), {})
+    ks = [fnum(r["bw_GBs"]) for r in reps.values()]
+    ps = [pts.get(rp, float("nan")) for rp in reps]
+    ratios = [k / p if p > 0 else float("nan") for k, p in zip(ks, ps)]
+    ms = [fnum(r["memcpy_bw_GBs"]) for r in reps.values()]
+    kms = [k / m if m > 0 else float("nan") for k, m in zip(ks, ms)]
+    ratio, km = med(ratios), med(kms)
+    ppr = med([fnum(r["post_per_run_us"]) for r in reps.values()])
+    tgt = ""
+    if cs == "1m":
+        tgt = ">=0.95 " + ("met" if ratio >= 0.95 else "missed")
+    elif cs == "32k":
+        tgt = ">=0.85 " + ("met" if ratio >= 0.85 else "missed")
+        if tls == "sm":
+            tgt += "; cold vs memcpy >=0.8 " + ("met" if km >= 0.8 else "missed")
+    print(f"| {tls} | {mem} | {cs} | {op} | {med(ks):.3f} ({rng(ks)}) | {med(ps):.3f} ({rng(ps)}) | {ratio:.2f} ({rng(ratios)}) | {tgt} | {med(ms):.2f} | {km:.2f} | {ppr:.3f} {'met' if ppr <= 0.5 else 'missed'} | {med([fnum(r['avg_tx_us']) for r in reps.values()]):.0f} | {med([fnum(r['runs_per_xfer']) for r in reps.values()]):.0f} |")
+print()
+print("Transports (initiator's endpoint, from api->transports):")
+print()
+seen = set()
+for key in order:
+    r = next(iter(kv[key].values()))
+    k2 = (key[0], key[2], key[3])
+    if k2 not in seen:
+        seen.add(k2)
+        print(f"- {key[0]}, mem {key[2]}, {key[3]}: `{r['transports']}`, RMA: {r.get('rma_mode', '?')}")
+print()
+print("Control plane (each setup's probe: the connecting transfer, then 30 one-block transfers):")
+print()
+print("| UCX_TLS | mem | op | handshake us (<=2000) | first transfer us | release / write_done avg us (<=200) | p99 us |")
+print("|---|---|---|---|---|---|---|")
+seen = set()
+for key in order:
+    tls, cs, mem, op = key
+    if (tls, mem, op) in seen:
+        continue
+    seen.add((tls, mem, op))
+    rows = [r for (t, c, m, o), reps in kv.items() if (t, m, o) == (tls, mem, op) for r in reps.values()]
+    hs = med([fnum(r["handshake_us"]) for r in rows])
+    nt = med([fnum(r["ctl_ntfy_avg_us"]) for r in rows])
+    print(f"| {tls} | {mem} | {op} | {hs:.0f} ({rng([fnum(r['handshake_us']) for r in rows])}) {'met' if 0 <= hs <= 2000 else 'missed'} | {med([fnum(r['first_xfer_us']) for r in rows]):.0f} | {nt:.0f} ({rng([fnum(r['ctl_ntfy_avg_us']) for r in rows])}) {'met' if nt <= 200 else 'missed'} | {med([fnum(r['ctl_ntfy_p99_us']) for r in rows]):.0f} |")
+PY
