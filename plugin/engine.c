@@ -316,11 +316,7 @@ static kvx_status_t kvc_peer_connect(kvc_peer_t *peer, kvc_hs_meta_t *m,
         const char *mode = kvc_peer_rma_mode(peer, m, *ep_p, rkeys);
 
         snprintf(peer->rma_mode, sizeof(peer->rma_mode), "%s", mode);
-        for (size_t j = 0; strcmp(mode, "direct-shm") == 0 &&
-                           j < m->num_layers; j++) {
-            kvu_rkey_prefault(rkeys[j], m->layers[j].base,
-                              m->layers[j].length);
-        }
+
         if (strcmp(mode, "emulated") == 0) {
             kvc_log_warn("KVX-RMA-EMULATED",
                          "peer %s: one-sided ops are emulated over active "
@@ -374,7 +370,9 @@ static kvx_status_t kvc_peer_handshake(kvc_peer_t *peer, kvc_hs_meta_t *m,
                          peer->name, kvc_last_error(),
                          eng->cfg.handshake_timeout);
     }
-    if (kvc_reply_decode(reply, rlen, &ok, reason, sizeof(reason)) == KVX_OK &&
+    /* Only an error reply starts with {"ok": parse the metadata once. */
+    if (rlen >= 5 && memcmp(reply, "{\"ok\"", 5) == 0 &&
+        kvc_reply_decode(reply, rlen, &ok, reason, sizeof(reason)) == KVX_OK &&
         !ok) {
         free(reply);
         return kvc_error(KVX_ERR_HANDSHAKE, "handshake with %s: refused: %s",
@@ -401,6 +399,29 @@ static kvx_status_t kvc_peer_handshake(kvc_peer_t *peer, kvc_hs_meta_t *m,
     }
     *map_p = map;
     return KVX_OK;
+}
+
+/* kvc_peer_prefault maps the peer's directly attached segments into our
+ * page tables after the handshake (not inside it, and outside the lock):
+ * the first transfer then does not pay a page fault per page. Called and
+ * returns with the engine lock held. */
+static void kvc_peer_prefault(kvc_peer_t *peer)
+{
+    size_t n   = peer->meta.num_layers;
+    void **ptr = calloc(n ? n : 1, sizeof(*ptr));
+    size_t *len = calloc(n ? n : 1, sizeof(*len));
+
+    for (size_t j = 0; ptr != NULL && len != NULL && j < n; j++) {
+        ptr[j] = kvu_rkey_local(peer->rkeys[j], peer->meta.layers[j].base);
+        len[j] = peer->meta.layers[j].length;
+    }
+    pthread_mutex_unlock(&peer->eng->lock);
+    for (size_t j = 0; ptr != NULL && len != NULL && j < n; j++) {
+        kvu_prefault(ptr[j], len[j]);
+    }
+    free(ptr);
+    free(len);
+    pthread_mutex_lock(&peer->eng->lock);
 }
 
 static void kvc_peer_do_handshake(kvc_peer_t *peer)
@@ -449,6 +470,9 @@ static void kvc_peer_do_handshake(kvc_peer_t *peer)
                  kvu_ep_transports(ep));
     kvc_read_peer_ready(eng, peer);
     kvc_write_peer_ready(eng, peer);
+    if (strcmp(peer->rma_mode, "direct-shm") == 0) {
+        kvc_peer_prefault(peer);
+    }
 }
 
 static void kvc_peer_do_send(kvc_peer_t *peer, kvc_ctlout_t *out)

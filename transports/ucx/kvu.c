@@ -362,6 +362,7 @@ static int kvu_deliver(kvu_ctx_t *ctx)
             kvu_job_cancel_all(ep, ep->fail_status);
         } else if (ep->qhead != NULL) {
             kvu_ep_drain(ep);
+            n++; /* issuing is activity: keep spinning, don't sleep yet */
         }
     }
     for (kvu_ep_t *ep = ctx->eps; ep != NULL && nerr < 64; ep = ep->next) {
@@ -1177,21 +1178,26 @@ int kvu_rkey_direct(const kvu_rkey_t *rkey, uint64_t addr)
 #define MADV_POPULATE_READ 22
 #endif
 
-void kvu_rkey_prefault(const kvu_rkey_t *rkey, uint64_t addr, uint64_t len)
+void *kvu_rkey_local(const kvu_rkey_t *rkey, uint64_t addr)
 {
     void        *ptr = NULL;
     ucs_status_t st;
-    uintptr_t    page = (uintptr_t)sysconf(_SC_PAGESIZE), start, end;
 
     pthread_mutex_lock(&rkey->ep->ctx->lock);
     st = ucp_rkey_ptr(rkey->rkey, addr, &ptr);
     pthread_mutex_unlock(&rkey->ep->ctx->lock);
-    if (st != UCS_OK || len == 0) {
+    return st == UCS_OK ? ptr : NULL;
+}
+
+void kvu_prefault(void *ptr, size_t len)
+{
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), start, end;
+
+    if (ptr == NULL || len == 0) {
         return;
     }
-    /* Map the attached peer segment now (handshake time) rather than page
-     * by page inside the first transfer. Best effort: kernels before 5.14
-     * lack MADV_POPULATE_READ. */
+    /* Best effort: kernels before 5.14 lack MADV_POPULATE_READ, and a
+     * segment detached meanwhile (peer failed) just makes this fail. */
     start = (uintptr_t)ptr & ~(page - 1);
     end   = ((uintptr_t)ptr + len + page - 1) & ~(page - 1);
     (void)madvise((void *)start, end - start, MADV_POPULATE_READ);
@@ -1307,7 +1313,9 @@ static kvx_status_t kvu_enqueue(kvu_ep_t *ep, kvu_job_t *job)
         ep->qhead = job;
     }
     ep->qtail = job;
-    kvu_ep_drain(ep);
+    /* The progress thread issues the runs: posting returns at once even
+     * where UCX completes an operation inside the call (shared-memory
+     * copies), and the caller never pays for the copy. */
     pthread_mutex_unlock(&ctx->lock);
     kvu_ctx_kick(ctx);
     return KVX_OK;

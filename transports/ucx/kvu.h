@@ -8,9 +8,9 @@
  * operations on app-owned memory are emulated over active messages and need
  * target-side progress (research/ucx.md §0.2, experiment D).
  *
- * Operations are posted as run lists against a kvu_op_t. Runs are issued
- * under a per-endpoint bytes-in-flight cap; the rest wait in the endpoint's
- * queue. When every run of an op has completed, op->done(op) runs on the
+ * Operations are posted as run lists against a kvu_op_t. kvu_post only
+ * queues them; the progress thread issues the runs under a per-endpoint
+ * bytes-in-flight cap. When every run of an op has completed, op->done(op) runs on the
  * progress thread WITHOUT the context lock held, so it may take other locks
  * and call kvu functions. Endpoint failures (peer error mode) are delivered
  * the same way through the endpoint's error callback.
@@ -115,10 +115,12 @@ int          kvu_ep_rma_shm_only(const kvu_ep_t *ep);
 /* kvu_rkey_direct: 1 when the rkey maps the peer's memory at addr into
  * this process (UCX-allocated shared memory). */
 int          kvu_rkey_direct(const kvu_rkey_t *rkey, uint64_t addr);
-/* kvu_rkey_prefault maps a directly attached peer range [addr, addr+len)
- * into this process's page tables (no-op for other rkeys). */
-void         kvu_rkey_prefault(const kvu_rkey_t *rkey, uint64_t addr,
-                               uint64_t len);
+/* kvu_rkey_local: local address of the peer's addr when the rkey maps it
+ * into this process (UCX-allocated shared memory), else NULL. */
+void        *kvu_rkey_local(const kvu_rkey_t *rkey, uint64_t addr);
+/* kvu_prefault populates the page tables of [ptr, ptr+len) (best effort;
+ * any thread, no lock). */
+void         kvu_prefault(void *ptr, size_t len);
 const char  *kvu_ep_peer(const kvu_ep_t *ep);
 
 kvx_status_t kvu_rkey_unpack(kvu_ep_t *ep, const void *buf, size_t len,
