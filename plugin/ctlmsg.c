@@ -1491,8 +1491,60 @@ kvx_status_t kvc_b64_decode(const char *text, size_t text_len,
 /* bounded FIFO id set                                                      */
 /* ------------------------------------------------------------------------ */
 
+/* The ring keeps insertion order (FIFO eviction); an open-addressing index
+ * (linear probing, 2^k >= 2*cap slots holding ring position + 1) makes
+ * lookups O(1). Removal shifts the following cluster back, so no
+ * tombstones accumulate. */
+static uint64_t kvc_idset_hash(const char *id)
+{
+    uint64_t h = 1469598103934665603ull;
+
+    for (const unsigned char *p = (const unsigned char *)id; *p; p++) {
+        h = (h ^ *p) * 1099511628211ull;
+    }
+    return h;
+}
+
+static size_t kvc_idset_find(const kvc_idset_t *set, const char *id)
+{
+    size_t i = (size_t)kvc_idset_hash(id) & set->mask;
+
+    while (set->slots[i] != 0 && strcmp(set->ids[set->slots[i] - 1], id)) {
+        i = (i + 1) & set->mask;
+    }
+    return i; /* the id's slot, or the empty slot ending its probe chain */
+}
+
+static void kvc_idset_unindex(kvc_idset_t *set, const char *id)
+{
+    size_t i = kvc_idset_find(set, id), j = i;
+
+    if (set->slots[i] == 0) {
+        return;
+    }
+    set->slots[i] = 0;
+    for (;;) {
+        size_t home;
+
+        j = (j + 1) & set->mask;
+        if (set->slots[j] == 0) {
+            return;
+        }
+        home = (size_t)kvc_idset_hash(set->ids[set->slots[j] - 1]) & set->mask;
+        /* move slot j back to the hole i unless its home lies in (i, j] */
+        if ((j > i && (home <= i || home > j)) ||
+            (j < i && (home <= i && home > j))) {
+            set->slots[i] = set->slots[j];
+            set->slots[j] = 0;
+            i             = j;
+        }
+    }
+}
+
 kvx_status_t kvc_idset_init(kvc_idset_t *set, size_t cap)
 {
+    size_t nslots = 16;
+
     if (set == NULL) {
         return kvc_error(KVX_ERR_INVALID_PARAM, "idset: set is NULL");
     }
@@ -1502,12 +1554,20 @@ kvx_status_t kvc_idset_init(kvc_idset_t *set, size_t cap)
                          "idset: capacity %zu: must be in 1..%u", cap,
                          KVC_IDSET_MAX);
     }
-    set->ids = calloc(cap, sizeof(*set->ids));
-    if (set->ids == NULL) {
+    while (nslots < 2 * cap) {
+        nslots *= 2;
+    }
+    set->ids   = calloc(cap, sizeof(*set->ids));
+    set->slots = calloc(nslots, sizeof(*set->slots));
+    if (set->ids == NULL || set->slots == NULL) {
+        free(set->ids);
+        free(set->slots);
+        memset(set, 0, sizeof(*set));
         return kvc_error(KVX_ERR_NO_MEMORY, "idset: out of memory for %zu ids",
                          cap);
     }
-    set->cap = cap;
+    set->cap  = cap;
+    set->mask = nslots - 1;
     return KVX_OK;
 }
 
@@ -1522,12 +1582,14 @@ void kvc_idset_fini(kvc_idset_t *set)
         free(set->ids[i]);
     }
     free(set->ids);
+    free(set->slots);
     memset(set, 0, sizeof(*set));
 }
 
 kvx_status_t kvc_idset_add(kvc_idset_t *set, const char *id)
 {
-    char *copy;
+    char  *copy;
+    size_t slot;
 
     if (set == NULL || set->ids == NULL || id == NULL) {
         return kvc_error(KVX_ERR_INVALID_PARAM,
@@ -1541,8 +1603,13 @@ kvx_status_t kvc_idset_add(kvc_idset_t *set, const char *id)
         return kvc_error(KVX_ERR_NO_MEMORY, "idset: out of memory");
     }
     /* when full, head is the oldest entry */
-    free(set->ids[set->head]);
+    if (set->ids[set->head] != NULL) {
+        kvc_idset_unindex(set, set->ids[set->head]);
+        free(set->ids[set->head]);
+    }
     set->ids[set->head] = copy;
+    slot                = kvc_idset_find(set, copy);
+    set->slots[slot]    = (uint32_t)set->head + 1;
     set->head           = (set->head + 1) % set->cap;
     if (set->count < set->cap) {
         set->count++;
@@ -1552,15 +1619,8 @@ kvx_status_t kvc_idset_add(kvc_idset_t *set, const char *id)
 
 int kvc_idset_contains(const kvc_idset_t *set, const char *id)
 {
-    size_t i;
-
     if (set == NULL || set->ids == NULL || id == NULL) {
         return 0;
     }
-    for (i = 0; i < set->cap; i++) {
-        if (set->ids[i] != NULL && strcmp(set->ids[i], id) == 0) {
-            return 1;
-        }
-    }
-    return 0;
+    return set->slots[kvc_idset_find(set, id)] != 0;
 }

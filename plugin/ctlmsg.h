@@ -128,10 +128,12 @@ kvx_status_t kvc_b64_decode(const char *text, size_t text_len,
 
 /* kvc_idset_t: bounded FIFO set of ids (oldest evicted at capacity). */
 typedef struct kvc_idset {
-    char  **ids;   /* ring, owned */
-    size_t  cap;
-    size_t  head;  /* next slot to write */
-    size_t  count;
+    char     **ids;   /* ring, owned */
+    size_t     cap;
+    size_t     head;  /* next slot to write */
+    size_t     count;
+    uint32_t  *slots; /* hash index: ring position + 1, 0 = empty; owned */
+    size_t     mask;  /* slots - 1 (power of two) */
 } kvc_idset_t;
 
 kvx_status_t kvc_idset_init(kvc_idset_t *set, size_t cap);

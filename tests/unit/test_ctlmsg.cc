@@ -1,6 +1,9 @@
 // test_ctlmsg.cc - control-plane codecs (plugin/ctlmsg.h; SPEC §5, §9).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <deque>
+
 #include <cstdlib>
 #include <cstring>
 #include <ostream>
@@ -1140,6 +1143,38 @@ TEST(CtlIdSet, RejectsBadArguments)
     EXPECT_TRUE(kvc_idset_contains(&set, "y"));
     EXPECT_EQ(set.count, 1u);
     kvc_idset_fini(&set);
+}
+
+} // namespace
+
+namespace {
+
+// The hash index must agree with the FIFO ring under eviction churn.
+TEST(CtlIdSetModel, RandomChurnMatchesAFifoModel)
+{
+    for (size_t cap : {1u, 2u, 7u, 37u, 300u}) {
+        kvc_idset_t set;
+        ASSERT_EQ(KVX_OK, kvc_idset_init(&set, cap));
+        std::deque<std::string> fifo;
+        unsigned                seed = 12345u + (unsigned)cap;
+        for (int step = 0; step < 20000; step++) {
+            seed = seed * 1103515245u + 12345u;
+            std::string id = "tx-" + std::to_string((seed >> 8) % (3 * cap + 5));
+            bool in_model = std::find(fifo.begin(), fifo.end(), id) != fifo.end();
+            ASSERT_EQ(in_model, kvc_idset_contains(&set, id.c_str()) != 0)
+                << "cap " << cap << " step " << step << " id " << id;
+            if ((seed >> 4) % 3 != 0) {
+                ASSERT_EQ(KVX_OK, kvc_idset_add(&set, id.c_str()));
+                if (!in_model) {
+                    if (fifo.size() == cap) {
+                        fifo.pop_front();
+                    }
+                    fifo.push_back(id);
+                }
+            }
+        }
+        kvc_idset_fini(&set);
+    }
 }
 
 } // namespace
