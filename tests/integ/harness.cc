@@ -134,8 +134,8 @@ uint8_t Pattern(uint32_t rank, uint32_t layer, uint64_t block, int unit,
     return (uint8_t)(h >> 29);
 }
 
-static void Describe(const ModelSpec &m, const LayerSpec &l, uint32_t nb,
-                     void *base, size_t len, kvx_layer_desc_t *d)
+void Describe(const ModelSpec &m, const LayerSpec &l, uint32_t nb, void *base,
+              size_t len, kvx_layer_desc_t *d)
 {
     memset(d, 0, sizeof(*d));
     d->struct_size  = sizeof(*d);

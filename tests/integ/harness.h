@@ -88,6 +88,11 @@ int      Units(const LayerSpec &l);
 uint64_t UnitOffset(const ModelSpec &m, const LayerSpec &l, uint32_t nb,
                     uint64_t block, int unit);
 
+// Describe fills a layer descriptor of the test model (contiguous tensor of
+// nb blocks at base) for api->register_layer.
+void Describe(const ModelSpec &m, const LayerSpec &l, uint32_t nb, void *base,
+              size_t len, kvx_layer_desc_t *d);
+
 // VerifyPull checks that D's layer buffers hold P rank src_rank's blocks
 // remote[i] at local[i] (last-remote pairing) and the 0xEE fill elsewhere.
 // Returns "" or a description of the first mismatch.

@@ -285,43 +285,6 @@ uint32_t Key(const std::string &host, uint32_t global_rank)
     return h;
 }
 
-// Describe mirrors the test model of tests/integ/harness.cc (block-major
-// tensors with contiguous strides).
-void Describe(const ModelSpec &m, const LayerSpec &l, uint32_t nb, void *base,
-              size_t len, kvx_layer_desc_t *d)
-{
-    memset(d, 0, sizeof(*d));
-    d->struct_size  = sizeof(*d);
-    d->name         = l.name.c_str();
-    d->base         = base;
-    d->length       = len;
-    d->mem_type     = KVX_MEM_HOST;
-    d->elem_size    = m.elem;
-    d->block_size   = m.block_size;
-    d->num_kv_heads = m.heads;
-    d->head_size    = m.head_dim;
-    if (l.kind == "split") {
-        int64_t s[5] = {2, nb, m.block_size, m.heads, m.head_dim};
-        d->ndim = 5;
-        memcpy(d->shape, s, sizeof(s));
-    } else if (l.kind == "interleaved") {
-        int64_t s[5] = {nb, 2, m.block_size, m.heads, m.head_dim};
-        d->ndim = 5;
-        memcpy(d->shape, s, sizeof(s));
-    } else {
-        int64_t s[3] = {nb, m.block_size, m.head_dim};
-        d->ndim         = 3;
-        d->key_only     = 1;
-        d->num_kv_heads = 1;
-        memcpy(d->shape, s, sizeof(s));
-    }
-    int64_t stride = 1;
-    for (int k = (int)d->ndim - 1; k >= 0; k--) {
-        d->stride[k] = stride;
-        stride *= d->shape[k];
-    }
-}
-
 // MakeHostRank is kvt::MakeRank with DP coordinates, node_hosts and the
 // trust list in the config, and the producer pattern keyed by `key`.
 kvx_status_t MakeHostRank(const Opts &o, const ModelSpec &m, uint32_t g,
