@@ -232,6 +232,11 @@ kvx_status_t kvc_xfer_check_ids(struct kvx_engine *eng, const uint64_t *ids,
                                 size_t n);
 kvx_status_t kvc_xfer_plan(struct kvx_engine *eng, kvc_xfer_t *x,
                            const uint64_t *lids, size_t nl);
+/* kvc_xfer_publish (P, lock not held): inserts x and applies the control
+ * messages that overtook it (remote_blocks, release); on KVX_OK *response_p
+ * = resp, on error x and resp are freed. */
+kvx_status_t kvc_xfer_publish(struct kvx_engine *eng, kvc_xfer_t *x,
+                              char *resp, char **response_p);
 kvx_status_t kvc_read_consumer(struct kvx_engine *eng, const char *req_id,
                                const char *params_json, const uint64_t *ids,
                                size_t n);
@@ -263,6 +268,7 @@ void         kvc_write_on_release(struct kvx_engine *eng, kvc_xfer_t *x);
 void         kvc_write_peer_ready(struct kvx_engine *eng, kvc_peer_t *peer);
 void         kvc_write_peer_failed(struct kvx_engine *eng, kvc_peer_t *peer);
 void         kvc_write_tick(struct kvx_engine *eng);
+void         kvc_write_early_apply(struct kvx_engine *eng, kvc_xfer_t *x);
 void         kvc_write_free(kvc_xfer_t *x);
 char        *kvc_read_response(struct kvx_engine *eng, const kvc_xfer_t *x);
 

@@ -581,10 +581,26 @@ kvx_status_t kvc_read_producer(struct kvx_engine *eng, const char *req_id,
     x->state       = KVC_XFER_HELD;
     x->deadline_us = kvc_deadline_us(eng->cfg.defer_timeout);
     resp           = kvc_read_response(eng, x);
+    if (resp == NULL) {
+        kvc_xfer_free(x);
+        return kvc_error(KVX_ERR_NO_MEMORY, "response: no memory");
+    }
+    return kvc_xfer_publish(eng, x, resp, response_p);
+}
+
+kvx_status_t kvc_xfer_publish(struct kvx_engine *eng, kvc_xfer_t *x,
+                              char *resp, char **response_p)
+{
+    char         tid[KVX_ID_MAX];
+    kvx_status_t st;
+
+    snprintf(tid, sizeof(tid), "%s", x->transfer_id);
     pthread_mutex_lock(&eng->lock);
-    st = resp != NULL ? kvc_xfer_insert(eng, x)
-                      : kvc_error(KVX_ERR_NO_MEMORY, "response: no memory");
-    if (st == KVX_OK) {
+    st = kvc_xfer_insert(eng, x);
+    if (st == KVX_OK && x->write) {
+        kvc_write_early_apply(eng, x); /* may finish and free x */
+    }
+    if (st == KVX_OK && kvc_xfer_find(eng, tid) == x) {
         kvc_early_apply(eng, x);
     }
     pthread_mutex_unlock(&eng->lock);

@@ -283,7 +283,7 @@ static void kvc_write_blocks(struct kvx_engine *eng, kvc_xfer_t *x,
     }
 }
 
-static void kvc_write_early_apply(struct kvx_engine *eng, kvc_xfer_t *x)
+void kvc_write_early_apply(struct kvx_engine *eng, kvc_xfer_t *x)
 {
     for (kvc_early_blocks_t **pp = &eng->early_blocks; *pp != NULL;
          pp = &(*pp)->next) {
@@ -356,19 +356,9 @@ kvx_status_t kvc_write_producer(struct kvx_engine *eng, const char *req_id,
     x->dparams     = p; /* owns p's lists from here */
     x->daddr       = addr;
     x->deadline_us = kvc_deadline_us(eng->cfg.defer_timeout);
-    pthread_mutex_lock(&eng->lock);
-    st = kvc_xfer_insert(eng, x);
-    if (st == KVX_OK) {
-        kvc_write_early_apply(eng, x);
-    }
-    pthread_mutex_unlock(&eng->lock);
-    if (st != KVX_OK) {
-        free(resp);
-        kvc_xfer_free(x);
-        return st;
-    }
-    *response_p = resp;
-    return KVX_OK;
+    /* Applies an early remote_blocks and an early release (D aborted
+     * before this request reached P: the proxy sends to both at once). */
+    return kvc_xfer_publish(eng, x, resp, response_p);
 }
 
 static kvx_status_t kvc_write_find_p(struct kvx_engine *eng, const char *tid,

@@ -261,3 +261,33 @@ TEST(WriteFlow, RemoteBlocksNeverSentFailsAtDeferTimeout)
 }
 
 } // namespace
+
+namespace {
+
+// The proxy sends P's and D's requests at once: D's abort (release) can
+// reach P before P registered the transfer; P must then free at once, not
+// at defer_timeout.
+TEST(WriteFlow, AbortOvertakingTheProducerRequestStillReleases)
+{
+    WritePair w;
+    MakeWritePair(&w, "tcp", 30.0);
+    if (HasFatalFailure()) {
+        return;
+    }
+    const std::vector<uint64_t> ids = {2, 3};
+    const std::string           tid = "tx-abort-early";
+    ASSERT_EQ(KVX_OK, Api()->consumer_abort(w.d.eng, "r", DParams(w, tid).c_str()));
+    ASSERT_TRUE(WaitFor([&] { return StatCount(w.p.eng, "rx.release") == 1; }, 5000));
+    char *resp = nullptr;
+    ASSERT_EQ(KVX_OK, Api()->producer_request(w.p.eng, "r", PParams(w, tid).c_str(),
+                                              ids.data(), ids.size(), &resp));
+    Api()->free(resp);
+    std::vector<kvx_event_t> pev;
+    ASSERT_TRUE(WaitFor([&] { DrainEvents(w.p.eng, &pev); return !pev.empty(); },
+                        3000));
+    EXPECT_EQ(KVX_EVENT_FINISHED_SENDING, pev[0].type);
+    EXPECT_EQ(ids.size(), pev[0].num_block_ids);
+    FreeEvents(&pev);
+}
+
+} // namespace
