@@ -482,6 +482,32 @@ static kvx_status_t api_stats(kvx_engine_t *eng, char **json_p)
     KVC_STAT(bytes_read);
     KVC_STAT(bytes_written);
 #undef KVC_STAT
+    {
+        const kvc_lat_t *l = &eng->stats.ctl_rtt;
+        json_object     *r = json_object_new_object();
+        json_object     *h = json_object_new_object();
+        const char *hk[4]  = {"metadata_us", "endpoint_us", "rkeys_us",
+                              "total_us"};
+
+        /* Round trip of the control messages this engine sent (queued ->
+         * reply), over the last KVC_LAT_WINDOW replies. */
+        json_object_object_add(r, "count", json_object_new_int64(
+                                               (int64_t)l->count));
+        json_object_object_add(r, "avg_us", json_object_new_double(
+            l->count ? (double)l->sum_us / (double)l->count : 0.0));
+        json_object_object_add(r, "p50_us", json_object_new_int64(
+            (int64_t)kvc_lat_quantile(l, 0.5)));
+        json_object_object_add(r, "p99_us", json_object_new_int64(
+            (int64_t)kvc_lat_quantile(l, 0.99)));
+        json_object_object_add(r, "max_us", json_object_new_int64(
+                                                (int64_t)l->max_us));
+        json_object_object_add(o, "ctl_rtt", r);
+        for (int i = 0; i < 4; i++) {
+            json_object_object_add(h, hk[i], json_object_new_int64(
+                (int64_t)eng->stats.hs_last_us[i]));
+        }
+        json_object_object_add(o, "last_handshake", h);
+    }
     json_object_object_add(o, "transfers",
                            json_object_new_int64((int64_t)eng->nxfers));
     json_object_object_add(o, "events",

@@ -300,11 +300,19 @@ static kvx_status_t kvc_peer_connect(kvc_peer_t *peer, kvc_hs_meta_t *m,
     kvu_rkey_t **rkeys;
     kvx_status_t st;
 
+    uint64_t t0 = kvc_now_us();
+
+    /* The wire-up is not waited for: the first gets/puts queue behind it
+     * in UCX (bounded by transfer_timeout) instead of the handshake paying
+     * its round trips first. */
+    (void)timeout_ms;
     st = kvu_ep_create(peer->eng->ucx, m->worker_addr, m->worker_addr_len,
-                       peer->name, timeout_ms, kvc_peer_ep_error, peer, ep_p);
+                       peer->name, 0, kvc_peer_ep_error, peer, ep_p);
     if (st != KVX_OK) {
         return st;
     }
+    peer->hs_us[1] = kvc_now_us() - t0;
+    t0             = kvc_now_us();
     rkeys = calloc(m->num_layers ? m->num_layers : 1, sizeof(*rkeys));
     st    = rkeys ? kvc_peer_check_lanes(peer, *ep_p)
                   : kvc_error(KVX_ERR_NO_MEMORY, "rkeys: out of memory");
@@ -316,6 +324,7 @@ static kvx_status_t kvc_peer_connect(kvc_peer_t *peer, kvc_hs_meta_t *m,
         const char *mode = kvc_peer_rma_mode(peer, m, *ep_p, rkeys);
 
         snprintf(peer->rma_mode, sizeof(peer->rma_mode), "%s", mode);
+        peer->hs_us[2] = kvc_now_us() - t0;
 
         if (strcmp(mode, "emulated") == 0) {
             kvc_log_warn("KVX-RMA-EMULATED",
@@ -378,6 +387,7 @@ static kvx_status_t kvc_peer_handshake(kvc_peer_t *peer, kvc_hs_meta_t *m,
         return kvc_error(KVX_ERR_HANDSHAKE, "handshake with %s: refused: %s",
                          peer->name, reason);
     }
+    peer->hs_us[0] = kvc_now_us() - start;
     st = kvc_hs_decode(reply, rlen, m);
     free(reply);
     if (st != KVX_OK) {
@@ -397,7 +407,8 @@ static kvx_status_t kvc_peer_handshake(kvc_peer_t *peer, kvc_hs_meta_t *m,
         kvc_hs_fini(m);
         return st;
     }
-    *map_p = map;
+    *map_p         = map;
+    peer->hs_us[3] = kvc_now_us() - start;
     return KVX_OK;
 }
 
@@ -465,9 +476,14 @@ static void kvc_peer_do_handshake(kvc_peer_t *peer)
     peer->layer_map = map;
     peer->state     = KVC_PEER_READY;
     eng->stats.handshakes_ok++;
-    kvc_log_info("KVX-HANDSHAKE-OK", "peer %s: epoch %llu, %zu layers, %s",
+    memcpy(eng->stats.hs_last_us, peer->hs_us, sizeof(peer->hs_us));
+    kvc_log_info("KVX-HANDSHAKE-OK", "peer %s: epoch %llu, %zu layers, %s; "
+                 "%llu us (metadata %llu, endpoint %llu, rkeys %llu)",
                  peer->name, (unsigned long long)m.epoch, m.num_layers,
-                 kvu_ep_transports(ep));
+                 kvu_ep_transports(ep), (unsigned long long)peer->hs_us[3],
+                 (unsigned long long)peer->hs_us[0],
+                 (unsigned long long)peer->hs_us[1],
+                 (unsigned long long)peer->hs_us[2]);
     kvc_read_peer_ready(eng, peer);
     kvc_write_peer_ready(eng, peer);
     if (strcmp(peer->rma_mode, "direct-shm") == 0) {
@@ -475,75 +491,157 @@ static void kvc_peer_do_handshake(kvc_peer_t *peer)
     }
 }
 
-static void kvc_peer_do_send(kvc_peer_t *peer, kvc_ctlout_t *out)
-{
-    struct kvx_engine *eng = peer->eng;
-    int          timeout_ms = (int)(eng->cfg.handshake_timeout * 1000.0);
-    char        *reply = NULL, reason[KVX_REASON_MAX] = "";
-    size_t       rlen;
-    int          ok = 0;
-    kvx_status_t st = KVX_OK;
+/* Control messages to one peer: up to KVC_CTL_INFLIGHT requests are in
+ * flight at once (one nng context each), so a release never waits behind
+ * another message's round trip. Messages are independent (each names its
+ * transfer; the receiver remembers ones that overtake its own
+ * bookkeeping), so their order across contexts does not matter. */
+#define KVC_CTL_INFLIGHT 8
 
-    pthread_mutex_unlock(&eng->lock);
-    if (peer->notify_cli == NULL) {
-        st = kvn_client_open(peer->host, peer->notify_port, &peer->notify_cli);
-    }
-    if (st == KVX_OK) {
-        st = kvn_client_request(peer->notify_cli, out->buf, out->len,
-                                timeout_ms, &reply, &rlen);
-    }
+static void kvc_ctlout_free(kvc_ctlout_t *out)
+{
+    free(out->buf);
+    free(out);
+}
+
+/* kvc_ctl_done: the reply (or failure) of one control message, on an nng
+ * thread. */
+static void kvc_ctl_done(void *arg, kvx_status_t st, const char *reply,
+                         size_t rlen, const char *err)
+{
+    kvc_ctlout_t      *out  = arg;
+    kvc_peer_t        *peer = out->peer;
+    struct kvx_engine *eng  = peer->eng;
+    char               reason[KVX_REASON_MAX] = "";
+    int                ok = 0;
+
     if (st == KVX_OK) {
         st = kvc_reply_decode(reply, rlen, &ok, reason, sizeof(reason));
-        free(reply);
-        if (st == KVX_OK && !ok) {
+        if (st != KVX_OK) {
+            err = kvc_last_error();
+        } else if (!ok) {
             kvc_log_warn("KVX-CTL-REFUSED", "%s to %s: refused: %s",
                          out->what, peer->name, reason);
         }
     }
     if (st != KVX_OK) {
         kvc_log_warn("KVX-CTL-SEND", "%s to %s failed: %s", out->what,
-                     peer->name, kvc_last_error());
+                     peer->name, err != NULL ? err : kvc_status_name(st));
     }
-    free(out->buf);
-    free(out);
     pthread_mutex_lock(&eng->lock);
     eng->stats.tx_msgs++;
     eng->stats.tx_fail += st != KVX_OK || !ok;
+    if (st == KVX_OK) {
+        kvc_lat_add(&eng->stats.ctl_rtt, kvc_now_us() - out->t_queued);
+    }
+    peer->ctl_inflight--;
     if (st != KVX_OK && peer->stop) {
         peer->drop_out = 1;
     }
+    pthread_cond_signal(&peer->cond);
+    pthread_mutex_unlock(&eng->lock);
+    kvc_ctlout_free(out);
+}
+
+/* kvc_peer_post sends out on a free context; engine lock held (nng never
+ * calls kvc_ctl_done inside kvn_client_post). */
+static void kvc_peer_post(kvc_peer_t *peer, kvc_ctlout_t *out)
+{
+    struct kvx_engine *eng = peer->eng;
+    int timeout_ms = (int)(eng->cfg.handshake_timeout * 1000.0);
+
+    out->peer = peer;
+    peer->ctl_inflight++;
+    if (kvn_client_post(peer->notify_cli, out->buf, out->len, timeout_ms,
+                        kvc_ctl_done, out) != KVX_OK) {
+        peer->ctl_inflight--;
+        kvc_log_warn("KVX-CTL-SEND", "%s to %s failed: %s", out->what,
+                     peer->name, kvc_last_error());
+        eng->stats.tx_msgs++;
+        eng->stats.tx_fail++;
+        kvc_ctlout_free(out);
+    }
+}
+
+static int kvc_peer_can_post(const kvc_peer_t *peer)
+{
+    return peer->notify_cli != NULL && peer->ctl_inflight < KVC_CTL_INFLIGHT;
+}
+
+/* kvc_peer_open_notify opens the notify client (non-blocking dial);
+ * called and returns with the engine lock held. */
+static void kvc_peer_open_notify(kvc_peer_t *peer)
+{
+    struct kvx_engine *eng = peer->eng;
+    kvn_client_t      *cli = NULL;
+    kvx_status_t       st;
+
+    pthread_mutex_unlock(&eng->lock);
+    st = kvn_client_open_async(peer->host, peer->notify_port,
+                               KVC_CTL_INFLIGHT, &cli);
+    pthread_mutex_lock(&eng->lock);
+    if (st == KVX_OK) {
+        peer->notify_cli = cli;
+        return;
+    }
+    /* No socket: what is queued cannot be sent now. */
+    while (peer->out_head != NULL) {
+        kvc_ctlout_t *out = peer->out_head;
+
+        peer->out_head = out->next;
+        kvc_log_warn("KVX-CTL-SEND", "%s to %s failed: %s", out->what,
+                     peer->name, kvc_last_error());
+        eng->stats.tx_msgs++;
+        eng->stats.tx_fail++;
+        kvc_ctlout_free(out);
+    }
+    peer->out_tail = NULL;
 }
 
 static void *kvc_peer_main(void *arg)
 {
     kvc_peer_t        *peer = arg;
     struct kvx_engine *eng  = peer->eng;
+    kvn_client_t      *cli;
 
     pthread_mutex_lock(&eng->lock);
+    /* Connect the control channel at once (non-blocking dial): the nng
+     * connection is up before the first release, and from then on
+     * kvc_peer_send posts directly, even while this thread handshakes or
+     * prefaults. */
+    kvc_peer_open_notify(peer);
     /* On stop, queued control messages (a release just queued by a finished
      * transfer) are still delivered, each within its deadline; after the
      * first failure while stopping the rest is dropped. */
-    while (!peer->stop || (peer->out_head != NULL && !peer->drop_out)) {
+    while (!peer->stop ||
+           ((peer->out_head != NULL || peer->ctl_inflight > 0) &&
+            !peer->drop_out)) {
         if (!peer->stop && peer->want_handshake &&
             peer->state != KVC_PEER_READY) {
             kvc_peer_do_handshake(peer);
             continue;
         }
-        if (peer->out_head != NULL) {
+        if (peer->out_head != NULL && peer->notify_cli == NULL) {
+            kvc_peer_open_notify(peer);
+            continue;
+        }
+        if (peer->out_head != NULL && kvc_peer_can_post(peer)) {
             kvc_ctlout_t *out = peer->out_head;
 
             peer->out_head = out->next;
             if (peer->out_head == NULL) {
                 peer->out_tail = NULL;
             }
-            kvc_peer_do_send(peer, out);
+            kvc_peer_post(peer, out);
             continue;
         }
         pthread_cond_wait(&peer->cond, &eng->lock);
     }
+    cli              = peer->notify_cli;
+    peer->notify_cli = NULL;
     pthread_mutex_unlock(&eng->lock);
     kvn_client_close(peer->hs_cli);
-    kvn_client_close(peer->notify_cli);
+    kvn_client_close(cli); /* pending requests complete as canceled */
     return NULL;
 }
 
@@ -600,9 +698,19 @@ void kvc_peer_send(kvc_peer_t *peer, char *buf, size_t len, const char *what)
                       peer->name);
         return;
     }
-    out->buf = buf;
-    out->len = len;
+    out->buf      = buf;
+    out->len      = len;
+    out->t_queued = kvc_now_us();
     snprintf(out->what, sizeof(out->what), "%s", what);
+    /* From the progress thread (a transfer just completed: release,
+     * write_done) straight out when nothing is queued ahead: no hop through
+     * the peer thread on the completion path. API callers only queue (the
+     * send syscalls then stay off the framework's thread). */
+    if (peer->out_head == NULL && !peer->stop && kvc_peer_can_post(peer) &&
+        kvu_in_progress_thread(peer->eng->ucx)) {
+        kvc_peer_post(peer, out);
+        return;
+    }
     if (peer->out_tail != NULL) {
         peer->out_tail->next = out;
     } else {

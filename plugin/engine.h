@@ -18,6 +18,7 @@
 #include "addr.h"
 #include "config.h"
 #include "ctlmsg.h"
+#include "latency.h"
 #include "layout.h"
 #include "ucx/kvu.h"
 #include "nng/kvn.h"
@@ -48,7 +49,9 @@ typedef enum kvc_peer_state {
 } kvc_peer_state_t;
 
 typedef struct kvc_ctlout {
+    struct kvc_peer   *peer;
     char              *buf;   /* owned */
+    uint64_t           t_queued;
     size_t             len;
     char               what[64];
     struct kvc_ctlout *next;
@@ -79,7 +82,11 @@ typedef struct kvc_peer {
     int               stop;
     int               drop_out;     /* stopping and the peer is unreachable */
     kvn_client_t     *hs_cli;       /* peer thread only */
-    kvn_client_t     *notify_cli;   /* peer thread only */
+    kvn_client_t     *notify_cli;   /* set/cleared by the peer thread under
+                                       the engine lock; posts under it */
+    uint32_t          ctl_inflight; /* control requests awaiting a reply */
+    uint64_t          hs_us[4];     /* last handshake: control, endpoint,
+                                       rkeys, total (peer thread) */
     struct kvc_peer  *next;
 } kvc_peer_t;
 
@@ -200,6 +207,9 @@ struct kvx_engine {
         uint64_t tx_msgs, tx_fail;
         uint64_t handshakes_ok, handshakes_failed;
         uint64_t bytes_read, bytes_written;
+        kvc_lat_t ctl_rtt;        /* control message queued -> reply */
+        uint64_t  hs_last_us[4];  /* last handshake: metadata, endpoint,
+                                     rkeys, total */
     } stats;
     kvc_early_blocks_t *early_blocks; /* remote_blocks before P's request */
     size_t            nearly_blocks;

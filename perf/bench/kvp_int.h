@@ -213,6 +213,10 @@ typedef struct kvp_blob_hdr {
     uint64_t block_bytes, xfer_bytes;
     double   runs_per_xfer;
     double   handshake_us, first_xfer_us;
+    double   ctl_rtt[3];   /* probe: library's control round trip of the
+                              initiator (release / write_done): avg, p50,
+                              p99 us (api->stats ctl_rtt); -1 unknown */
+    double   hs_parts[3];  /* probe: handshake metadata, endpoint, rkeys */
     int64_t  rss_kb[2][3]; /* [P,D][start, mid, end of the point] */
     int64_t  hwm_kb[2];
     int32_t  rma_emulated;
@@ -235,6 +239,7 @@ typedef struct kvp_row {
     double   ntfy_avg, ntfy_p99, post_per_run_us;
     double   memcpy_bw_gbs, memcpy_tx_avg; /* < 0: not measured */
     double   handshake_us, first_xfer_us;
+    double   ctl_rtt[3], hs_parts[3];
     int64_t  rss_kb[2][3], hwm_kb[2];
     uint64_t xfers_done;
     int      rma_emulated;

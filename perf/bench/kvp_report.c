@@ -106,6 +106,9 @@ int kvp_rows_from_blobs(void **bufs, size_t *lens, int n, kvp_row_t *row,
     row->rma_emulated  = first->rma_emulated;
     row->handshake_us  = -1;
     row->first_xfer_us = -1;
+    for (int k = 0; k < 3; k++) {
+        row->ctl_rtt[k] = row->hs_parts[k] = -1;
+    }
     snprintf(row->transports, sizeof(row->transports), "%s",
              first->transports);
     snprintf(row->rma_mode, sizeof(row->rma_mode), "%s", first->rma_mode);
@@ -144,6 +147,12 @@ int kvp_rows_from_blobs(void **bufs, size_t *lens, int n, kvp_row_t *row,
                                 ? h->handshake_us : row->handshake_us;
         row->first_xfer_us = h->first_xfer_us > row->first_xfer_us
                                  ? h->first_xfer_us : row->first_xfer_us;
+        for (int k = 0; k < 3; k++) { /* worst pair */
+            row->ctl_rtt[k]  = h->ctl_rtt[k] > row->ctl_rtt[k]
+                                   ? h->ctl_rtt[k] : row->ctl_rtt[k];
+            row->hs_parts[k] = h->hs_parts[k] > row->hs_parts[k]
+                                   ? h->hs_parts[k] : row->hs_parts[k];
+        }
         for (int side = 0; side < 2; side++) {
             for (int c = 0; c < 3; c++) {
                 if (h->rss_kb[side][c] > row->rss_kb[side][c]) {
@@ -225,7 +234,9 @@ static const char *kvp_csv_header =
     "post_per_run_us,avg_ntfy_us,p99_ntfy_us,memcpy_bw_GBs,memcpy_avg_tx_us,"
     "handshake_us,first_xfer_us,ctl_ntfy_avg_us,ctl_ntfy_p99_us,"
     "ctl_tx_avg_us,transports,rma_mode,rma_emulated,rss_p_kb,rss_d_kb,"
-    "hwm_p_kb,hwm_d_kb,rss_growth_p_kb,rss_growth_d_kb,xfers_done\n";
+    "hwm_p_kb,hwm_d_kb,rss_growth_p_kb,rss_growth_d_kb,xfers_done,"
+    "ctl_rtt_avg_us,ctl_rtt_p50_us,ctl_rtt_p99_us,hs_metadata_us,"
+    "hs_endpoint_us,hs_rkeys_us\n";
 
 static void kvp_csv_row(FILE *f, const kvp_opts_t *o, const kvp_row_t *r,
                         const kvp_row_t *su)
@@ -235,7 +246,7 @@ static void kvp_csv_row(FILE *f, const kvp_opts_t *o, const kvp_row_t *r,
                "%.3f,%.3f,%.6f,%.3f,%.1f,%.1f,%.1f,%.1f,%.1f,\"%s\",%s,%d,"
                "%" PRId64 ",%" PRId64
                ",%" PRId64 ",%" PRId64 ",%" PRId64 ",%" PRId64 ",%" PRIu64
-               "\n",
+               ",%.1f,%.1f,%.1f,%.1f,%.1f,%.1f\n",
             kvp_mode_name(r->mode), kvp_mem_name(r->mem), o->model.name,
             o->tls[0] ? o->tls : "default",
             o->contiguous ? "contiguous" : "scattered", o->depth, r->pairs,
@@ -248,7 +259,9 @@ static void kvp_csv_row(FILE *f, const kvp_opts_t *o, const kvp_row_t *r,
             su->rma_mode, su->rma_emulated, r->rss_kb[0][2],
             r->rss_kb[1][2], r->hwm_kb[0], r->hwm_kb[1],
             r->rss_kb[0][2] - r->rss_kb[0][1],
-            r->rss_kb[1][2] - r->rss_kb[1][1], r->xfers_done);
+            r->rss_kb[1][2] - r->rss_kb[1][1], r->xfers_done, su->ctl_rtt[0],
+            su->ctl_rtt[1], su->ctl_rtt[2], su->hs_parts[0], su->hs_parts[1],
+            su->hs_parts[2]);
     fflush(f);
 }
 
@@ -288,10 +301,12 @@ static void kvp_json_row(FILE *f, const kvp_opts_t *o, const kvp_row_t *r,
     fprintf(f, ", \"rss_kb\": {\"p\": [%" PRId64 ", %" PRId64 ", %" PRId64
                "], \"d\": [%" PRId64 ", %" PRId64 ", %" PRId64 "]}, "
                "\"hwm_kb\": {\"p\": %" PRId64 ", \"d\": %" PRId64 "}, "
-               "\"xfers_done\": %" PRIu64 "}",
+               "\"xfers_done\": %" PRIu64 ", \"ctl_rtt_us\": [%.1f, %.1f, "
+               "%.1f], \"hs_parts_us\": [%.1f, %.1f, %.1f]}",
             r->rss_kb[0][0], r->rss_kb[0][1], r->rss_kb[0][2], r->rss_kb[1][0],
             r->rss_kb[1][1], r->rss_kb[1][2], r->hwm_kb[0], r->hwm_kb[1],
-            r->xfers_done);
+            r->xfers_done, su->ctl_rtt[0], su->ctl_rtt[1], su->ctl_rtt[2],
+            su->hs_parts[0], su->hs_parts[1], su->hs_parts[2]);
     fflush(f);
 }
 
@@ -374,6 +389,12 @@ static void kvp_table_setup(const kvp_report_t *r, const kvp_row_t *su)
            su->mode == KVP_READ ? "release (D done -> P freed)"
                                 : "write_done (P flushed -> D notified)",
            su->ntfy_avg, su->ntfy_p99, su->tx_avg, su->tx_p99);
+    printf("# control round trip (%s, library: queued -> reply): %.1f us "
+           "avg, %.1f us p50, %.1f us p99; handshake parts: metadata %.0f, "
+           "endpoint %.0f, rkeys %.0f us\n",
+           su->mode == KVP_READ ? "release" : "write_done", su->ctl_rtt[0],
+           su->ctl_rtt[1], su->ctl_rtt[2], su->hs_parts[0], su->hs_parts[1],
+           su->hs_parts[2]);
     printf("%-16s%-12s%-14s", "Block Size (B)", "Batch Size", "B/W (GB/Sec)");
     if (su->pairs > 1) {
         printf("%-16s", "Aggr B/W (GB/s)");

@@ -39,6 +39,7 @@
 #define KVP_CTL_SKIP  5  /* probe: the connecting transfer and 4 more (the
                             first release / write_done dials its nng
                             connection and delays the next ones) */
+#define KVP_PROBE_GAP_US 2000 /* probe: pause between its transfers */
 #define KVP_CTL_N     30 /* probe: 1-block transfers measured after those */
 #define KVP_PORT_LO_P 10000
 #define KVP_PORT_LO_D 15000
@@ -62,6 +63,7 @@ typedef struct {
     uint32_t total;
     int32_t  rma_emulated;
     double   handshake_us;
+    double   ctl_rtt[3], hs_parts[3]; /* WRITE: P's (kvp_ctl_stats) */
     int64_t  rss_kb[3], hwm_kb;
     char     rma_mode[16];
     char     transports[512];
@@ -89,6 +91,7 @@ typedef struct {
     kvp_idgen_t       ig;
     uint8_t          *src_pool;      /* D with --memcpy */
     double            handshake_us, first_xfer_us;
+    double            ctl_rtt[3], hs_parts[3];
     char              transports[512];
     int               rma_emulated;
     char              rma_mode[16];
@@ -335,6 +338,45 @@ static void kvp_transports(kvp_sess_t *s)
         }
     }
     s->rma_emulated = strstr(js, "\"rma_emulated\":true") != NULL;
+    s->api->free(js);
+}
+
+/* kvp_json_num: the number after "key": inside the object named obj of
+ * the engine's stats JSON; -1 if absent. */
+static double kvp_json_num(const char *js, const char *obj, const char *key)
+{
+    char        pat[64];
+    const char *p;
+
+    snprintf(pat, sizeof(pat), "\"%s\":", obj);
+    p = strstr(js, pat);
+    if (p == NULL) {
+        return -1;
+    }
+    snprintf(pat, sizeof(pat), "\"%s\":", key);
+    p = strstr(p, pat);
+    return p != NULL ? strtod(p + strlen(pat), NULL) : -1;
+}
+
+/* kvp_ctl_stats: the library's own control-plane figures of this side's
+ * engine (api->stats): round trip of the control messages it sent (queued
+ * -> reply) and the parts of its last handshake. */
+static void kvp_ctl_stats(kvp_sess_t *s, double rtt[3], double parts[3])
+{
+    char *js = NULL;
+
+    for (int i = 0; i < 3; i++) {
+        rtt[i] = parts[i] = -1;
+    }
+    if (s->api->stats(s->side.eng, &js) != KVX_OK) {
+        return;
+    }
+    rtt[0]   = kvp_json_num(js, "ctl_rtt", "avg_us");
+    rtt[1]   = kvp_json_num(js, "ctl_rtt", "p50_us");
+    rtt[2]   = kvp_json_num(js, "ctl_rtt", "p99_us");
+    parts[0] = kvp_json_num(js, "last_handshake", "metadata_us");
+    parts[1] = kvp_json_num(js, "last_handshake", "endpoint_us");
+    parts[2] = kvp_json_num(js, "last_handshake", "rkeys_us");
     s->api->free(js);
 }
 
@@ -599,6 +641,7 @@ static int kvp_p_point(kvp_sess_t *s, const kvp_point_msg_t *pm)
 
         pr->handshake_us = hs > t_rb0 ? hs - t_rb0 : -1;
         kvp_transports(s);
+        kvp_ctl_stats(s, pr->ctl_rtt, pr->hs_parts);
     }
     if (st.write) {
         snprintf(pr->transports, sizeof(pr->transports), "%s", s->transports);
@@ -811,6 +854,13 @@ static int kvp_d_point(kvp_sess_t *s, const kvp_point_msg_t *pm)
                 kvp_fill_dst(&s->side, dids + (size_t)head * pm->batch,
                              pm->batch);
             }
+            if (pm->point == KVP_PROBE && head > 0) {
+                /* Pacing, not synchronization: the control-plane probe
+                 * measures an unloaded round trip, so the previous
+                 * transfer's release / write_done is answered before the
+                 * next transfer's data competes for the two CPUs. */
+                kvp_sleep_us(KVP_PROBE_GAP_US);
+            }
             t0[head] = kvp_now_us();
             r = s->api->consumer_request(s->side.eng, rid, params[head],
                                          dids + (size_t)head * pm->batch,
@@ -880,6 +930,7 @@ static int kvp_d_point(kvp_sess_t *s, const kvp_point_msg_t *pm)
 
         s->handshake_us = hs > t0[0] ? hs - t0[0] : -1;
         kvp_transports(s);
+        kvp_ctl_stats(s, s->ctl_rtt, s->hs_parts);
     }
     if (s->c->ops->send(s->c, KVP_MSG_DONE, NULL, 0) != 0 ||
         s->c->ops->recv(s->c, KVP_MSG_PRECS, (void **)&pr, &prlen,
@@ -894,6 +945,8 @@ static int kvp_d_point(kvp_sess_t *s, const kvp_point_msg_t *pm)
     }
     if (s->mode == KVP_WRITE && pm->point == KVP_PROBE) {
         s->handshake_us = pr->handshake_us;
+        memcpy(s->ctl_rtt, pr->ctl_rtt, sizeof(s->ctl_rtt));
+        memcpy(s->hs_parts, pr->hs_parts, sizeof(s->hs_parts));
         snprintf(s->transports, sizeof(s->transports), "%s", pr->transports);
         snprintf(s->rma_mode, sizeof(s->rma_mode), "%s", pr->rma_mode);
         s->rma_emulated = pr->rma_emulated;
@@ -958,6 +1011,8 @@ static int kvp_d_point(kvp_sess_t *s, const kvp_point_msg_t *pm)
     blob->runs_per_xfer = runs;
     blob->handshake_us = s->handshake_us;
     blob->first_xfer_us = s->first_xfer_us;
+    memcpy(blob->ctl_rtt, s->ctl_rtt, sizeof(blob->ctl_rtt));
+    memcpy(blob->hs_parts, s->hs_parts, sizeof(blob->hs_parts));
     memcpy(blob->rss_kb[0], pr->rss_kb, sizeof(pr->rss_kb));
     memcpy(blob->rss_kb[1], rss, sizeof(rss));
     blob->hwm_kb[0]    = pr->hwm_kb;
@@ -1070,6 +1125,9 @@ static int kvp_setup(kvp_sess_t *s)
         return kvp_fatal(s, "out of memory (block ids)");
     }
     s->handshake_us = s->first_xfer_us = -1;
+    for (int k = 0; k < 3; k++) {
+        s->ctl_rtt[k] = s->hs_parts[k] = -1;
+    }
     s->transports[0] = '\0';
     s->rma_emulated = 0;
     snprintf(s->rma_mode, sizeof(s->rma_mode), "?");

@@ -8,6 +8,7 @@
 
 extern "C" {
 #include "ctlmsg.h"
+#include "error.h"
 #include "nng/kvn.h"
 }
 
@@ -20,6 +21,9 @@ extern "C" {
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -1223,3 +1227,225 @@ TEST(ReadConcurrency, DeadPeerDoesNotDelayHealthyPeer)
 }
 
 } // namespace
+
+// ========================================================================
+// 14. Control client: several requests in flight per peer (kvn contexts).
+// ========================================================================
+
+namespace {
+
+// A REP handler that holds a request until a condition holds (with a
+// deadline): "A" waits for "B" to arrive; "hold" waits for release().
+struct Gate {
+    std::mutex              m;
+    std::condition_variable cv;
+    bool                    b_seen = false, a_saw_b = false, open = false;
+    int                     handled = 0;
+
+    void release()
+    {
+        std::lock_guard<std::mutex> lk(m);
+        open = true;
+        cv.notify_all();
+    }
+};
+
+void GateHandler(void *arg, const char *msg, size_t len, char **reply,
+                 size_t *rlen)
+{
+    Gate                        *g = static_cast<Gate *>(arg);
+    std::string                  s(msg, len);
+    std::unique_lock<std::mutex> lk(g->m);
+
+    if (s == "B") {
+        g->b_seen = true;
+        g->cv.notify_all();
+    } else if (s == "A") {
+        g->a_saw_b = g->cv.wait_for(lk, std::chrono::seconds(3),
+                                    [&] { return g->b_seen; });
+    } else if (s == "hold") {
+        g->cv.wait_for(lk, std::chrono::seconds(3), [&] { return g->open; });
+    }
+    g->handled++;
+    *reply = strdup(("re:" + s).c_str());
+    *rlen  = strlen(*reply);
+}
+
+// Completions of kvn_client_post, collected for the test thread.
+struct Replies {
+    struct One {
+        std::string  tag;
+        kvx_status_t st;
+        std::string  body;
+    };
+    std::mutex              m;
+    std::condition_variable cv;
+    std::vector<One>        v;
+
+    bool WaitN(size_t n, int ms)
+    {
+        std::unique_lock<std::mutex> lk(m);
+        return cv.wait_for(lk, std::chrono::milliseconds(ms),
+                           [&] { return v.size() >= n; });
+    }
+};
+
+struct Tag {
+    Replies    *r;
+    std::string tag;
+};
+
+void ReplyCb(void *arg, kvx_status_t st, const char *reply, size_t len,
+             const char *err)
+{
+    std::unique_ptr<Tag>        t(static_cast<Tag *>(arg));
+    std::lock_guard<std::mutex> lk(t->r->m);
+    t->r->v.push_back({t->tag, st,
+                       reply != nullptr ? std::string(reply, len)
+                                        : std::string(err ? err : "")});
+    t->r->cv.notify_all();
+}
+
+kvx_status_t Post(kvn_client_t *cli, Replies *r, const std::string &msg,
+                  int timeout_ms)
+{
+    Tag         *t  = new Tag{r, msg};
+    kvx_status_t st = kvn_client_post(cli, msg.data(), msg.size(), timeout_ms,
+                                      ReplyCb, t);
+    if (st != KVX_OK) {
+        delete t;
+    }
+    return st;
+}
+
+struct GateServer {
+    Gate          gate;
+    kvn_server_t *srv  = nullptr;
+    uint16_t      port = 0;
+
+    GateServer()
+    {
+        port = PortBase(1);
+        EXPECT_EQ(KVX_OK, kvn_server_create("127.0.0.1", port, 4, 1 << 20,
+                                            GateHandler, &gate, &srv))
+            << kvc_last_error();
+    }
+    ~GateServer()
+    {
+        gate.release();
+        kvn_server_destroy(srv);
+    }
+};
+
+} // namespace
+
+// With one request at a time, "A" would hold its context until its 3 s
+// deadline because "B" is only sent after A's reply.
+TEST(CtlClient, SecondRequestIsSentWhileTheFirstAwaitsItsReply)
+{
+    GateServer    gs;
+    kvn_client_t *cli = nullptr;
+    Replies       r;
+    ASSERT_EQ(KVX_OK, kvn_client_open_async("127.0.0.1", gs.port, 8, &cli));
+    ASSERT_EQ(KVX_OK, Post(cli, &r, "A", 5000));
+    ASSERT_EQ(KVX_OK, Post(cli, &r, "B", 5000));
+    ASSERT_TRUE(r.WaitN(2, 10000));
+    for (const auto &o : r.v) {
+        EXPECT_EQ(KVX_OK, o.st) << o.tag << ": " << o.body;
+        EXPECT_EQ("re:" + o.tag, o.body);
+    }
+    {
+        std::lock_guard<std::mutex> lk(gs.gate.m);
+        EXPECT_TRUE(gs.gate.a_saw_b) << "B was not in flight while A waited";
+    }
+    EXPECT_EQ(8, kvn_client_idle_contexts(cli));
+    kvn_client_close(cli);
+}
+
+TEST(CtlClient, AllContextsBusyIsRefusedWithoutSending)
+{
+    GateServer    gs;
+    kvn_client_t *cli = nullptr;
+    Replies       r;
+    ASSERT_EQ(KVX_OK, kvn_client_open_async("127.0.0.1", gs.port, 1, &cli));
+    ASSERT_EQ(KVX_OK, Post(cli, &r, "hold", 5000));
+    EXPECT_EQ(0, kvn_client_idle_contexts(cli));
+    EXPECT_EQ(KVX_ERR_BAD_STATE, Post(cli, &r, "B", 5000));
+    EXPECT_NE(nullptr, strstr(kvc_last_error(), "busy")) << kvc_last_error();
+    gs.gate.release();
+    ASSERT_TRUE(r.WaitN(1, 10000));
+    EXPECT_EQ(KVX_OK, r.v[0].st) << r.v[0].body;
+    kvn_client_close(cli);
+    std::lock_guard<std::mutex> lk(gs.gate.m);
+    EXPECT_FALSE(gs.gate.b_seen);
+}
+
+TEST(CtlClient, DeadlineExpiresWithTimeoutStatus)
+{
+    GateServer    gs;
+    kvn_client_t *cli = nullptr;
+    Replies       r;
+    ASSERT_EQ(KVX_OK, kvn_client_open_async("127.0.0.1", gs.port, 2, &cli));
+    auto t0 = Clock::now();
+    ASSERT_EQ(KVX_OK, Post(cli, &r, "hold", 200));
+    ASSERT_TRUE(r.WaitN(1, 5000));
+    EXPECT_EQ(KVX_ERR_TIMEOUT, r.v[0].st) << r.v[0].body;
+    EXPECT_LT(SecondsSince(t0), 2.0);
+    EXPECT_NE(std::string::npos, r.v[0].body.find("no reply")) << r.v[0].body;
+    kvn_client_close(cli);
+}
+
+TEST(CtlClient, CloseCompletesPendingRequestsOnceAsCanceled)
+{
+    GateServer    gs;
+    kvn_client_t *cli = nullptr;
+    Replies       r;
+    ASSERT_EQ(KVX_OK, kvn_client_open_async("127.0.0.1", gs.port, 4, &cli));
+    ASSERT_EQ(KVX_OK, Post(cli, &r, "hold", 5000));
+    ASSERT_EQ(KVX_OK, Post(cli, &r, "hold", 5000));
+    kvn_client_close(cli); // callbacks done before it returns
+    std::lock_guard<std::mutex> lk(r.m);
+    ASSERT_EQ(2u, r.v.size());
+    for (const auto &o : r.v) {
+        EXPECT_EQ(KVX_ERR_CANCELED, o.st) << o.body;
+    }
+}
+
+// The engine reports the round trip of the releases it sent and the parts
+// of its last handshake.
+TEST(CtlClient, EngineReportsReleaseRoundTripsAndHandshakeParts)
+{
+    Pair pr;
+    MakePair(&pr);
+    if (HasFatalFailure()) {
+        return;
+    }
+    const int n = 4;
+    for (int i = 0; i < n; i++) {
+        std::vector<uint64_t> remote = {(uint64_t)i}, local = {(uint64_t)i};
+        std::string           tid    = "tx-rtt-" + std::to_string(i);
+        ASSERT_EQ(KVX_OK, Hold(*pr.p, tid, remote)) << Api()->last_error();
+        std::string params = PairParams(pr, tid, remote);
+        ASSERT_EQ(KVX_OK, Api()->consumer_request(pr.d->eng, "req-rtt",
+                                                  params.c_str(), local.data(),
+                                                  local.size()))
+            << Api()->last_error();
+        ASSERT_EQ(KVX_OK, Api()->wait_transfer(pr.d->eng, tid.c_str(), 20000))
+            << Api()->last_error();
+    }
+    Events pev;
+    ASSERT_TRUE(pev.WaitN(pr.p->eng, n, 10000));
+    // The replies reach D just after P applied the releases.
+    auto t0 = Clock::now();
+    while (StatCount(pr.d->eng, "ctl_rtt.count") < n && SecondsSince(t0) < 5) {
+        std::this_thread::yield();
+    }
+    EXPECT_EQ(n, StatCount(pr.d->eng, "ctl_rtt.count"));
+    EXPECT_EQ(0, StatCount(pr.d->eng, "tx_fail"));
+    EXPECT_GT(StatCount(pr.d->eng, "ctl_rtt.max_us"), 0);
+    EXPECT_GE(StatCount(pr.d->eng, "ctl_rtt.max_us"),
+              StatCount(pr.d->eng, "ctl_rtt.p50_us"));
+    long long total = StatCount(pr.d->eng, "last_handshake.total_us");
+    EXPECT_GT(total, 0);
+    EXPECT_GE(total, StatCount(pr.d->eng, "last_handshake.metadata_us"));
+}

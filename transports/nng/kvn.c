@@ -33,9 +33,23 @@ struct kvn_server {
     char           url[300];
 };
 
+typedef struct kvn_cctx {
+    struct kvn_client *cli;
+    nng_ctx            ctx;
+    nng_aio           *aio;
+    int                busy;     /* a request is in flight */
+    int                sending;  /* in the send phase (else receiving) */
+    int64_t            deadline_ms;
+    kvn_reply_fn       fn;
+    void              *arg;
+} kvn_cctx_t;
+
 struct kvn_client {
-    nng_socket sock;
-    char       url[300];
+    nng_socket      sock;
+    char            url[300];
+    int             nctx;
+    kvn_cctx_t     *ctxs;       /* nctx, asynchronous requests */
+    pthread_mutex_t lock;       /* busy flags */
 };
 
 static void kvn_pin_once(void)
@@ -209,8 +223,11 @@ void kvn_server_destroy(kvn_server_t *srv)
     free(srv);
 }
 
-kvx_status_t kvn_client_open(const char *host, uint32_t port,
-                             kvn_client_t **cli_p)
+static int64_t kvn_clock_ms(void);
+static void    kvn_cctx_cb(void *arg);
+
+kvx_status_t kvn_client_open_async(const char *host, uint32_t port, int nctx,
+                                   kvn_client_t **cli_p)
 {
     kvn_client_t *cli = calloc(1, sizeof(*cli));
     int           rv;
@@ -218,27 +235,175 @@ kvx_status_t kvn_client_open(const char *host, uint32_t port,
     if (cli == NULL) {
         return kvc_error(KVX_ERR_NO_MEMORY, "kvn client: out of memory");
     }
+    nctx = nctx < 0 ? 0 : (nctx > KVN_MAX_CTX ? KVN_MAX_CTX : nctx);
+    pthread_mutex_init(&cli->lock, NULL);
     kvn_url(host, port, cli->url, sizeof(cli->url));
     if ((rv = nng_req0_open(&cli->sock)) != 0) {
+        pthread_mutex_destroy(&cli->lock);
         free(cli);
         return kvc_error(KVX_ERR_CONTROL, "nng_req0_open: %s",
                          nng_strerror(rv));
     }
-    /* Never resend a request on our own: every message has one deadline. */
+    /* Never resend a request on our own: every message has one deadline.
+     * Set before the contexts are opened (they copy it). */
     nng_socket_set_ms(cli->sock, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
     nng_socket_set_ms(cli->sock, NNG_OPT_RECONNMINT, 10);
     nng_socket_set_ms(cli->sock, NNG_OPT_RECONNMAXT, 500);
     nng_socket_set_size(cli->sock, NNG_OPT_RECVMAXSZ, 64u << 20);
+    if (nctx > 0) {
+        cli->ctxs = calloc((size_t)nctx, sizeof(*cli->ctxs));
+        if (cli->ctxs == NULL) {
+            kvn_client_close(cli);
+            return kvc_error(KVX_ERR_NO_MEMORY, "kvn client: out of memory");
+        }
+    }
+    for (int i = 0; i < nctx; i++) {
+        kvn_cctx_t *c = &cli->ctxs[i];
+
+        c->cli = cli;
+        if ((rv = nng_aio_alloc(&c->aio, kvn_cctx_cb, c)) != 0 ||
+            (rv = nng_ctx_open(&c->ctx, cli->sock)) != 0) {
+            if (c->aio != NULL) {
+                nng_aio_free(c->aio);
+                c->aio = NULL;
+            }
+            kvn_client_close(cli);
+            return kvc_error(KVX_ERR_CONTROL, "nng client context: %s",
+                             nng_strerror(rv));
+        }
+        cli->nctx = i + 1;
+    }
     if ((rv = nng_dial(cli->sock, cli->url, NULL, NNG_FLAG_NONBLOCK)) != 0) {
         kvx_status_t st = kvc_error(KVX_ERR_CONTROL, "dial %s: %s", cli->url,
                                     nng_strerror(rv));
 
-        nng_close(cli->sock);
-        free(cli);
+        kvn_client_close(cli);
         return st;
     }
     *cli_p = cli;
     return KVX_OK;
+}
+
+kvx_status_t kvn_client_open(const char *host, uint32_t port,
+                             kvn_client_t **cli_p)
+{
+    return kvn_client_open_async(host, port, 0, cli_p);
+}
+
+/* kvn_cctx_finish hands the context back, then reports (the callback may
+ * post again at once). */
+static void kvn_cctx_finish(kvn_cctx_t *c, kvx_status_t st, nng_msg *rep,
+                            const char *err)
+{
+    kvn_client_t *cli = c->cli;
+    kvn_reply_fn  fn  = c->fn;
+    void         *arg = c->arg;
+
+    pthread_mutex_lock(&cli->lock);
+    c->busy = 0;
+    pthread_mutex_unlock(&cli->lock);
+    if (rep != NULL) {
+        /* nng bodies have no NUL; append one for the caller's parsers. */
+        size_t len = nng_msg_len(rep);
+
+        if (nng_msg_append(rep, "", 1) != 0) {
+            nng_msg_free(rep);
+            fn(arg, KVX_ERR_NO_MEMORY, NULL, 0, "reply: out of memory");
+            return;
+        }
+        fn(arg, KVX_OK, nng_msg_body(rep), len, NULL);
+        nng_msg_free(rep);
+        return;
+    }
+    fn(arg, st, NULL, 0, err);
+}
+
+/* kvn_cctx_fail reports an nng error of the send or receive phase. */
+static void kvn_cctx_fail(kvn_cctx_t *c, int rv, const char *phase)
+{
+    char err[400];
+
+    snprintf(err, sizeof(err), "request to %s: %s: %s", c->cli->url, phase,
+             nng_strerror(rv));
+    kvn_cctx_finish(c, rv == NNG_ETIMEDOUT ? KVX_ERR_TIMEOUT
+                       : rv == NNG_ECLOSED || rv == NNG_ECANCELED
+                           ? KVX_ERR_CANCELED : KVX_ERR_CONTROL,
+                    NULL, err);
+}
+
+static void kvn_cctx_cb(void *arg)
+{
+    kvn_cctx_t *c  = arg;
+    int         rv = nng_aio_result(c->aio);
+
+    if (c->sending && rv != 0) {
+        nng_msg_free(nng_aio_get_msg(c->aio)); /* still ours on failure */
+        nng_aio_set_msg(c->aio, NULL);
+        kvn_cctx_fail(c, rv, "send failed");
+    } else if (c->sending) {
+        int64_t left = c->deadline_ms - kvn_clock_ms();
+
+        c->sending = 0;
+        nng_aio_set_timeout(c->aio, (nng_duration)(left < 1 ? 1 : left));
+        nng_ctx_recv(c->ctx, c->aio);
+    } else if (rv != 0) {
+        kvn_cctx_fail(c, rv, "no reply");
+    } else {
+        kvn_cctx_finish(c, KVX_OK, nng_aio_get_msg(c->aio), NULL);
+    }
+}
+
+kvx_status_t kvn_client_post(kvn_client_t *cli, const void *msg, size_t len,
+                             int timeout_ms, kvn_reply_fn fn, void *arg)
+{
+    kvn_cctx_t *c = NULL;
+    nng_msg    *req;
+    int         rv;
+
+    pthread_mutex_lock(&cli->lock);
+    for (int i = 0; i < cli->nctx; i++) {
+        if (!cli->ctxs[i].busy) {
+            c       = &cli->ctxs[i];
+            c->busy = 1;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&cli->lock);
+    if (c == NULL) {
+        return kvc_error(KVX_ERR_BAD_STATE, "request to %s: all %d contexts "
+                         "busy", cli->url, cli->nctx);
+    }
+    if ((rv = nng_msg_alloc(&req, 0)) != 0 ||
+        (rv = nng_msg_append(req, msg, len)) != 0) {
+        pthread_mutex_lock(&cli->lock);
+        c->busy = 0;
+        pthread_mutex_unlock(&cli->lock);
+        return kvc_error(KVX_ERR_NO_MEMORY, "request to %s: %s", cli->url,
+                         nng_strerror(rv));
+    }
+    if (timeout_ms < 1) {
+        timeout_ms = 1;
+    }
+    c->fn          = fn;
+    c->arg         = arg;
+    c->sending     = 1;
+    c->deadline_ms = kvn_clock_ms() + timeout_ms;
+    nng_aio_set_msg(c->aio, req);
+    nng_aio_set_timeout(c->aio, (nng_duration)timeout_ms);
+    nng_ctx_send(c->ctx, c->aio);
+    return KVX_OK;
+}
+
+int kvn_client_idle_contexts(kvn_client_t *cli)
+{
+    int n = 0;
+
+    pthread_mutex_lock(&cli->lock);
+    for (int i = 0; i < cli->nctx; i++) {
+        n += !cli->ctxs[i].busy;
+    }
+    pthread_mutex_unlock(&cli->lock);
+    return n;
 }
 
 static int64_t kvn_clock_ms(void)
@@ -301,7 +466,22 @@ void kvn_client_close(kvn_client_t *cli)
     if (cli == NULL) {
         return;
     }
+    /* Closing the socket completes every pending aio (ECLOSED: the
+     * callbacks report KVX_ERR_CANCELED); nng_aio_free waits for them. */
     nng_close(cli->sock);
+    for (int i = 0; i < cli->nctx; i++) {
+        nng_aio_free(cli->ctxs[i].aio);
+    }
+    /* A callback that re-armed a receive on a stopped aio is never called
+     * again: finish such requests here so each is reported exactly once. */
+    for (int i = 0; i < cli->nctx; i++) {
+        if (cli->ctxs[i].busy) {
+            kvn_cctx_finish(&cli->ctxs[i], KVX_ERR_CANCELED, NULL,
+                            "client closed");
+        }
+    }
+    free(cli->ctxs);
+    pthread_mutex_destroy(&cli->lock);
     free(cli);
 }
 

@@ -46,6 +46,31 @@ kvx_status_t kvn_client_open(const char *host, uint32_t port,
 kvx_status_t kvn_client_request(kvn_client_t *cli, const void *msg,
                                 size_t len, int timeout_ms, char **reply_p,
                                 size_t *reply_len_p);
+
+/* Asynchronous requests: a client opened with kvn_client_open_async has
+ * nctx REQ contexts, so up to nctx requests are in flight at once (each
+ * with its own deadline) instead of one round trip after another.
+ *
+ * kvn_reply_fn runs on an nng thread, never inside kvn_client_post, exactly
+ * once per accepted request (also when the client is closed: then st is
+ * KVX_ERR_CANCELED). On KVX_OK, reply is len bytes plus a NUL, valid during
+ * the call; otherwise err says what failed and reply is NULL. The callback
+ * may take locks that the caller of kvn_client_post holds (nng calls it
+ * with no lock of its own held). */
+typedef void (*kvn_reply_fn)(void *arg, kvx_status_t st, const char *reply,
+                             size_t len, const char *err);
+
+kvx_status_t kvn_client_open_async(const char *host, uint32_t port, int nctx,
+                                   kvn_client_t **cli_p);
+/* kvn_client_post copies msg and sends it on a free context. KVX_OK: fn
+ * will be called. KVX_ERR_BAD_STATE: every context is busy (nothing sent,
+ * fn not called); other errors: nothing sent, fn not called. */
+kvx_status_t kvn_client_post(kvn_client_t *cli, const void *msg, size_t len,
+                             int timeout_ms, kvn_reply_fn fn, void *arg);
+/* kvn_client_idle_contexts: contexts free for kvn_client_post now. */
+int          kvn_client_idle_contexts(kvn_client_t *cli);
+/* kvn_client_close: pending asynchronous requests complete (canceled)
+ * before it returns; never call it from a kvn_reply_fn. */
 void         kvn_client_close(kvn_client_t *cli);
 const char  *kvn_client_url(const kvn_client_t *cli);
 

@@ -23,6 +23,7 @@
 typedef struct kvu_job kvu_job_t;
 
 struct kvu_job {
+    kvu_ep_t        *ep;
     kvu_op_t        *op;
     int              is_put;
     int              is_flush;  /* ep flush after every earlier job */
@@ -70,12 +71,15 @@ struct kvu_ep {
     int           failed;
     int           err_pending;   /* error callback not yet delivered */
     int           closed;        /* kvu_ep_close called */
+    _Atomic int   dead;          /* failed or closed: posts are refused;
+                                    set after fail_reason (release) */
     kvx_status_t  fail_status;
     char          fail_reason[256];
     uint64_t      inflight;      /* bytes */
     uint64_t      inflight_reqs;
     void         *close_req;
     int           wired;         /* wire-up flush completed */
+    int           wire_pending;  /* its request is outstanding */
     ucs_status_t  wire_status;
     kvu_job_t    *qhead, *qtail;
     kvu_ep_t     *next;          /* ctx->eps or ctx->closing */
@@ -98,6 +102,11 @@ struct kvu_ctx {
     char            cpus[256];
     uint64_t        chunk;
     kvu_op_t       *done_head;   /* completed ops, under lock */
+    /* Posted jobs on their way to their endpoint's queue. Posting takes
+     * only in_lock, never the lock ucp_worker_progress runs under, so an
+     * API call never waits behind data movement. */
+    pthread_mutex_t in_lock;
+    kvu_job_t      *in_head, *in_tail;
     kvu_ep_t       *eps;         /* live endpoints */
     kvu_ep_t       *closing;     /* closed, waiting for UCX */
     uint64_t        mem_types;
@@ -339,13 +348,48 @@ static void kvu_reap_closing(kvu_ctx_t *ctx)
             ep->close_req = NULL;
         }
         if (ep->close_req == NULL && ep->inflight_reqs == 0 &&
-            !ep->err_pending) {
+            !ep->err_pending && !ep->wire_pending) {
             *pp = ep->next;
             free(ep);
             continue;
         }
         pp = &ep->next;
     }
+}
+
+/* kvu_take_incoming moves posted jobs to their endpoints' queues (ctx lock
+ * held). Runs before the reaper in each pass, so a job posted before its
+ * endpoint was closed is canceled here, never left pointing at a freed
+ * endpoint. Returns the number of jobs moved. */
+static int kvu_take_incoming(kvu_ctx_t *ctx)
+{
+    kvu_job_t *job, *next;
+    int        n = 0;
+
+    pthread_mutex_lock(&ctx->in_lock);
+    job          = ctx->in_head;
+    ctx->in_head = ctx->in_tail = NULL;
+    pthread_mutex_unlock(&ctx->in_lock);
+    for (; job != NULL; job = next, n++) {
+        kvu_ep_t *ep = job->ep;
+
+        next      = job->next;
+        job->next = NULL;
+        if (ep->failed || ep->closed || ep->ep == NULL) {
+            kvu_op_set_error(job->op, ep->failed ? ep->fail_status
+                                                 : KVX_ERR_CANCELED);
+            kvu_op_put(ctx, job->op);
+            free(job);
+            continue;
+        }
+        if (ep->qtail != NULL) {
+            ep->qtail->next = job;
+        } else {
+            ep->qhead = job;
+        }
+        ep->qtail = job;
+    }
+    return n;
 }
 
 /* Collects completions and endpoint errors under the lock, delivers them
@@ -357,6 +401,7 @@ static int kvu_deliver(kvu_ctx_t *ctx)
     int       nerr = 0, n = 0;
 
     pthread_mutex_lock(&ctx->lock);
+    n += kvu_take_incoming(ctx);
     for (kvu_ep_t *ep = ctx->eps; ep != NULL; ep = ep->next) {
         if (ep->qhead != NULL && ep->failed) {
             kvu_job_cancel_all(ep, ep->fail_status);
@@ -637,6 +682,7 @@ static void kvu_ctx_free(kvu_ctx_t *ctx)
         close(ctx->wakefd);
     }
     pthread_cond_destroy(&ctx->cond);
+    pthread_mutex_destroy(&ctx->in_lock);
     pthread_mutex_destroy(&ctx->lock);
     free(ctx);
 }
@@ -665,6 +711,7 @@ kvx_status_t kvu_ctx_create(const kvu_params_t *params, kvu_ctx_t **ctx_p)
         ctx->chunk = 65536;
     }
     pthread_mutex_init(&ctx->lock, NULL);
+    pthread_mutex_init(&ctx->in_lock, NULL);
     pthread_cond_init(&ctx->cond, NULL);
     ctx->wakefd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (ctx->wakefd < 0) {
@@ -722,6 +769,12 @@ void kvu_ctx_destroy(kvu_ctx_t *ctx)
     if (ctx->thread_started) {
         pthread_join(ctx->thread, NULL);
     }
+    while (ctx->in_head != NULL) { /* posted after the last pass */
+        kvu_job_t *job = ctx->in_head;
+
+        ctx->in_head = job->next;
+        free(job);
+    }
     while (ctx->closing != NULL) {
         kvu_ep_t *ep = ctx->closing;
 
@@ -729,6 +782,12 @@ void kvu_ctx_destroy(kvu_ctx_t *ctx)
         free(ep);
     }
     kvu_ctx_free(ctx);
+}
+
+int kvu_in_progress_thread(const kvu_ctx_t *ctx)
+{
+    return ctx != NULL && ctx->thread_started &&
+           pthread_equal(pthread_self(), ctx->thread);
 }
 
 void kvu_worker_address(kvu_ctx_t *ctx, const void **addr_p, size_t *len_p)
@@ -886,6 +945,7 @@ static void kvu_ep_err_handler(void *arg, ucp_ep_h uep, ucs_status_t status)
                  "UCX endpoint to %s failed: %s", ep->peer,
                  ucs_status_string(status));
         ep->err_pending = 1;
+        atomic_store(&ep->dead, 1);
     }
     kvc_log_warn("KVX-UCX-EP-ERROR", "endpoint to %s: %s", ep->peer,
                  ucs_status_string(status));
@@ -898,9 +958,14 @@ static void kvu_wire_cb(void *request, ucs_status_t status, void *user_data)
 {
     kvu_ep_t *ep = user_data;
 
-    ep->wired       = 1;
-    ep->wire_status = status;
+    ep->wired        = 1;
+    ep->wire_pending = 0;
+    ep->wire_status  = status;
     ucp_request_free(request);
+    if (status != UCS_OK && status != UCS_ERR_CANCELED) {
+        kvc_log_warn("KVX-UCX-WIREUP", "wire-up with %s failed: %s",
+                     ep->peer, ucs_status_string(status));
+    }
 }
 
 /* kvu_ep_describe parses ucp_ep_print_info into a compact transport list,
@@ -973,6 +1038,12 @@ static void kvu_ep_describe(kvu_ep_t *ep)
     }
 }
 
+/* kvu_ep_wireup starts the wire-up (a flush completes once every lane is
+ * connected) and, with timeout_ms > 0, waits for it. Without waiting, the
+ * endpoint is usable at once: operations posted before the lanes connect
+ * are queued by UCX and go out when they do, so the first transfer overlaps
+ * the wire-up instead of following it. The lanes are already selected
+ * (ucp_ep_create with a worker address selects them from that address). */
 static kvx_status_t kvu_ep_wireup(kvu_ep_t *ep, int timeout_ms)
 {
     kvu_ctx_t          *ctx = ep->ctx;
@@ -990,6 +1061,16 @@ static kvx_status_t kvu_ep_wireup(kvu_ep_t *ep, int timeout_ms)
     } else if (UCS_PTR_IS_ERR(sp)) {
         ep->wired       = 1;
         ep->wire_status = UCS_PTR_STATUS(sp);
+    } else {
+        ep->wire_pending = 1;
+    }
+    if (timeout_ms <= 0) {
+        kvu_ctx_kick(ctx);
+        return ep->wire_status == UCS_OK
+                   ? KVX_OK
+                   : kvc_error(KVX_ERR_ENDPOINT, "UCX wire-up with %s failed: "
+                               "%s", ep->peer,
+                               ucs_status_string(ep->wire_status));
     }
     while (!ep->wired && kvu_now_us() < deadline) {
         struct timespec ts;
@@ -1055,10 +1136,8 @@ kvx_status_t kvu_ep_create(kvu_ctx_t *ctx, const void *addr, size_t len,
     }
     ep->next = ctx->eps;
     ctx->eps = ep;
+    kvu_ep_describe(ep);
     status   = kvu_ep_wireup(ep, timeout_ms);
-    if (status == KVX_OK) {
-        kvu_ep_describe(ep);
-    }
     pthread_mutex_unlock(&ctx->lock);
     if (status != KVX_OK) {
         ep->err_cb = NULL;
@@ -1109,6 +1188,7 @@ void kvu_ep_close(kvu_ep_t *ep)
         pthread_cond_wait(&ctx->cond, &ctx->lock);
     }
     ep->closed = 1;
+    atomic_store(&ep->dead, 1);
     kvu_job_cancel_all(ep, KVX_ERR_CANCELED);
     kvu_ep_close_locked(ep, ep->failed);
     for (kvu_ep_t **pp = &ctx->eps; *pp != NULL; pp = &(*pp)->next) {
@@ -1134,6 +1214,7 @@ void kvu_ep_fail(kvu_ep_t *ep, kvx_status_t status, const char *reason)
         ep->fail_status = status;
         snprintf(ep->fail_reason, sizeof(ep->fail_reason), "%s", reason);
         ep->err_pending = 1;
+        atomic_store(&ep->dead, 1);
         kvu_job_cancel_all(ep, status);
     }
     pthread_mutex_unlock(&ctx->lock);
@@ -1298,25 +1379,24 @@ static kvx_status_t kvu_enqueue(kvu_ep_t *ep, kvu_job_t *job)
 {
     kvu_ctx_t *ctx = ep->ctx;
 
-    pthread_mutex_lock(&ctx->lock);
-    if (ep->failed || ep->closed || ep->ep == NULL) {
-        kvx_status_t st = ep->failed ? ep->fail_status : KVX_ERR_ENDPOINT;
-
-        pthread_mutex_unlock(&ctx->lock);
+    if (atomic_load(&ep->dead)) {
         free(job);
-        return kvc_error(st, "post to %s: endpoint %s", ep->peer,
-                         ep->failed ? ep->fail_reason : "closed");
+        return kvc_error(KVX_ERR_ENDPOINT, "post to %s: endpoint %s",
+                         ep->peer, ep->failed ? ep->fail_reason : "closed");
     }
-    if (ep->qtail != NULL) {
-        ep->qtail->next = job;
-    } else {
-        ep->qhead = job;
-    }
-    ep->qtail = job;
+    job->ep = ep;
     /* The progress thread issues the runs: posting returns at once even
      * where UCX completes an operation inside the call (shared-memory
-     * copies), and the caller never pays for the copy. */
-    pthread_mutex_unlock(&ctx->lock);
+     * copies), and the caller never pays for the copy nor waits for the
+     * progress lock. */
+    pthread_mutex_lock(&ctx->in_lock);
+    if (ctx->in_tail != NULL) {
+        ctx->in_tail->next = job;
+    } else {
+        ctx->in_head = job;
+    }
+    ctx->in_tail = job;
+    pthread_mutex_unlock(&ctx->in_lock);
     kvu_ctx_kick(ctx);
     return KVX_OK;
 }

@@ -89,8 +89,14 @@ size_t       kvu_mem_length(const kvu_mem_t *mem);
 void         kvu_mem_rkey(const kvu_mem_t *mem, const void **buf_p,
                           size_t *len_p);
 
-/* kvu_ep_create connects to a peer worker address and waits (up to
- * timeout_ms) for wire-up, then records the lanes it uses. */
+/* kvu_in_progress_thread: is the caller ctx's progress thread (where
+ * completions are delivered)? */
+int kvu_in_progress_thread(const kvu_ctx_t *ctx);
+
+/* kvu_ep_create connects to a peer worker address, records the lanes it
+ * selected and starts the wire-up; with timeout_ms > 0 it waits (that long)
+ * for the wire-up, with 0 it returns at once (operations posted meanwhile
+ * are queued by UCX until the lanes connect). */
 kvx_status_t kvu_ep_create(kvu_ctx_t *ctx, const void *addr, size_t len,
                            const char *peer_name, int timeout_ms,
                            kvu_ep_err_fn err_cb, void *err_arg,
