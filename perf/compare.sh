@@ -120,7 +120,14 @@ run_kvxfer() {
 }
 
 echo "compare.sh: results in $out"
+base=$build/perf/bench/kvxfer_ctl_baseline
+echo "rep,kind,n,p50_us,avg_us,p99_us" > "$out/ctl_baseline.csv"
 for rep in $(seq 1 "$REPS"); do
+if [ -x "$base" ]; then
+    port=$((port + 2))
+    timeout 60 "$base" -c -n 2000 -p "$port" | sed "s/^/$rep,/" >> "$out/ctl_baseline.csv"
+    port=$((port + 1))
+fi
 for tls in $TLS_LIST; do
     for cs in $CASES; do
         case $cs in
@@ -197,10 +204,19 @@ for key in order:
         seen.add(k2)
         print(f"- {key[0]}, mem {key[2]}, {key[3]}: `{r['transports']}`, RMA: {r.get('rma_mode', '?')}")
 print()
-print("Control plane (each setup's probe: the connecting transfer, then 30 one-block transfers):")
+print("Control plane (each setup's probe: the connecting transfer, then 30 one-block transfers 2 ms apart). Round trip = the library's own figure for the release (READ, D) / write_done (WRITE, P): queued -> reply received (api->stats ctl_rtt). One-way = D done -> P freed (READ) / P flushed -> D notified (WRITE), as the two applications observe it (noisy: each side sees its event when its thread runs).")
 print()
-print("| UCX_TLS | mem | op | handshake us (<=2000) | first transfer us | release / write_done avg us (<=200) | p99 us |")
-print("|---|---|---|---|---|---|---|")
+base = {}
+bpath = os.path.join(out, "ctl_baseline.csv")
+if os.path.exists(bpath):
+    for r in csv.DictReader(open(bpath)):
+        base.setdefault(r["kind"], []).append(fnum(r["p50_us"]))
+nng50 = med(base.get("nng", []))
+tcp50 = med(base.get("tcp", []))
+print(f"Floor on this machine (kvxfer_ctl_baseline, blocking ping-pong between two processes, median of the p50s): raw TCP {tcp50:.0f} us, bare nng req/rep {nng50:.0f} us.")
+print()
+print("| UCX_TLS | mem | op | handshake us (<=2000) | metadata / endpoint / rkeys us | first transfer us | round trip p50 us (<=200) | p99 us | / bare nng p50 | one-way avg us |")
+print("|---|---|---|---|---|---|---|---|---|---|")
 seen = set()
 for key in order:
     tls, cs, mem, op = key
@@ -210,5 +226,8 @@ for key in order:
     rows = [r for (t, c, m, o), reps in kv.items() if (t, m, o) == (tls, mem, op) for r in reps.values()]
     hs = med([fnum(r["handshake_us"]) for r in rows])
     nt = med([fnum(r["ctl_ntfy_avg_us"]) for r in rows])
-    print(f"| {tls} | {mem} | {op} | {hs:.0f} ({rng([fnum(r['handshake_us']) for r in rows])}) {'met' if 0 <= hs <= 2000 else 'missed'} | {med([fnum(r['first_xfer_us']) for r in rows]):.0f} | {nt:.0f} ({rng([fnum(r['ctl_ntfy_avg_us']) for r in rows])}) {'met' if nt <= 200 else 'missed'} | {med([fnum(r['ctl_ntfy_p99_us']) for r in rows]):.0f} |")
+    rt = med([fnum(r.get("ctl_rtt_p50_us")) for r in rows])
+    rt99 = med([fnum(r.get("ctl_rtt_p99_us")) for r in rows])
+    parts = "/".join(f"{med([fnum(r.get(k)) for r in rows]):.0f}" for k in ("hs_metadata_us", "hs_endpoint_us", "hs_rkeys_us"))
+    print(f"| {tls} | {mem} | {op} | {hs:.0f} ({rng([fnum(r['handshake_us']) for r in rows])}) {'met' if 0 <= hs <= 2000 else 'missed'} | {parts} | {med([fnum(r['first_xfer_us']) for r in rows]):.0f} | {rt:.0f} ({rng([fnum(r.get('ctl_rtt_p50_us')) for r in rows])}) {'met' if rt <= 200 else 'missed'} | {rt99:.0f} | {rt / nng50 if nng50 > 0 else float('nan'):.2f} | {nt:.0f} |")
 PY

@@ -529,6 +529,20 @@ static kvx_status_t api_build_prefill_params(const char *reg, const char *tid,
     return kvc_params_build_prefill(reg, tid, out_p);
 }
 
+static kvx_status_t api_connect_peer(kvx_engine_t *eng, const char *params,
+                                     int64_t timeout_ms)
+{
+    kvc_error_clear();
+    if (eng == NULL || params == NULL) {
+        return kvc_error(KVX_ERR_INVALID_PARAM, "connect_peer: NULL argument");
+    }
+    if (timeout_ms < 0) {
+        return kvc_error(KVX_ERR_INVALID_PARAM, "connect_peer: timeout_ms %lld:"
+                         " must be >= 0", (long long)timeout_ms);
+    }
+    return kvc_engine_connect(eng, params, timeout_ms);
+}
+
 static const kvx_api_t kvc_api = {
     .abi_major            = KVX_ABI_MAJOR,
     .abi_minor            = KVX_ABI_MINOR,
@@ -558,6 +572,7 @@ static const kvx_api_t kvc_api = {
     .consumer_abort       = api_consumer_abort,
     .stats                = api_stats,
     .build_prefill_params = api_build_prefill_params,
+    .connect_peer         = api_connect_peer,
 };
 
 const kvx_api_t *kvc_api_table(void)

@@ -468,6 +468,7 @@ static void kvc_peer_do_handshake(kvc_peer_t *peer)
         eng->stats.handshakes_failed++;
         kvc_read_peer_failed(eng, peer);
         kvc_write_peer_failed(eng, peer);
+        pthread_cond_broadcast(&eng->cond);
         return;
     }
     peer->meta      = m;
@@ -486,6 +487,7 @@ static void kvc_peer_do_handshake(kvc_peer_t *peer)
                  (unsigned long long)peer->hs_us[2]);
     kvc_read_peer_ready(eng, peer);
     kvc_write_peer_ready(eng, peer);
+    pthread_cond_broadcast(&eng->cond); /* kvc_engine_connect waiters */
     if (strcmp(peer->rma_mode, "direct-shm") == 0) {
         kvc_peer_prefault(peer);
     }
@@ -777,6 +779,80 @@ static void kvc_peers_free(struct kvx_engine *eng)
         pthread_cond_destroy(&p->cond);
         free(p);
     }
+}
+
+/* --- connecting ahead ---------------------------------------------------- */
+
+kvx_status_t kvc_engine_connect(struct kvx_engine *eng,
+                                const char *params_json, int64_t timeout_ms)
+{
+    const int         initiator = eng->cfg.read_mode ? !eng->cfg.is_producer
+                                                     : eng->cfg.is_producer;
+    kvc_xfer_params_t p;
+    kvc_peer_addr_t   addr;
+    const char       *field = "remote_host";
+    kvc_peer_t       *peer  = NULL;
+    kvx_status_t      st;
+    uint64_t          deadline;
+
+    if (!initiator) {
+        return kvc_error(KVX_ERR_NOT_SUPPORTED,
+                         "connect_peer: a %s in %s mode issues no one-sided "
+                         "operations, so it has no handshake to make (the "
+                         "other side connects to it)",
+                         eng->cfg.is_producer ? "kv_producer" : "kv_consumer",
+                         eng->cfg.read_mode ? "READ" : "WRITE");
+    }
+    st = kvc_params_parse(params_json, &p);
+    if (st != KVX_OK) {
+        return st;
+    }
+    if (!p.has_remote_addr) {
+        kvc_params_fini(&p);
+        return kvc_error(KVX_ERR_INVALID_PARAM,
+                         "connect_peer params: remote_host, "
+                         "remote_handshake_port and remote_notify_port are "
+                         "required (there is no request_id to derive them "
+                         "from)");
+    }
+    st = kvc_params_peer_addr(&p, NULL, eng->cfg.read_mode, &addr, &field);
+    pthread_mutex_lock(&eng->lock);
+    if (st == KVX_OK && !eng->started) {
+        st = kvc_error(KVX_ERR_BAD_STATE, "connect_peer: call start() first");
+    }
+    if (st == KVX_OK) {
+        peer = eng->cfg.read_mode
+                   ? kvc_read_connect_target(eng, &p, &addr, field, &st)
+                   : kvc_write_connect_target(eng, &p, &addr, field, &st);
+    }
+    if (peer != NULL) {
+        kvc_peer_want_handshake(peer); /* a failed peer is tried afresh */
+    }
+    deadline = kvc_now_us() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0) *
+                                  1000u;
+    while (peer != NULL && timeout_ms > 0 &&
+           (peer->want_handshake || peer->state == KVC_PEER_HANDSHAKING)) {
+        struct timespec ts;
+        uint64_t        now = kvc_now_us();
+
+        if (now >= deadline) {
+            st = kvc_error(KVX_ERR_TIMEOUT, "connect_peer %s: handshake "
+                           "still running after %lld ms", peer->name,
+                           (long long)timeout_ms);
+            break;
+        }
+        kvc_abs_deadline(&ts, (deadline - now + 999) / 1000);
+        pthread_cond_timedwait(&eng->cond, &eng->lock, &ts);
+    }
+    if (st == KVX_OK && peer != NULL && timeout_ms > 0 &&
+        peer->state != KVC_PEER_READY) {
+        st = kvc_error(peer->fail_status ? peer->fail_status
+                                         : KVX_ERR_HANDSHAKE,
+                       "connect_peer: %s", peer->fail_reason);
+    }
+    pthread_mutex_unlock(&eng->lock);
+    kvc_params_fini(&p);
+    return st;
 }
 
 /* --- listeners ---------------------------------------------------------- */

@@ -285,4 +285,21 @@ char        *kvc_read_response(struct kvx_engine *eng, const kvc_xfer_t *x);
 kvx_status_t kvc_xfer_wait(struct kvx_engine *eng, const char *tid,
                            int64_t layer, int64_t timeout_ms);
 
+/* The peer rank this engine issues one-sided operations to for an
+ * instance (READ consumer: the P rank it reads from; WRITE producer: its D
+ * rank at remote_dp_rank), after the same trust and range checks as a
+ * request; lock held. NULL with *st_p on error. */
+kvc_peer_t *kvc_read_connect_target(struct kvx_engine *eng,
+                                    const kvc_xfer_params_t *p,
+                                    const kvc_peer_addr_t *addr,
+                                    const char *field, kvx_status_t *st_p);
+kvc_peer_t *kvc_write_connect_target(struct kvx_engine *eng,
+                                     const kvc_xfer_params_t *p,
+                                     const kvc_peer_addr_t *addr,
+                                     const char *field, kvx_status_t *st_p);
+/* kvc_engine_connect (API connect_peer): handshake ahead of the first
+ * request; timeout_ms 0 returns at once, > 0 waits for the outcome. */
+kvx_status_t kvc_engine_connect(struct kvx_engine *eng,
+                                const char *params_json, int64_t timeout_ms);
+
 #endif

@@ -244,6 +244,21 @@ static kvx_status_t kvc_read_targets(struct kvx_engine *eng,
     return KVX_OK;
 }
 
+kvc_peer_t *kvc_read_connect_target(struct kvx_engine *eng,
+                                    const kvc_xfer_params_t *p,
+                                    const kvc_peer_addr_t *addr,
+                                    const char *field, kvx_status_t *st_p)
+{
+    kvc_xfer_t x;
+
+    memset(&x, 0, sizeof(x));
+    *st_p = kvc_trust_check(&eng->trust, addr->host, field);
+    if (*st_p == KVX_OK) {
+        *st_p = kvc_read_targets(eng, p, addr, field, &x);
+    }
+    return *st_p == KVX_OK ? x.src : NULL;
+}
+
 /* kvc_read_check_hosts: the advertised host is validated up front; each
  * remote_hosts entry is validated when a rank resolves to it (in
  * kvc_read_targets), so an allow-list that excludes one host of a

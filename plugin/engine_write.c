@@ -245,6 +245,21 @@ static kvc_peer_t *kvc_write_target(struct kvx_engine *eng,
     return peer;
 }
 
+kvc_peer_t *kvc_write_connect_target(struct kvx_engine *eng,
+                                     const kvc_xfer_params_t *p,
+                                     const kvc_peer_addr_t *addr,
+                                     const char *field, kvx_status_t *st_p)
+{
+    *st_p = kvc_write_check_hosts(eng, p, addr, field);
+    if (*st_p == KVX_OK) {
+        *st_p = kvc_write_same_tp(eng, p->remote_tp_size ? p->remote_tp_size
+                                                         : eng->cfg.tp_size);
+    }
+    return *st_p == KVX_OK ? kvc_write_target(eng, p, addr, field,
+                                              p->remote_dp_rank, st_p)
+                           : NULL;
+}
+
 /* kvc_write_blocks applies a remote_blocks message to a P transfer. The
  * message's block list moves into x. */
 static void kvc_write_blocks(struct kvx_engine *eng, kvc_xfer_t *x,

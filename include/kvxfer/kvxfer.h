@@ -38,7 +38,7 @@ extern "C" {
 #endif
 
 #define KVX_ABI_MAJOR 1
-#define KVX_ABI_MINOR 1
+#define KVX_ABI_MINOR 2
 
 #define KVX_ENTRY_POINT_NAME "kvx_get_api"
 
@@ -266,6 +266,23 @@ typedef struct kvx_api {
     kvx_status_t (*build_prefill_params)(const char *decode_registration_json,
                                          const char *transfer_id,
                                          char **prefill_params_p);
+
+    /* --- ABI 1.2 (check struct_size / abi_minor >= 2) --- */
+
+    /* connect_peer handshakes ahead of the first request with the rank of
+     * a remote instance that this engine would issue one-sided operations
+     * to (READ kv_consumer: its P rank; WRITE kv_producer: its D rank at
+     * remote_dp_rank), so that request does not wait for it. params_json
+     * takes the addressing keys of kv_transfer_params: remote_host,
+     * remote_handshake_port, remote_notify_port (required), remote_tp_size,
+     * remote_dp_size, remote_dp_rank, remote_hosts; the same trust and
+     * range checks apply. timeout_ms 0: start it and return KVX_OK;
+     * > 0: wait for the outcome (KVX_OK when connected, the handshake's
+     * error, or KVX_ERR_TIMEOUT; the handshake itself is bounded by
+     * handshake_timeout). A connected peer is a no-op. The other roles get
+     * KVX_ERR_NOT_SUPPORTED (they answer handshakes, never make them). */
+    kvx_status_t (*connect_peer)(kvx_engine_t *engine, const char *params_json,
+                                 int64_t timeout_ms);
 } kvx_api_t;
 
 /*

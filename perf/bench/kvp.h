@@ -77,6 +77,8 @@ typedef struct kvp_opts {
     int         memcpy_rows;
     int         inject_error; /* test: flip one received byte */
     int         clock_sync;   /* ping-pong clock offset even on one host */
+    int         connect_ahead; /* initiator calls api->connect_peer before
+                                  the first transfer of each setup */
     char        tls[256];
     uint64_t    max_inflight;  /* 0 = engine default */
     char        extra[1024];   /* extra members of kv_connector_extra_config */

@@ -108,6 +108,9 @@ void kvp_usage(FILE *f, const char *prog)
 "                         dim. List 32K,1M or doubling range 4K:1M (model's)\n"
 "  -b, --batch LIST       KV blocks per transfer, e.g. 1,8,32 or 1:128 (32)\n"
 "      --contiguous       consecutive block ids (runs merge); default scattered\n"
+"      --connect-ahead    the initiator (READ: D, WRITE: P) calls connect_peer\n"
+"                         before the first transfer; the header then gives\n"
+"                         connect_peer's time and a first transfer without it\n"
 "  -n, --iters N          timed transfers per point (auto: 1 GiB / transfer,\n"
 "                         10..1000)\n"
 "  -w, --warmup N         untimed transfers first (auto: n/10, >= 2, and at\n"
@@ -214,7 +217,7 @@ enum {
     OPT_MPI = 256, OPT_BIND, OPT_HOST_IP, OPT_LIB, OPT_LAYERS, OPT_LAYOUT,
     OPT_TOKENS, OPT_HEADS, OPT_HEAD_DIM, OPT_ELEM, OPT_CONTIG, OPT_SCATTER,
     OPT_POOL, OPT_MEM, OPT_TLS, OPT_INFLIGHT, OPT_EXTRA, OPT_KVPORT,
-    OPT_CHECK, OPT_MEMCPY, OPT_TIMEOUT, OPT_CSV, OPT_JSON, OPT_ACCEPT,
+    OPT_CHECK, OPT_CONNECT_AHEAD, OPT_MEMCPY, OPT_TIMEOUT, OPT_CSV, OPT_JSON, OPT_ACCEPT,
     OPT_INJECT, OPT_CLOCK,
 };
 
@@ -247,6 +250,7 @@ static const struct option kvp_longopts[] = {
     {"extra", required_argument, NULL, OPT_EXTRA},
     {"kv-port", required_argument, NULL, OPT_KVPORT},
     {"check", no_argument, NULL, OPT_CHECK},
+    {"connect-ahead", no_argument, NULL, OPT_CONNECT_AHEAD},
     {"memcpy", no_argument, NULL, OPT_MEMCPY},
     {"inject-error", no_argument, NULL, OPT_INJECT},
     {"clock-sync", no_argument, NULL, OPT_CLOCK},
@@ -428,6 +432,9 @@ int kvp_opts_parse(int argc, char **argv, kvp_opts_t *o, char *err,
             break;
         case OPT_CONTIG:
             o->contiguous = 1;
+            break;
+        case OPT_CONNECT_AHEAD:
+            o->connect_ahead = 1;
             break;
         case OPT_SCATTER:
             o->contiguous = 0;

@@ -381,8 +381,14 @@ static void kvp_table_setup(const kvp_report_t *r, const kvp_row_t *su)
            strcmp(su->rma_mode, "?") != 0
                ? su->rma_mode
                : su->rma_emulated ? "emulated over active messages" : "?");
-    printf("# connect: handshake %.1f us, first transfer (handshake + 1 "
-           "block) %.1f us\n", su->handshake_us, su->first_xfer_us);
+    if (o->connect_ahead) {
+        printf("# connect: connect_peer (handshake ahead) %.1f us, first "
+               "transfer (1 block, connected) %.1f us\n", su->handshake_us,
+               su->first_xfer_us);
+    } else {
+        printf("# connect: handshake %.1f us, first transfer (handshake + "
+               "1 block) %.1f us\n", su->handshake_us, su->first_xfer_us);
+    }
     printf("# control plane, %u one-block transfers (after the first 5): %s "
            "%.1f us avg, %.1f us p99; transfer (Tx) %.1f us avg, %.1f us "
            "p99\n", su->iters,

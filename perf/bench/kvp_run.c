@@ -25,6 +25,7 @@
 
 #include <inttypes.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -380,6 +381,38 @@ static void kvp_ctl_stats(kvp_sess_t *s, double rtt[3], double parts[3])
     s->api->free(js);
 }
 
+/* kvp_connect_ahead: the initiator's api->connect_peer to its peer rank,
+ * waiting for the outcome; returns its duration in us (-1 on failure). */
+static double kvp_connect_ahead(kvp_sess_t *s)
+{
+    char         addr[512];
+    uint32_t     hs = kvp_hs_base(s->peer_base, s->setup, s->npairs);
+    double       t;
+    kvx_status_t st;
+
+    if (s->api->abi_minor < 2 ||
+        s->api->struct_size < offsetof(kvx_api_t, connect_peer) +
+                                  sizeof(s->api->connect_peer)) {
+        kvp_fatal(s, "--connect-ahead: this libkvxfer has no connect_peer "
+                  "(ABI 1.%u)", s->api->abi_minor);
+        return -1;
+    }
+    snprintf(addr, sizeof(addr),
+             "{\"remote_host\":\"%s\",\"remote_handshake_port\":%u,"
+             "\"remote_notify_port\":%u,\"remote_tp_size\":%u}",
+             s->peer_host, hs, hs + s->npairs, s->npairs);
+    t  = kvp_now_us();
+    st = s->api->connect_peer(s->side.eng, addr, (int64_t)(s->o->timeout_s *
+                                                           1000.0));
+    t = kvp_now_us() - t;
+    if (st != KVX_OK) {
+        kvp_fatal(s, "connect_peer %s: %s: %s", addr, s->api->status_name(st),
+                  s->api->last_error());
+        return -1;
+    }
+    return t;
+}
+
 /* Polling back-off of P (the API has no blocking wait for producer
  * events): after activity poll every 2 us, then double up to `max` us. The
  * probe (control-plane latency) uses max 16 us; bandwidth points 100 us so
@@ -481,6 +514,7 @@ static int kvp_p_point(kvp_sess_t *s, const kvp_point_msg_t *pm)
     uint32_t      total = pm->warm + pm->iters, issued = 0;
     uint32_t      ahead = s->o->depth * 4 > 64 ? s->o->depth * 4 : 64;
     kvp_p_state_t st    = {0};
+    double        ahead_us = -1; /* --connect-ahead: connect_peer's time */
     uint64_t     *ids   = malloc(pm->batch * sizeof(uint64_t));
     double        deadline = kvp_now_us() + s->o->timeout_s * 1e6;
     double        t_rb0 = 0;
@@ -510,6 +544,10 @@ static int kvp_p_point(kvp_sess_t *s, const kvp_point_msg_t *pm)
     pr->handshake_us = -1;
     if (ahead > total) {
         ahead = total;
+    }
+    if (st.write && pm->point == KVP_PROBE && s->o->connect_ahead &&
+        (ahead_us = kvp_connect_ahead(s)) < 0) {
+        goto out;
     }
     if (st.write) {
         rb0 = kvp_stat(s, "remote_blocks");
@@ -639,7 +677,8 @@ static int kvp_p_point(kvp_sess_t *s, const kvp_point_msg_t *pm)
     if (st.write && pm->point == KVP_PROBE) {
         double hs = kvp_logger_last_handshake_us();
 
-        pr->handshake_us = hs > t_rb0 ? hs - t_rb0 : -1;
+        pr->handshake_us = ahead_us >= 0 ? ahead_us
+                                         : hs > t_rb0 ? hs - t_rb0 : -1;
         kvp_transports(s);
         kvp_ctl_stats(s, pr->ctl_rtt, pr->hs_parts);
     }
@@ -804,6 +843,7 @@ static int kvp_d_point(kvp_sess_t *s, const kvp_point_msg_t *pm)
     uint32_t       first_rec, nrec;
     int64_t        rss[3] = {0, 0, 0}, hwm;
     void          *tmp;
+    double         ahead_us = -1; /* --connect-ahead: connect_peer's time */
 
     if (pids == NULL || dids == NULL || params == NULL || t0 == NULL ||
         post == NULL || st.done_t == NULL) {
@@ -840,6 +880,11 @@ static int kvp_d_point(kvp_sess_t *s, const kvp_point_msg_t *pm)
         goto out;
     }
     free(tmp);
+    if (pm->point == KVP_PROBE && s->mode == KVP_READ && s->o->connect_ahead) {
+        if ((ahead_us = kvp_connect_ahead(s)) < 0) {
+            goto out;
+        }
+    }
     while (tail < total) {
         char         tid[KVX_ID_MAX];
         kvx_status_t r;
@@ -928,7 +973,8 @@ static int kvp_d_point(kvp_sess_t *s, const kvp_point_msg_t *pm)
     if (pm->point == KVP_PROBE && s->mode == KVP_READ) {
         double hs = kvp_logger_last_handshake_us();
 
-        s->handshake_us = hs > t0[0] ? hs - t0[0] : -1;
+        s->handshake_us = ahead_us >= 0 ? ahead_us
+                                        : hs > t0[0] ? hs - t0[0] : -1;
         kvp_transports(s);
         kvp_ctl_stats(s, s->ctl_rtt, s->hs_parts);
     }

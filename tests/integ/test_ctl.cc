@@ -1449,3 +1449,110 @@ TEST(CtlClient, EngineReportsReleaseRoundTripsAndHandshakeParts)
     EXPECT_GT(total, 0);
     EXPECT_GE(total, StatCount(pr.d->eng, "last_handshake.metadata_us"));
 }
+
+// ========================================================================
+// 15. connect_peer: the handshake ahead of the first request (ABI 1.2).
+// ========================================================================
+
+namespace {
+
+std::string AddrParams(const char *host, uint16_t hs, uint16_t notify)
+{
+    return std::string("{\"remote_host\":\"") + host +
+           "\",\"remote_handshake_port\":" + std::to_string(hs) +
+           ",\"remote_notify_port\":" + std::to_string(notify) +
+           ",\"remote_tp_size\":1}";
+}
+
+} // namespace
+
+TEST(ConnectPeer, HandshakeAheadThenTheRequestUsesIt)
+{
+    Pair pr;
+    MakePair(&pr);
+    if (HasFatalFailure()) {
+        return;
+    }
+    std::string addr = AddrParams("127.0.0.1", pr.hs,
+                                  (uint16_t)(pr.hs + 20000));
+    EXPECT_EQ(0, StatCount(pr.d->eng, "handshakes_ok"));
+    ASSERT_EQ(KVX_OK, Api()->connect_peer(pr.d->eng, addr.c_str(), 10000))
+        << Api()->last_error();
+    EXPECT_EQ(1, StatCount(pr.d->eng, "handshakes_ok"));
+    EXPECT_GT(StatCount(pr.d->eng, "last_handshake.total_us"), 0);
+    // Connected already: a no-op, also with a deadline.
+    ASSERT_EQ(KVX_OK, Api()->connect_peer(pr.d->eng, addr.c_str(), 0));
+    ASSERT_EQ(KVX_OK, Api()->connect_peer(pr.d->eng, addr.c_str(), 1000));
+
+    const std::vector<uint64_t> remote = {7, 3}, local = {1, 2};
+    ASSERT_EQ(KVX_OK, Hold(*pr.p, "tx-ahead", remote)) << Api()->last_error();
+    std::string params = PairParams(pr, "tx-ahead", remote);
+    ASSERT_EQ(KVX_OK, Api()->consumer_request(pr.d->eng, "req-ahead",
+                                              params.c_str(), local.data(),
+                                              local.size()))
+        << Api()->last_error();
+    ASSERT_EQ(KVX_OK, Api()->wait_transfer(pr.d->eng, "tx-ahead", 20000))
+        << Api()->last_error();
+    EXPECT_EQ("", VerifyPull(pr.model, *pr.d, 0, local, remote));
+    EXPECT_EQ(1, StatCount(pr.d->eng, "handshakes_ok")); // no second one
+    EXPECT_EQ(0, StatCount(pr.d->eng, "handshakes_failed"));
+}
+
+TEST(ConnectPeer, DeadPortFailsWithinTheHandshakeTimeout)
+{
+    ModelSpec   model = ThreeLayerModel();
+    uint16_t    base  = PortBase(2);
+    RankOpts    o     = Opts(false, (uint16_t)(base + 1), 24);
+    std::string err;
+    o.handshake_timeout = 0.5;
+    auto d              = Start(model, o, &err);
+    ASSERT_TRUE(d) << err;
+    std::string addr = AddrParams("127.0.0.1", base, (uint16_t)(base + 20000));
+    auto        t0   = Clock::now();
+    kvx_status_t st = Api()->connect_peer(d->eng, addr.c_str(), 10000);
+    EXPECT_EQ(KVX_ERR_HANDSHAKE_TIMEOUT, st) << Api()->last_error();
+    EXPECT_TRUE(Contains(Api()->last_error(), std::to_string(base)))
+        << Api()->last_error();
+    EXPECT_LT(SecondsSince(t0), 3.0);
+    EXPECT_EQ(1, StatCount(d->eng, "handshakes_failed"));
+    // A deadline shorter than the handshake's own: KVX_ERR_TIMEOUT.
+    o.handshake_timeout = 2.0;
+    base                = PortBase(2);
+    o.hs_port           = (uint16_t)(base + 1);
+    o.notify_port       = (uint16_t)(base + 20001);
+    auto d2             = Start(model, o, &err);
+    ASSERT_TRUE(d2) << err;
+    addr = AddrParams("127.0.0.1", base, (uint16_t)(base + 20000));
+    EXPECT_EQ(KVX_ERR_TIMEOUT, Api()->connect_peer(d2->eng, addr.c_str(), 100))
+        << Api()->last_error();
+}
+
+TEST(ConnectPeer, BadInputAndWrongRoleAreRefusedWithTheRule)
+{
+    Pair pr;
+    MakePair(&pr);
+    if (HasFatalFailure()) {
+        return;
+    }
+    // P in READ mode answers handshakes; it never makes one.
+    std::string addr = AddrParams("127.0.0.1", (uint16_t)(pr.hs + 1),
+                                  (uint16_t)(pr.hs + 20001));
+    EXPECT_EQ(KVX_ERR_NOT_SUPPORTED,
+              Api()->connect_peer(pr.p->eng, addr.c_str(), 0));
+    EXPECT_TRUE(Contains(Api()->last_error(), "kv_producer"))
+        << Api()->last_error();
+    EXPECT_EQ(KVX_ERR_INVALID_PARAM,
+              Api()->connect_peer(pr.d->eng, "{\"remote_tp_size\":1}", 0));
+    EXPECT_TRUE(Contains(Api()->last_error(), "remote_host"))
+        << Api()->last_error();
+    EXPECT_EQ(KVX_ERR_INVALID_PARAM,
+              Api()->connect_peer(pr.d->eng, addr.c_str(), -1));
+    EXPECT_TRUE(Contains(Api()->last_error(), "timeout_ms"))
+        << Api()->last_error();
+    // Wildcard host: the trust rule, nothing dialled.
+    std::string wild = AddrParams("0.0.0.0", pr.hs, (uint16_t)(pr.hs + 20000));
+    EXPECT_EQ(KVX_ERR_UNTRUSTED_PEER,
+              Api()->connect_peer(pr.d->eng, wild.c_str(), 0));
+    EXPECT_EQ(0, StatCount(pr.d->eng, "handshakes_ok") +
+                     StatCount(pr.d->eng, "handshakes_failed"));
+}

@@ -111,6 +111,8 @@ struct kvu_ctx {
     kvu_ep_t       *closing;     /* closed, waiting for UCX */
     uint64_t        mem_types;
     int             delivering;  /* error callbacks running unlocked */
+    _Atomic uint64_t kicks;      /* kvu_ctx_kick calls */
+    _Atomic int     sleeping;    /* progress thread in (or entering) poll */
 };
 
 static uint64_t kvu_now_us(void)
@@ -166,12 +168,21 @@ const char *kvu_version(void)
     return ucp_get_version_string();
 }
 
+/* kvu_ctx_kick: something for the progress thread. Every kick is counted;
+ * the eventfd is written only while the thread sleeps (or is about to): a
+ * post to a spinning thread costs no system call, and so no scheduling
+ * point, on the caller's side. The thread re-checks the count after
+ * announcing its sleep (kvu_wait), so no kick is lost. */
 void kvu_ctx_kick(kvu_ctx_t *ctx)
 {
     uint64_t one = 1;
-    ssize_t  rc  = write(ctx->wakefd, &one, sizeof(one));
 
-    (void)rc;
+    atomic_fetch_add(&ctx->kicks, 1);
+    if (atomic_load(&ctx->sleeping)) {
+        ssize_t rc = write(ctx->wakefd, &one, sizeof(one));
+
+        (void)rc;
+    }
 }
 
 /* --- completion bookkeeping (ctx lock held) ----------------------------- */
@@ -451,7 +462,9 @@ static int kvu_deliver(kvu_ctx_t *ctx)
     return n;
 }
 
-static void kvu_wait(kvu_ctx_t *ctx)
+/* kvu_wait sleeps until UCX or a kick has something; seen is the kick
+ * count when the current pass began. */
+static void kvu_wait(kvu_ctx_t *ctx, uint64_t seen)
 {
     struct pollfd pfd[2];
     ucs_status_t  st;
@@ -463,6 +476,11 @@ static void kvu_wait(kvu_ctx_t *ctx)
     if (st == UCS_ERR_BUSY) {
         return;
     }
+    atomic_store(&ctx->sleeping, 1);
+    if (atomic_load(&ctx->kicks) != seen) { /* kicked since: no sleep */
+        atomic_store(&ctx->sleeping, 0);
+        return;
+    }
     pfd[0].fd     = ctx->efd;
     pfd[0].events = POLLIN;
     pfd[1].fd     = ctx->wakefd;
@@ -471,6 +489,7 @@ static void kvu_wait(kvu_ctx_t *ctx)
         ssize_t rc = read(ctx->wakefd, &val, sizeof(val));
         (void)rc;
     }
+    atomic_store(&ctx->sleeping, 0);
 }
 
 /* kvu_bind_cpus binds the calling thread to a CPU list "0-3,8-11". */
@@ -517,7 +536,8 @@ static void *kvu_progress_main(void *arg)
     }
 
     while (!atomic_load(&ctx->stop)) {
-        unsigned int n = 0;
+        unsigned int n    = 0;
+        uint64_t     seen = atomic_load(&ctx->kicks);
         uint64_t     now;
 
         pthread_mutex_lock(&ctx->lock);
@@ -540,7 +560,7 @@ static void *kvu_progress_main(void *arg)
         if (now - last_busy < ctx->params.spin_us) {
             continue;
         }
-        kvu_wait(ctx);
+        kvu_wait(ctx, seen);
     }
     return NULL;
 }
