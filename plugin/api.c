@@ -232,34 +232,11 @@ static kvx_status_t api_start(kvx_engine_t *eng)
 
 static kvx_status_t api_registration_payload(kvx_engine_t *eng, char **out)
 {
-    const kvc_config_t *c = &eng->cfg;
-    json_object        *o, *hosts;
-    char                buf[KVC_HOST_MAX + 64];
-
+    kvc_error_clear();
     if (eng == NULL || out == NULL) {
         return kvc_error(KVX_ERR_INVALID_PARAM, "registration_payload: NULL");
     }
-    o     = json_object_new_object();
-    hosts = json_object_new_array();
-    json_object_object_add(o, "type",
-                           json_object_new_string(c->is_producer ? "P" : "D"));
-    snprintf(buf, sizeof(buf), "%s:%u", c->host_ip, c->http_port);
-    json_object_object_add(o, "http_address", json_object_new_string(buf));
-    snprintf(buf, sizeof(buf), "host:%s,handshake:%u,notify:%u", c->host_ip,
-             c->handshake_port, c->notify_port);
-    json_object_object_add(o, "zmq_address", json_object_new_string(buf));
-    json_object_object_add(o, "dp_size", json_object_new_int((int)c->dp_size));
-    json_object_object_add(o, "tp_size", json_object_new_int((int)c->tp_size));
-    json_object_object_add(o, "transfer_mode",
-                           json_object_new_string(c->read_mode ? "READ"
-                                                               : "WRITE"));
-    for (size_t i = 0; i < c->num_node_hosts; i++) {
-        json_object_array_add(hosts, json_object_new_string(c->node_hosts[i]));
-    }
-    json_object_object_add(o, "node_hosts", hosts);
-    *out = strdup(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
-    json_object_put(o);
-    return *out ? KVX_OK : kvc_error(KVX_ERR_NO_MEMORY, "out of memory");
+    return kvc_registration_build(&eng->cfg, out);
 }
 
 static kvx_status_t api_check_request(kvx_engine_t *eng, int producer,
@@ -477,6 +454,8 @@ static kvx_status_t api_stats(kvx_engine_t *eng, char **json_p)
     KVC_STAT(rx_bad);
     KVC_STAT(tx_msgs);
     KVC_STAT(tx_fail);
+    KVC_STAT(reg_sent);
+    KVC_STAT(reg_failed);
     KVC_STAT(handshakes_ok);
     KVC_STAT(handshakes_failed);
     KVC_STAT(bytes_read);

@@ -854,6 +854,9 @@ static const kvc_config_field_t kvc_cfg_fields[] = {
     {.key = "proxy_ping_port", .dfl_json = "0", .type = &kvc_cfg_uint_range,
      .off = KVC_OFF(proxy_ping_port), .lo = 0, .hi = 65535, .flags = KVC_X,
      .doc = "proxy registration port; 0: unset"},
+    {.key = "proxy_ping_interval", .dfl_json = "5", .type = &kvc_cfg_seconds,
+     .off = KVC_OFF(proxy_ping_interval), .flags = KVC_X,
+     .doc = "seconds between registrations sent to the proxy (rank 0)"},
     {.key = "http_port", .dfl_json = "0", .type = &kvc_cfg_uint_range,
      .off = KVC_OFF(http_port), .lo = 0, .hi = 65535, .flags = KVC_X,
      .doc = "advertised HTTP port; 0: unset"},
@@ -1101,6 +1104,21 @@ static kvx_status_t kvc_cfg_check_ranks(const kvc_config_t *cfg)
     return KVX_OK;
 }
 
+/* kvc_cfg_check_proxy: the registration target is both keys or neither;
+ * its port is not a privileged one (the trust rule for peers). */
+static kvx_status_t kvc_cfg_check_proxy(const kvc_config_t *cfg)
+{
+    if (cfg->proxy_ip[0] != '\0' && cfg->proxy_ping_port == 0) {
+        return kvc_error(KVX_ERR_CONFIG, "proxy_ping_port: value 0: must be "
+                         "set when proxy_ip ('%s') is", cfg->proxy_ip);
+    }
+    if (cfg->proxy_ip[0] != '\0' && cfg->proxy_ping_port < 1024) {
+        return kvc_error(KVX_ERR_CONFIG, "proxy_ping_port: value %u: must be "
+                         "1024..65535", cfg->proxy_ping_port);
+    }
+    return KVX_OK;
+}
+
 /* kvc_cfg_load_scope loads every row of the scope from obj (NULL: all
  * defaults), in table order. */
 static kvx_status_t kvc_cfg_load_scope(json_object *obj, unsigned scope,
@@ -1147,6 +1165,9 @@ kvx_status_t kvc_config_parse(const char *json, kvc_config_t *cfg,
     }
     if (st == KVX_OK) {
         st = kvc_cfg_load_scope(extra, KVC_CF_EXTRA, cfg);
+    }
+    if (st == KVX_OK) {
+        st = kvc_cfg_check_proxy(cfg);
     }
     json_object_put(root);
     if (st != KVX_OK) {

@@ -53,6 +53,7 @@ typedef struct kvc_config {
     double   defer_timeout;         /* [60] */
     char     proxy_ip[KVC_HOST_MAX]; /* [""] */
     uint32_t proxy_ping_port;       /* [0] = unset, else 1..65535 */
+    double   proxy_ping_interval;   /* [5] s between registrations */
     uint32_t http_port;             /* [0] = unset, else 1..65535 */
     char     backend[16];           /* ["rdma"]: "rdma" | "xgmi" (MoRIIO) */
     uint32_t qp_per_transfer;       /* [1] 1..64 */

@@ -207,10 +207,17 @@ struct kvx_engine {
         uint64_t tx_msgs, tx_fail;
         uint64_t handshakes_ok, handshakes_failed;
         uint64_t bytes_read, bytes_written;
+        uint64_t reg_sent, reg_failed; /* registrations to the proxy */
         kvc_lat_t ctl_rtt;        /* control message queued -> reply */
         uint64_t  hs_last_us[4];  /* last handshake: metadata, endpoint,
                                      rkeys, total */
     } stats;
+    /* Registration heartbeat to the proxy (rank 0 with proxy_ip set). */
+    kvn_client_t     *proxy_cli;
+    char             *reg_payload;
+    size_t            reg_len;
+    uint64_t          reg_next_us;
+    int               reg_inflight, reg_failing;
     kvc_early_blocks_t *early_blocks; /* remote_blocks before P's request */
     size_t            nearly_blocks;
 };

@@ -7,8 +7,43 @@
 #include "proxy.h"
 
 #include <json-c/json.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+kvx_status_t kvc_registration_build(const kvc_config_t *c, char **out_p)
+{
+    json_object *o     = json_object_new_object();
+    json_object *hosts = json_object_new_array();
+    char         buf[KVC_HOST_MAX + 64];
+
+    if (o == NULL || hosts == NULL) {
+        json_object_put(o);
+        json_object_put(hosts);
+        return kvc_error(KVX_ERR_NO_MEMORY, "registration: out of memory");
+    }
+    json_object_object_add(o, "type",
+                           json_object_new_string(c->is_producer ? "P" : "D"));
+    snprintf(buf, sizeof(buf), "%s:%u", c->host_ip, c->http_port);
+    json_object_object_add(o, "http_address", json_object_new_string(buf));
+    snprintf(buf, sizeof(buf), "host:%s,handshake:%u,notify:%u", c->host_ip,
+             c->handshake_port, c->notify_port);
+    json_object_object_add(o, "zmq_address", json_object_new_string(buf));
+    json_object_object_add(o, "dp_size", json_object_new_int((int)c->dp_size));
+    json_object_object_add(o, "tp_size", json_object_new_int((int)c->tp_size));
+    json_object_object_add(o, "transfer_mode",
+                           json_object_new_string(c->read_mode ? "READ"
+                                                               : "WRITE"));
+    for (size_t i = 0; i < c->num_node_hosts; i++) {
+        json_object_array_add(hosts, json_object_new_string(c->node_hosts[i]));
+    }
+    json_object_object_add(o, "node_hosts", hosts);
+    *out_p = strdup(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
+    json_object_put(o);
+    return *out_p != NULL ? KVX_OK
+                          : kvc_error(KVX_ERR_NO_MEMORY,
+                                      "registration: out of memory");
+}
 
 static kvx_status_t kvc_reg_int(json_object *reg, const char *key,
                                 uint32_t *out)

@@ -1556,3 +1556,125 @@ TEST(ConnectPeer, BadInputAndWrongRoleAreRefusedWithTheRule)
     EXPECT_EQ(0, StatCount(pr.d->eng, "handshakes_ok") +
                      StatCount(pr.d->eng, "handshakes_failed"));
 }
+
+// ========================================================================
+// 16. Registration heartbeat to the proxy (SPEC §3, rank 0 only).
+// ========================================================================
+
+namespace {
+
+struct ProxyRecorder {
+    std::mutex               m;
+    std::condition_variable  cv;
+    std::vector<std::string> msgs;
+
+    size_t Count()
+    {
+        std::lock_guard<std::mutex> lk(m);
+        return msgs.size();
+    }
+    bool WaitCount(size_t n, int ms)
+    {
+        std::unique_lock<std::mutex> lk(m);
+        return cv.wait_for(lk, std::chrono::milliseconds(ms),
+                           [&] { return msgs.size() >= n; });
+    }
+};
+
+void ProxyHandler(void *arg, const char *msg, size_t len, char **reply,
+                  size_t *rlen)
+{
+    ProxyRecorder              *r = static_cast<ProxyRecorder *>(arg);
+    std::lock_guard<std::mutex> lk(r->m);
+    r->msgs.emplace_back(msg, len);
+    r->cv.notify_all();
+    *reply = strdup("{\"ok\":true}");
+    *rlen  = strlen(*reply);
+}
+
+bool WaitStat(kvx_engine_t *eng, const std::string &key, long long at_least,
+              double seconds)
+{
+    auto t0 = Clock::now();
+    while (StatCount(eng, key) < at_least) {
+        if (SecondsSince(t0) > seconds) {
+            return false;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(5)); // poll
+    }
+    return true;
+}
+
+std::string ProxyExtra(uint16_t port)
+{
+    return "\"proxy_ip\":\"127.0.0.1\",\"proxy_ping_port\":" +
+           std::to_string(port) + ",\"proxy_ping_interval\":0.05";
+}
+
+} // namespace
+
+TEST(Registration, RankZeroRegistersPeriodicallyAndRidesOutAProxyOutage)
+{
+    ProxyRecorder rec;
+    uint16_t      pport = PortBase(1);
+    kvn_server_t *srv   = nullptr;
+    ASSERT_EQ(KVX_OK, kvn_server_create("127.0.0.1", pport, 2, 1 << 20,
+                                        ProxyHandler, &rec, &srv));
+    ModelSpec   model = ThreeLayerModel();
+    uint16_t    base  = PortBase(4);
+    std::string err;
+    RankOpts    r0 = Opts(true, base, 32), r1 = r0;
+    r0.tp_size = r1.tp_size = 2;
+    r1.tp_rank = 1;
+    r0.extra = r1.extra = ProxyExtra(pport);
+    auto p0 = Start(model, r0, &err);
+    ASSERT_TRUE(p0) << err;
+    auto p1 = Start(model, r1, &err);
+    ASSERT_TRUE(p1) << err;
+
+    ASSERT_TRUE(rec.WaitCount(3, 5000)) << rec.Count();
+    char *payload = nullptr;
+    ASSERT_EQ(KVX_OK, Api()->registration_payload(p0->eng, &payload));
+    std::string want(payload);
+    Api()->free(payload);
+    {
+        std::lock_guard<std::mutex> lk(rec.m);
+        for (const auto &m : rec.msgs) {
+            EXPECT_EQ(want, m); // rank 0's payload only, never rank 1's
+        }
+    }
+    EXPECT_TRUE(Contains(want, "\"type\":\"P\"")) << want;
+    EXPECT_TRUE(Contains(want, "handshake:" + std::to_string(base))) << want;
+    EXPECT_TRUE(WaitStat(p0->eng, "reg_sent", 3, 5));
+    EXPECT_EQ(0, StatCount(p1->eng, "reg_sent") +
+                     StatCount(p1->eng, "reg_failed"));
+
+    // The proxy goes away: failures are counted, the engine keeps serving.
+    kvn_server_destroy(srv);
+    srv = nullptr;
+    EXPECT_TRUE(WaitStat(p0->eng, "reg_failed", 1, 5));
+    const std::vector<uint64_t> ids = {1, 2};
+    ASSERT_EQ(KVX_OK, Hold(*p0, "tx-reg-outage", ids)) << Api()->last_error();
+    // It comes back on the same port: registrations are delivered again.
+    size_t before = rec.Count();
+    ASSERT_EQ(KVX_OK, kvn_server_create("127.0.0.1", pport, 2, 1 << 20,
+                                        ProxyHandler, &rec, &srv));
+    EXPECT_TRUE(rec.WaitCount(before + 2, 5000)) << rec.Count();
+    p1.reset();
+    p0.reset();
+    kvn_server_destroy(srv);
+}
+
+TEST(Registration, UntrustedOrIncompleteProxyAddressIsAConfigError)
+{
+    ModelSpec   model = ThreeLayerModel();
+    uint16_t    base  = PortBase(2);
+    std::string err;
+    RankOpts    o = Opts(true, base, 32);
+    o.extra       = "\"proxy_ip\":\"0.0.0.0\",\"proxy_ping_port\":36367";
+    EXPECT_FALSE(Start(model, o, &err));
+    EXPECT_TRUE(Contains(err, "proxy_ip")) << err;
+    o.extra = "\"proxy_ip\":\"127.0.0.1\"";
+    EXPECT_FALSE(Start(model, o, &err));
+    EXPECT_TRUE(Contains(err, "proxy_ping_port")) << err;
+}
