@@ -164,13 +164,25 @@ static void kvc_peer_detach(kvc_peer_t *peer, kvc_peer_conn_t *c)
 
 /* kvc_peer_conn_free: rkeys first, then the endpoint (ucp.h: an rkey is
  * destroyed before the endpoint it was unpacked on). */
-static void kvc_peer_conn_free(kvc_peer_conn_t *c)
+/* kvc_rkeys_destroy: layers of one region share one unpacked rkey
+ * (kvc_peer_connect); each handle is destroyed once. */
+static void kvc_rkeys_destroy(kvu_rkey_t **rkeys, size_t n)
 {
-    if (c->rkeys != NULL) {
-        for (size_t i = 0; i < c->meta.num_layers; i++) {
-            kvu_rkey_destroy(c->rkeys[i]);
+    for (size_t i = 0; rkeys != NULL && i < n; i++) {
+        size_t k = 0;
+
+        while (k < i && rkeys[k] != rkeys[i]) {
+            k++;
+        }
+        if (k == i) {
+            kvu_rkey_destroy(rkeys[i]);
         }
     }
+}
+
+static void kvc_peer_conn_free(kvc_peer_conn_t *c)
+{
+    kvc_rkeys_destroy(c->rkeys, c->meta.num_layers);
     free(c->rkeys);
     free(c->layer_map);
     kvu_ep_close(c->ep);
@@ -318,8 +330,19 @@ static kvx_status_t kvc_peer_connect(kvc_peer_t *peer, kvc_hs_meta_t *m,
     st    = rkeys ? kvc_peer_check_lanes(peer, *ep_p)
                   : kvc_error(KVX_ERR_NO_MEMORY, "rkeys: out of memory");
     for (size_t j = 0; st == KVX_OK && j < m->num_layers; j++) {
-        st = kvu_rkey_unpack(*ep_p, m->layers[j].rkey, m->layers[j].rkey_len,
-                             &rkeys[j]);
+        size_t k = 0;
+
+        /* Layers carved from one UCX-allocated region carry the same packed
+         * rkey: unpack it once (one attachment of the peer's segment). */
+        while (k < j && (m->layers[k].rkey_len != m->layers[j].rkey_len ||
+                         memcmp(m->layers[k].rkey, m->layers[j].rkey,
+                                m->layers[j].rkey_len) != 0)) {
+            k++;
+        }
+        st = k < j ? KVX_OK
+                   : kvu_rkey_unpack(*ep_p, m->layers[j].rkey,
+                                     m->layers[j].rkey_len, &rkeys[j]);
+        rkeys[j] = k < j ? rkeys[k] : rkeys[j];
     }
     if (st == KVX_OK) {
         const char *mode = kvc_peer_rma_mode(peer, m, *ep_p, rkeys);
@@ -338,9 +361,7 @@ static kvx_status_t kvc_peer_connect(kvc_peer_t *peer, kvc_hs_meta_t *m,
         }
     }
     if (st != KVX_OK) {
-        for (size_t j = 0; rkeys != NULL && j < m->num_layers; j++) {
-            kvu_rkey_destroy(rkeys[j]);
-        }
+        kvc_rkeys_destroy(rkeys, m->num_layers);
         free(rkeys);
         kvu_ep_close(*ep_p);
         *ep_p = NULL;
