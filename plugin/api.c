@@ -522,6 +522,20 @@ static kvx_status_t api_connect_peer(kvx_engine_t *eng, const char *params,
     return kvc_engine_connect(eng, params, timeout_ms);
 }
 
+static kvx_status_t api_wait_events(kvx_engine_t *eng, int64_t timeout_ms)
+{
+    kvc_error_clear();
+    if (eng == NULL) {
+        return kvc_error(KVX_ERR_INVALID_PARAM, "wait_events: NULL engine");
+    }
+    if (timeout_ms < 0) {
+        return kvc_error(KVX_ERR_INVALID_PARAM, "wait_events: timeout_ms "
+                         "%lld: must be >= 0 (every wait has a deadline)",
+                         (long long)timeout_ms);
+    }
+    return kvc_events_wait(eng, timeout_ms);
+}
+
 static const kvx_api_t kvc_api = {
     .abi_major            = KVX_ABI_MAJOR,
     .abi_minor            = KVX_ABI_MINOR,
@@ -552,6 +566,7 @@ static const kvx_api_t kvc_api = {
     .stats                = api_stats,
     .build_prefill_params = api_build_prefill_params,
     .connect_peer         = api_connect_peer,
+    .wait_events          = api_wait_events,
 };
 
 const kvx_api_t *kvc_api_table(void)

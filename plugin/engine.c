@@ -803,6 +803,28 @@ static void kvc_peers_free(struct kvx_engine *eng)
     }
 }
 
+kvx_status_t kvc_events_wait(struct kvx_engine *eng, int64_t timeout_ms)
+{
+    uint64_t     deadline = kvc_now_us() + (uint64_t)timeout_ms * 1000u;
+    kvx_status_t st       = KVX_OK;
+
+    pthread_mutex_lock(&eng->lock);
+    while (eng->ev_head == NULL) {
+        uint64_t        now = kvc_now_us();
+        struct timespec ts;
+
+        if (now >= deadline) {
+            st = kvc_error(KVX_ERR_TIMEOUT, "wait_events: no event within "
+                           "%lld ms", (long long)timeout_ms);
+            break;
+        }
+        kvc_abs_deadline(&ts, (deadline - now + 999) / 1000);
+        pthread_cond_timedwait(&eng->cond, &eng->lock, &ts);
+    }
+    pthread_mutex_unlock(&eng->lock);
+    return st;
+}
+
 /* --- connecting ahead ---------------------------------------------------- */
 
 kvx_status_t kvc_engine_connect(struct kvx_engine *eng,

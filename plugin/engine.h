@@ -304,6 +304,9 @@ kvc_peer_t *kvc_write_connect_target(struct kvx_engine *eng,
                                      const kvc_xfer_params_t *p,
                                      const kvc_peer_addr_t *addr,
                                      const char *field, kvx_status_t *st_p);
+/* kvc_events_wait (API wait_events): until an event is pending or
+ * timeout_ms passed. */
+kvx_status_t kvc_events_wait(struct kvx_engine *eng, int64_t timeout_ms);
 /* kvc_engine_connect (API connect_peer): handshake ahead of the first
  * request; timeout_ms 0 returns at once, > 0 waits for the outcome. */
 kvx_status_t kvc_engine_connect(struct kvx_engine *eng,

@@ -283,6 +283,11 @@ typedef struct kvx_api {
      * KVX_ERR_NOT_SUPPORTED (they answer handshakes, never make them). */
     kvx_status_t (*connect_peer)(kvx_engine_t *engine, const char *params_json,
                                  int64_t timeout_ms);
+    /* wait_events blocks until at least one event is pending (KVX_OK; take
+     * it with poll_events) or timeout_ms (>= 0) passed (KVX_ERR_TIMEOUT):
+     * a producer can sleep until FINISHED_SENDING / FAILED instead of
+     * polling. */
+    kvx_status_t (*wait_events)(kvx_engine_t *engine, int64_t timeout_ms);
 } kvx_api_t;
 
 /*

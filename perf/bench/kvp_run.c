@@ -426,6 +426,14 @@ static void kvp_backoff_reset(kvp_backoff_t *b)
     b->cur = 2;
 }
 
+/* kvp_has_wait_events: the library has api->wait_events (ABI >= 1.2). */
+static int kvp_has_wait_events(const kvp_sess_t *s)
+{
+    return s->api->abi_minor >= 2 &&
+           s->api->struct_size >= offsetof(kvx_api_t, wait_events) +
+                                      sizeof(s->api->wait_events);
+}
+
 static void kvp_backoff_wait(kvp_backoff_t *b)
 {
     kvp_sleep_us(b->cur);
@@ -657,7 +665,13 @@ static int kvp_p_point(kvp_sess_t *s, const kvp_point_msg_t *pm)
                           "on P", st.finished, total);
                 goto out;
             }
-            kvp_backoff_wait(&bo);
+            if (kvp_has_wait_events(s)) {
+                /* Sleep until kvxfer pushes an event (1 ms at most, so the
+                 * bootstrap channel is still looked at). */
+                (void)s->api->wait_events(s->side.eng, 1);
+            } else {
+                kvp_backoff_wait(&bo);
+            }
         } else {
             kvp_backoff_reset(&bo);
         }

@@ -1678,3 +1678,38 @@ TEST(Registration, UntrustedOrIncompleteProxyAddressIsAConfigError)
     EXPECT_FALSE(Start(model, o, &err));
     EXPECT_TRUE(Contains(err, "proxy_ping_port")) << err;
 }
+
+// ========================================================================
+// 17. wait_events: a producer sleeps until its FINISHED_SENDING.
+// ========================================================================
+
+TEST(WaitEvents, TimesOutEmptyAndWakesOnTheReleaseEvent)
+{
+    Pair pr;
+    MakePair(&pr);
+    if (HasFatalFailure()) {
+        return;
+    }
+    EXPECT_EQ(KVX_ERR_TIMEOUT, Api()->wait_events(pr.p->eng, 20));
+    EXPECT_EQ(KVX_ERR_INVALID_PARAM, Api()->wait_events(pr.p->eng, -1));
+    EXPECT_TRUE(Contains(Api()->last_error(), "timeout_ms"))
+        << Api()->last_error();
+
+    const std::vector<uint64_t> remote = {4}, local = {9};
+    ASSERT_EQ(KVX_OK, Hold(*pr.p, "tx-wait-ev", remote)) << Api()->last_error();
+    std::string params = PairParams(pr, "tx-wait-ev", remote);
+    ASSERT_EQ(KVX_OK, Api()->consumer_request(pr.d->eng, "req-wait-ev",
+                                              params.c_str(), local.data(),
+                                              local.size()))
+        << Api()->last_error();
+    // P learns of the release only through its event: wait for it.
+    ASSERT_EQ(KVX_OK, Api()->wait_events(pr.p->eng, 20000))
+        << Api()->last_error();
+    kvx_event_t ev[4];
+    int         n = Api()->poll_events(pr.p->eng, ev, 4);
+    ASSERT_EQ(1, n);
+    EXPECT_EQ(KVX_EVENT_FINISHED_SENDING, ev[0].type);
+    EXPECT_STREQ("tx-wait-ev", ev[0].transfer_id);
+    Api()->free(ev[0].block_ids);
+    EXPECT_EQ(KVX_ERR_TIMEOUT, Api()->wait_events(pr.p->eng, 0));
+}
