@@ -307,20 +307,17 @@ static const char *kvc_peer_rma_mode(kvc_peer_t *peer, const kvc_hs_meta_t *m,
 }
 
 static kvx_status_t kvc_peer_connect(kvc_peer_t *peer, kvc_hs_meta_t *m,
-                                     int timeout_ms, kvu_ep_t **ep_p,
-                                     kvu_rkey_t ***rkeys_p)
+                                     kvu_ep_t **ep_p, kvu_rkey_t ***rkeys_p)
 {
+    uint64_t     t0 = kvc_now_us();
     kvu_rkey_t **rkeys;
     kvx_status_t st;
-
-    uint64_t t0 = kvc_now_us();
 
     /* The wire-up is not waited for: the first gets/puts queue behind it
      * in UCX (bounded by transfer_timeout) instead of the handshake paying
      * its round trips first. */
-    (void)timeout_ms;
     st = kvu_ep_create(peer->eng->ucx, m->worker_addr, m->worker_addr_len,
-                       peer->name, 0, kvc_peer_ep_error, peer, ep_p);
+                       peer->name, kvc_peer_ep_error, peer, ep_p);
     if (st != KVX_OK) {
         return st;
     }
@@ -420,9 +417,7 @@ static kvx_status_t kvc_peer_handshake(kvc_peer_t *peer, kvc_hs_meta_t *m,
     st  = map ? kvc_peer_check_meta(peer, m, map)
               : kvc_error(KVX_ERR_NO_MEMORY, "handshake: out of memory");
     if (st == KVX_OK) {
-        int left = timeout_ms - (int)((kvc_now_us() - start) / 1000u);
-
-        st = kvc_peer_connect(peer, m, left < 100 ? 100 : left, ep_p, rkeys_p);
+        st = kvc_peer_connect(peer, m, ep_p, rkeys_p);
     }
     if (st != KVX_OK) {
         free(map);

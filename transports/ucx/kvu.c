@@ -1058,18 +1058,17 @@ static void kvu_ep_describe(kvu_ep_t *ep)
     }
 }
 
-/* kvu_ep_wireup starts the wire-up (a flush completes once every lane is
- * connected) and, with timeout_ms > 0, waits for it. Without waiting, the
- * endpoint is usable at once: operations posted before the lanes connect
- * are queued by UCX and go out when they do, so the first transfer overlaps
- * the wire-up instead of following it. The lanes are already selected
- * (ucp_ep_create with a worker address selects them from that address). */
-static kvx_status_t kvu_ep_wireup(kvu_ep_t *ep, int timeout_ms)
+/* kvu_ep_wire_start starts the wire-up (a flush that completes once every
+ * lane is connected) without waiting for it: the endpoint is usable at
+ * once, operations posted meanwhile are queued by UCX and go out when the
+ * lanes connect, so the first transfer overlaps the wire-up instead of
+ * following it. The lanes are already selected (ucp_ep_create with a
+ * worker address selects them from that address). A failed wire-up is an
+ * endpoint error (err_cb), like any later failure. */
+static kvx_status_t kvu_ep_wire_start(kvu_ep_t *ep)
 {
-    kvu_ctx_t          *ctx = ep->ctx;
     ucp_request_param_t prm;
     ucs_status_ptr_t    sp;
-    uint64_t            deadline = kvu_now_us() + (uint64_t)timeout_ms * 1000u;
 
     memset(&prm, 0, sizeof(prm));
     prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
@@ -1081,44 +1080,18 @@ static kvx_status_t kvu_ep_wireup(kvu_ep_t *ep, int timeout_ms)
     } else if (UCS_PTR_IS_ERR(sp)) {
         ep->wired       = 1;
         ep->wire_status = UCS_PTR_STATUS(sp);
+        return kvc_error(KVX_ERR_ENDPOINT, "UCX wire-up with %s failed: %s",
+                         ep->peer, ucs_status_string(ep->wire_status));
     } else {
         ep->wire_pending = 1;
     }
-    if (timeout_ms <= 0) {
-        kvu_ctx_kick(ctx);
-        return ep->wire_status == UCS_OK
-                   ? KVX_OK
-                   : kvc_error(KVX_ERR_ENDPOINT, "UCX wire-up with %s failed: "
-                               "%s", ep->peer,
-                               ucs_status_string(ep->wire_status));
-    }
-    while (!ep->wired && kvu_now_us() < deadline) {
-        struct timespec ts;
-
-        kvu_abs_ms(&ts, 5);
-        pthread_mutex_unlock(&ctx->lock);
-        kvu_ctx_kick(ctx);
-        pthread_mutex_lock(&ctx->lock);
-        if (!ep->wired) {
-            pthread_cond_timedwait(&ctx->cond, &ctx->lock, &ts);
-        }
-    }
-    if (!ep->wired) {
-        return kvc_error(KVX_ERR_HANDSHAKE_TIMEOUT,
-                         "UCX wire-up with %s did not finish within %d ms",
-                         ep->peer, timeout_ms);
-    }
-    if (ep->wire_status != UCS_OK || ep->failed) {
-        return kvc_error(KVX_ERR_ENDPOINT, "UCX wire-up with %s failed: %s",
-                         ep->peer, ucs_status_string(ep->wire_status));
-    }
+    kvu_ctx_kick(ep->ctx);
     return KVX_OK;
 }
 
 kvx_status_t kvu_ep_create(kvu_ctx_t *ctx, const void *addr, size_t len,
-                           const char *peer_name, int timeout_ms,
-                           kvu_ep_err_fn err_cb, void *err_arg,
-                           kvu_ep_t **ep_p)
+                           const char *peer_name, kvu_ep_err_fn err_cb,
+                           void *err_arg, kvu_ep_t **ep_p)
 {
     ucp_ep_params_t ep_params;
     kvu_ep_t       *ep = calloc(1, sizeof(*ep));
@@ -1157,7 +1130,7 @@ kvx_status_t kvu_ep_create(kvu_ctx_t *ctx, const void *addr, size_t len,
     ep->next = ctx->eps;
     ctx->eps = ep;
     kvu_ep_describe(ep);
-    status   = kvu_ep_wireup(ep, timeout_ms);
+    status   = kvu_ep_wire_start(ep);
     pthread_mutex_unlock(&ctx->lock);
     if (status != KVX_OK) {
         ep->err_cb = NULL;

@@ -94,13 +94,12 @@ void         kvu_mem_rkey(const kvu_mem_t *mem, const void **buf_p,
 int kvu_in_progress_thread(const kvu_ctx_t *ctx);
 
 /* kvu_ep_create connects to a peer worker address, records the lanes it
- * selected and starts the wire-up; with timeout_ms > 0 it waits (that long)
- * for the wire-up, with 0 it returns at once (operations posted meanwhile
- * are queued by UCX until the lanes connect). */
+ * selected and starts the wire-up without waiting for it (operations
+ * posted meanwhile are queued by UCX until the lanes connect; a failed
+ * wire-up reaches err_cb). */
 kvx_status_t kvu_ep_create(kvu_ctx_t *ctx, const void *addr, size_t len,
-                           const char *peer_name, int timeout_ms,
-                           kvu_ep_err_fn err_cb, void *err_arg,
-                           kvu_ep_t **ep_p);
+                           const char *peer_name, kvu_ep_err_fn err_cb,
+                           void *err_arg, kvu_ep_t **ep_p);
 /* kvu_ep_close cancels queued runs (their ops fail with KVX_ERR_CANCELED),
  * closes the endpoint (force-close when it failed) and frees it once UCX is
  * done. All rkeys of the endpoint must be destroyed before. */
