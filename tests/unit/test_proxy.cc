@@ -91,3 +91,45 @@ TEST(ProxyParams, FullRoundTripThroughBothHelpers)
 }
 
 } // namespace
+
+namespace {
+
+// The registration payload an engine sends (built from its config) is what
+// the proxy helper reads back: config -> registration -> P's params.
+TEST(ProxyRegistration, PayloadFromConfigRoundTripsThroughTheProxyHelper)
+{
+    const char cfg_json[] =
+        "{\"role\":\"kv_consumer\",\"tp_rank\":0,\"tp_size\":4,\"dp_rank\":0,"
+        "\"dp_size\":2,\"kv_connector_extra_config\":{\"host_ip\":\"10.2.0.5\","
+        "\"handshake_port\":7301,\"notify_port\":7501,\"read_mode\":false,"
+        "\"http_port\":8200,\"node_hosts\":[\"10.2.0.5\",\"10.2.0.6\"]}}";
+    kvc_config_t cfg;
+    ASSERT_EQ(KVX_OK, kvc_config_parse(cfg_json, &cfg, nullptr, nullptr))
+        << kvc_last_error();
+    char *reg = nullptr;
+    ASSERT_EQ(KVX_OK, kvc_registration_build(&cfg, &reg)) << kvc_last_error();
+    std::string r(reg);
+    EXPECT_NE(std::string::npos, r.find("\"type\":\"D\"")) << r;
+    EXPECT_NE(std::string::npos, r.find("\"http_address\":\"10.2.0.5:8200\""))
+        << r;
+    EXPECT_NE(std::string::npos, r.find("\"transfer_mode\":\"WRITE\"")) << r;
+
+    char *out = nullptr;
+    ASSERT_EQ(KVX_OK, kvc_params_build_prefill(reg, "tx-reg", &out))
+        << kvc_last_error() << " " << r;
+    kvc_xfer_params_t p;
+    ASSERT_EQ(KVX_OK, kvc_params_parse(out, &p)) << kvc_last_error() << out;
+    EXPECT_STREQ("10.2.0.5", p.remote.host);
+    EXPECT_EQ(7301u, p.remote.handshake_port);
+    EXPECT_EQ(7501u, p.remote.notify_port);
+    EXPECT_EQ(4u, p.remote_tp_size);
+    EXPECT_EQ(2u, p.remote_dp_size);
+    ASSERT_EQ(2u, p.num_remote_hosts);
+    EXPECT_STREQ("10.2.0.6", p.remote_hosts[1]);
+    kvc_params_fini(&p);
+    free(out);
+    free(reg);
+    kvc_config_fini(&cfg);
+}
+
+} // namespace
