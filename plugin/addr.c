@@ -612,11 +612,11 @@ kvx_status_t kvc_rankmap(uint32_t d_tp, uint32_t p_tp, int replicated,
                          "decode tp_rank %u: must be below decode tp_size %u",
                          d_rank, d_tp);
     }
-    if (d_tp != p_tp && !replicated) {
+    if (d_tp < p_tp && !replicated) {
         return kvc_error(KVX_ERR_NOT_SUPPORTED,
-                         "decode tp_size %u, prefill tp_size %u: "
-                         "heterogeneous TP with sharded KV heads is not "
-                         "supported yet",
+                         "decode tp_size %u < prefill tp_size %u with "
+                         "sharded KV heads: assembling a rank's heads from "
+                         "several prefill ranks is not supported yet",
                          d_tp, p_tp);
     }
     memset(&m, 0, sizeof(m));
@@ -625,6 +625,12 @@ kvx_status_t kvc_rankmap(uint32_t d_tp, uint32_t p_tp, int replicated,
     if (d_tp >= p_tp) {
         m.read_rank = d_rank / (d_tp / p_tp);
         m.release[0] = m.read_rank;
+        if (d_tp > p_tp && !replicated) {
+            /* Sharded heads: D rank d holds slice d % q of the heads of
+             * P rank d / q (SPEC §4). */
+            m.num_slices = d_tp / p_tp;
+            m.head_slice = d_rank % m.num_slices;
+        }
     } else {
         uint32_t r = p_tp / d_tp;
 

@@ -117,9 +117,11 @@ typedef struct kvc_rankmap {
  * kvc_rankmap (SPEC §4). Equal TP: read = release = d. Sizes must divide
  * (else KVX_ERR_CONFIG). replicated (MLA/key-only, or heads replicated):
  * d_tp > p_tp → read d / (d_tp/p_tp), release {that}; d_tp < p_tp → read d*r
- * (r = p_tp/d_tp), release d*r .. d*r+r-1. Not replicated and sizes differ
- * → KVX_ERR_NOT_SUPPORTED ("heterogeneous TP with sharded KV heads is not
- * supported yet"). d_rank >= d_tp → KVX_ERR_INVALID_PARAM.
+ * (r = p_tp/d_tp), release d*r .. d*r+r-1. Sharded heads (not
+ * replicated): d_tp > p_tp → read d / q (q = d_tp/p_tp), head slice d % q of
+ * q, release {that} (so each P rank's quorum is q); d_tp < p_tp →
+ * KVX_ERR_NOT_SUPPORTED (assembling heads from several P ranks is not
+ * supported yet). d_rank >= d_tp → KVX_ERR_INVALID_PARAM.
  */
 kvx_status_t kvc_rankmap(uint32_t d_tp, uint32_t p_tp, int replicated,
                          uint32_t d_rank, kvc_rankmap_t *map);

@@ -212,13 +212,31 @@ static void kvc_peer_ep_error(void *arg, kvu_ep_t *ep, kvx_status_t status,
     pthread_mutex_unlock(&eng->lock);
 }
 
+void kvc_peer_slices(const struct kvx_engine *eng, const kvc_peer_t *peer,
+                     uint32_t *slice_p, uint32_t *n_p)
+{
+    kvc_rankmap_t m;
+
+    *slice_p = 0;
+    *n_p     = 1;
+    if (eng->cfg.read_mode && !eng->cfg.is_producer &&
+        kvc_rankmap(eng->cfg.tp_size, peer->tp_size, eng->replicated,
+                    eng->cfg.tp_rank, &m) == KVX_OK) {
+        *slice_p = m.head_slice;
+        *n_p     = m.num_slices;
+    }
+}
+
 /* Validates the peer's metadata against what we dialled and what we hold.
  * Called without the engine lock: layers are frozen after start(). */
 static kvx_status_t kvc_peer_check_meta(kvc_peer_t *peer,
                                         const kvc_hs_meta_t *m, int *map)
 {
     struct kvx_engine *eng = peer->eng;
+    uint32_t           slice, nslices;
 
+    kvc_peer_slices(eng, peer, &slice, &nslices);
+    (void)slice;
     if (m->version != KVC_PROTO_VERSION) {
         return kvc_error(KVX_ERR_PEER_VERSION,
                          "peer %s: protocol version %u, this engine speaks %u",
@@ -253,8 +271,14 @@ static kvx_status_t kvc_peer_check_meta(kvc_peer_t *peer,
                              "peer %s: has no layer named '%s'", peer->name,
                              eng->layers[i].name);
         }
-        st = kvc_geom_compatible(&eng->layers[i].geom,
-                                 &m->layers[map[i]].geom);
+        /* Sharded heads with more D ranks than P ranks: this rank reads a
+         * slice of each P block's heads (key-only layers are replicated,
+         * read whole). */
+        st = nslices > 1 && !eng->layers[i].geom.key_only
+                 ? kvc_geom_sliceable(&eng->layers[i].geom,
+                                      &m->layers[map[i]].geom, nslices)
+                 : kvc_geom_compatible(&eng->layers[i].geom,
+                                       &m->layers[map[i]].geom);
         if (st != KVX_OK) {
             return kvc_error(st, "peer %s: layer '%s': %s", peer->name,
                              eng->layers[i].name, kvc_last_error());

@@ -292,6 +292,13 @@ char        *kvc_read_response(struct kvx_engine *eng, const kvc_xfer_t *x);
 kvx_status_t kvc_xfer_wait(struct kvx_engine *eng, const char *tid,
                            int64_t layer, int64_t timeout_ms);
 
+/* kvc_peer_slices: the head slice this engine reads from peer (sharded
+ * heterogeneous TP, SPEC §4): *n_p = 1 (no slicing) unless this READ
+ * consumer has more TP ranks than the peer's instance and the heads are
+ * sharded; then slice *slice_p of *n_p. Same function as the rank map. */
+void kvc_peer_slices(const struct kvx_engine *eng, const kvc_peer_t *peer,
+                     uint32_t *slice_p, uint32_t *n_p);
+
 /* The peer rank this engine issues one-sided operations to for an
  * instance (READ consumer: the P rank it reads from; WRITE producer: its D
  * rank at remote_dp_rank), after the same trust and range checks as a

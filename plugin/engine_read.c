@@ -99,6 +99,9 @@ kvx_status_t kvc_xfer_plan(struct kvx_engine *eng, kvc_xfer_t *x,
                            const uint64_t *lids, size_t nl)
 {
     kvc_peer_t *peer = x->src;
+    uint32_t    slice, nslices;
+
+    kvc_peer_slices(eng, peer, &slice, &nslices);
 
     x->ops   = calloc(eng->nlayers, sizeof(*x->ops));
     x->plans = calloc(eng->nlayers, sizeof(*x->plans));
@@ -129,15 +132,24 @@ kvx_status_t kvc_xfer_plan(struct kvx_engine *eng, kvc_xfer_t *x,
         if (x->ops[i].runs != NULL) {
             continue;
         }
+        int sliced = nslices > 1 && !l->geom.key_only;
+
         x->plans[x->nplans] = malloc(
-            (kvc_plan_max_runs(&l->geom, nl) + 1) * sizeof(kvc_run_t));
+            ((sliced ? kvc_plan_max_runs_sliced(&l->geom, nl)
+                     : kvc_plan_max_runs(&l->geom, nl)) + 1) *
+            sizeof(kvc_run_t));
         if (x->plans[x->nplans] == NULL) {
             return kvc_error(KVX_ERR_NO_MEMORY, "plan: out of memory");
         }
         x->ops[i].runs = x->plans[x->nplans++];
-        st = kvc_plan_build(&l->geom, l->length, &rl->geom, rl->length,
-                            lids, nl, x->remote_ids, x->nremote,
-                            x->ops[i].runs, &x->ops[i].nruns);
+        st = sliced ? kvc_plan_build_sliced(&l->geom, l->length, &rl->geom,
+                                            rl->length, slice, nslices, lids,
+                                            nl, x->remote_ids, x->nremote,
+                                            x->ops[i].runs, &x->ops[i].nruns)
+                    : kvc_plan_build(&l->geom, l->length, &rl->geom,
+                                     rl->length, lids, nl, x->remote_ids,
+                                     x->nremote, x->ops[i].runs,
+                                     &x->ops[i].nruns);
         if (st != KVX_OK) {
             return kvc_error(st, "transfer %s, layer '%s': %s", x->transfer_id,
                              l->name, kvc_last_error());

@@ -170,6 +170,7 @@ static void kvc_geom_base(const kvx_layer_desc_t *d, kvc_layout_kind_t kind,
     g->head_size           = d->head_size;
     g->head_size_v = d->head_size_v != 0 ? d->head_size_v : d->head_size;
     g->key_only    = d->key_only != 0;
+    g->head_major  = KVC_HEADS_UNKNOWN;
 }
 
 /* [NB, BS, L] or, with kernel blocks, [NB*k, kbs, L]. */
@@ -290,6 +291,10 @@ static int kvc_match_kv(kvc_match_t *m, int kv_axis, kvc_geom_t *g)
         return kvc_match_fail(m, "axes 2..4 of a block are not dense");
     }
     kvc_geom_base(d, kvc_kind_5d(kv_axis, ax.k), g);
+    if (ax.k == 1 && d->block_size != d->num_kv_heads) {
+        g->head_major = kvc_dim(d, 2) == d->num_kv_heads ? KVC_HEADS_OUTER
+                                                         : KVC_HEADS_INNER;
+    }
     g->kernel_block_size = (uint32_t)ax.kbs;
     g->num_blocks        = kvc_dim(d, nb_ax) / ax.k;
     if (kv_axis == 0) {
@@ -385,6 +390,7 @@ static int kvc_match_packed(kvc_match_t *m, kvc_geom_t *g)
         return kvc_match_fail(m, "axes 1..3 of a block are not dense");
     }
     kvc_geom_base(d, KVC_LAYOUT_PACKED, g);
+    g->head_major   = KVC_HEADS_OUTER;
     g->num_blocks   = kvc_dim(d, 0);
     g->block_len    = kvc_mul(kvc_mul(kvc_mul(kvc_dim(d, 1), kvc_dim(d, 2),
                                               &m->ovf), dd, &m->ovf),
@@ -539,13 +545,40 @@ uint64_t kvc_geom_extent(const kvc_geom_t *geom)
     return ovf ? UINT64_MAX : end;
 }
 
+/* kvc_geom_field_t: one compared geometry quantity, local and remote. */
+typedef struct kvc_geom_field {
+    const char *name;
+    uint64_t    l, r;
+} kvc_geom_field_t;
+
+/* kvc_geom_fields: same kind and every pair equal, else
+ * KVX_ERR_PEER_INCOMPATIBLE naming the first difference (what: "" or " for
+ * N head slices"). */
+static kvx_status_t kvc_geom_fields(const kvc_geom_t *local,
+                                    const kvc_geom_t *remote,
+                                    const kvc_geom_field_t *f, size_t n,
+                                    const char *what)
+{
+    if (local->kind != remote->kind) {
+        return kvc_error(KVX_ERR_PEER_INCOMPATIBLE, "peer layer geometry "
+                         "differs%s: layout local %s remote %s", what,
+                         kvc_kind_name(local->kind),
+                         kvc_kind_name(remote->kind));
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (f[i].l != f[i].r) {
+            return kvc_error(KVX_ERR_PEER_INCOMPATIBLE, "peer layer geometry "
+                             "differs%s: %s local %" PRIu64 " remote %" PRIu64,
+                             what, f[i].name, f[i].l, f[i].r);
+        }
+    }
+    return KVX_OK;
+}
+
 kvx_status_t kvc_geom_compatible(const kvc_geom_t *local,
                                  const kvc_geom_t *remote)
 {
-    const struct {
-        const char *name;
-        uint64_t    l, r;
-    } f[] = {
+    const kvc_geom_field_t f[] = {
         {"transfers_per_block", local->transfers_per_block,
          remote->transfers_per_block},
         {"block_len", local->block_len, remote->block_len},
@@ -558,22 +591,10 @@ kvx_status_t kvc_geom_compatible(const kvc_geom_t *local,
         {"head_size", local->head_size, remote->head_size},
         {"head_size_v", local->head_size_v, remote->head_size_v},
         {"key_only", local->key_only, remote->key_only},
+        {"head_major", local->head_major, remote->head_major},
     };
 
-    if (local->kind != remote->kind) {
-        return kvc_error(KVX_ERR_PEER_INCOMPATIBLE, "peer layer geometry "
-                         "differs: layout local %s remote %s",
-                         kvc_kind_name(local->kind),
-                         kvc_kind_name(remote->kind));
-    }
-    for (size_t i = 0; i < sizeof(f) / sizeof(f[0]); i++) {
-        if (f[i].l != f[i].r) {
-            return kvc_error(KVX_ERR_PEER_INCOMPATIBLE, "peer layer geometry "
-                             "differs: %s local %" PRIu64 " remote %" PRIu64,
-                             f[i].name, f[i].l, f[i].r);
-        }
-    }
-    return KVX_OK;
+    return kvc_geom_fields(local, remote, f, sizeof(f) / sizeof(f[0]), "");
 }
 
 int kvc_geom_same(const kvc_geom_t *a, const kvc_geom_t *b)
@@ -587,7 +608,57 @@ int kvc_geom_same(const kvc_geom_t *a, const kvc_geom_t *b)
            a->kernel_block_size == b->kernel_block_size &&
            a->num_kv_heads == b->num_kv_heads &&
            a->head_size == b->head_size && a->head_size_v == b->head_size_v &&
-           a->key_only == b->key_only;
+           a->key_only == b->key_only && a->head_major == b->head_major;
+}
+
+kvx_status_t kvc_geom_sliceable(const kvc_geom_t *local,
+                                const kvc_geom_t *remote, uint32_t nslices)
+{
+    int      ovf = 0;
+    uint64_t want_heads = kvc_mul(local->num_kv_heads, nslices, &ovf);
+    uint64_t want_len   = kvc_mul(local->block_len, nslices, &ovf);
+    char     what[40];
+    const kvc_geom_field_t f[] = {
+        {"transfers_per_block", local->transfers_per_block,
+         remote->transfers_per_block},
+        {"elem_size", local->elem_size, remote->elem_size},
+        {"block_size", local->block_size, remote->block_size},
+        {"head_size", local->head_size, remote->head_size},
+        {"head_size_v", local->head_size_v, remote->head_size_v},
+        {"head_major", local->head_major, remote->head_major},
+        {"num_kv_heads x slices", ovf ? UINT64_MAX : want_heads,
+         remote->num_kv_heads},
+        {"block_len x slices", ovf ? UINT64_MAX : want_len,
+         remote->block_len},
+    };
+
+    if (nslices < 2) {
+        return kvc_error(KVX_ERR_INVALID_PARAM, "head slices: %u: must be "
+                         ">= 2", nslices);
+    }
+    if ((local->kind != KVC_LAYOUT_SPLIT &&
+         local->kind != KVC_LAYOUT_INTERLEAVED &&
+         local->kind != KVC_LAYOUT_PACKED) ||
+        local->head_major == KVC_HEADS_UNKNOWN || local->key_only) {
+        return kvc_error(KVX_ERR_NOT_SUPPORTED, "reading head slices of a %s "
+                         "layer%s is not supported (sharded heterogeneous TP "
+                         "needs split, interleaved or content-packed blocks "
+                         "whose head axis is known)",
+                         kvc_kind_name(local->kind),
+                         local->head_major == KVC_HEADS_UNKNOWN
+                             ? " with block_size == num_kv_heads (head axis "
+                               "unknown)"
+                             : "");
+    }
+    snprintf(what, sizeof(what), " for %u head slices", nslices);
+    return kvc_geom_fields(local, remote, f, sizeof(f) / sizeof(f[0]), what);
+}
+
+size_t kvc_plan_max_runs_sliced(const kvc_geom_t *local, size_t nlocal)
+{
+    size_t per = local->head_major == KVC_HEADS_OUTER ? 1 : local->block_size;
+
+    return kvc_plan_max_runs(local, nlocal) * (per ? per : 1);
 }
 
 size_t kvc_plan_max_runs(const kvc_geom_t *local, size_t nlocal)
@@ -673,11 +744,13 @@ static size_t kvc_plan_merge(kvc_run_t *runs, size_t n)
     return out + 1;
 }
 
-static kvx_status_t kvc_plan_args(const kvc_geom_t *local,
-                                  const kvc_geom_t *remote,
-                                  const uint64_t *local_ids, size_t nlocal,
-                                  const uint64_t *remote_ids, size_t nremote,
-                                  const kvc_run_t *runs, const size_t *nruns_p)
+/* kvc_plan_lists: the arguments every plan needs. */
+static kvx_status_t kvc_plan_lists(const kvc_geom_t *local,
+                                   const kvc_geom_t *remote,
+                                   const uint64_t *local_ids, size_t nlocal,
+                                   const uint64_t *remote_ids, size_t nremote,
+                                   const kvc_run_t *runs,
+                                   const size_t *nruns_p)
 {
     if (local == NULL || remote == NULL || nruns_p == NULL ||
         (nlocal > 0 && (local_ids == NULL || remote_ids == NULL ||
@@ -689,6 +762,21 @@ static kvx_status_t kvc_plan_args(const kvc_geom_t *local,
         return kvc_error(KVX_ERR_INVALID_PARAM, "block_ids: %zu local blocks "
                          "but only %zu remote blocks: local must not exceed "
                          "remote", nlocal, nremote);
+    }
+    return KVX_OK;
+}
+
+static kvx_status_t kvc_plan_args(const kvc_geom_t *local,
+                                  const kvc_geom_t *remote,
+                                  const uint64_t *local_ids, size_t nlocal,
+                                  const uint64_t *remote_ids, size_t nremote,
+                                  const kvc_run_t *runs, const size_t *nruns_p)
+{
+    kvx_status_t st = kvc_plan_lists(local, remote, local_ids, nlocal,
+                                     remote_ids, nremote, runs, nruns_p);
+
+    if (st != KVX_OK) {
+        return st;
     }
     if (local->transfers_per_block != 1 && local->transfers_per_block != 2) {
         return kvc_error(KVX_ERR_INVALID_PARAM, "plan: transfers_per_block "
@@ -728,6 +816,68 @@ kvx_status_t kvc_plan_build(const kvc_geom_t *local, uint64_t local_region_len,
                 return st;
             }
             r->len = local->block_len;
+        }
+    }
+    *nruns_p = kvc_plan_merge(runs, n);
+    return KVX_OK;
+}
+
+kvx_status_t kvc_plan_build_sliced(const kvc_geom_t *local,
+                                   uint64_t local_region_len,
+                                   const kvc_geom_t *remote,
+                                   uint64_t remote_region_len,
+                                   uint32_t slice, uint32_t nslices,
+                                   const uint64_t *local_ids, size_t nlocal,
+                                   const uint64_t *remote_ids, size_t nremote,
+                                   kvc_run_t *runs, size_t *nruns_p)
+{
+    kvc_plan_side_t ls = {"local", local, local_region_len, local_ids};
+    kvc_plan_side_t rs = {"remote", remote, remote_region_len, remote_ids};
+    kvx_status_t    st;
+    size_t          skip, n = 0;
+    int             outer;
+    uint64_t        row_l, row_r;
+
+    st = kvc_plan_lists(local, remote, local_ids, nlocal, remote_ids, nremote,
+                        runs, nruns_p);
+    if (st == KVX_OK) {
+        st = kvc_geom_sliceable(local, remote, nslices);
+    }
+    if (st != KVX_OK) {
+        return st;
+    }
+    if (slice >= nslices) {
+        return kvc_error(KVX_ERR_INVALID_PARAM, "head slice %u: must be < %u",
+                         slice, nslices);
+    }
+    outer = local->head_major == KVC_HEADS_OUTER;
+    row_l = local->block_len / local->block_size;  /* one token, my heads */
+    row_r = remote->block_len / remote->block_size; /* one token, all */
+    skip  = nremote - nlocal;
+    for (size_t i = 0; i < nlocal; i++) {
+        for (uint32_t u = 0; u < local->transfers_per_block; u++) {
+            uint64_t lo, ro;
+
+            st = kvc_plan_unit(&ls, i, u, &lo);
+            if (st == KVX_OK) {
+                st = kvc_plan_unit(&rs, skip + i, u, &ro);
+            }
+            if (st != KVX_OK) {
+                return st;
+            }
+            if (outer) { /* [H, BS, D]: my heads are one contiguous slab */
+                runs[n].local_off  = lo;
+                runs[n].remote_off = ro + (uint64_t)slice * local->block_len;
+                runs[n].len        = local->block_len;
+                n++;
+                continue;
+            }
+            for (uint32_t t = 0; t < local->block_size; t++) { /* [BS,H,D] */
+                runs[n].local_off  = lo + t * row_l;
+                runs[n].remote_off = ro + t * row_r + (uint64_t)slice * row_l;
+                runs[n].len        = row_l;
+                n++;
+            }
         }
     }
     *nruns_p = kvc_plan_merge(runs, n);

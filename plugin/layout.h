@@ -47,7 +47,16 @@ typedef struct kvc_geom {
     uint32_t head_size;
     uint32_t head_size_v;
     uint32_t key_only;
+    uint32_t head_major;          /* order inside a unit: KVC_HEADS_* */
 } kvc_geom_t;
+
+/* Order of heads and tokens inside one transfer unit (what slicing the
+ * heads of a unit needs): tokens first [BS, H, D], heads first [H, BS, D]
+ * (also content-packed), or not known (kernel-block and key-only layouts,
+ * or block_size == num_kv_heads, where the shape cannot tell). */
+#define KVC_HEADS_INNER   0u /* [BS, H, D] */
+#define KVC_HEADS_OUTER   1u /* [H, BS, D] */
+#define KVC_HEADS_UNKNOWN 2u
 
 struct kvx_layer_desc;
 
@@ -79,6 +88,17 @@ uint64_t kvc_geom_extent(const kvc_geom_t *geom);
 kvx_status_t kvc_geom_compatible(const kvc_geom_t *local,
                                  const kvc_geom_t *remote);
 
+/* kvc_geom_sliceable: KVX_OK when local (this rank's heads) can be read as
+ * head slice `slice` of nslices from remote (a rank holding nslices times
+ * the heads): same kind (split or interleaved, non-kernel, or
+ * content-packed), known and equal head order, remote num_kv_heads =
+ * nslices x local, equal token count, head sizes and element size, and
+ * remote block_len = nslices x local block_len. Otherwise
+ * KVX_ERR_PEER_INCOMPATIBLE (or KVX_ERR_NOT_SUPPORTED for a layout that
+ * cannot be sliced) naming the field and both values. */
+kvx_status_t kvc_geom_sliceable(const kvc_geom_t *local,
+                                const kvc_geom_t *remote, uint32_t nslices);
+
 /* kvc_geom_same reports whether two geometries produce identical plans
  * (all fields equal); used to cache plans per geometry. */
 int kvc_geom_same(const kvc_geom_t *a, const kvc_geom_t *b);
@@ -109,5 +129,26 @@ kvx_status_t kvc_plan_build(const kvc_geom_t *local, uint64_t local_region_len,
                             const uint64_t *local_ids, size_t nlocal,
                             const uint64_t *remote_ids, size_t nremote,
                             kvc_run_t *runs, size_t *nruns_p);
+
+/* kvc_plan_max_runs_sliced: capacity kvc_plan_build_sliced needs. */
+size_t kvc_plan_max_runs_sliced(const kvc_geom_t *local, size_t nlocal);
+
+/*
+ * kvc_plan_build_sliced is kvc_plan_build for sharded heterogeneous TP
+ * (SPEC §4): each local unit receives head slice `slice` (of nslices) of
+ * the paired remote unit. Heads-outer units give one run per unit (the
+ * slice is contiguous), heads-inner units one run per token. Ids and both
+ * units are bounds-checked as in kvc_plan_build (a slice lies inside its
+ * remote unit); local and remote must pass kvc_geom_sliceable and slice
+ * must be < nslices.
+ */
+kvx_status_t kvc_plan_build_sliced(const kvc_geom_t *local,
+                                   uint64_t local_region_len,
+                                   const kvc_geom_t *remote,
+                                   uint64_t remote_region_len,
+                                   uint32_t slice, uint32_t nslices,
+                                   const uint64_t *local_ids, size_t nlocal,
+                                   const uint64_t *remote_ids, size_t nremote,
+                                   kvc_run_t *runs, size_t *nruns_p);
 
 #endif

@@ -131,7 +131,15 @@ uint8_t Pattern(uint32_t rank, uint32_t layer, uint64_t block, int unit,
     for (uint64_t x : v) {
         h = (h ^ x) * 1099511628211ull;
     }
-    return (uint8_t)(h >> 29);
+    /* Finalizer (splitmix64): every input bit reaches the output byte, so
+     * neighbouring bytes of one unit differ and a misplaced range within a
+     * unit is caught (a bare FNV step left the byte constant per unit). */
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdull;
+    h ^= h >> 33;
+    h *= 0xc4ceb9fe1a85ec53ull;
+    h ^= h >> 33;
+    return (uint8_t)h;
 }
 
 void Describe(const ModelSpec &m, const LayerSpec &l, uint32_t nb, void *base,

@@ -534,20 +534,42 @@ TEST(CtlRelease, KeyOnlyQuorumOfTwoNeedsTwoDistinctConsumerRanks)
     EXPECT_EQ(1u, ev.Poll(p->eng));
 }
 
-TEST(CtlRelease, ShardedHeadsWithDifferentTpFallBackToQuorumOne)
+TEST(CtlRelease, ShardedHeadsDecodeWiderNeedsEverySliceReader)
 {
-    // The 3-layer model shards its heads: consumer_tp_size 2 against P tp 1
-    // has no rank mapping (not supported yet), so the quorum falls back to
-    // 1 and the first release frees the blocks (never pinned forever).
+    // The 3-layer model shards its heads: with consumer_tp_size 2 against P
+    // tp 1 each D rank reads one half of the heads of P rank 0 (SPEC §4), so
+    // P rank 0's quorum is 2 distinct consumer ranks.
     ModelSpec   model = ThreeLayerModel();
     uint16_t    hs    = PortBase(1);
     RankOpts    o     = Opts(true, hs, 32);
     std::string err;
     auto        p = Start(model, o, &err);
     ASSERT_TRUE(p) << err;
+    ASSERT_EQ(KVX_OK, Hold(*p, "tx-q2s", {4})) << Api()->last_error();
+    CtlClient cli("127.0.0.1", NotifyPortOf(o));
+    Events    ev;
+    EXPECT_REPLY_OK(cli.Send(ReleaseJson("tx-q2s", 2, 0)));
+    EXPECT_EQ(0u, ev.Poll(p->eng)) << "released after 1 of 2 slice readers";
+    EXPECT_REPLY_OK(cli.Send(ReleaseJson("tx-q2s", 2, 1)));
+    ASSERT_TRUE(ev.WaitN(p->eng, 1, 3000));
+    EXPECT_EQ(1u, ev.Count(KVX_EVENT_FINISHED_SENDING, "tx-q2s"));
+}
+
+TEST(CtlRelease, UnsupportedMappingFallsBackToQuorumOne)
+{
+    // D tp 1 against P tp 2 with sharded heads has no rank mapping yet, so
+    // P's quorum falls back to 1: the first release frees the blocks
+    // (never pinned forever).
+    ModelSpec   model = ThreeLayerModel();
+    uint16_t    hs    = PortBase(2);
+    RankOpts    o     = Opts(true, hs, 32);
+    std::string err;
+    o.tp_size = 2;
+    auto p    = Start(model, o, &err);
+    ASSERT_TRUE(p) << err;
     ASSERT_EQ(KVX_OK, Hold(*p, "tx-q1", {4})) << Api()->last_error();
     CtlClient cli("127.0.0.1", NotifyPortOf(o));
-    EXPECT_REPLY_OK(cli.Send(ReleaseJson("tx-q1", 2, 0)));
+    EXPECT_REPLY_OK(cli.Send(ReleaseJson("tx-q1", 1, 0)));
     Events ev;
     ASSERT_TRUE(ev.WaitN(p->eng, 1, 3000));
     EXPECT_EQ(1u, ev.Count(KVX_EVENT_FINISHED_SENDING, "tx-q1"));
@@ -1712,4 +1734,128 @@ TEST(WaitEvents, TimesOutEmptyAndWakesOnTheReleaseEvent)
     EXPECT_STREQ("tx-wait-ev", ev[0].transfer_id);
     Api()->free(ev[0].block_ids);
     EXPECT_EQ(KVX_ERR_TIMEOUT, Api()->wait_events(pr.p->eng, 0));
+}
+
+// ========================================================================
+// 18. Sharded heterogeneous TP (SPEC §4): P tp 1, D tp 2; each D rank reads
+//     its half of the heads of every P block, key-only layers whole.
+// ========================================================================
+
+namespace {
+
+// CheckSlice: D rank r (dm.heads heads) holds heads [r*dm.heads, ...) of P
+// rank 0's blocks remote[i] at local[i], for every token, K and V; key-only
+// layers hold the whole P block. "" or the first mismatch.
+std::string CheckSlice(const ModelSpec &pm, const ModelSpec &dm, const Rank &p,
+                       const Rank &d, uint32_t r,
+                       const std::vector<uint64_t> &local,
+                       const std::vector<uint64_t> &remote)
+{
+    const uint64_t E = pm.elem, D = pm.head_dim;
+    for (size_t li = 0; li < dm.layers.size(); li++) {
+        const LayerSpec &l = dm.layers[li];
+        for (size_t i = 0; i < local.size(); i++) {
+            for (int u = 0; u < Units(l); u++) {
+                const uint8_t *pb = p.bufs[li].data() +
+                                    UnitOffset(pm, l, p.num_blocks, remote[i], u);
+                const uint8_t *db = d.bufs[li].data() +
+                                    UnitOffset(dm, l, d.num_blocks, local[i], u);
+                if (l.kind == "key_only") {
+                    if (memcmp(pb, db, UnitLen(dm, l)) != 0) {
+                        return l.name + ": key-only block differs";
+                    }
+                    continue;
+                }
+                for (uint64_t t = 0; t < dm.block_size; t++) {
+                    for (uint64_t hh = 0; hh < dm.heads; hh++) {
+                        const uint8_t *want =
+                            pb + ((t * pm.heads + r * dm.heads + hh) * D) * E;
+                        const uint8_t *got = db + ((t * dm.heads + hh) * D) * E;
+                        if (memcmp(want, got, D * E) != 0) {
+                            return l.name + ": block " +
+                                   std::to_string(local[i]) + " unit " +
+                                   std::to_string(u) + " token " +
+                                   std::to_string(t) + " head " +
+                                   std::to_string(hh) + " differs";
+                        }
+                    }
+                }
+            }
+        }
+    }
+    return "";
+}
+
+} // namespace
+
+TEST(ReadHeteroTp, DecodeTp2ReadsHeadSlicesOfPrefillTp1)
+{
+    ModelSpec pm = ThreeLayerModel();
+    pm.block_size = 8; // never equal to a head count: the order is known
+    pm.heads      = 4;
+    ModelSpec dm  = pm;
+    dm.heads      = 2;
+    uint16_t    hs = PortBase(4);
+    std::string err;
+    RankOpts    po = Opts(true, hs, 32);
+    RankOpts    d0 = Opts(false, (uint16_t)(hs + 1), 24), d1;
+    d0.tp_size     = 2;
+    d1             = d0;
+    d1.tp_rank     = 1;
+    auto p  = Start(pm, po, &err);
+    ASSERT_TRUE(p) << err;
+    auto r0 = Start(dm, d0, &err);
+    ASSERT_TRUE(r0) << err;
+    auto r1 = Start(dm, d1, &err);
+    ASSERT_TRUE(r1) << err;
+
+    const std::vector<uint64_t> remote = {3, 17, 4, 30}, local = {9, 2, 23, 0};
+    ASSERT_EQ(KVX_OK, Hold(*p, "tx-het", remote)) << Api()->last_error();
+    std::string params = Params("tx-het", "127.0.0.1", hs,
+                                (uint16_t)(hs + 20000), remote, 1);
+    for (Rank *d : {r0.get(), r1.get()}) {
+        ASSERT_EQ(KVX_OK, Api()->consumer_request(d->eng, "req-het",
+                                                  params.c_str(), local.data(),
+                                                  local.size()))
+            << Api()->last_error();
+    }
+    for (Rank *d : {r0.get(), r1.get()}) {
+        ASSERT_EQ(KVX_OK, Api()->wait_transfer(d->eng, "tx-het", 20000))
+            << Api()->last_error();
+    }
+    EXPECT_EQ("", CheckSlice(pm, dm, *p, *r0, 0, local, remote));
+    EXPECT_EQ("", CheckSlice(pm, dm, *p, *r1, 1, local, remote));
+    // P frees its blocks once both slice readers released them.
+    Events pev;
+    ASSERT_TRUE(pev.WaitN(p->eng, 1, 10000));
+    EXPECT_EQ(1u, pev.Count(KVX_EVENT_FINISHED_SENDING, "tx-het"));
+}
+
+TEST(ReadHeteroTp, HeadCountThatDoesNotSplitIsRefusedAtHandshake)
+{
+    // P has 4 heads, D tp 2 registers 3 heads per rank: 2 x 3 != 4.
+    ModelSpec pm = ThreeLayerModel();
+    pm.block_size = 8;
+    pm.heads      = 4;
+    ModelSpec dm  = pm;
+    dm.heads      = 3;
+    uint16_t    hs = PortBase(4);
+    std::string err;
+    RankOpts    po = Opts(true, hs, 32), d0 = Opts(false, (uint16_t)(hs + 1), 24);
+    d0.tp_size     = 2;
+    auto p  = Start(pm, po, &err);
+    ASSERT_TRUE(p) << err;
+    auto r0 = Start(dm, d0, &err);
+    ASSERT_TRUE(r0) << err;
+    const std::vector<uint64_t> remote = {3}, local = {9};
+    ASSERT_EQ(KVX_OK, Hold(*p, "tx-het-bad", remote)) << Api()->last_error();
+    std::string params = Params("tx-het-bad", "127.0.0.1", hs,
+                                (uint16_t)(hs + 20000), remote, 1);
+    ASSERT_EQ(KVX_OK, Api()->consumer_request(r0->eng, "req-het-bad",
+                                              params.c_str(), local.data(),
+                                              local.size()));
+    EXPECT_EQ(KVX_ERR_PEER_INCOMPATIBLE,
+              Api()->wait_transfer(r0->eng, "tx-het-bad", 20000));
+    EXPECT_TRUE(Contains(Api()->last_error(), "num_kv_heads x slices"))
+        << Api()->last_error();
 }

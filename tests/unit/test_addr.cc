@@ -692,9 +692,8 @@ TEST(AddrRankmap, Errors)
     EXPECT_TRUE(ErrorHas("multiple")) << LastError();
     EXPECT_EQ(kvc_rankmap(3, 2, 1, 0, &m), KVX_ERR_CONFIG);
     EXPECT_EQ(kvc_ack_quorum(6, 4, 1, 0, &q), KVX_ERR_CONFIG);
-    EXPECT_EQ(kvc_rankmap(8, 4, 0, 0, &m), KVX_ERR_NOT_SUPPORTED);
-    EXPECT_TRUE(ErrorHas("heterogeneous TP with sharded KV heads"));
     EXPECT_EQ(kvc_rankmap(4, 8, 0, 0, &m), KVX_ERR_NOT_SUPPORTED);
+    EXPECT_TRUE(ErrorHas("sharded KV heads")) << LastError();
     EXPECT_EQ(kvc_ack_quorum(4, 8, 0, 0, &q), KVX_ERR_NOT_SUPPORTED);
     EXPECT_EQ(kvc_rankmap(8, 8, 1, 8, &m), KVX_ERR_INVALID_PARAM);
     EXPECT_TRUE(ErrorHas("tp_rank 8")) << LastError();
@@ -702,6 +701,39 @@ TEST(AddrRankmap, Errors)
     EXPECT_EQ(kvc_rankmap(0, 8, 1, 0, &m), KVX_ERR_INVALID_PARAM);
     EXPECT_EQ(kvc_ack_quorum(0, 8, 1, 0, &q), KVX_ERR_INVALID_PARAM);
     EXPECT_EQ(q, 77u);
+}
+
+// Sharded heads, D tp > P tp: D rank d reads head slice d % q of P rank d / q
+// and releases it, so each P rank's quorum is q (SPEC §4).
+TEST(AddrRankmap, ShardedHeadsDecodeWiderReadsHeadSlices)
+{
+    struct Row {
+        uint32_t d_tp, p_tp, d, read, slice, nslices;
+    } rows[] = {
+        {2, 1, 0, 0, 0, 2}, {2, 1, 1, 0, 1, 2}, {8, 4, 0, 0, 0, 2},
+        {8, 4, 5, 2, 1, 2}, {8, 2, 7, 1, 3, 4}, {16, 2, 9, 1, 1, 8},
+        {4, 4, 3, 3, 0, 1}, // equal TP: no slicing
+    };
+    for (const Row &r : rows) {
+        kvc_rankmap_t m;
+        SCOPED_TRACE(std::to_string(r.d_tp) + "/" + std::to_string(r.p_tp) +
+                     " d" + std::to_string(r.d));
+        ASSERT_EQ(KVX_OK, kvc_rankmap(r.d_tp, r.p_tp, 0, r.d, &m))
+            << LastError();
+        EXPECT_EQ(r.read, m.read_rank);
+        EXPECT_EQ(r.slice, m.head_slice);
+        EXPECT_EQ(r.nslices, m.num_slices);
+        ASSERT_EQ(1u, m.num_release);
+        EXPECT_EQ(r.read, m.release[0]);
+        uint32_t q = 0;
+        ASSERT_EQ(KVX_OK, kvc_ack_quorum(r.d_tp, r.p_tp, 0, r.read, &q));
+        EXPECT_EQ(r.d_tp / r.p_tp, q);
+    }
+    // Replicated heads never slice.
+    kvc_rankmap_t m;
+    ASSERT_EQ(KVX_OK, kvc_rankmap(8, 2, 1, 7, &m));
+    EXPECT_EQ(1u, m.num_slices);
+    EXPECT_EQ(0u, m.head_slice);
 }
 
 // ---- kv_transfer_params ----------------------------------------------------

@@ -536,3 +536,194 @@ TEST(LayoutRejectArgs, NullDescIsInvalid)
 }
 
 } // namespace
+
+// ---- head slices (sharded heterogeneous TP, SPEC §4) ------------------------
+
+namespace {
+
+TEST(LayoutHeads, HeadOrderIsRecordedWhereTheShapeTellsIt)
+{
+    struct Row {
+        const char *name;
+        DescSpec    d;
+        uint32_t    head_major;
+    } rows[] = {
+        {"split NHD", kSplit, KVC_HEADS_INNER},
+        {"split HND", kSplitHnd, KVC_HEADS_OUTER},
+        {"interleaved NHD", kInterleaved, KVC_HEADS_INNER},
+        {"interleaved HND", kInterHnd, KVC_HEADS_OUTER},
+        {"packed", kPacked, KVC_HEADS_OUTER},
+        {"mla", kMla, KVC_HEADS_UNKNOWN},
+        {"kernel split", kKernelSplit, KVC_HEADS_UNKNOWN},
+        // block_size == num_kv_heads: the shape cannot tell the order.
+        {"bs == heads", {{2, 8, 4, 4, 3}, {}, 4, 4, 3, 0, 0, 0},
+         KVC_HEADS_UNKNOWN},
+    };
+    for (const Row &r : rows) {
+        kvx_layer_desc_t d = MakeDesc(r.d);
+        kvc_geom_t       g;
+        ASSERT_EQ(KVX_OK, kvc_geom_from_desc(&d, &g)) << r.name;
+        EXPECT_EQ(r.head_major, g.head_major) << r.name;
+    }
+    // Equal TP: a peer with the other head order is incompatible.
+    kvx_layer_desc_t a = MakeDesc(kSplit), b = MakeDesc(kSplitHnd);
+    kvc_geom_t       ga, gb;
+    ASSERT_EQ(KVX_OK, kvc_geom_from_desc(&a, &ga));
+    ASSERT_EQ(KVX_OK, kvc_geom_from_desc(&b, &gb));
+    EXPECT_EQ(KVX_ERR_PEER_INCOMPATIBLE, kvc_geom_compatible(&ga, &gb));
+    EXPECT_TRUE(HasText("head_major")) << kvc_last_error();
+}
+
+// A tensor of nb blocks x (K,V) x bs tokens x h heads x d elements, filled
+// with a value per (block, kv, token, head, element); byte offsets follow
+// the layout. Slicing is checked against a brute-force copy.
+struct Model {
+    bool     outer; // [H, BS, D] inside a unit
+    bool     split; // [2, NB, ...] vs [NB, 2, ...]
+    uint32_t nb, bs, h, d;
+
+    std::vector<int64_t> Shape() const
+    {
+        std::vector<int64_t> s = {split ? 2 : (int64_t)nb, split ? (int64_t)nb : 2};
+        s.push_back(outer ? h : bs);
+        s.push_back(outer ? bs : h);
+        s.push_back(d);
+        return s;
+    }
+    size_t Off(uint32_t b, uint32_t kv, uint32_t t, uint32_t hh,
+               uint32_t e) const
+    {
+        size_t unit  = (size_t)bs * h * d;
+        size_t base  = split ? ((size_t)kv * nb + b) * unit
+                             : ((size_t)b * 2 + kv) * unit;
+        size_t inner = outer ? ((size_t)hh * bs + t) * d + e
+                             : ((size_t)t * h + hh) * d + e;
+        return (base + inner) * kElem;
+    }
+    size_t Bytes() const { return (size_t)2 * nb * bs * h * d * kElem; }
+};
+
+void Fill(const Model &m, std::vector<uint8_t> *buf, uint32_t head0)
+{
+    buf->assign(m.Bytes(), 0);
+    for (uint32_t b = 0; b < m.nb; b++)
+        for (uint32_t kv = 0; kv < 2; kv++)
+            for (uint32_t t = 0; t < m.bs; t++)
+                for (uint32_t hh = 0; hh < m.h; hh++)
+                    for (uint32_t e = 0; e < m.d * kElem; e++)
+                        (*buf)[m.Off(b, kv, t, hh, 0) + e] = (uint8_t)(
+                            b * 31 + kv * 17 + t * 7 + (hh + head0) * 5 + e);
+}
+
+kvc_geom_t GeomOf(const Model &m)
+{
+    DescSpec s = {m.Shape(), {}, m.bs, m.h, m.d, 0, 0, 0};
+    kvx_layer_desc_t desc = MakeDesc(s);
+    kvc_geom_t       g;
+    EXPECT_EQ(KVX_OK, kvc_geom_from_desc(&desc, &g)) << kvc_last_error();
+    return g;
+}
+
+TEST(LayoutHeads, SlicedPlanCopiesExactlyTheSliceOfEveryHeadOrder)
+{
+    for (bool outer : {false, true}) {
+        for (bool split : {true, false}) {
+            for (uint32_t q : {2u, 4u}) {
+                SCOPED_TRACE(std::string(outer ? "HND" : "NHD") +
+                             (split ? " split" : " interleaved") + " q" +
+                             std::to_string(q));
+                // block_size 3: never equal to a head count (the order must
+                // be known from the shape).
+                Model rm = {outer, split, 6, 3, 8, 3};      // P: 8 heads
+                Model lm = {outer, split, 5, 3, 8 / q, 3};  // D: 8/q heads
+                kvc_geom_t rg = GeomOf(rm), lg = GeomOf(lm);
+                std::vector<uint8_t> remote, local;
+                Fill(rm, &remote, 0);
+                for (uint32_t s = 0; s < q; s++) {
+                    local.assign(lm.Bytes(), 0xEE);
+                    const uint64_t lid[] = {4, 0, 2}, rid[] = {1, 5, 3};
+                    std::vector<kvc_run_t> runs(kvc_plan_max_runs_sliced(&lg, 3));
+                    size_t n = 0;
+                    ASSERT_EQ(KVX_OK, kvc_plan_build_sliced(
+                                          &lg, lm.Bytes(), &rg, rm.Bytes(), s,
+                                          q, lid, 3, rid, 3, runs.data(), &n))
+                        << kvc_last_error();
+                    ASSERT_LE(n, runs.size());
+                    for (size_t i = 0; i < n; i++) {
+                        ASSERT_LE(runs[i].local_off + runs[i].len, lm.Bytes());
+                        ASSERT_LE(runs[i].remote_off + runs[i].len, rm.Bytes());
+                        memcpy(&local[runs[i].local_off],
+                               &remote[runs[i].remote_off], runs[i].len);
+                    }
+                    // Expected: D's heads hh are P's heads s*(8/q) + hh of
+                    // the paired P block, K and V alike.
+                    for (size_t k = 0; k < 3; k++) {
+                        for (uint32_t kv = 0; kv < 2; kv++) {
+                            size_t a = lm.Off((uint32_t)lid[k], kv, 0, 0, 0);
+                            size_t len = (size_t)lm.bs * lm.h * lm.d * kElem;
+                            std::vector<uint8_t> exp(len);
+                            for (uint32_t t = 0; t < lm.bs; t++)
+                                for (uint32_t hh = 0; hh < lm.h; hh++)
+                                    for (uint32_t e = 0; e < lm.d * kElem; e++)
+                                        exp[lm.Off(0, 0, t, hh, 0) -
+                                            lm.Off(0, 0, 0, 0, 0) + e] =
+                                            remote[rm.Off((uint32_t)rid[k], kv,
+                                                          t, s * (8 / q) + hh,
+                                                          0) + e];
+                            ASSERT_EQ(0, memcmp(exp.data(), &local[a], len))
+                                << "block " << lid[k] << " kv " << kv;
+                        }
+                    }
+                    // Blocks not named stay untouched.
+                    size_t unit = (size_t)lm.bs * lm.h * lm.d * kElem;
+                    for (uint32_t kv = 0; kv < 2; kv++) {
+                        size_t a = lm.Off(1, kv, 0, 0, 0);
+                        EXPECT_EQ(std::vector<uint8_t>(unit, 0xEE),
+                                  std::vector<uint8_t>(&local[a],
+                                                       &local[a] + unit));
+                    }
+                    // Heads-outer: one run per unit (before merging).
+                    if (outer) {
+                        EXPECT_LE(n, 6u);
+                    } else {
+                        EXPECT_GE(n, 6u);
+                    }
+                }
+            }
+        }
+    }
+}
+
+TEST(LayoutHeads, SliceChecksNameTheRule)
+{
+    Model rm = {false, true, 6, 3, 8, 3}, lm = {false, true, 5, 3, 4, 3};
+    kvc_geom_t rg = GeomOf(rm), lg = GeomOf(lm);
+    const uint64_t lid[] = {0}, rid[] = {6};
+    kvc_run_t      runs[64];
+    size_t         n = 0;
+    // Wrong slice count for the heads: 4 x 4 != 8.
+    EXPECT_EQ(KVX_ERR_PEER_INCOMPATIBLE, kvc_geom_sliceable(&lg, &rg, 4));
+    EXPECT_TRUE(HasText("num_kv_heads x slices")) << kvc_last_error();
+    // Remote id past its num_blocks.
+    EXPECT_EQ(KVX_ERR_OUT_OF_BOUNDS,
+              kvc_plan_build_sliced(&lg, lm.Bytes(), &rg, rm.Bytes(), 0, 2, lid,
+                                    1, rid, 1, runs, &n));
+    EXPECT_TRUE(HasText("remote block_ids[0] = 6")) << kvc_last_error();
+    // Slice index out of range.
+    const uint64_t rid_ok[] = {5};
+    EXPECT_EQ(KVX_ERR_INVALID_PARAM,
+              kvc_plan_build_sliced(&lg, lm.Bytes(), &rg, rm.Bytes(), 2, 2, lid,
+                                    1, rid_ok, 1, runs, &n));
+    // Kernel-block and MLA layers cannot be sliced.
+    kvx_layer_desc_t kd = MakeDesc(kKernelSplit);
+    kvc_geom_t       kg;
+    ASSERT_EQ(KVX_OK, kvc_geom_from_desc(&kd, &kg));
+    EXPECT_EQ(KVX_ERR_NOT_SUPPORTED, kvc_geom_sliceable(&kg, &kg, 2));
+    EXPECT_TRUE(HasText("not supported")) << kvc_last_error();
+    // Remote region too short for the remote unit.
+    EXPECT_EQ(KVX_ERR_OUT_OF_BOUNDS,
+              kvc_plan_build_sliced(&lg, lm.Bytes(), &rg, rm.Bytes() / 2, 0, 2,
+                                    lid, 1, rid_ok, 1, runs, &n));
+}
+
+} // namespace
