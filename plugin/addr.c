@@ -612,13 +612,6 @@ kvx_status_t kvc_rankmap(uint32_t d_tp, uint32_t p_tp, int replicated,
                          "decode tp_rank %u: must be below decode tp_size %u",
                          d_rank, d_tp);
     }
-    if (d_tp < p_tp && !replicated) {
-        return kvc_error(KVX_ERR_NOT_SUPPORTED,
-                         "decode tp_size %u < prefill tp_size %u with "
-                         "sharded KV heads: assembling a rank's heads from "
-                         "several prefill ranks is not supported yet",
-                         d_tp, p_tp);
-    }
     memset(&m, 0, sizeof(m));
     m.num_slices  = 1;
     m.num_release = 1;
@@ -638,6 +631,12 @@ kvx_status_t kvc_rankmap(uint32_t d_tp, uint32_t p_tp, int replicated,
         m.num_release = r;
         for (uint32_t k = 0; k < r; k++) {
             m.release[k] = d_rank * r + k;
+        }
+        if (!replicated) {
+            /* Sharded heads: part k of this rank's heads lives on P rank
+             * d*r + k (SPEC §4). */
+            m.gather     = 1;
+            m.num_slices = r;
         }
     }
     *map = m;

@@ -109,6 +109,9 @@ typedef struct kvc_rankmap {
     uint32_t head_slice;     /* slice index within read_rank's heads
                                 (sharded hetero TP only; else 0) */
     uint32_t num_slices;     /* 1 unless sharded hetero TP */
+    uint32_t gather;         /* sharded, D tp < P tp: D assembles its heads
+                                from the num_release ranks (part k from
+                                release[k]); num_slices = that count */
     uint32_t num_release;    /* P ranks D must release */
     uint32_t release[KVC_RANKMAP_MAX];
 } kvc_rankmap_t;
@@ -119,9 +122,9 @@ typedef struct kvc_rankmap {
  * d_tp > p_tp → read d / (d_tp/p_tp), release {that}; d_tp < p_tp → read d*r
  * (r = p_tp/d_tp), release d*r .. d*r+r-1. Sharded heads (not
  * replicated): d_tp > p_tp → read d / q (q = d_tp/p_tp), head slice d % q of
- * q, release {that} (so each P rank's quorum is q); d_tp < p_tp →
- * KVX_ERR_NOT_SUPPORTED (assembling heads from several P ranks is not
- * supported yet). d_rank >= d_tp → KVX_ERR_INVALID_PARAM.
+ * q, release {that} (so each P rank's quorum is q); d_tp < p_tp → gather: D
+ * reads part k of its heads from P rank d*r+k and releases all r (quorum
+ * 1). d_rank >= d_tp → KVX_ERR_INVALID_PARAM.
  */
 kvx_status_t kvc_rankmap(uint32_t d_tp, uint32_t p_tp, int replicated,
                          uint32_t d_rank, kvc_rankmap_t *map);

@@ -212,19 +212,22 @@ static void kvc_peer_ep_error(void *arg, kvu_ep_t *ep, kvx_status_t status,
     pthread_mutex_unlock(&eng->lock);
 }
 
-void kvc_peer_slices(const struct kvx_engine *eng, const kvc_peer_t *peer,
-                     uint32_t *slice_p, uint32_t *n_p)
+void kvc_peer_parts(const struct kvx_engine *eng, const kvc_peer_t *peer,
+                    uint32_t *idx_p, uint32_t *n_p, int *gather_p)
 {
     kvc_rankmap_t m;
 
-    *slice_p = 0;
-    *n_p     = 1;
-    if (eng->cfg.read_mode && !eng->cfg.is_producer &&
+    *idx_p    = 0;
+    *n_p      = 1;
+    *gather_p = 0;
+    if (!eng->cfg.read_mode || eng->cfg.is_producer ||
         kvc_rankmap(eng->cfg.tp_size, peer->tp_size, eng->replicated,
-                    eng->cfg.tp_rank, &m) == KVX_OK) {
-        *slice_p = m.head_slice;
-        *n_p     = m.num_slices;
+                    eng->cfg.tp_rank, &m) != KVX_OK) {
+        return;
     }
+    *n_p      = m.num_slices;
+    *gather_p = (int)m.gather;
+    *idx_p    = m.gather ? peer->tp_rank - m.read_rank : m.head_slice;
 }
 
 /* Validates the peer's metadata against what we dialled and what we hold.
@@ -233,10 +236,11 @@ static kvx_status_t kvc_peer_check_meta(kvc_peer_t *peer,
                                         const kvc_hs_meta_t *m, int *map)
 {
     struct kvx_engine *eng = peer->eng;
-    uint32_t           slice, nslices;
+    uint32_t           part, nparts;
+    int                gather;
 
-    kvc_peer_slices(eng, peer, &slice, &nslices);
-    (void)slice;
+    kvc_peer_parts(eng, peer, &part, &nparts, &gather);
+    (void)part;
     if (m->version != KVC_PROTO_VERSION) {
         return kvc_error(KVX_ERR_PEER_VERSION,
                          "peer %s: protocol version %u, this engine speaks %u",
@@ -271,14 +275,19 @@ static kvx_status_t kvc_peer_check_meta(kvc_peer_t *peer,
                              "peer %s: has no layer named '%s'", peer->name,
                              eng->layers[i].name);
         }
-        /* Sharded heads with more D ranks than P ranks: this rank reads a
-         * slice of each P block's heads (key-only layers are replicated,
-         * read whole). */
-        st = nslices > 1 && !eng->layers[i].geom.key_only
-                 ? kvc_geom_sliceable(&eng->layers[i].geom,
-                                      &m->layers[map[i]].geom, nslices)
-                 : kvc_geom_compatible(&eng->layers[i].geom,
-                                       &m->layers[map[i]].geom);
+        /* Sharded heads with another TP size: this rank reads a slice of
+         * each P block's heads (D tp > P tp) or each P rank holds a part of
+         * this rank's heads (D tp < P tp); key-only layers are replicated
+         * and read whole. */
+        if (nparts > 1 && !eng->layers[i].geom.key_only) {
+            st = gather ? kvc_geom_gatherable(&eng->layers[i].geom,
+                                              &m->layers[map[i]].geom, nparts)
+                        : kvc_geom_sliceable(&eng->layers[i].geom,
+                                             &m->layers[map[i]].geom, nparts);
+        } else {
+            st = kvc_geom_compatible(&eng->layers[i].geom,
+                                     &m->layers[map[i]].geom);
+        }
         if (st != KVX_OK) {
             return kvc_error(st, "peer %s: layer '%s': %s", peer->name,
                              eng->layers[i].name, kvc_last_error());

@@ -104,7 +104,8 @@ typedef enum kvc_xfer_state {
 typedef struct kvc_layer_op {
     kvu_op_t        op;
     struct kvc_xfer *xfer;
-    uint32_t        index;
+    struct kvc_peer *peer;  /* READ: the source this op reads from */
+    uint32_t        index;  /* layer */
     int             done;
     kvx_status_t    status;
     kvc_run_t      *runs;   /* borrowed from xfer->plans */
@@ -125,6 +126,10 @@ typedef struct kvc_xfer {
     uint64_t          deadline_us;
     /* D side */
     kvc_peer_t       *src;         /* P rank read from */
+    uint32_t          nsrc;        /* > 1: D gathers its heads from the
+                                      P ranks rel[0..nsrc-1] (sharded, D tp
+                                      < P tp); ops are per (layer, source):
+                                      ops[layer * nsrc + k] */
     kvc_peer_t       *rel[KVC_RANKMAP_MAX]; /* P ranks to release */
     uint32_t          nrel;
     kvc_layer_op_t   *ops;         /* one per local layer, owned */
@@ -292,12 +297,14 @@ char        *kvc_read_response(struct kvx_engine *eng, const kvc_xfer_t *x);
 kvx_status_t kvc_xfer_wait(struct kvx_engine *eng, const char *tid,
                            int64_t layer, int64_t timeout_ms);
 
-/* kvc_peer_slices: the head slice this engine reads from peer (sharded
- * heterogeneous TP, SPEC §4): *n_p = 1 (no slicing) unless this READ
- * consumer has more TP ranks than the peer's instance and the heads are
- * sharded; then slice *slice_p of *n_p. Same function as the rank map. */
-void kvc_peer_slices(const struct kvx_engine *eng, const kvc_peer_t *peer,
-                     uint32_t *slice_p, uint32_t *n_p);
+/* kvc_peer_parts: how this engine's heads relate to peer's (sharded
+ * heterogeneous TP, SPEC §4), from the rank map: *n_p = 1 (whole blocks)
+ * unless this is a READ consumer of an instance with another TP size and
+ * sharded heads; then it reads head slice *idx_p of *n_p of the peer's
+ * heads (*gather_p 0, D tp > P tp) or the peer holds part *idx_p of *n_p
+ * of its heads (*gather_p 1, D tp < P tp). */
+void kvc_peer_parts(const struct kvx_engine *eng, const kvc_peer_t *peer,
+                    uint32_t *idx_p, uint32_t *n_p, int *gather_p);
 
 /* The peer rank this engine issues one-sided operations to for an
  * instance (READ consumer: the P rank it reads from; WRITE producer: its D

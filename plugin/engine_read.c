@@ -70,7 +70,7 @@ static void kvc_read_op_done(kvu_op_t *op)
 {
     kvc_layer_op_t    *lop = op->arg;
     kvc_xfer_t        *x   = lop->xfer;
-    struct kvx_engine *eng = x->src->eng;
+    struct kvx_engine *eng = lop->peer->eng;
     kvx_status_t       st  = (kvx_status_t)atomic_load(&op->status);
 
     pthread_mutex_lock(&eng->lock);
@@ -82,7 +82,7 @@ static void kvc_read_op_done(kvu_op_t *op)
         char why[KVX_REASON_MAX];
 
         snprintf(why, sizeof(why), "layer %u gets from %s failed: %s",
-                 lop->index, x->src->name, kvc_status_string(st));
+                 lop->index, lop->peer->name, kvc_status_string(st));
         kvc_xfer_fail(x, x->timed_out ? KVX_ERR_TRANSFER_TIMEOUT : st, why);
     }
     if (--x->layers_pending == 0) {
@@ -95,73 +95,146 @@ static void kvc_read_op_done(kvu_op_t *op)
 /* Builds every layer's run list (one per distinct geometry) pairing lids
  * with x->remote_ids; nothing is posted if any block or range is out of
  * bounds. */
+/* kvc_xfer_nsrc: sources of x (1 unless D gathers its heads). */
+static uint32_t kvc_xfer_nsrc(const kvc_xfer_t *x)
+{
+    return x->nsrc > 1 ? x->nsrc : 1;
+}
+
+/* kvc_xfer_source: source k of x (x->src when there is one). */
+static kvc_peer_t *kvc_xfer_source(const kvc_xfer_t *x, uint32_t k)
+{
+    return x->nsrc > 1 ? x->rel[k] : x->src;
+}
+
+/* kvc_xfer_plan_one builds the runs of op o (layer i from source peer). */
+static kvx_status_t kvc_xfer_plan_one(struct kvx_engine *eng, kvc_xfer_t *x,
+                                      size_t o, const uint64_t *lids,
+                                      size_t nl)
+{
+    const kvc_layer_t    *l    = &eng->layers[x->ops[o].index];
+    kvc_peer_t           *peer = x->ops[o].peer;
+    const kvc_hs_layer_t *rl   = &peer->meta.layers[peer->layer_map[
+                                     x->ops[o].index]];
+    uint32_t              part, nparts;
+    int                   gather, parted;
+    kvx_status_t          st;
+
+    kvc_peer_parts(eng, peer, &part, &nparts, &gather);
+    parted = nparts > 1 && !l->geom.key_only;
+    x->plans[x->nplans] = malloc(
+        ((parted ? kvc_plan_max_runs_sliced(&l->geom, nl)
+                 : kvc_plan_max_runs(&l->geom, nl)) + 1) * sizeof(kvc_run_t));
+    if (x->plans[x->nplans] == NULL) {
+        return kvc_error(KVX_ERR_NO_MEMORY, "plan: out of memory");
+    }
+    x->ops[o].runs = x->plans[x->nplans++];
+    if (parted && gather) {
+        st = kvc_plan_build_gathered(&l->geom, l->length, &rl->geom,
+                                     rl->length, part, nparts, lids, nl,
+                                     x->remote_ids, x->nremote, x->ops[o].runs,
+                                     &x->ops[o].nruns);
+    } else if (parted) {
+        st = kvc_plan_build_sliced(&l->geom, l->length, &rl->geom, rl->length,
+                                   part, nparts, lids, nl, x->remote_ids,
+                                   x->nremote, x->ops[o].runs,
+                                   &x->ops[o].nruns);
+    } else {
+        st = kvc_plan_build(&l->geom, l->length, &rl->geom, rl->length, lids,
+                            nl, x->remote_ids, x->nremote, x->ops[o].runs,
+                            &x->ops[o].nruns);
+    }
+    if (st != KVX_OK) {
+        return kvc_error(st, "transfer %s, layer '%s'%s%s: %s",
+                         x->transfer_id, l->name, parted ? " from " : "",
+                         parted ? peer->name : "", kvc_last_error());
+    }
+    return KVX_OK;
+}
+
+/* Builds every op's run list (one per distinct geometry and source) pairing
+ * lids with x->remote_ids; nothing is posted if any block or range is out
+ * of bounds. One op per layer, or per (layer, source) when D gathers its
+ * heads from several P ranks. */
 kvx_status_t kvc_xfer_plan(struct kvx_engine *eng, kvc_xfer_t *x,
                            const uint64_t *lids, size_t nl)
 {
-    kvc_peer_t *peer = x->src;
-    uint32_t    slice, nslices;
+    uint32_t ns   = kvc_xfer_nsrc(x);
+    size_t   nops = eng->nlayers * ns;
 
-    kvc_peer_slices(eng, peer, &slice, &nslices);
-
-    x->ops   = calloc(eng->nlayers, sizeof(*x->ops));
-    x->plans = calloc(eng->nlayers, sizeof(*x->plans));
+    x->ops   = calloc(nops ? nops : 1, sizeof(*x->ops));
+    x->plans = calloc(nops ? nops : 1, sizeof(*x->plans));
     if (x->ops == NULL || x->plans == NULL) {
         return kvc_error(KVX_ERR_NO_MEMORY, "transfer %s: out of memory",
                          x->transfer_id);
     }
-    for (size_t i = 0; i < eng->nlayers; i++) {
-        const kvc_layer_t    *l  = &eng->layers[i];
-        const kvc_hs_layer_t *rl = &peer->meta.layers[peer->layer_map[i]];
+    for (size_t o = 0; o < nops; o++) {
+        size_t                i    = o / ns;
+        kvc_peer_t           *peer = kvc_xfer_source(x, (uint32_t)(o % ns));
+        const kvc_layer_t    *l    = &eng->layers[i];
+        const kvc_hs_layer_t *rl   = &peer->meta.layers[peer->layer_map[i]];
         kvx_status_t          st;
 
-        x->ops[i].xfer  = x;
-        x->ops[i].index = (uint32_t)i;
-        for (size_t k = 0; k < i; k++) {
+        x->ops[o].xfer  = x;
+        x->ops[o].peer  = peer;
+        x->ops[o].index = (uint32_t)i;
+        if (o % ns != 0 && l->geom.key_only) {
+            /* Gathering: a key-only layer is replicated on every P rank;
+             * it is read once, from the first source. */
+            x->ops[o].nruns = 0;
+            continue;
+        }
+        /* Layers of equal geometry share the runs of one source. */
+        for (size_t k = o % ns; k < o; k += ns) {
             const kvc_hs_layer_t *rk =
-                &peer->meta.layers[peer->layer_map[k]];
+                &peer->meta.layers[peer->layer_map[k / ns]];
 
-            if (kvc_geom_same(&eng->layers[k].geom, &l->geom) &&
+            if (kvc_geom_same(&eng->layers[k / ns].geom, &l->geom) &&
                 kvc_geom_same(&rk->geom, &rl->geom) &&
-                eng->layers[k].length == l->length &&
+                eng->layers[k / ns].length == l->length &&
                 rk->length == rl->length) {
-                x->ops[i].runs  = x->ops[k].runs;
-                x->ops[i].nruns = x->ops[k].nruns;
+                x->ops[o].runs  = x->ops[k].runs;
+                x->ops[o].nruns = x->ops[k].nruns;
                 break;
             }
         }
-        if (x->ops[i].runs != NULL) {
+        if (x->ops[o].runs != NULL) {
             continue;
         }
-        int sliced = nslices > 1 && !l->geom.key_only;
-
-        x->plans[x->nplans] = malloc(
-            ((sliced ? kvc_plan_max_runs_sliced(&l->geom, nl)
-                     : kvc_plan_max_runs(&l->geom, nl)) + 1) *
-            sizeof(kvc_run_t));
-        if (x->plans[x->nplans] == NULL) {
-            return kvc_error(KVX_ERR_NO_MEMORY, "plan: out of memory");
-        }
-        x->ops[i].runs = x->plans[x->nplans++];
-        st = sliced ? kvc_plan_build_sliced(&l->geom, l->length, &rl->geom,
-                                            rl->length, slice, nslices, lids,
-                                            nl, x->remote_ids, x->nremote,
-                                            x->ops[i].runs, &x->ops[i].nruns)
-                    : kvc_plan_build(&l->geom, l->length, &rl->geom,
-                                     rl->length, lids, nl, x->remote_ids,
-                                     x->nremote, x->ops[i].runs,
-                                     &x->ops[i].nruns);
+        st = kvc_xfer_plan_one(eng, x, o, lids, nl);
         if (st != KVX_OK) {
-            return kvc_error(st, "transfer %s, layer '%s': %s", x->transfer_id,
-                             l->name, kvc_last_error());
+            return st;
         }
     }
     return KVX_OK;
 }
 
+/* kvc_read_sources_ready: every source of x has handshaken. */
+static int kvc_read_sources_ready(const kvc_xfer_t *x)
+{
+    for (uint32_t k = 0; k < kvc_xfer_nsrc(x); k++) {
+        if (kvc_xfer_source(x, k)->state != KVC_PEER_READY) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* kvc_read_has_source: peer is one of x's sources. */
+static int kvc_read_has_source(const kvc_xfer_t *x, const kvc_peer_t *peer)
+{
+    for (uint32_t k = 0; k < kvc_xfer_nsrc(x); k++) {
+        if (kvc_xfer_source(x, k) == peer) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
 static void kvc_read_post(struct kvx_engine *eng, kvc_xfer_t *x)
 {
-    kvc_peer_t  *peer = x->src;
-    kvx_status_t st   = kvc_xfer_plan(eng, x, x->local_ids, x->nlocal);
+    kvx_status_t st    = kvc_xfer_plan(eng, x, x->local_ids, x->nlocal);
+    size_t       nops = eng->nlayers * kvc_xfer_nsrc(x);
 
     if (st != KVX_OK) {
         kvc_xfer_fail(x, st, kvc_last_error());
@@ -169,19 +242,26 @@ static void kvc_read_post(struct kvx_engine *eng, kvc_xfer_t *x)
         return;
     }
     x->state          = KVC_XFER_INFLIGHT;
-    x->layers_pending = (uint32_t)eng->nlayers;
-    for (size_t i = 0; i < eng->nlayers; i++) {
-        const kvc_layer_t *l = &eng->layers[i];
-        int                j = peer->layer_map[i];
+    x->layers_pending = (uint32_t)nops; /* ops, not layers, when gathering */
+    for (size_t o = 0; o < nops; o++) {
+        kvc_layer_op_t    *lop  = &x->ops[o];
+        kvc_peer_t        *peer = lop->peer;
+        const kvc_layer_t *l    = &eng->layers[lop->index];
+        int                j    = peer->layer_map[lop->index];
 
-        x->ops[i].op.done = kvc_read_op_done;
-        x->ops[i].op.arg  = &x->ops[i];
+        if (lop->runs == NULL) { /* nothing to read from this source */
+            lop->done = 1;
+            x->layers_pending--;
+            continue;
+        }
+        lop->op.done = kvc_read_op_done;
+        lop->op.arg  = lop;
         st = kvu_post(peer->ep, 0, l->mem, (uint64_t)(uintptr_t)l->base,
-                      peer->rkeys[j], peer->meta.layers[j].base,
-                      x->ops[i].runs, x->ops[i].nruns, &x->ops[i].op);
+                      peer->rkeys[j], peer->meta.layers[j].base, lop->runs,
+                      lop->nruns, &lop->op);
         if (st != KVX_OK) {
-            x->ops[i].done   = 1;
-            x->ops[i].status = st;
+            lop->done   = 1;
+            lop->status = st;
             kvc_xfer_fail(x, st, kvc_last_error());
             x->layers_pending--;
         }
@@ -253,6 +333,8 @@ static kvx_status_t kvc_read_targets(struct kvx_engine *eng,
             x->rel[x->nrel++] = peer;
         }
     }
+    /* Gathering: the release ranks are the sources, part k from rel[k]. */
+    x->nsrc = map.gather ? x->nrel : 1;
     return KVX_OK;
 }
 
@@ -325,11 +407,13 @@ static kvx_status_t kvc_read_consumer_locked(struct kvx_engine *eng,
     if (x->nlocal == 0) {
         /* Nothing to read (full prefix hit): still release P (SPEC §7). */
         kvc_read_finish(eng, x);
-    } else if (x->src->state == KVC_PEER_READY) {
+    } else if (kvc_read_sources_ready(x)) {
         kvc_read_post(eng, x);
     } else {
         x->state = KVC_XFER_WAIT_PEER;
-        kvc_peer_want_handshake(x->src);
+        for (uint32_t k = 0; k < kvc_xfer_nsrc(x); k++) {
+            kvc_peer_want_handshake(kvc_xfer_source(x, k));
+        }
     }
     return KVX_OK;
 }
@@ -395,7 +479,8 @@ void kvc_read_peer_ready(struct kvx_engine *eng, kvc_peer_t *peer)
 {
     for (size_t b = 0; b < KVC_XFER_BUCKETS; b++) {
         for (kvc_xfer_t *x = eng->xfers[b]; x != NULL; x = x->hnext) {
-            if (x->state == KVC_XFER_WAIT_PEER && x->src == peer) {
+            if (x->state == KVC_XFER_WAIT_PEER &&
+                kvc_read_has_source(x, peer) && kvc_read_sources_ready(x)) {
                 kvc_read_post(eng, x);
             }
         }
@@ -406,7 +491,8 @@ void kvc_read_peer_failed(struct kvx_engine *eng, kvc_peer_t *peer)
 {
     for (size_t b = 0; b < KVC_XFER_BUCKETS; b++) {
         for (kvc_xfer_t *x = eng->xfers[b]; x != NULL; x = x->hnext) {
-            if (x->state == KVC_XFER_WAIT_PEER && x->src == peer) {
+            if (x->state == KVC_XFER_WAIT_PEER &&
+                kvc_read_has_source(x, peer)) {
                 kvc_xfer_fail(x, peer->fail_status, peer->fail_reason);
                 kvc_read_finish(eng, x);
             }
@@ -668,10 +754,15 @@ static void kvc_read_tick_xfer(struct kvx_engine *eng, kvc_xfer_t *x,
     kvc_xfer_fail(x, KVX_ERR_TRANSFER_TIMEOUT, why);
     if (x->state == KVC_XFER_WAIT_PEER) {
         kvc_read_finish(eng, x);
-    } else if (x->src->ep != NULL) {
-        /* Force-close the endpoint: in-flight gets complete with errors and
+    } else {
+        /* Force-close the endpoints: in-flight gets complete with errors and
          * only then are the blocks reported (SPEC §10). */
-        kvu_ep_fail(x->src->ep, KVX_ERR_TRANSFER_TIMEOUT, why);
+        for (uint32_t k = 0; k < kvc_xfer_nsrc(x); k++) {
+            if (kvc_xfer_source(x, k)->ep != NULL) {
+                kvu_ep_fail(kvc_xfer_source(x, k)->ep,
+                            KVX_ERR_TRANSFER_TIMEOUT, why);
+            }
+        }
     }
 }
 
@@ -730,9 +821,19 @@ static kvx_status_t kvc_xfer_poll(struct kvx_engine *eng, const char *tid,
     if (*deadline_p == 0) {
         *deadline_p = x->deadline_us + 1000000u;
     }
-    if (layer >= 0 && x->ops != NULL && x->ops[layer].done &&
-        x->ops[layer].status == KVX_OK) {
-        return KVX_OK;
+    if (layer >= 0 && x->ops != NULL) {
+        uint32_t ns = kvc_xfer_nsrc(x), k;
+
+        for (k = 0; k < ns; k++) {
+            const kvc_layer_op_t *lop = &x->ops[(size_t)layer * ns + k];
+
+            if (!lop->done || lop->status != KVX_OK) {
+                break;
+            }
+        }
+        if (k == ns) {
+            return KVX_OK; /* every part of the layer has landed */
+        }
     }
     if (x->state == KVC_XFER_DONE) {
         return KVX_OK;

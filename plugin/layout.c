@@ -611,12 +611,17 @@ int kvc_geom_same(const kvc_geom_t *a, const kvc_geom_t *b)
            a->key_only == b->key_only && a->head_major == b->head_major;
 }
 
-kvx_status_t kvc_geom_sliceable(const kvc_geom_t *local,
-                                const kvc_geom_t *remote, uint32_t nslices)
+/* kvc_geom_parts: local holds head part `of n` of remote (slice) or remote
+ * holds one of local's n parts (gather). */
+static kvx_status_t kvc_geom_parts(const kvc_geom_t *local,
+                                   const kvc_geom_t *remote, uint32_t n,
+                                   int gather)
 {
     int      ovf = 0;
-    uint64_t want_heads = kvc_mul(local->num_kv_heads, nslices, &ovf);
-    uint64_t want_len   = kvc_mul(local->block_len, nslices, &ovf);
+    const kvc_geom_t *part  = gather ? remote : local;
+    const kvc_geom_t *whole = gather ? local : remote;
+    uint64_t heads = kvc_mul(part->num_kv_heads, n, &ovf);
+    uint64_t len   = kvc_mul(part->block_len, n, &ovf);
     char     what[40];
     const kvc_geom_field_t f[] = {
         {"transfers_per_block", local->transfers_per_block,
@@ -626,32 +631,48 @@ kvx_status_t kvc_geom_sliceable(const kvc_geom_t *local,
         {"head_size", local->head_size, remote->head_size},
         {"head_size_v", local->head_size_v, remote->head_size_v},
         {"head_major", local->head_major, remote->head_major},
-        {"num_kv_heads x slices", ovf ? UINT64_MAX : want_heads,
-         remote->num_kv_heads},
-        {"block_len x slices", ovf ? UINT64_MAX : want_len,
-         remote->block_len},
+        /* part x n against the whole, printed as (part x n, whole) */
+        {gather ? "num_kv_heads: remote x parts, local"
+                : "num_kv_heads x slices", ovf ? UINT64_MAX : heads,
+         whole->num_kv_heads},
+        {gather ? "block_len: remote x parts, local" : "block_len x slices",
+         ovf ? UINT64_MAX : len, whole->block_len},
     };
 
-    if (nslices < 2) {
-        return kvc_error(KVX_ERR_INVALID_PARAM, "head slices: %u: must be "
-                         ">= 2", nslices);
+    if (n < 2) {
+        return kvc_error(KVX_ERR_INVALID_PARAM, "head %s: %u: must be >= 2",
+                         gather ? "parts" : "slices", n);
     }
     if ((local->kind != KVC_LAYOUT_SPLIT &&
          local->kind != KVC_LAYOUT_INTERLEAVED &&
          local->kind != KVC_LAYOUT_PACKED) ||
         local->head_major == KVC_HEADS_UNKNOWN || local->key_only) {
-        return kvc_error(KVX_ERR_NOT_SUPPORTED, "reading head slices of a %s "
+        return kvc_error(KVX_ERR_NOT_SUPPORTED, "reading head %s of a %s "
                          "layer%s is not supported (sharded heterogeneous TP "
                          "needs split, interleaved or content-packed blocks "
                          "whose head axis is known)",
+                         gather ? "parts" : "slices",
                          kvc_kind_name(local->kind),
                          local->head_major == KVC_HEADS_UNKNOWN
                              ? " with block_size == num_kv_heads (head axis "
                                "unknown)"
                              : "");
     }
-    snprintf(what, sizeof(what), " for %u head slices", nslices);
+    snprintf(what, sizeof(what), " for %u head %s", n,
+             gather ? "parts" : "slices");
     return kvc_geom_fields(local, remote, f, sizeof(f) / sizeof(f[0]), what);
+}
+
+kvx_status_t kvc_geom_sliceable(const kvc_geom_t *local,
+                                const kvc_geom_t *remote, uint32_t nslices)
+{
+    return kvc_geom_parts(local, remote, nslices, 0);
+}
+
+kvx_status_t kvc_geom_gatherable(const kvc_geom_t *local,
+                                 const kvc_geom_t *remote, uint32_t nparts)
+{
+    return kvc_geom_parts(local, remote, nparts, 1);
 }
 
 size_t kvc_plan_max_runs_sliced(const kvc_geom_t *local, size_t nlocal)
@@ -822,11 +843,14 @@ kvx_status_t kvc_plan_build(const kvc_geom_t *local, uint64_t local_region_len,
     return KVX_OK;
 }
 
-kvx_status_t kvc_plan_build_sliced(const kvc_geom_t *local,
+/* kvc_plan_parts: kvc_plan_build_sliced (gather 0: local is slice idx of
+ * the remote unit) and kvc_plan_build_gathered (gather 1: the remote unit
+ * is part idx of the local one). */
+static kvx_status_t kvc_plan_parts(const kvc_geom_t *local,
                                    uint64_t local_region_len,
                                    const kvc_geom_t *remote,
-                                   uint64_t remote_region_len,
-                                   uint32_t slice, uint32_t nslices,
+                                   uint64_t remote_region_len, uint32_t idx,
+                                   uint32_t n, int gather,
                                    const uint64_t *local_ids, size_t nlocal,
                                    const uint64_t *remote_ids, size_t nremote,
                                    kvc_run_t *runs, size_t *nruns_p)
@@ -834,25 +858,24 @@ kvx_status_t kvc_plan_build_sliced(const kvc_geom_t *local,
     kvc_plan_side_t ls = {"local", local, local_region_len, local_ids};
     kvc_plan_side_t rs = {"remote", remote, remote_region_len, remote_ids};
     kvx_status_t    st;
-    size_t          skip, n = 0;
-    int             outer;
-    uint64_t        row_l, row_r;
+    size_t          skip, m = 0;
+    uint64_t        row_l, row_r, part;
 
     st = kvc_plan_lists(local, remote, local_ids, nlocal, remote_ids, nremote,
                         runs, nruns_p);
     if (st == KVX_OK) {
-        st = kvc_geom_sliceable(local, remote, nslices);
+        st = kvc_geom_parts(local, remote, n, gather);
     }
     if (st != KVX_OK) {
         return st;
     }
-    if (slice >= nslices) {
-        return kvc_error(KVX_ERR_INVALID_PARAM, "head slice %u: must be < %u",
-                         slice, nslices);
+    if (idx >= n) {
+        return kvc_error(KVX_ERR_INVALID_PARAM, "head %s %u: must be < %u",
+                         gather ? "part" : "slice", idx, n);
     }
-    outer = local->head_major == KVC_HEADS_OUTER;
-    row_l = local->block_len / local->block_size;  /* one token, my heads */
-    row_r = remote->block_len / remote->block_size; /* one token, all */
+    row_l = local->block_len / local->block_size;   /* one token, local */
+    row_r = remote->block_len / remote->block_size; /* one token, remote */
+    part  = gather ? row_r : row_l;                 /* one token, the part */
     skip  = nremote - nlocal;
     for (size_t i = 0; i < nlocal; i++) {
         for (uint32_t u = 0; u < local->transfers_per_block; u++) {
@@ -865,21 +888,53 @@ kvx_status_t kvc_plan_build_sliced(const kvc_geom_t *local,
             if (st != KVX_OK) {
                 return st;
             }
-            if (outer) { /* [H, BS, D]: my heads are one contiguous slab */
-                runs[n].local_off  = lo;
-                runs[n].remote_off = ro + (uint64_t)slice * local->block_len;
-                runs[n].len        = local->block_len;
-                n++;
+            if (local->head_major == KVC_HEADS_OUTER) {
+                /* [H, BS, D]: a part is one contiguous slab of its unit */
+                uint64_t slab = gather ? remote->block_len : local->block_len;
+
+                runs[m].local_off  = lo + (gather ? idx * slab : 0);
+                runs[m].remote_off = ro + (gather ? 0 : idx * slab);
+                runs[m].len        = slab;
+                m++;
                 continue;
             }
             for (uint32_t t = 0; t < local->block_size; t++) { /* [BS,H,D] */
-                runs[n].local_off  = lo + t * row_l;
-                runs[n].remote_off = ro + t * row_r + (uint64_t)slice * row_l;
-                runs[n].len        = row_l;
-                n++;
+                runs[m].local_off  = lo + t * row_l + (gather ? idx * part : 0);
+                runs[m].remote_off = ro + t * row_r + (gather ? 0 : idx * part);
+                runs[m].len        = part;
+                m++;
             }
         }
     }
-    *nruns_p = kvc_plan_merge(runs, n);
+    *nruns_p = kvc_plan_merge(runs, m);
     return KVX_OK;
+}
+
+kvx_status_t kvc_plan_build_sliced(const kvc_geom_t *local,
+                                   uint64_t local_region_len,
+                                   const kvc_geom_t *remote,
+                                   uint64_t remote_region_len,
+                                   uint32_t slice, uint32_t nslices,
+                                   const uint64_t *local_ids, size_t nlocal,
+                                   const uint64_t *remote_ids, size_t nremote,
+                                   kvc_run_t *runs, size_t *nruns_p)
+{
+    return kvc_plan_parts(local, local_region_len, remote, remote_region_len,
+                          slice, nslices, 0, local_ids, nlocal, remote_ids,
+                          nremote, runs, nruns_p);
+}
+
+kvx_status_t kvc_plan_build_gathered(const kvc_geom_t *local,
+                                     uint64_t local_region_len,
+                                     const kvc_geom_t *remote,
+                                     uint64_t remote_region_len,
+                                     uint32_t part, uint32_t nparts,
+                                     const uint64_t *local_ids, size_t nlocal,
+                                     const uint64_t *remote_ids,
+                                     size_t nremote, kvc_run_t *runs,
+                                     size_t *nruns_p)
+{
+    return kvc_plan_parts(local, local_region_len, remote, remote_region_len,
+                          part, nparts, 1, local_ids, nlocal, remote_ids,
+                          nremote, runs, nruns_p);
 }

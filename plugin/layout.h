@@ -99,6 +99,12 @@ kvx_status_t kvc_geom_compatible(const kvc_geom_t *local,
 kvx_status_t kvc_geom_sliceable(const kvc_geom_t *local,
                                 const kvc_geom_t *remote, uint32_t nslices);
 
+/* kvc_geom_gatherable: the converse, for D tp < P tp: remote (one P rank)
+ * holds part `of nparts` of local's heads (remote num_kv_heads x nparts =
+ * local, remote block_len x nparts = local), same conditions otherwise. */
+kvx_status_t kvc_geom_gatherable(const kvc_geom_t *local,
+                                 const kvc_geom_t *remote, uint32_t nparts);
+
 /* kvc_geom_same reports whether two geometries produce identical plans
  * (all fields equal); used to cache plans per geometry. */
 int kvc_geom_same(const kvc_geom_t *a, const kvc_geom_t *b);
@@ -150,5 +156,19 @@ kvx_status_t kvc_plan_build_sliced(const kvc_geom_t *local,
                                    const uint64_t *local_ids, size_t nlocal,
                                    const uint64_t *remote_ids, size_t nremote,
                                    kvc_run_t *runs, size_t *nruns_p);
+
+/* kvc_plan_build_gathered: each local unit receives the whole paired remote
+ * unit as head part `part` of nparts (D tp < P tp: part k of D's heads from
+ * P rank d*r + k). Same checks as kvc_plan_build_sliced, with
+ * kvc_geom_gatherable; capacity kvc_plan_max_runs_sliced(local, n). */
+kvx_status_t kvc_plan_build_gathered(const kvc_geom_t *local,
+                                     uint64_t local_region_len,
+                                     const kvc_geom_t *remote,
+                                     uint64_t remote_region_len,
+                                     uint32_t part, uint32_t nparts,
+                                     const uint64_t *local_ids, size_t nlocal,
+                                     const uint64_t *remote_ids,
+                                     size_t nremote, kvc_run_t *runs,
+                                     size_t *nruns_p);
 
 #endif

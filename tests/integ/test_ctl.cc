@@ -555,11 +555,11 @@ TEST(CtlRelease, ShardedHeadsDecodeWiderNeedsEverySliceReader)
     EXPECT_EQ(1u, ev.Count(KVX_EVENT_FINISHED_SENDING, "tx-q2s"));
 }
 
-TEST(CtlRelease, UnsupportedMappingFallsBackToQuorumOne)
+TEST(CtlRelease, DecodeNarrowerGathersSoEachPartHasQuorumOne)
 {
-    // D tp 1 against P tp 2 with sharded heads has no rank mapping yet, so
-    // P's quorum falls back to 1: the first release frees the blocks
-    // (never pinned forever).
+    // D tp 1 against P tp 2 with sharded heads: D gathers its heads from
+    // both P ranks, each read by that one D rank, so P rank 0's quorum is 1
+    // and the first release frees the blocks.
     ModelSpec   model = ThreeLayerModel();
     uint16_t    hs    = PortBase(2);
     RankOpts    o     = Opts(true, hs, 32);
@@ -1858,4 +1858,91 @@ TEST(ReadHeteroTp, HeadCountThatDoesNotSplitIsRefusedAtHandshake)
               Api()->wait_transfer(r0->eng, "tx-het-bad", 20000));
     EXPECT_TRUE(Contains(Api()->last_error(), "num_kv_heads x slices"))
         << Api()->last_error();
+}
+
+// P tp 2 (2 heads per rank) -> D tp 1 (4 heads): D gathers heads 0-1 from P
+// rank 0 and heads 2-3 from P rank 1 for every token; key-only layers come
+// whole from P rank 0; both P ranks are released.
+TEST(ReadHeteroTp, DecodeTp1GathersHeadsFromPrefillTp2)
+{
+    ModelSpec pm = ThreeLayerModel();
+    pm.block_size = 8;
+    pm.heads      = 2;
+    ModelSpec dm  = pm;
+    dm.heads      = 4;
+    uint16_t    hs = PortBase(4);
+    std::string err;
+    RankOpts    p0o = Opts(true, hs, 32), p1o;
+    p0o.tp_size     = 2;
+    p1o             = p0o;
+    p1o.tp_rank     = 1;
+    RankOpts    dop = Opts(false, (uint16_t)(hs + 2), 24);
+    auto p0 = Start(pm, p0o, &err);
+    ASSERT_TRUE(p0) << err;
+    auto p1 = Start(pm, p1o, &err);
+    ASSERT_TRUE(p1) << err;
+    auto d = Start(dm, dop, &err);
+    ASSERT_TRUE(d) << err;
+
+    const std::vector<uint64_t> remote = {3, 17, 4, 30}, local = {9, 2, 23, 0};
+    ASSERT_EQ(KVX_OK, Hold(*p0, "tx-gather", remote)) << Api()->last_error();
+    ASSERT_EQ(KVX_OK, Hold(*p1, "tx-gather", remote)) << Api()->last_error();
+    std::string params = Params("tx-gather", "127.0.0.1", hs,
+                                (uint16_t)(hs + 20000), remote, 2);
+    ASSERT_EQ(KVX_OK, Api()->consumer_request(d->eng, "req-gather",
+                                              params.c_str(), local.data(),
+                                              local.size()))
+        << Api()->last_error();
+    for (uint32_t l = 0; l < dm.layers.size(); l++) {
+        ASSERT_EQ(KVX_OK, Api()->wait_layer(d->eng, "tx-gather", l, 20000))
+            << "layer " << l << ": " << Api()->last_error();
+    }
+    ASSERT_EQ(KVX_OK, Api()->wait_transfer(d->eng, "tx-gather", 20000))
+        << Api()->last_error();
+    const uint64_t E = pm.elem, Dh = pm.head_dim;
+    std::string    bad;
+    for (size_t li = 0; li < dm.layers.size() && bad.empty(); li++) {
+        const LayerSpec &l = dm.layers[li];
+        for (size_t i = 0; i < local.size() && bad.empty(); i++) {
+            for (int u = 0; u < Units(l) && bad.empty(); u++) {
+                const uint8_t *db = d->bufs[li].data() +
+                                    UnitOffset(dm, l, d->num_blocks, local[i], u);
+                if (l.kind == "key_only") {
+                    const uint8_t *pb = p0->bufs[li].data() +
+                                        UnitOffset(pm, l, p0->num_blocks,
+                                                   remote[i], u);
+                    if (memcmp(pb, db, UnitLen(dm, l)) != 0) {
+                        bad = l.name + ": key-only block differs";
+                    }
+                    continue;
+                }
+                for (uint64_t t = 0; t < dm.block_size && bad.empty(); t++) {
+                    for (uint64_t hh = 0; hh < dm.heads; hh++) {
+                        const Rank    &src = hh < pm.heads ? *p0 : *p1;
+                        const uint8_t *pb  = src.bufs[li].data() +
+                                            UnitOffset(pm, l, src.num_blocks,
+                                                       remote[i], u) +
+                                            ((t * pm.heads + hh % pm.heads) *
+                                             Dh) * E;
+                        if (memcmp(pb, db + ((t * dm.heads + hh) * Dh) * E,
+                                   Dh * E) != 0) {
+                            bad = l.name + ": block " +
+                                  std::to_string(local[i]) + " unit " +
+                                  std::to_string(u) + " token " +
+                                  std::to_string(t) + " head " +
+                                  std::to_string(hh) + " differs";
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    EXPECT_EQ("", bad);
+    // Each P rank is released by its one reader.
+    for (Rank *p : {p0.get(), p1.get()}) {
+        Events pev;
+        ASSERT_TRUE(pev.WaitN(p->eng, 1, 10000));
+        EXPECT_EQ(1u, pev.Count(KVX_EVENT_FINISHED_SENDING, "tx-gather"));
+    }
 }

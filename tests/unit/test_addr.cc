@@ -692,9 +692,6 @@ TEST(AddrRankmap, Errors)
     EXPECT_TRUE(ErrorHas("multiple")) << LastError();
     EXPECT_EQ(kvc_rankmap(3, 2, 1, 0, &m), KVX_ERR_CONFIG);
     EXPECT_EQ(kvc_ack_quorum(6, 4, 1, 0, &q), KVX_ERR_CONFIG);
-    EXPECT_EQ(kvc_rankmap(4, 8, 0, 0, &m), KVX_ERR_NOT_SUPPORTED);
-    EXPECT_TRUE(ErrorHas("sharded KV heads")) << LastError();
-    EXPECT_EQ(kvc_ack_quorum(4, 8, 0, 0, &q), KVX_ERR_NOT_SUPPORTED);
     EXPECT_EQ(kvc_rankmap(8, 8, 1, 8, &m), KVX_ERR_INVALID_PARAM);
     EXPECT_TRUE(ErrorHas("tp_rank 8")) << LastError();
     EXPECT_EQ(kvc_ack_quorum(8, 8, 1, 8, &q), KVX_ERR_INVALID_PARAM);
@@ -734,6 +731,34 @@ TEST(AddrRankmap, ShardedHeadsDecodeWiderReadsHeadSlices)
     ASSERT_EQ(KVX_OK, kvc_rankmap(8, 2, 1, 7, &m));
     EXPECT_EQ(1u, m.num_slices);
     EXPECT_EQ(0u, m.head_slice);
+    EXPECT_EQ(0u, m.gather);
+}
+
+// Sharded heads, D tp < P tp: D rank d gathers part k of its heads from P
+// rank d*r + k and releases all r; each P rank's quorum is 1.
+TEST(AddrRankmap, ShardedHeadsDecodeNarrowerGathersFromEveryPart)
+{
+    for (uint32_t p_tp : {4u, 8u, 32u}) {
+        for (uint32_t d = 0; d < 2; d++) {
+            kvc_rankmap_t m;
+            uint32_t      r = p_tp / 2;
+            ASSERT_EQ(KVX_OK, kvc_rankmap(2, p_tp, 0, d, &m)) << LastError();
+            EXPECT_EQ(1u, m.gather);
+            EXPECT_EQ(r, m.num_slices);
+            EXPECT_EQ(d * r, m.read_rank);
+            ASSERT_EQ(r, m.num_release);
+            for (uint32_t k = 0; k < r; k++) {
+                EXPECT_EQ(d * r + k, m.release[k]);
+                uint32_t q = 0;
+                ASSERT_EQ(KVX_OK, kvc_ack_quorum(2, p_tp, 0, d * r + k, &q));
+                EXPECT_EQ(1u, q);
+            }
+        }
+    }
+    kvc_rankmap_t m;
+    ASSERT_EQ(KVX_OK, kvc_rankmap(2, 8, 1, 1, &m)); // replicated: no gather
+    EXPECT_EQ(0u, m.gather);
+    EXPECT_EQ(1u, m.num_slices);
 }
 
 // ---- kv_transfer_params ----------------------------------------------------

@@ -694,6 +694,63 @@ TEST(LayoutHeads, SlicedPlanCopiesExactlyTheSliceOfEveryHeadOrder)
     }
 }
 
+// D tp < P tp: D's unit is assembled from r P ranks, part k from rank k.
+TEST(LayoutHeads, GatheredPlanAssemblesEveryHeadFromItsPart)
+{
+    for (bool outer : {false, true}) {
+        for (bool split : {true, false}) {
+            for (uint32_t r : {2u, 4u}) {
+                SCOPED_TRACE(std::string(outer ? "HND" : "NHD") +
+                             (split ? " split" : " interleaved") + " r" +
+                             std::to_string(r));
+                Model lm = {outer, split, 5, 3, 8, 3};     // D: 8 heads
+                Model rm = {outer, split, 6, 3, 8 / r, 3}; // each P rank
+                kvc_geom_t lg = GeomOf(lm), rg = GeomOf(rm);
+                std::vector<std::vector<uint8_t>> parts(r);
+                std::vector<uint8_t> local(lm.Bytes(), 0xEE);
+                const uint64_t lid[] = {4, 0, 2}, rid[] = {1, 5, 3};
+                for (uint32_t k = 0; k < r; k++) {
+                    Fill(rm, &parts[k], k * (8 / r)); // global head numbers
+                    std::vector<kvc_run_t> runs(kvc_plan_max_runs_sliced(&lg, 3));
+                    size_t n = 0;
+                    ASSERT_EQ(KVX_OK, kvc_plan_build_gathered(
+                                          &lg, lm.Bytes(), &rg, rm.Bytes(), k,
+                                          r, lid, 3, rid, 3, runs.data(), &n))
+                        << kvc_last_error();
+                    ASSERT_LE(n, runs.size());
+                    for (size_t i = 0; i < n; i++) {
+                        ASSERT_LE(runs[i].local_off + runs[i].len, lm.Bytes());
+                        ASSERT_LE(runs[i].remote_off + runs[i].len, rm.Bytes());
+                        memcpy(&local[runs[i].local_off],
+                               &parts[k][runs[i].remote_off], runs[i].len);
+                    }
+                }
+                const uint32_t hp = 8 / r;
+                for (size_t b = 0; b < 3; b++)
+                    for (uint32_t kv = 0; kv < 2; kv++)
+                        for (uint32_t t = 0; t < lm.bs; t++)
+                            for (uint32_t hh = 0; hh < lm.h; hh++)
+                                ASSERT_EQ(0, memcmp(&local[lm.Off((uint32_t)lid[b], kv, t, hh, 0)],
+                                                    &parts[hh / hp][rm.Off((uint32_t)rid[b], kv, t, hh % hp, 0)],
+                                                    lm.d * kElem))
+                                    << "block " << lid[b] << " kv " << kv
+                                    << " token " << t << " head " << hh;
+                // Blocks not named stay untouched.
+                size_t unit = (size_t)lm.bs * lm.h * lm.d * kElem;
+                size_t a    = lm.Off(1, 0, 0, 0, 0);
+                EXPECT_EQ(std::vector<uint8_t>(unit, 0xEE),
+                          std::vector<uint8_t>(&local[a], &local[a] + unit));
+            }
+        }
+    }
+    // Wrong part count: 4 parts of 4 heads do not make 8.
+    Model lm = {false, true, 5, 3, 8, 3}, rm = {false, true, 6, 3, 4, 3};
+    kvc_geom_t lg = GeomOf(lm), rg = GeomOf(rm);
+    EXPECT_EQ(KVX_ERR_PEER_INCOMPATIBLE, kvc_geom_gatherable(&lg, &rg, 4));
+    EXPECT_TRUE(HasText("remote x parts")) << kvc_last_error();
+    EXPECT_EQ(KVX_OK, kvc_geom_gatherable(&lg, &rg, 2)) << kvc_last_error();
+}
+
 TEST(LayoutHeads, SliceChecksNameTheRule)
 {
     Model rm = {false, true, 6, 3, 8, 3}, lm = {false, true, 5, 3, 4, 3};
