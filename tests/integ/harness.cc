@@ -259,6 +259,57 @@ std::string VerifyPull(const ModelSpec &m, const Rank &d, uint32_t src_rank,
     return "";
 }
 
+std::string VerifyPullHeads(const ModelSpec &m, uint32_t p_heads,
+                            const Rank &d, const std::vector<uint32_t> &keys,
+                            uint32_t slice, const std::vector<uint64_t> &local,
+                            const std::vector<uint64_t> &remote)
+{
+    const bool     gather = m.heads > p_heads;
+    const uint64_t row    = (uint64_t)m.head_dim * m.elem; /* one head */
+    size_t         skip   = remote.size() - local.size();
+
+    for (size_t li = 0; li < m.layers.size(); li++) {
+        const LayerSpec     &l = m.layers[li];
+        std::vector<uint8_t> want(d.bufs[li].size(), 0xEE);
+        for (size_t k = 0; k < local.size(); k++) {
+            for (int u = 0; u < Units(l); u++) {
+                uint8_t *p = want.data() +
+                             UnitOffset(m, l, d.num_blocks, local[k], u);
+                uint64_t rb = remote[skip + k];
+                if (l.kind == "key_only") { /* replicated: whole, from 0 */
+                    for (uint64_t i = 0; i < UnitLen(m, l); i++) {
+                        p[i] = Pattern(keys[0], (uint32_t)li, rb, u, i);
+                    }
+                    continue;
+                }
+                for (uint64_t t = 0; t < m.block_size; t++) {
+                    for (uint64_t h = 0; h < m.heads; h++) {
+                        uint32_t key   = gather ? keys[h / p_heads] : keys[0];
+                        uint64_t ph    = gather ? h % p_heads
+                                                : slice * m.heads + h;
+                        uint64_t p_off = (t * p_heads + ph) * row;
+                        uint64_t d_off = (t * m.heads + h) * row;
+                        for (uint64_t e = 0; e < row; e++) {
+                            p[d_off + e] = Pattern(key, (uint32_t)li, rb, u,
+                                                   p_off + e);
+                        }
+                    }
+                }
+            }
+        }
+        for (size_t i = 0; i < want.size(); i++) {
+            if (want[i] != d.bufs[li][i]) {
+                char buf[256];
+                snprintf(buf, sizeof(buf),
+                         "layer %zu (%s) byte %zu: got 0x%02x want 0x%02x", li,
+                         l.kind.c_str(), i, d.bufs[li][i], want[i]);
+                return buf;
+            }
+        }
+    }
+    return "";
+}
+
 bool WaitFor(const std::function<bool()> &cond, int timeout_ms)
 {
     auto end = std::chrono::steady_clock::now() +

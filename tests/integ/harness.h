@@ -100,6 +100,16 @@ std::string VerifyPull(const ModelSpec &m, const Rank &d, uint32_t src_rank,
                        const std::vector<uint64_t> &local,
                        const std::vector<uint64_t> &remote);
 
+// VerifyPullHeads is VerifyPull for sharded heterogeneous TP (token-major
+// blocks): D (m, m.heads heads per rank) against P ranks of p_heads heads
+// whose patterns are keyed by keys. m.heads < p_heads: D holds head slice
+// `slice` of keys[0]'s blocks; m.heads > p_heads: D's heads k*p_heads ..
+// come from keys[k]. Key-only layers hold keys[0]'s whole blocks.
+std::string VerifyPullHeads(const ModelSpec &m, uint32_t p_heads,
+                            const Rank &d, const std::vector<uint32_t> &keys,
+                            uint32_t slice, const std::vector<uint64_t> &local,
+                            const std::vector<uint64_t> &remote);
+
 // WaitFor polls cond every 2 ms until true or timeout_ms passed.
 bool WaitFor(const std::function<bool()> &cond, int timeout_ms);
 

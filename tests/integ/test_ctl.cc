@@ -1741,52 +1741,6 @@ TEST(WaitEvents, TimesOutEmptyAndWakesOnTheReleaseEvent)
 //     its half of the heads of every P block, key-only layers whole.
 // ========================================================================
 
-namespace {
-
-// CheckSlice: D rank r (dm.heads heads) holds heads [r*dm.heads, ...) of P
-// rank 0's blocks remote[i] at local[i], for every token, K and V; key-only
-// layers hold the whole P block. "" or the first mismatch.
-std::string CheckSlice(const ModelSpec &pm, const ModelSpec &dm, const Rank &p,
-                       const Rank &d, uint32_t r,
-                       const std::vector<uint64_t> &local,
-                       const std::vector<uint64_t> &remote)
-{
-    const uint64_t E = pm.elem, D = pm.head_dim;
-    for (size_t li = 0; li < dm.layers.size(); li++) {
-        const LayerSpec &l = dm.layers[li];
-        for (size_t i = 0; i < local.size(); i++) {
-            for (int u = 0; u < Units(l); u++) {
-                const uint8_t *pb = p.bufs[li].data() +
-                                    UnitOffset(pm, l, p.num_blocks, remote[i], u);
-                const uint8_t *db = d.bufs[li].data() +
-                                    UnitOffset(dm, l, d.num_blocks, local[i], u);
-                if (l.kind == "key_only") {
-                    if (memcmp(pb, db, UnitLen(dm, l)) != 0) {
-                        return l.name + ": key-only block differs";
-                    }
-                    continue;
-                }
-                for (uint64_t t = 0; t < dm.block_size; t++) {
-                    for (uint64_t hh = 0; hh < dm.heads; hh++) {
-                        const uint8_t *want =
-                            pb + ((t * pm.heads + r * dm.heads + hh) * D) * E;
-                        const uint8_t *got = db + ((t * dm.heads + hh) * D) * E;
-                        if (memcmp(want, got, D * E) != 0) {
-                            return l.name + ": block " +
-                                   std::to_string(local[i]) + " unit " +
-                                   std::to_string(u) + " token " +
-                                   std::to_string(t) + " head " +
-                                   std::to_string(hh) + " differs";
-                        }
-                    }
-                }
-            }
-        }
-    }
-    return "";
-}
-
-} // namespace
 
 TEST(ReadHeteroTp, DecodeTp2ReadsHeadSlicesOfPrefillTp1)
 {
@@ -1823,8 +1777,8 @@ TEST(ReadHeteroTp, DecodeTp2ReadsHeadSlicesOfPrefillTp1)
         ASSERT_EQ(KVX_OK, Api()->wait_transfer(d->eng, "tx-het", 20000))
             << Api()->last_error();
     }
-    EXPECT_EQ("", CheckSlice(pm, dm, *p, *r0, 0, local, remote));
-    EXPECT_EQ("", CheckSlice(pm, dm, *p, *r1, 1, local, remote));
+    EXPECT_EQ("", VerifyPullHeads(dm, pm.heads, *r0, {0}, 0, local, remote));
+    EXPECT_EQ("", VerifyPullHeads(dm, pm.heads, *r1, {0}, 1, local, remote));
     // P frees its blocks once both slice readers released them.
     Events pev;
     ASSERT_TRUE(pev.WaitN(p->eng, 1, 10000));
@@ -1899,46 +1853,8 @@ TEST(ReadHeteroTp, DecodeTp1GathersHeadsFromPrefillTp2)
     }
     ASSERT_EQ(KVX_OK, Api()->wait_transfer(d->eng, "tx-gather", 20000))
         << Api()->last_error();
-    const uint64_t E = pm.elem, Dh = pm.head_dim;
-    std::string    bad;
-    for (size_t li = 0; li < dm.layers.size() && bad.empty(); li++) {
-        const LayerSpec &l = dm.layers[li];
-        for (size_t i = 0; i < local.size() && bad.empty(); i++) {
-            for (int u = 0; u < Units(l) && bad.empty(); u++) {
-                const uint8_t *db = d->bufs[li].data() +
-                                    UnitOffset(dm, l, d->num_blocks, local[i], u);
-                if (l.kind == "key_only") {
-                    const uint8_t *pb = p0->bufs[li].data() +
-                                        UnitOffset(pm, l, p0->num_blocks,
-                                                   remote[i], u);
-                    if (memcmp(pb, db, UnitLen(dm, l)) != 0) {
-                        bad = l.name + ": key-only block differs";
-                    }
-                    continue;
-                }
-                for (uint64_t t = 0; t < dm.block_size && bad.empty(); t++) {
-                    for (uint64_t hh = 0; hh < dm.heads; hh++) {
-                        const Rank    &src = hh < pm.heads ? *p0 : *p1;
-                        const uint8_t *pb  = src.bufs[li].data() +
-                                            UnitOffset(pm, l, src.num_blocks,
-                                                       remote[i], u) +
-                                            ((t * pm.heads + hh % pm.heads) *
-                                             Dh) * E;
-                        if (memcmp(pb, db + ((t * dm.heads + hh) * Dh) * E,
-                                   Dh * E) != 0) {
-                            bad = l.name + ": block " +
-                                  std::to_string(local[i]) + " unit " +
-                                  std::to_string(u) + " token " +
-                                  std::to_string(t) + " head " +
-                                  std::to_string(hh) + " differs";
-                            break;
-                        }
-                    }
-                }
-            }
-        }
-    }
-    EXPECT_EQ("", bad);
+    EXPECT_EQ("", VerifyPullHeads(dm, pm.heads, *d, {0, 1}, 0, local,
+                                  remote));
     // Each P rank is released by its one reader.
     for (Rank *p : {p0.get(), p1.get()}) {
         Events pev;
