@@ -59,6 +59,7 @@ struct Opts {
     std::vector<std::string> peer_hosts;
     uint32_t                 peer_hs_port = 0, peer_notify_port = 0;
     uint32_t                 peer_tp = 0, peer_dp = 0; // 0: same as ours
+    uint32_t                 heads = 0, peer_heads = 0; // 0: model default
     std::string              tls = "tcp";
     std::string              net_dev;
     bool                     has_trusted = false;
@@ -92,6 +93,7 @@ void Usage(const char *why)
             "  [--ranks a-b --tp N --dp M --hs-port P --notify-port P\n"
             "   --node-hosts A,B --peer-host X --peer-hosts A,B\n"
             "   --peer-hs-port P --peer-notify-port P --peer-tp N --peer-dp M\n"
+            "   --heads N --peer-heads N (sharded heterogeneous TP)\n"
             "   --tls tcp --net-dev DEV --trusted LIST --transfer T\n"
             "   --expect-fail-ranks a-b --expect-error TEXT (repeatable)\n"
             "   --ports a-b[,c-d] --probe-port P --timeout S\n"
@@ -163,6 +165,10 @@ Opts ParseArgs(int argc, char **argv)
             o.tp = ParseUint(v, "--tp");
         } else if (a == "--dp") {
             o.dp = ParseUint(v, "--dp");
+        } else if (a == "--heads") {
+            o.heads = ParseUint(v, "--heads");
+        } else if (a == "--peer-heads") {
+            o.peer_heads = ParseUint(v, "--peer-heads");
         } else if (a == "--hs-port") {
             o.hs_port = ParseUint(v, "--hs-port");
         } else if (a == "--notify-port") {
@@ -255,9 +261,16 @@ Opts ParseArgs(int argc, char **argv)
         if (o.peer_dp == 0) {
             o.peer_dp = o.dp;
         }
-        if (o.peer_tp != o.tp || o.peer_dp != o.dp) {
-            Usage("this test maps ranks homogeneously: --peer-tp/--peer-dp "
-                  "must equal --tp/--dp");
+        if (o.peer_dp != o.dp) {
+            Usage("--peer-dp must equal --dp");
+        }
+        if (o.peer_tp != o.tp &&
+            (o.heads == 0 || o.peer_heads == 0 ||
+             o.heads * o.tp != o.peer_heads * o.peer_tp ||
+             (o.tp > o.peer_tp ? o.tp % o.peer_tp : o.peer_tp % o.tp) != 0)) {
+            Usage("--peer-tp != --tp needs --heads and --peer-heads with "
+                  "heads x tp equal on both sides (sharded heads) and one "
+                  "tp a multiple of the other");
         }
     }
     return o;
@@ -406,11 +419,23 @@ void Teardown(const Opts &o, std::vector<std::unique_ptr<Rank>> *ranks)
     printf("TEARDOWN clean\n");
 }
 
+// ModelOf: the test model, with --heads KV heads per rank (then 8 tokens
+// per block, so the head axis of a block is never ambiguous).
+ModelSpec ModelOf(const Opts &o)
+{
+    ModelSpec m = ThreeLayerModel();
+    if (o.heads != 0) {
+        m.heads      = o.heads;
+        m.block_size = 8;
+    }
+    return m;
+}
+
 // --- prefill -------------------------------------------------------------
 
 int RunPrefill(const Opts &o)
 {
-    ModelSpec                          m = ThreeLayerModel();
+    ModelSpec                          m = ModelOf(o);
     std::vector<std::unique_ptr<Rank>> ranks;
     for (uint32_t g = o.rank_lo; g <= o.rank_hi; g++) {
         ranks.emplace_back(new Rank);
@@ -511,7 +536,7 @@ std::string ExpectedHost(const Opts &o, uint32_t pg)
 
 int RunDecode(const Opts &o)
 {
-    ModelSpec                          m = ThreeLayerModel();
+    ModelSpec                          m = ModelOf(o);
     std::vector<std::unique_ptr<Rank>> ranks;
     for (uint32_t g = o.rank_lo; g <= o.rank_hi; g++) {
         ranks.emplace_back(new Rank);
@@ -622,6 +647,44 @@ int RunDecode(const Opts &o)
             for (const kvx_event_t &e : evs) {
                 verdict[k] += std::string(" [event ") + std::to_string(e.type) +
                               " " + e.reason + "]";
+            }
+            FreeEvents(&evs);
+            continue;
+        }
+        if (o.peer_tp != o.tp) {
+            /* Sharded heterogeneous TP: a head slice of one P rank, or
+             * parts from r P ranks, each on the host it resolves to. */
+            uint32_t              t = g % o.tp, dp = g / o.tp, slice = 0;
+            std::vector<uint32_t> keys;
+            std::string           from;
+            if (o.tp > o.peer_tp) {
+                uint32_t q = o.tp / o.peer_tp;
+                pg    = dp * o.peer_tp + t / q;
+                slice = t % q;
+                keys.push_back(Key(ExpectedHost(o, pg), pg));
+                from = "head slice " + std::to_string(slice) + " of P rank " +
+                       std::to_string(pg) + " on " + ExpectedHost(o, pg);
+            } else {
+                uint32_t r = o.peer_tp / o.tp;
+                from       = "heads from P ranks";
+                for (uint32_t j = 0; j < r; j++) {
+                    uint32_t pj = dp * o.peer_tp + t * r + j;
+                    keys.push_back(Key(ExpectedHost(o, pj), pj));
+                    from += " " + std::to_string(pj) + "@" +
+                            ExpectedHost(o, pj);
+                }
+            }
+            std::string diff = VerifyPullHeads(m, o.peer_heads, *ranks[k],
+                                               keys, slice, kLocal, kRemote);
+            if (!diff.empty()) {
+                verdict[k] = from + " expected: " + diff;
+            } else if (evs.size() != 1 ||
+                       evs[0].type != KVX_EVENT_FINISHED_RECVING) {
+                verdict[k] = "want one FINISHED_RECVING event, got " +
+                             std::to_string(evs.size()) + " events";
+            } else {
+                printf("RANK %u (dp%u,tp%u) OK read %s, every byte\n", g, dp,
+                       t, from.c_str());
             }
             FreeEvents(&evs);
             continue;

@@ -28,7 +28,7 @@
 # $CI is set (CI has root): then that is a failure.
 #
 # Environment:
-#   KVX_NETNS_SCENARIOS   cases to run [tp16 dp2tp8 untrusted]; also
+#   KVX_NETNS_SCENARIOS   cases to run [tp16 dp2tp8 untrusted hetero]; also
 #                         peer_gone, release_on_destroy
 #   KVX_NETNS_TRUST_SCOPE what "untrusted" expects of decode ranks 0-7,
 #                         whose own P rank is on the trusted host A:
@@ -211,7 +211,7 @@ TIMEOUT=40
 WAIT=$((TIMEOUT + 30))   # deadline of the script's own waits
 COMMON=(--tls tcp --net-dev "$DEV" --timeout "$TIMEOUT"
         --log-level "${KVX_NETNS_LOG_LEVEL:-1}")
-SCENARIOS=" ${KVX_NETNS_SCENARIOS:-tp16 dp2tp8 untrusted} "
+SCENARIOS=" ${KVX_NETNS_SCENARIOS:-tp16 dp2tp8 untrusted hetero} "
 want() { [[ "$SCENARIOS" == *" $1 "* ]]; }
 P_ARGS=(--role prefill --hs-port "$P_HS" --notify-port "$P_NT"
         --node-hosts "$IP_A,$IP_B")
@@ -319,6 +319,42 @@ run_untrusted() {
     verdict "$name($TRUST_SCOPE)" $rc ${name}_lB $pa ${name}_dC ${name}_dD
 }
 want untrusted && run_untrusted
+
+# (d) Sharded heterogeneous TP across hosts (SPEC §4), both directions:
+# run_hetero NAME P_TP P_HEADS D_TP D_HEADS: P's ranks split over A+B, D's
+# over C+D (heads x tp equal on both sides). D tp > P tp: every D rank reads
+# a head slice of one P rank; D tp < P tp: every D rank gathers its heads
+# from several P ranks, each on the host its rank resolves to.
+run_hetero() {
+    local name=$1 ptp=$2 ph=$3 dtp=$4 dh=$5 rc=0 n
+    local pa=$((ptp / 2)) da=$((dtp / 2))
+    local p=(--role prefill --hs-port "$P_HS" --notify-port "$P_NT"
+             --node-hosts "$IP_A,$IP_B" --tp "$ptp" --dp 1 --heads "$ph"
+             --transfer tx-$name "${COMMON[@]}" --hold 1)
+    local d=("${D_ARGS[@]}" --tp "$dtp" --dp 1 --heads "$dh" --peer-tp "$ptp"
+             --peer-heads "$ph" --transfer tx-$name "${COMMON[@]}" --hold 1)
+    start ${name}_pA "$NS_A" "${p[@]}" --host-ip $IP_A --ranks 0-$((pa - 1))
+    start ${name}_pB "$NS_B" "${p[@]}" --host-ip $IP_B \
+        --ranks $pa-$((ptp - 1))
+    if wait_ready ${name}_pA 60 && wait_ready ${name}_pB 60; then
+        start ${name}_dC "$NS_C" "${d[@]}" --host-ip $IP_C \
+            --ranks 0-$((da - 1))
+        start ${name}_dD "$NS_D" "${d[@]}" --host-ip $IP_D \
+            --ranks $da-$((dtp - 1))
+        for n in dC dD pA pB; do
+            wait_line ${name}_$n '^HOLD' $WAIT || rc=1
+        done
+    else
+        rc=1
+    fi
+    for n in dC dD pA pB; do
+        [ -n "$(eval "echo \${PID_${name}_$n:-}")" ] || continue
+        stop ${name}_$n || rc=1
+    done
+    verdict "$name" $rc ${name}_pA ${name}_pB ${name}_dC ${name}_dD
+}
+want hetero && run_hetero hetero_slice 8 4 16 2
+want hetero && run_hetero hetero_gather 16 2 8 4
 
 # The two cases below show library defects found while writing this test
 # (see the report); they are registered as a separate meson test.
