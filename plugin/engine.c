@@ -863,7 +863,8 @@ kvx_status_t kvc_engine_connect(struct kvx_engine *eng,
     kvc_xfer_params_t p;
     kvc_peer_addr_t   addr;
     const char       *field = "remote_host";
-    kvc_peer_t       *peer  = NULL;
+    kvc_peer_t       *peers[KVC_RANKMAP_MAX];
+    size_t            n = 0;
     kvx_status_t      st;
     uint64_t          deadline;
 
@@ -892,35 +893,38 @@ kvx_status_t kvc_engine_connect(struct kvx_engine *eng,
     if (st == KVX_OK && !eng->started) {
         st = kvc_error(KVX_ERR_BAD_STATE, "connect_peer: call start() first");
     }
-    if (st == KVX_OK) {
-        peer = eng->cfg.read_mode
-                   ? kvc_read_connect_target(eng, &p, &addr, field, &st)
-                   : kvc_write_connect_target(eng, &p, &addr, field, &st);
+    if (st == KVX_OK && eng->cfg.read_mode) {
+        n = kvc_read_connect_targets(eng, &p, &addr, field, peers, &st);
+    } else if (st == KVX_OK) {
+        peers[0] = kvc_write_connect_target(eng, &p, &addr, field, &st);
+        n        = peers[0] != NULL;
     }
-    if (peer != NULL) {
-        kvc_peer_want_handshake(peer); /* a failed peer is tried afresh */
+    for (size_t k = 0; k < n; k++) {
+        kvc_peer_want_handshake(peers[k]); /* a failed peer is tried afresh */
     }
     deadline = kvc_now_us() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0) *
                                   1000u;
-    while (peer != NULL && timeout_ms > 0 &&
-           (peer->want_handshake || peer->state == KVC_PEER_HANDSHAKING)) {
-        struct timespec ts;
-        uint64_t        now = kvc_now_us();
+    for (size_t k = 0; k < n && timeout_ms > 0 && st == KVX_OK; k++) {
+        kvc_peer_t *peer = peers[k];
 
-        if (now >= deadline) {
-            st = kvc_error(KVX_ERR_TIMEOUT, "connect_peer %s: handshake "
-                           "still running after %lld ms", peer->name,
-                           (long long)timeout_ms);
-            break;
+        while (peer->want_handshake || peer->state == KVC_PEER_HANDSHAKING) {
+            struct timespec ts;
+            uint64_t        now = kvc_now_us();
+
+            if (now >= deadline) {
+                st = kvc_error(KVX_ERR_TIMEOUT, "connect_peer %s: handshake "
+                               "still running after %lld ms", peer->name,
+                               (long long)timeout_ms);
+                break;
+            }
+            kvc_abs_deadline(&ts, (deadline - now + 999) / 1000);
+            pthread_cond_timedwait(&eng->cond, &eng->lock, &ts);
         }
-        kvc_abs_deadline(&ts, (deadline - now + 999) / 1000);
-        pthread_cond_timedwait(&eng->cond, &eng->lock, &ts);
-    }
-    if (st == KVX_OK && peer != NULL && timeout_ms > 0 &&
-        peer->state != KVC_PEER_READY) {
-        st = kvc_error(peer->fail_status ? peer->fail_status
-                                         : KVX_ERR_HANDSHAKE,
-                       "connect_peer: %s", peer->fail_reason);
+        if (st == KVX_OK && peer->state != KVC_PEER_READY) {
+            st = kvc_error(peer->fail_status ? peer->fail_status
+                                             : KVX_ERR_HANDSHAKE,
+                           "connect_peer: %s", peer->fail_reason);
+        }
     }
     pthread_mutex_unlock(&eng->lock);
     kvc_params_fini(&p);

@@ -306,14 +306,16 @@ kvx_status_t kvc_xfer_wait(struct kvx_engine *eng, const char *tid,
 void kvc_peer_parts(const struct kvx_engine *eng, const kvc_peer_t *peer,
                     uint32_t *idx_p, uint32_t *n_p, int *gather_p);
 
-/* The peer rank this engine issues one-sided operations to for an
- * instance (READ consumer: the P rank it reads from; WRITE producer: its D
- * rank at remote_dp_rank), after the same trust and range checks as a
- * request; lock held. NULL with *st_p on error. */
-kvc_peer_t *kvc_read_connect_target(struct kvx_engine *eng,
-                                    const kvc_xfer_params_t *p,
-                                    const kvc_peer_addr_t *addr,
-                                    const char *field, kvx_status_t *st_p);
+/* The peer ranks this engine issues one-sided operations to for an
+ * instance (READ consumer: the P rank it reads from, or every P rank it
+ * gathers heads from, into peers[KVC_RANKMAP_MAX], returning the count;
+ * WRITE producer: its D rank at remote_dp_rank), after the same trust and
+ * range checks as a request; lock held. 0 / NULL with *st_p on error. */
+size_t      kvc_read_connect_targets(struct kvx_engine *eng,
+                                     const kvc_xfer_params_t *p,
+                                     const kvc_peer_addr_t *addr,
+                                     const char *field, kvc_peer_t **peers,
+                                     kvx_status_t *st_p);
 kvc_peer_t *kvc_write_connect_target(struct kvx_engine *eng,
                                      const kvc_xfer_params_t *p,
                                      const kvc_peer_addr_t *addr,

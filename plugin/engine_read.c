@@ -338,10 +338,11 @@ static kvx_status_t kvc_read_targets(struct kvx_engine *eng,
     return KVX_OK;
 }
 
-kvc_peer_t *kvc_read_connect_target(struct kvx_engine *eng,
-                                    const kvc_xfer_params_t *p,
-                                    const kvc_peer_addr_t *addr,
-                                    const char *field, kvx_status_t *st_p)
+size_t kvc_read_connect_targets(struct kvx_engine *eng,
+                                const kvc_xfer_params_t *p,
+                                const kvc_peer_addr_t *addr,
+                                const char *field, kvc_peer_t **peers,
+                                kvx_status_t *st_p)
 {
     kvc_xfer_t x;
 
@@ -350,7 +351,13 @@ kvc_peer_t *kvc_read_connect_target(struct kvx_engine *eng,
     if (*st_p == KVX_OK) {
         *st_p = kvc_read_targets(eng, p, addr, field, &x);
     }
-    return *st_p == KVX_OK ? x.src : NULL;
+    if (*st_p != KVX_OK) {
+        return 0;
+    }
+    for (uint32_t k = 0; k < kvc_xfer_nsrc(&x); k++) {
+        peers[k] = kvc_xfer_source(&x, k); /* gathering: every source */
+    }
+    return kvc_xfer_nsrc(&x);
 }
 
 /* kvc_read_check_hosts: the advertised host is validated up front; each

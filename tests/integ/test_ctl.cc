@@ -1838,6 +1838,13 @@ TEST(ReadHeteroTp, DecodeTp1GathersHeadsFromPrefillTp2)
     auto d = Start(dm, dop, &err);
     ASSERT_TRUE(d) << err;
 
+    // connect_peer handshakes with every P rank D gathers from.
+    std::string addr = "{\"remote_host\":\"127.0.0.1\",\"remote_handshake_port\":" +
+                       std::to_string(hs) + ",\"remote_notify_port\":" +
+                       std::to_string(hs + 20000) + ",\"remote_tp_size\":2}";
+    ASSERT_EQ(KVX_OK, Api()->connect_peer(d->eng, addr.c_str(), 10000))
+        << Api()->last_error();
+    EXPECT_EQ(2, StatCount(d->eng, "handshakes_ok"));
     const std::vector<uint64_t> remote = {3, 17, 4, 30}, local = {9, 2, 23, 0};
     ASSERT_EQ(KVX_OK, Hold(*p0, "tx-gather", remote)) << Api()->last_error();
     ASSERT_EQ(KVX_OK, Hold(*p1, "tx-gather", remote)) << Api()->last_error();
@@ -1855,6 +1862,7 @@ TEST(ReadHeteroTp, DecodeTp1GathersHeadsFromPrefillTp2)
         << Api()->last_error();
     EXPECT_EQ("", VerifyPullHeads(dm, pm.heads, *d, {0, 1}, 0, local,
                                   remote));
+    EXPECT_EQ(2, StatCount(d->eng, "handshakes_ok")); // none on the request
     // Each P rank is released by its one reader.
     for (Rank *p : {p0.get(), p1.get()}) {
         Events pev;
