@@ -220,6 +220,17 @@ void kvc_peer_parts(const struct kvx_engine *eng, const kvc_peer_t *peer,
     *idx_p    = 0;
     *n_p      = 1;
     *gather_p = 0;
+    if (!eng->cfg.read_mode && eng->cfg.is_producer) {
+        /* WRITE, P tp = r x D tp, sharded: this P rank puts its heads into
+         * part (tp_rank - read_rank) of its D rank's blocks. */
+        if (kvc_rankmap(peer->tp_size, eng->cfg.tp_size, eng->replicated,
+                        peer->tp_rank, &m) == KVX_OK && m.gather) {
+            *n_p      = m.num_slices;
+            *idx_p    = eng->cfg.tp_rank - m.read_rank;
+            *gather_p = 2;
+        }
+        return;
+    }
     if (!eng->cfg.read_mode || eng->cfg.is_producer ||
         kvc_rankmap(eng->cfg.tp_size, peer->tp_size, eng->replicated,
                     eng->cfg.tp_rank, &m) != KVX_OK) {
@@ -280,10 +291,11 @@ static kvx_status_t kvc_peer_check_meta(kvc_peer_t *peer,
          * this rank's heads (D tp < P tp); key-only layers are replicated
          * and read whole. */
         if (nparts > 1 && !eng->layers[i].geom.key_only) {
-            st = gather ? kvc_geom_gatherable(&eng->layers[i].geom,
-                                              &m->layers[map[i]].geom, nparts)
-                        : kvc_geom_sliceable(&eng->layers[i].geom,
-                                             &m->layers[map[i]].geom, nparts);
+            st = gather == 1
+                     ? kvc_geom_gatherable(&eng->layers[i].geom,
+                                           &m->layers[map[i]].geom, nparts)
+                     : kvc_geom_sliceable(&eng->layers[i].geom,
+                                          &m->layers[map[i]].geom, nparts);
         } else {
             st = kvc_geom_compatible(&eng->layers[i].geom,
                                      &m->layers[map[i]].geom);

@@ -302,7 +302,9 @@ kvx_status_t kvc_xfer_wait(struct kvx_engine *eng, const char *tid,
  * unless this is a READ consumer of an instance with another TP size and
  * sharded heads; then it reads head slice *idx_p of *n_p of the peer's
  * heads (*gather_p 0, D tp > P tp) or the peer holds part *idx_p of *n_p
- * of its heads (*gather_p 1, D tp < P tp). */
+ * of its heads (*gather_p 1, D tp < P tp). A WRITE producer with P tp = r x
+ * D tp puts its heads as part *idx_p of *n_p of its D rank's (*gather_p 2:
+ * local is a slice of the remote unit, as for 0). */
 void kvc_peer_parts(const struct kvx_engine *eng, const kvc_peer_t *peer,
                     uint32_t *idx_p, uint32_t *n_p, int *gather_p);
 

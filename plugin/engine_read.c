@@ -107,6 +107,22 @@ static kvc_peer_t *kvc_xfer_source(const kvc_xfer_t *x, uint32_t k)
     return x->nsrc > 1 ? x->rel[k] : x->src;
 }
 
+/* kvc_xfer_keyonly_elsewhere: op o is not the one that moves a replicated
+ * (key-only) layer: a later source of a gathering READ, or a WRITE P rank
+ * that is not part 0 of its D rank's heads. */
+static int kvc_xfer_keyonly_elsewhere(const struct kvx_engine *eng,
+                                      const kvc_xfer_t *x, size_t o)
+{
+    uint32_t part, nparts;
+    int      gather;
+
+    if (o % kvc_xfer_nsrc(x) != 0) {
+        return 1;
+    }
+    kvc_peer_parts(eng, x->ops[o].peer, &part, &nparts, &gather);
+    return gather == 2 && part > 0;
+}
+
 /* kvc_xfer_plan_one builds the runs of op o (layer i from source peer). */
 static kvx_status_t kvc_xfer_plan_one(struct kvx_engine *eng, kvc_xfer_t *x,
                                       size_t o, const uint64_t *lids,
@@ -129,7 +145,7 @@ static kvx_status_t kvc_xfer_plan_one(struct kvx_engine *eng, kvc_xfer_t *x,
         return kvc_error(KVX_ERR_NO_MEMORY, "plan: out of memory");
     }
     x->ops[o].runs = x->plans[x->nplans++];
-    if (parted && gather) {
+    if (parted && gather == 1) {
         st = kvc_plan_build_gathered(&l->geom, l->length, &rl->geom,
                                      rl->length, part, nparts, lids, nl,
                                      x->remote_ids, x->nremote, x->ops[o].runs,
@@ -178,9 +194,9 @@ kvx_status_t kvc_xfer_plan(struct kvx_engine *eng, kvc_xfer_t *x,
         x->ops[o].xfer  = x;
         x->ops[o].peer  = peer;
         x->ops[o].index = (uint32_t)i;
-        if (o % ns != 0 && l->geom.key_only) {
-            /* Gathering: a key-only layer is replicated on every P rank;
-             * it is read once, from the first source. */
+        if (l->geom.key_only && kvc_xfer_keyonly_elsewhere(eng, x, o)) {
+            /* A key-only layer is replicated on every P rank: it moves
+             * once (from the first source, or by the first P part). */
             x->ops[o].nruns = 0;
             continue;
         }

@@ -188,37 +188,58 @@ static kvx_status_t kvc_write_check_hosts(struct kvx_engine *eng,
     return kvc_trust_check(&eng->trust, addr->host, field);
 }
 
+/* kvc_write_same_tp: WRITE needs equal TP, except sharded heads with more
+ * P ranks than D ranks (each P rank puts its heads into its part of its D
+ * rank's blocks, SPEC §4). */
 static kvx_status_t kvc_write_same_tp(struct kvx_engine *eng, uint32_t rtp)
 {
-    if (rtp != eng->cfg.tp_size) {
-        return kvc_error(KVX_ERR_NOT_SUPPORTED,
-                         "kv_transfer_params.remote_tp_size: value %u: WRITE "
-                         "mode needs the same tp_size on both sides (%u "
-                         "here); heterogeneous TP is READ-only for now", rtp,
-                         eng->cfg.tp_size);
+    uint32_t d_tp = eng->cfg.is_producer ? rtp : eng->cfg.tp_size;
+    uint32_t p_tp = eng->cfg.is_producer ? eng->cfg.tp_size : rtp;
+
+    if (rtp == eng->cfg.tp_size ||
+        (!eng->replicated && d_tp != 0 && d_tp < p_tp && p_tp % d_tp == 0 &&
+         p_tp / d_tp <= KVC_RANKMAP_MAX)) {
+        return KVX_OK;
     }
-    return KVX_OK;
+    return kvc_error(KVX_ERR_NOT_SUPPORTED,
+                     "kv_transfer_params.remote_tp_size: value %u: WRITE mode "
+                     "needs the same tp_size on both sides (%u here), or "
+                     "sharded KV heads with a prefill tp_size that is a "
+                     "multiple of the decode one (decode %u, prefill %u%s)",
+                     rtp, eng->cfg.tp_size, d_tp, p_tp,
+                     eng->replicated ? ", heads replicated" : "");
+}
+
+/* kvc_write_peer_rank: the TP rank of the peer this rank talks to in WRITE
+ * mode: the same rank with equal TP; a P rank's D rank is tp_rank / r. */
+static uint32_t kvc_write_peer_rank(const struct kvx_engine *eng,
+                                    uint32_t rtp)
+{
+    if (eng->cfg.is_producer && rtp < eng->cfg.tp_size) {
+        return eng->cfg.tp_rank / (eng->cfg.tp_size / rtp);
+    }
+    return eng->cfg.tp_rank;
 }
 
 static kvc_peer_t *kvc_write_target(struct kvx_engine *eng,
                                     const kvc_xfer_params_t *p,
                                     const kvc_peer_addr_t *addr,
                                     const char *field, uint32_t dp_rank,
-                                    kvx_status_t *st_p)
+                                    uint32_t tp_rank, kvx_status_t *st_p)
 {
     uint32_t    rtp = p->remote_tp_size ? p->remote_tp_size : eng->cfg.tp_size;
     uint32_t    rdp = p->remote_dp_size ? p->remote_dp_size : 1;
     const char *host;
     char        fld[64];
     int         idx;
-    uint32_t    off = dp_rank * rtp + eng->cfg.tp_rank;
+    uint32_t    off = dp_rank * rtp + tp_rank;
 
     *st_p = dp_rank >= rdp
                 ? kvc_error(KVX_ERR_INVALID_PARAM, "dp rank %u: must be < "
                             "remote_dp_size %u", dp_rank, rdp)
                 : kvc_host_resolve(addr->host, p->remote_hosts,
                                    p->num_remote_hosts, rdp, rtp, dp_rank,
-                                   eng->cfg.tp_rank, &host, &idx);
+                                   tp_rank, &host, &idx);
     if (*st_p != KVX_OK) {
         return NULL;
     }
@@ -237,8 +258,8 @@ static kvc_peer_t *kvc_write_target(struct kvx_engine *eng,
     if (*st_p != KVX_OK) {
         return NULL;
     }
-    kvc_peer_t *peer = kvc_peer_get(eng, host, addr, dp_rank,
-                                    eng->cfg.tp_rank, rdp, rtp);
+    kvc_peer_t *peer = kvc_peer_get(eng, host, addr, dp_rank, tp_rank, rdp,
+                                    rtp);
     if (peer == NULL) {
         *st_p = KVX_ERR_NO_MEMORY;
     }
@@ -255,9 +276,13 @@ kvc_peer_t *kvc_write_connect_target(struct kvx_engine *eng,
         *st_p = kvc_write_same_tp(eng, p->remote_tp_size ? p->remote_tp_size
                                                          : eng->cfg.tp_size);
     }
-    return *st_p == KVX_OK ? kvc_write_target(eng, p, addr, field,
-                                              p->remote_dp_rank, st_p)
-                           : NULL;
+    return *st_p == KVX_OK
+               ? kvc_write_target(eng, p, addr, field, p->remote_dp_rank,
+                                  kvc_write_peer_rank(eng, p->remote_tp_size
+                                                               ? p->remote_tp_size
+                                                               : eng->cfg.tp_size),
+                                  st_p)
+               : NULL;
 }
 
 /* kvc_write_blocks applies a remote_blocks message to a P transfer. The
@@ -274,7 +299,12 @@ static void kvc_write_blocks(struct kvx_engine *eng, kvc_xfer_t *x,
     peer = kvc_write_target(eng, &x->dparams, &x->daddr,
                             x->dparams.has_remote_addr ? "remote_host"
                                                        : "request_id",
-                            (uint32_t)m->decode_rank, &st);
+                            (uint32_t)m->decode_rank,
+                            kvc_write_peer_rank(eng, x->dparams.remote_tp_size
+                                                         ? x->dparams
+                                                               .remote_tp_size
+                                                         : eng->cfg.tp_size),
+                            &st);
     if (peer == NULL) {
         *ok_p = 0;
         snprintf(reason, len, "remote_blocks for %s: %s", m->transfer_id,
@@ -540,17 +570,22 @@ void kvc_write_peer_failed(struct kvx_engine *eng, kvc_peer_t *peer)
 
 /* --- consumer (D) ------------------------------------------------------- */
 
+/* kvc_write_d_prepare: the P ranks this D rank hands its blocks to: its
+ * own TP rank with equal TP, or the r ranks d*r .. d*r+r-1 that each put
+ * one part of its heads (sharded, P tp = r x D tp). peers holds
+ * KVC_RANKMAP_MAX. */
 static kvx_status_t kvc_write_d_prepare(struct kvx_engine *eng,
                                         const char *req_id,
                                         const char *params_json,
                                         kvc_xfer_params_t *p,
-                                        kvc_peer_t **peer_p)
+                                        kvc_peer_t **peers, uint32_t *n_p)
 {
     kvc_peer_addr_t addr;
     const char     *field = "remote_host";
     kvx_status_t    st    = kvc_params_parse(params_json, p);
-    kvc_xfer_params_t own;
+    uint32_t        rtp, r;
 
+    *n_p = 0;
     if (st != KVX_OK) {
         return st;
     }
@@ -564,22 +599,31 @@ static kvx_status_t kvc_write_d_prepare(struct kvx_engine *eng,
     if (st == KVX_OK) {
         st = kvc_write_check_hosts(eng, p, &addr, field);
     }
+    rtp = p->remote_tp_size ? p->remote_tp_size : eng->cfg.tp_size;
     if (st == KVX_OK) {
-        st = kvc_write_same_tp(eng, p->remote_tp_size ? p->remote_tp_size
-                                                      : eng->cfg.tp_size);
+        st = kvc_write_same_tp(eng, rtp);
     }
-    if (st == KVX_OK) {
-        /* The P rank to notify: same TP rank, P DP rank remote_dp_rank. */
-        own = *p;
-        pthread_mutex_lock(&eng->lock);
-        *peer_p = kvc_write_target(eng, &own, &addr, field, p->remote_dp_rank,
-                                   &st);
-        pthread_mutex_unlock(&eng->lock);
+    r = rtp > eng->cfg.tp_size ? rtp / eng->cfg.tp_size : 1;
+    pthread_mutex_lock(&eng->lock);
+    for (uint32_t k = 0; st == KVX_OK && k < r; k++) {
+        /* P DP rank remote_dp_rank, TP rank d*r + k. */
+        peers[k] = kvc_write_target(eng, p, &addr, field, p->remote_dp_rank,
+                                    eng->cfg.tp_rank * r + k, &st);
+        *n_p += st == KVX_OK;
     }
+    pthread_mutex_unlock(&eng->lock);
     if (st != KVX_OK) {
         kvc_params_fini(p);
     }
     return st;
+}
+
+/* kvc_write_d_send sends m to every P rank of x (lock held). */
+static void kvc_write_d_send(kvc_xfer_t *x, kvc_msg_t *m, const char *what)
+{
+    for (uint32_t k = 0; k < x->nrel; k++) {
+        kvc_write_send(x->rel[k], m, what);
+    }
 }
 
 kvx_status_t kvc_write_consumer(struct kvx_engine *eng, const char *req_id,
@@ -587,12 +631,13 @@ kvx_status_t kvc_write_consumer(struct kvx_engine *eng, const char *req_id,
                                 size_t n)
 {
     kvc_xfer_params_t p;
-    kvc_peer_t       *peer = NULL;
+    kvc_peer_t       *peers[KVC_RANKMAP_MAX];
+    uint32_t          npeers = 0;
     kvc_xfer_t       *x;
     kvc_msg_t         m;
     kvx_status_t      st;
 
-    st = kvc_write_d_prepare(eng, req_id, params_json, &p, &peer);
+    st = kvc_write_d_prepare(eng, req_id, params_json, &p, peers, &npeers);
     if (st == KVX_OK) {
         st = kvc_xfer_check_ids(eng, ids, n);
         if (st != KVX_OK) {
@@ -608,9 +653,11 @@ kvx_status_t kvc_write_consumer(struct kvx_engine *eng, const char *req_id,
         return kvc_error(KVX_ERR_NO_MEMORY, "transfer: out of memory");
     }
     x->write        = 1;
-    x->src          = peer;
+    x->src          = peers[0];
+    x->nrel         = npeers;
+    memcpy(x->rel, peers, npeers * sizeof(peers[0]));
     x->state        = KVC_XFER_WAIT_WRITE;
-    x->waiting_done = 1;
+    x->waiting_done = npeers; /* one write_done from every P rank */
     x->deadline_us  = kvc_deadline_us((eng->cfg.defer_timeout +
                                  eng->cfg.transfer_timeout));
     memset(&m, 0, sizeof(m));
@@ -622,7 +669,7 @@ kvx_status_t kvc_write_consumer(struct kvx_engine *eng, const char *req_id,
         /* Nothing to allocate (full prefix hit): release P at once. */
         m.type             = KVC_MSG_RELEASE;
         m.consumer_tp_size = (int32_t)eng->cfg.tp_size;
-        kvc_write_send(peer, &m, "release");
+        kvc_write_d_send(x, &m, "release");
         x->state = KVC_XFER_DONE;
         kvc_event_push(eng, KVX_EVENT_FINISHED_RECVING, KVX_OK, x, "", 0);
         kvc_idset_add(&eng->terminal, x->transfer_id);
@@ -633,7 +680,7 @@ kvx_status_t kvc_write_consumer(struct kvx_engine *eng, const char *req_id,
         m.decode_rank   = (int32_t)eng->cfg.dp_rank;
         snprintf(m.req_id, sizeof(m.req_id), "%s",
                  req_id && req_id[0] ? req_id : x->transfer_id);
-        kvc_write_send(peer, &m, "remote_blocks");
+        kvc_write_d_send(x, &m, "remote_blocks");
     }
     pthread_mutex_unlock(&eng->lock);
     if (st != KVX_OK) {
@@ -664,12 +711,13 @@ kvx_status_t kvc_write_abort(struct kvx_engine *eng, const char *req_id,
                              const char *params_json)
 {
     kvc_xfer_params_t p;
-    kvc_peer_t       *peer = NULL;
+    kvc_peer_t       *peers[KVC_RANKMAP_MAX];
+    uint32_t          npeers = 0;
     kvc_xfer_t       *x;
     kvc_msg_t         m;
     kvx_status_t      st;
 
-    st = kvc_write_d_prepare(eng, req_id, params_json, &p, &peer);
+    st = kvc_write_d_prepare(eng, req_id, params_json, &p, peers, &npeers);
     if (st != KVX_OK) {
         return st;
     }
@@ -689,7 +737,9 @@ kvx_status_t kvc_write_abort(struct kvx_engine *eng, const char *req_id,
                        1);
     }
     kvc_idset_add(&eng->terminal, p.transfer_id);
-    kvc_write_send(peer, &m, "release");
+    for (uint32_t k = 0; k < npeers; k++) {
+        kvc_write_send(peers[k], &m, "release");
+    }
     pthread_mutex_unlock(&eng->lock);
     kvc_params_fini(&p);
     return KVX_OK;
@@ -718,7 +768,7 @@ static void kvc_write_tick_xfer(struct kvx_engine *eng, kvc_xfer_t *x)
         m.consumer_tp_size = (int32_t)eng->cfg.tp_size;
         m.consumer_rank    = (int32_t)eng->cfg.tp_rank;
         snprintf(m.transfer_id, sizeof(m.transfer_id), "%s", x->transfer_id);
-        kvc_write_send(x->src, &m, "release");
+        kvc_write_d_send(x, &m, "release");
         return;
     }
     snprintf(why, sizeof(why), x->have_blocks

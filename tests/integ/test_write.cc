@@ -291,3 +291,116 @@ TEST(WriteFlow, AbortOvertakingTheProducerRequestStillReleases)
 }
 
 } // namespace
+
+namespace {
+
+// Sharded heterogeneous TP in WRITE (SPEC §4): P tp 2 (2 heads per rank)
+// puts into D tp 1 (4 heads); each P rank writes its heads as its part of
+// D's blocks; the key-only layer moves once (P rank 0); D finishes after
+// both write_done.
+TEST(WriteHeteroTp, PrefillTp2PutsItsHeadPartsIntoDecodeTp1)
+{
+    ModelSpec pm = MixedModel();
+    pm.block_size = 8; // never equal to a head count
+    pm.heads      = 2;
+    ModelSpec dm  = pm;
+    dm.heads      = 4;
+    uint16_t hs   = PortBase(4);
+    Rank     p0, p1, d;
+    RankOpts o;
+    o.read_mode   = false;
+    o.producer    = true;
+    o.num_blocks  = 40;
+    o.tp_size     = 2;
+    o.hs_port     = hs;
+    o.notify_port = (uint16_t)(hs + 20000);
+    ASSERT_EQ(KVX_OK, MakeRank(pm, o, &p0)) << Api()->last_error();
+    o.tp_rank = 1;
+    ASSERT_EQ(KVX_OK, MakeRank(pm, o, &p1)) << Api()->last_error();
+    o.producer    = false;
+    o.tp_size     = 1;
+    o.tp_rank     = 0;
+    o.num_blocks  = 24;
+    o.hs_port     = (uint16_t)(hs + 2);
+    o.notify_port = (uint16_t)(hs + 2 + 20000);
+    ASSERT_EQ(KVX_OK, MakeRank(dm, o, &d)) << Api()->last_error();
+
+    const std::vector<uint64_t> pids = {5, 6, 7, 30, 12, 39};
+    const std::vector<uint64_t> dids = {0, 1, 2, 3, 20, 9};
+    const std::string           tid  = "tx-write-het";
+    std::string pp = "{\"transfer_id\":\"" + tid +
+                     "\",\"do_remote_decode\":true,\"remote_host\":"
+                     "\"127.0.0.1\",\"remote_handshake_port\":" +
+                     std::to_string(hs + 2) + ",\"remote_notify_port\":" +
+                     std::to_string(hs + 2 + 20000) + ",\"remote_tp_size\":1}";
+    std::string dp = "{\"transfer_id\":\"" + tid +
+                     "\",\"do_remote_prefill\":true,\"remote_host\":"
+                     "\"127.0.0.1\",\"remote_handshake_port\":" +
+                     std::to_string(hs) + ",\"remote_notify_port\":" +
+                     std::to_string(hs + 20000) + ",\"remote_tp_size\":2}";
+    for (Rank *p : {&p0, &p1}) {
+        char *resp = nullptr;
+        ASSERT_EQ(KVX_OK, Api()->producer_request(p->eng, "req-wh", pp.c_str(),
+                                                  pids.data(), pids.size(),
+                                                  &resp))
+            << Api()->last_error();
+        Api()->free(resp);
+    }
+    ASSERT_EQ(KVX_OK, Api()->consumer_request(d.eng, "req-wh", dp.c_str(),
+                                              dids.data(), dids.size()))
+        << Api()->last_error();
+    for (Rank *p : {&p0, &p1}) {
+        for (uint32_t l = 0; l < pm.layers.size(); l++) {
+            ASSERT_EQ(KVX_OK, Api()->layer_ready(p->eng, tid.c_str(), l));
+        }
+        ASSERT_EQ(KVX_OK, Api()->seal_transfer(p->eng, tid.c_str()));
+    }
+    ASSERT_EQ(KVX_OK, Api()->wait_transfer(d.eng, tid.c_str(), 20000))
+        << Api()->last_error();
+    EXPECT_EQ("", VerifyPullHeads(dm, pm.heads, d, {0, 1}, 0, dids, pids));
+    EXPECT_EQ(2, StatCount(d.eng, "rx.write_done"));
+    for (Rank *p : {&p0, &p1}) {
+        std::vector<kvx_event_t> pev;
+        ASSERT_TRUE(WaitFor([&] { DrainEvents(p->eng, &pev); return !pev.empty(); },
+                            10000));
+        EXPECT_EQ(1, CountEvents(pev, KVX_EVENT_FINISHED_SENDING, tid));
+        EXPECT_EQ(1, StatCount(p->eng, "rx.remote_blocks"));
+        FreeEvents(&pev);
+    }
+    std::vector<kvx_event_t> dev;
+    DrainEvents(d.eng, &dev);
+    EXPECT_EQ(1, CountEvents(dev, KVX_EVENT_FINISHED_RECVING, tid));
+    FreeEvents(&dev);
+}
+
+// The other direction (D tp > P tp) would need one P rank to put slices to
+// several D ranks: refused with the rule.
+TEST(WriteHeteroTp, DecodeWiderIsRefusedWithTheRule)
+{
+    ModelSpec pm = MixedModel();
+    pm.block_size = 8;
+    pm.heads      = 4;
+    uint16_t hs   = PortBase(2);
+    Rank     p;
+    RankOpts o;
+    o.read_mode   = false;
+    o.producer    = true;
+    o.num_blocks  = 40;
+    o.hs_port     = hs;
+    o.notify_port = (uint16_t)(hs + 20000);
+    ASSERT_EQ(KVX_OK, MakeRank(pm, o, &p)) << Api()->last_error();
+    std::string pp = "{\"transfer_id\":\"tx-wide\",\"do_remote_decode\":true,"
+                     "\"remote_host\":\"127.0.0.1\",\"remote_handshake_port\":" +
+                     std::to_string(hs + 1) + ",\"remote_notify_port\":" +
+                     std::to_string(hs + 1 + 20000) + ",\"remote_tp_size\":2}";
+    const std::vector<uint64_t> pids = {5};
+    char *resp = nullptr;
+    EXPECT_EQ(KVX_ERR_NOT_SUPPORTED,
+              Api()->producer_request(p.eng, "req-wide", pp.c_str(),
+                                      pids.data(), pids.size(), &resp));
+    EXPECT_NE(nullptr, strstr(Api()->last_error(), "remote_tp_size"))
+        << Api()->last_error();
+    Api()->free(resp);
+}
+
+} // namespace
