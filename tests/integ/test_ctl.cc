@@ -1870,3 +1870,46 @@ TEST(ReadHeteroTp, DecodeTp1GathersHeadsFromPrefillTp2)
         EXPECT_EQ(1u, pev.Count(KVX_EVENT_FINISHED_SENDING, "tx-gather"));
     }
 }
+
+// Gathering from two P ranks when one of them never answers: the transfer
+// fails with the handshake's reason and its blocks, the live P rank is still
+// released, and no byte of D's blocks was touched.
+TEST(ReadHeteroTp, GatherWithOneDeadSourceFailsAndReleasesTheLiveOne)
+{
+    ModelSpec pm = ThreeLayerModel();
+    pm.block_size = 8;
+    pm.heads      = 2;
+    ModelSpec dm  = pm;
+    dm.heads      = 4;
+    uint16_t    hs = PortBase(4); // P rank 1 (hs + 1) is never started
+    std::string err;
+    RankOpts    p0o = Opts(true, hs, 32);
+    p0o.tp_size     = 2;
+    RankOpts    dop = Opts(false, (uint16_t)(hs + 2), 24);
+    dop.handshake_timeout = 0.5;
+    auto p0 = Start(pm, p0o, &err);
+    ASSERT_TRUE(p0) << err;
+    auto d = Start(dm, dop, &err);
+    ASSERT_TRUE(d) << err;
+    const std::vector<uint64_t> remote = {3, 17}, local = {9, 2};
+    ASSERT_EQ(KVX_OK, Hold(*p0, "tx-gather-dead", remote));
+    std::string params = Params("tx-gather-dead", "127.0.0.1", hs,
+                                (uint16_t)(hs + 20000), remote, 2);
+    auto t0 = Clock::now();
+    ASSERT_EQ(KVX_OK, Api()->consumer_request(d->eng, "req-gd",
+                                              params.c_str(), local.data(),
+                                              local.size()));
+    kvx_status_t st = Api()->wait_transfer(d->eng, "tx-gather-dead", 10000);
+    EXPECT_EQ(KVX_ERR_HANDSHAKE_TIMEOUT, st) << Api()->last_error();
+    EXPECT_TRUE(Contains(Api()->last_error(), std::to_string(hs + 1)))
+        << Api()->last_error();
+    EXPECT_LT(SecondsSince(t0), 5.0);
+    Events dev;
+    ASSERT_TRUE(dev.WaitN(d->eng, 1, 3000));
+    EXPECT_EQ(KVX_EVENT_FAILED, dev.v[0].type);
+    EXPECT_EQ(local, Ids(dev.v[0]));
+    EXPECT_TRUE(AllEE(*d)); // nothing was posted
+    Events pev;
+    ASSERT_TRUE(pev.WaitN(p0->eng, 1, 10000));
+    EXPECT_EQ(1u, pev.Count(KVX_EVENT_FINISHED_SENDING, "tx-gather-dead"));
+}
