@@ -520,6 +520,20 @@ static kvx_status_t kvc_msg_block_list(json_object *obj, kvc_msg_t *msg)
     return KVX_OK;
 }
 
+/* kvc_msg_consumer_rank: the optional D TP rank of a release or
+ * remote_blocks (-1 when absent). */
+static kvx_status_t kvc_msg_consumer_rank(json_object *obj, kvc_msg_t *msg)
+{
+    uint64_t     v = 0;
+    int          present;
+    kvx_status_t status = kvc_fld_int(kvc_what_msg, obj, "consumer_rank",
+                                      "consumer_rank", 0, INT32_MAX, &v,
+                                      &present);
+
+    msg->consumer_rank = status == KVX_OK && present ? (int32_t)v : -1;
+    return status;
+}
+
 static kvx_status_t kvc_msg_fields(json_object *obj, kvc_msg_t *msg)
 {
     uint64_t     v = 1;
@@ -536,14 +550,7 @@ static kvx_status_t kvc_msg_fields(json_object *obj, kvc_msg_t *msg)
         status = kvc_fld_int(kvc_what_msg, obj, "consumer_tp_size",
                              "consumer_tp_size", 1, INT32_MAX, &v, &present);
         msg->consumer_tp_size = (int32_t)v;
-        msg->consumer_rank    = -1;
-        if (status == KVX_OK) {
-            v      = 0;
-            status = kvc_fld_int(kvc_what_msg, obj, "consumer_rank",
-                                 "consumer_rank", 0, INT32_MAX, &v, &present);
-            msg->consumer_rank = present ? (int32_t)v : -1;
-        }
-        return status;
+        return status == KVX_OK ? kvc_msg_consumer_rank(obj, msg) : status;
     }
     if (msg->type != KVC_MSG_REMOTE_BLOCKS) {
         return KVX_OK;
@@ -554,6 +561,9 @@ static kvx_status_t kvc_msg_fields(json_object *obj, kvc_msg_t *msg)
         status = kvc_fld_int(kvc_what_msg, obj, "decode_rank", "decode_rank",
                              0, INT32_MAX, &v, NULL);
         msg->decode_rank = (int32_t)v;
+    }
+    if (status == KVX_OK) {
+        status = kvc_msg_consumer_rank(obj, msg);
     }
     if (status == KVX_OK) {
         status = kvc_msg_block_list(obj, msg);
@@ -671,6 +681,10 @@ static int kvc_msg_encode_blocks(json_object *obj, const kvc_msg_t *msg)
             json_object_put(id);
             return -1;
         }
+    }
+    if (msg->consumer_rank >= 0 &&
+        kvc_jadd_int(obj, "consumer_rank", msg->consumer_rank) != 0) {
+        return -1;
     }
     return kvc_jadd_int(obj, "decode_rank", msg->decode_rank);
 }

@@ -96,6 +96,10 @@ void kvc_xfer_free(kvc_xfer_t *x)
     }
     free(x->plans);
     free(x->ops);
+    for (uint32_t k = 0; k < x->nsubs; k++) {
+        kvc_xfer_free(x->subs[k]);
+    }
+    free(x->subs);
     free(x->scheduled);
     free(x->posted);
     kvc_params_fini(&x->dparams);
@@ -228,6 +232,14 @@ void kvc_peer_parts(const struct kvx_engine *eng, const kvc_peer_t *peer,
             *n_p      = m.num_slices;
             *idx_p    = eng->cfg.tp_rank - m.read_rank;
             *gather_p = 2;
+        } else if (kvc_rankmap(peer->tp_size, eng->cfg.tp_size,
+                               eng->replicated, peer->tp_rank, &m) == KVX_OK &&
+                   m.num_slices > 1) {
+            /* D tp = q x P tp: this P rank puts head slice head_slice of
+             * its heads into the D rank's whole blocks. */
+            *n_p      = m.num_slices;
+            *idx_p    = m.head_slice;
+            *gather_p = 1;
         }
         return;
     }

@@ -150,6 +150,17 @@ typedef struct kvc_xfer {
     kvu_op_t          flush_op;    /* P: final ep flush */
     int               flushing;
     uint32_t          waiting_done; /* D: write_done still expected */
+    /* P WRITE with D tp = q x P tp (sharded): one sub-transfer per D rank
+     * (not in the hash; layer_ready/seal/release fan out to them), the
+     * parent reports once every sub finished. */
+    struct kvc_xfer **subs;        /* nsubs, owned */
+    uint32_t          nsubs, subs_open;
+    uint32_t          sub_index;   /* a sub: which of the parent's D ranks */
+    int               sub_finished; /* a sub: reported to its parent */
+    int               fanout;      /* a parent: looping over its subs */
+    int               finish_pending; /* a parent: last sub finished in a
+                                          fan-out; finish after it */
+    struct kvc_xfer  *parent;      /* a sub: its parent (borrowed) */
     /* P side */
     uint32_t          quorum;      /* 0 until the first release */
     uint32_t          released;

@@ -42,6 +42,31 @@ static void kvc_write_send(kvc_peer_t *peer, kvc_msg_t *m, const char *what)
 static void kvc_write_p_finish(struct kvx_engine *eng, kvc_xfer_t *x,
                                int released)
 {
+    if (x->parent != NULL) {
+        /* A sub (one D rank of several): tell the parent, which reports
+         * once all its subs are over. */
+        kvc_xfer_t *pa = x->parent;
+
+        if (x->sub_finished) {
+            return;
+        }
+        x->sub_finished = 1;
+        if (released) {
+            pa->state = KVC_XFER_DONE;
+        } else if (x->status != KVX_OK && pa->status == KVX_OK) {
+            pa->status = x->status;
+            snprintf(pa->reason, sizeof(pa->reason), "decode rank %u: %.400s",
+                     eng->cfg.tp_rank * pa->nsubs + x->sub_index, x->reason);
+        }
+        if (--pa->subs_open == 0) {
+            if (pa->fanout) {
+                pa->finish_pending = 1; /* the loop over subs finishes it */
+            } else {
+                kvc_write_p_finish(eng, pa, pa->state == KVC_XFER_DONE);
+            }
+        }
+        return;
+    }
     if (x->status == KVX_OK || released) {
         kvc_event_push(eng, KVX_EVENT_FINISHED_SENDING, KVX_OK, x,
                        released ? "released by the consumer" : "", 1);
@@ -188,34 +213,34 @@ static kvx_status_t kvc_write_check_hosts(struct kvx_engine *eng,
     return kvc_trust_check(&eng->trust, addr->host, field);
 }
 
-/* kvc_write_same_tp: WRITE needs equal TP, except sharded heads with more
- * P ranks than D ranks (each P rank puts its heads into its part of its D
- * rank's blocks, SPEC §4). */
+/* kvc_write_same_tp: WRITE needs equal TP, or sharded heads with one TP
+ * size a multiple of the other (SPEC §4): P tp = r x D tp, each P rank puts
+ * its heads as its part of its D rank's blocks; D tp = q x P tp, each P
+ * rank puts one head slice to each of its q D ranks. */
 static kvx_status_t kvc_write_same_tp(struct kvx_engine *eng, uint32_t rtp)
 {
-    uint32_t d_tp = eng->cfg.is_producer ? rtp : eng->cfg.tp_size;
-    uint32_t p_tp = eng->cfg.is_producer ? eng->cfg.tp_size : rtp;
+    uint32_t tp = eng->cfg.tp_size;
+    uint32_t hi = rtp > tp ? rtp : tp, lo = rtp > tp ? tp : rtp;
 
-    if (rtp == eng->cfg.tp_size ||
-        (!eng->replicated && d_tp != 0 && d_tp < p_tp && p_tp % d_tp == 0 &&
-         p_tp / d_tp <= KVC_RANKMAP_MAX)) {
+    if (rtp == tp || (!eng->replicated && lo != 0 && hi % lo == 0 &&
+                      hi / lo <= KVC_RANKMAP_MAX)) {
         return KVX_OK;
     }
     return kvc_error(KVX_ERR_NOT_SUPPORTED,
                      "kv_transfer_params.remote_tp_size: value %u: WRITE mode "
                      "needs the same tp_size on both sides (%u here), or "
-                     "sharded KV heads with a prefill tp_size that is a "
-                     "multiple of the decode one (decode %u, prefill %u%s)",
-                     rtp, eng->cfg.tp_size, d_tp, p_tp,
-                     eng->replicated ? ", heads replicated" : "");
+                     "sharded KV heads with one tp_size a multiple of the "
+                     "other (at most %d times)%s", rtp, tp, KVC_RANKMAP_MAX,
+                     eng->replicated ? "; these heads are replicated" : "");
 }
 
 /* kvc_write_peer_rank: the TP rank of the peer this rank talks to in WRITE
- * mode: the same rank with equal TP; a P rank's D rank is tp_rank / r. */
+ * mode when there is one: the same rank with equal TP, else rank / ratio of
+ * the side with more ranks (a P rank's D rank, or a D rank's P rank). */
 static uint32_t kvc_write_peer_rank(const struct kvx_engine *eng,
                                     uint32_t rtp)
 {
-    if (eng->cfg.is_producer && rtp < eng->cfg.tp_size) {
+    if (rtp < eng->cfg.tp_size) {
         return eng->cfg.tp_rank / (eng->cfg.tp_size / rtp);
     }
     return eng->cfg.tp_rank;
@@ -296,15 +321,22 @@ static void kvc_write_blocks(struct kvx_engine *eng, kvc_xfer_t *x,
     if (x->have_blocks) {
         return; /* duplicate remote_blocks: the first one wins */
     }
-    peer = kvc_write_target(eng, &x->dparams, &x->daddr,
-                            x->dparams.has_remote_addr ? "remote_host"
-                                                       : "request_id",
-                            (uint32_t)m->decode_rank,
-                            kvc_write_peer_rank(eng, x->dparams.remote_tp_size
-                                                         ? x->dparams
-                                                               .remote_tp_size
-                                                         : eng->cfg.tp_size),
-                            &st);
+    {
+        const kvc_xfer_t        *o   = x->parent ? x->parent : x;
+        const kvc_xfer_params_t *dp  = &o->dparams;
+        uint32_t                 rtp = dp->remote_tp_size ? dp->remote_tp_size
+                                                          : eng->cfg.tp_size;
+
+        /* A sub serves D rank tp_rank * q + sub_index (D tp = q x P tp). */
+        peer = kvc_write_target(eng, dp, &o->daddr,
+                                dp->has_remote_addr ? "remote_host"
+                                                    : "request_id",
+                                (uint32_t)m->decode_rank,
+                                x->parent ? eng->cfg.tp_rank * x->parent->nsubs +
+                                                x->sub_index
+                                          : kvc_write_peer_rank(eng, rtp),
+                                &st);
+    }
     if (peer == NULL) {
         *ok_p = 0;
         snprintf(reason, len, "remote_blocks for %s: %s", m->transfer_id,
@@ -328,24 +360,100 @@ static void kvc_write_blocks(struct kvx_engine *eng, kvc_xfer_t *x,
     }
 }
 
+static int kvc_write_fanout_end(struct kvx_engine *eng, kvc_xfer_t *x);
+
+/* kvc_write_route_blocks applies remote_blocks to x, or with D tp = q x
+ * P tp to the sub of the sending D rank (consumer_rank). */
+static void kvc_write_route_blocks(struct kvx_engine *eng, kvc_xfer_t *x,
+                                   kvc_msg_t *m, char *reason, size_t len,
+                                   int *ok_p)
+{
+    uint32_t base = eng->cfg.tp_rank * x->nsubs;
+
+    if (x->nsubs == 0) {
+        kvc_write_blocks(eng, x, m, reason, len, ok_p);
+        return;
+    }
+    if (m->consumer_rank < 0 || (uint32_t)m->consumer_rank < base ||
+        (uint32_t)m->consumer_rank >= base + x->nsubs) {
+        *ok_p = 0;
+        snprintf(reason, len, "remote_blocks for '%s': consumer_rank %d: this "
+                 "P rank serves decode ranks %u..%u (decode tp_size %u x its "
+                 "own)", m->transfer_id, m->consumer_rank, base,
+                 base + x->nsubs - 1, x->nsubs);
+        return;
+    }
+    kvc_write_blocks(eng, x->subs[(uint32_t)m->consumer_rank - base], m,
+                     reason, len, ok_p);
+}
+
 void kvc_write_early_apply(struct kvx_engine *eng, kvc_xfer_t *x)
 {
-    for (kvc_early_blocks_t **pp = &eng->early_blocks; *pp != NULL;
-         pp = &(*pp)->next) {
+    /* Every early remote_blocks of x (one per D rank when it has subs; x
+     * cannot finish inside the loop: fanout holds it). */
+    x->fanout = x->nsubs > 0;
+    for (kvc_early_blocks_t **pp = &eng->early_blocks; *pp != NULL;) {
         kvc_early_blocks_t *e = *pp;
         char                reason[KVX_REASON_MAX];
         int                 ok = 1;
 
         if (strcmp(e->msg.transfer_id, x->transfer_id) != 0) {
+            pp = &e->next;
             continue;
         }
         *pp = e->next;
         eng->nearly_blocks--;
-        kvc_write_blocks(eng, x, &e->msg, reason, sizeof(reason), &ok);
+        kvc_write_route_blocks(eng, x, &e->msg, reason, sizeof(reason), &ok);
+        if (!ok) {
+            kvc_log_warn("KVX-CTL-REJECT", "%s: %s", eng->engine_id, reason);
+        }
         kvc_msg_fini(&e->msg);
         free(e);
-        return;
+        if (x->nsubs == 0) {
+            return;
+        }
     }
+    if (x->nsubs > 0) {
+        kvc_write_fanout_end(eng, x); /* may finish and free x */
+    }
+}
+
+/* kvc_write_make_subs: with D tp = q x P tp (sharded), x gets one sub per
+ * D rank it serves: each receives that rank's remote_blocks and puts one
+ * head slice to it (SPEC §4). */
+static kvx_status_t kvc_write_make_subs(struct kvx_engine *eng, kvc_xfer_t *x,
+                                        const uint64_t *ids, size_t n)
+{
+    uint32_t rtp = x->dparams.remote_tp_size ? x->dparams.remote_tp_size
+                                             : eng->cfg.tp_size;
+    uint32_t q   = rtp > eng->cfg.tp_size ? rtp / eng->cfg.tp_size : 1;
+
+    if (q < 2) {
+        return KVX_OK;
+    }
+    x->subs = calloc(q, sizeof(*x->subs));
+    if (x->subs == NULL) {
+        return kvc_error(KVX_ERR_NO_MEMORY, "transfer: out of memory");
+    }
+    for (uint32_t k = 0; k < q; k++) {
+        kvc_xfer_t *sub = kvc_xfer_new(x->transfer_id, x->request_id, ids, n);
+
+        if (sub == NULL || (sub->scheduled = calloc(eng->nlayers, 1)) == NULL ||
+            (sub->posted = calloc(eng->nlayers, 1)) == NULL) {
+            kvc_xfer_free(sub);
+            return kvc_error(KVX_ERR_NO_MEMORY, "transfer: out of memory");
+        }
+        sub->is_producer = 1;
+        sub->write       = 1;
+        sub->state       = KVC_XFER_PUSHING;
+        sub->deadline_us = x->deadline_us;
+        sub->parent      = x;
+        sub->sub_index   = k;
+        x->subs[k]       = sub;
+        x->nsubs         = k + 1;
+    }
+    x->subs_open = q;
+    return KVX_OK;
 }
 
 kvx_status_t kvc_write_producer(struct kvx_engine *eng, const char *req_id,
@@ -401,6 +509,11 @@ kvx_status_t kvc_write_producer(struct kvx_engine *eng, const char *req_id,
     x->dparams     = p; /* owns p's lists from here */
     x->daddr       = addr;
     x->deadline_us = kvc_deadline_us(eng->cfg.defer_timeout);
+    if ((st = kvc_write_make_subs(eng, x, ids, n)) != KVX_OK) {
+        free(resp);
+        kvc_xfer_free(x);
+        return st;
+    }
     /* Applies an early remote_blocks and an early release (D aborted
      * before this request reached P: the proxy sends to both at once). */
     return kvc_xfer_publish(eng, x, resp, response_p);
@@ -427,6 +540,48 @@ static kvx_status_t kvc_write_find_p(struct kvx_engine *eng, const char *tid,
     return KVX_OK;
 }
 
+/* kvc_write_fanout_end: after a loop over the subs of x (fanout set),
+ * finishes x if its last sub finished inside the loop. Returns 1 when x
+ * was freed. */
+static int kvc_write_fanout_end(struct kvx_engine *eng, kvc_xfer_t *x)
+{
+    x->fanout = 0;
+    if (x->finish_pending) {
+        kvc_write_p_finish(eng, x, x->state == KVC_XFER_DONE);
+        return 1;
+    }
+    return 0;
+}
+
+/* kvc_write_schedule: layer of x is computed (x has no subs). */
+static void kvc_write_schedule(struct kvx_engine *eng, kvc_xfer_t *x,
+                               uint32_t layer)
+{
+    if (x->scheduled[layer] || x->sub_finished) {
+        return;
+    }
+    x->scheduled[layer] = 1;
+    x->nscheduled++;
+    if (x->have_blocks) {
+        x->deadline_us = kvc_deadline_us(eng->cfg.transfer_timeout);
+    }
+    kvc_write_pump(eng, x);
+}
+
+/* kvc_write_do_seal: no more layers for x (x has no subs). */
+static void kvc_write_do_seal(struct kvx_engine *eng, kvc_xfer_t *x)
+{
+    if (x->sealed || x->sub_finished) {
+        return;
+    }
+    /* Expected writes = distinct layers scheduled, not registered. */
+    x->sealed = 1;
+    if (x->have_blocks) {
+        x->deadline_us = kvc_deadline_us(eng->cfg.transfer_timeout);
+    }
+    kvc_write_check(eng, x);
+}
+
 kvx_status_t kvc_write_layer_ready(struct kvx_engine *eng, const char *tid,
                                    uint32_t layer)
 {
@@ -443,13 +598,16 @@ kvx_status_t kvc_write_layer_ready(struct kvx_engine *eng, const char *tid,
         if (x->sealed) {
             st = kvc_error(KVX_ERR_BAD_STATE, "transfer '%s': layer %u "
                            "scheduled after seal", tid, layer);
+        } else if (x->nsubs == 0) {
+            kvc_write_schedule(eng, x, layer);
         } else {
-            x->scheduled[layer] = 1;
+            x->scheduled[layer] = 1; /* the parent keeps the API's view */
             x->nscheduled++;
-            if (x->have_blocks) {
-                x->deadline_us = kvc_deadline_us(eng->cfg.transfer_timeout);
+            x->fanout = 1;
+            for (uint32_t k = 0; k < x->nsubs; k++) {
+                kvc_write_schedule(eng, x->subs[k], layer);
             }
-            kvc_write_pump(eng, x);
+            kvc_write_fanout_end(eng, x);
         }
     }
     pthread_mutex_unlock(&eng->lock);
@@ -463,13 +621,15 @@ kvx_status_t kvc_write_seal(struct kvx_engine *eng, const char *tid)
 
     pthread_mutex_lock(&eng->lock);
     st = kvc_write_find_p(eng, tid, &x);
-    if (st == KVX_OK && x != NULL && !x->sealed) {
-        /* Expected writes = distinct layers scheduled, not registered. */
+    if (st == KVX_OK && x != NULL && !x->sealed && x->nsubs == 0) {
+        kvc_write_do_seal(eng, x);
+    } else if (st == KVX_OK && x != NULL && !x->sealed) {
         x->sealed = 1;
-        if (x->have_blocks) {
-            x->deadline_us = kvc_deadline_us(eng->cfg.transfer_timeout);
+        x->fanout = 1;
+        for (uint32_t k = 0; k < x->nsubs; k++) {
+            kvc_write_do_seal(eng, x->subs[k]);
         }
-        kvc_write_check(eng, x);
+        kvc_write_fanout_end(eng, x);
     }
     pthread_mutex_unlock(&eng->lock);
     return st;
@@ -524,14 +684,26 @@ void kvc_write_on_remote_blocks(struct kvx_engine *eng, kvc_msg_t *m,
                  "on this rank (read_mode mismatch?)", m->transfer_id);
         return;
     }
-    kvc_write_blocks(eng, x, m, reason, len, ok_p);
+    kvc_write_route_blocks(eng, x, m, reason, len, ok_p);
 }
 
 void kvc_write_on_release(struct kvx_engine *eng, kvc_xfer_t *x)
 {
-    /* D finished or aborted before allocating: free without a timeout. */
+    /* D finished or aborted before allocating: free without a timeout
+     * (with subs: every D rank's part of the request is over). */
     x->state = KVC_XFER_DONE;
-    kvc_write_check(eng, x);
+    if (x->nsubs == 0) {
+        kvc_write_check(eng, x);
+        return;
+    }
+    x->fanout = 1;
+    for (uint32_t k = 0; k < x->nsubs; k++) {
+        if (!x->subs[k]->sub_finished) {
+            x->subs[k]->state = KVC_XFER_DONE;
+            kvc_write_check(eng, x->subs[k]);
+        }
+    }
+    kvc_write_fanout_end(eng, x);
 }
 
 void kvc_write_peer_ready(struct kvx_engine *eng, kvc_peer_t *peer)
@@ -544,6 +716,15 @@ void kvc_write_peer_ready(struct kvx_engine *eng, kvc_peer_t *peer)
 
             if (x->write && x->is_producer && x->src == peer) {
                 kvc_write_pump(eng, x);
+            }
+            if (x->write && x->is_producer && x->nsubs > 0) {
+                x->fanout = 1;
+                for (uint32_t k = 0; k < x->nsubs; k++) {
+                    if (x->subs[k]->src == peer && !x->subs[k]->sub_finished) {
+                        kvc_write_pump(eng, x->subs[k]);
+                    }
+                }
+                kvc_write_fanout_end(eng, x);
             }
             x = next;
         }
@@ -562,6 +743,19 @@ void kvc_write_peer_failed(struct kvx_engine *eng, kvc_peer_t *peer)
                 x->state == KVC_XFER_PUSHING) {
                 kvc_write_fail(x, peer->fail_status, peer->fail_reason);
                 kvc_write_check(eng, x);
+            } else if (x->write && x->is_producer && x->nsubs > 0) {
+                x->fanout = 1;
+                for (uint32_t k = 0; k < x->nsubs; k++) {
+                    kvc_xfer_t *sub = x->subs[k];
+
+                    if (sub->src == peer && !sub->sub_finished &&
+                        sub->state == KVC_XFER_PUSHING) {
+                        kvc_write_fail(sub, peer->fail_status,
+                                       peer->fail_reason);
+                        kvc_write_check(eng, sub);
+                    }
+                }
+                kvc_write_fanout_end(eng, x);
             }
             x = next;
         }
@@ -606,9 +800,12 @@ static kvx_status_t kvc_write_d_prepare(struct kvx_engine *eng,
     r = rtp > eng->cfg.tp_size ? rtp / eng->cfg.tp_size : 1;
     pthread_mutex_lock(&eng->lock);
     for (uint32_t k = 0; st == KVX_OK && k < r; k++) {
-        /* P DP rank remote_dp_rank, TP rank d*r + k. */
+        /* P DP rank remote_dp_rank; TP rank d*r + k (P tp = r x D tp), or
+         * d / q (D tp = q x P tp), or d. */
         peers[k] = kvc_write_target(eng, p, &addr, field, p->remote_dp_rank,
-                                    eng->cfg.tp_rank * r + k, &st);
+                                    r > 1 ? eng->cfg.tp_rank * r + k
+                                          : kvc_write_peer_rank(eng, rtp),
+                                    &st);
         *n_p += st == KVX_OK;
     }
     pthread_mutex_unlock(&eng->lock);
@@ -662,7 +859,7 @@ kvx_status_t kvc_write_consumer(struct kvx_engine *eng, const char *req_id,
                                  eng->cfg.transfer_timeout));
     memset(&m, 0, sizeof(m));
     snprintf(m.transfer_id, sizeof(m.transfer_id), "%s", x->transfer_id);
-    m.consumer_rank = -1;
+    m.consumer_rank = (int32_t)eng->cfg.tp_rank; /* P routes by it */
     pthread_mutex_lock(&eng->lock);
     st = kvc_xfer_insert(eng, x);
     if (st == KVX_OK && n == 0) {
@@ -797,9 +994,22 @@ void kvc_write_tick(struct kvx_engine *eng)
         while (x != NULL) {
             kvc_xfer_t *next = x->hnext;
 
-            if (x->write && !x->timed_out && now > x->deadline_us &&
-                (x->state == KVC_XFER_PUSHING ||
-                 x->state == KVC_XFER_WAIT_WRITE)) {
+            if (x->write && x->nsubs > 0) {
+                /* Each D rank's part has its own deadline. */
+                x->fanout = 1;
+                for (uint32_t k = 0; k < x->nsubs; k++) {
+                    kvc_xfer_t *sub = x->subs[k];
+
+                    if (!sub->sub_finished && !sub->timed_out &&
+                        now > sub->deadline_us &&
+                        sub->state == KVC_XFER_PUSHING) {
+                        kvc_write_tick_xfer(eng, sub);
+                    }
+                }
+                kvc_write_fanout_end(eng, x);
+            } else if (x->write && !x->timed_out && now > x->deadline_us &&
+                       (x->state == KVC_XFER_PUSHING ||
+                        x->state == KVC_XFER_WAIT_WRITE)) {
                 kvc_write_tick_xfer(eng, x);
             }
             x = next;

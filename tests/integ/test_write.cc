@@ -294,6 +294,33 @@ TEST(WriteFlow, AbortOvertakingTheProducerRequestStillReleases)
 
 namespace {
 
+// HetParams: kv_transfer_params naming the peer instance at port (P's name
+// D: do_remote_decode; D's name P: do_remote_prefill).
+std::string HetParams(const std::string &tid, bool for_p, int port,
+                      uint32_t rtp)
+{
+    return "{\"transfer_id\":\"" + tid + "\",\"" +
+           (for_p ? "do_remote_decode" : "do_remote_prefill") +
+           "\":true,\"remote_host\":\"127.0.0.1\",\"remote_handshake_port\":" +
+           std::to_string(port) + ",\"remote_notify_port\":" +
+           std::to_string(port + 20000) + ",\"remote_tp_size\":" +
+           std::to_string(rtp) + "}";
+}
+
+// WriteRankOpts: a WRITE rank of the hetero tests.
+RankOpts WriteRankOpts(bool producer, int port, uint32_t tp, uint32_t rank)
+{
+    RankOpts o;
+    o.read_mode   = false;
+    o.producer    = producer;
+    o.num_blocks  = producer ? 40 : 24;
+    o.tp_size     = tp;
+    o.tp_rank     = rank;
+    o.hs_port     = (uint16_t)port;
+    o.notify_port = (uint16_t)(port + 20000);
+    return o;
+}
+
 // Sharded heterogeneous TP in WRITE (SPEC §4): P tp 2 (2 heads per rank)
 // puts into D tp 1 (4 heads); each P rank writes its heads as its part of
 // D's blocks; the key-only layer moves once (P rank 0); D finishes after
@@ -307,37 +334,18 @@ TEST(WriteHeteroTp, PrefillTp2PutsItsHeadPartsIntoDecodeTp1)
     dm.heads      = 4;
     uint16_t hs   = PortBase(4);
     Rank     p0, p1, d;
-    RankOpts o;
-    o.read_mode   = false;
-    o.producer    = true;
-    o.num_blocks  = 40;
-    o.tp_size     = 2;
-    o.hs_port     = hs;
-    o.notify_port = (uint16_t)(hs + 20000);
-    ASSERT_EQ(KVX_OK, MakeRank(pm, o, &p0)) << Api()->last_error();
-    o.tp_rank = 1;
-    ASSERT_EQ(KVX_OK, MakeRank(pm, o, &p1)) << Api()->last_error();
-    o.producer    = false;
-    o.tp_size     = 1;
-    o.tp_rank     = 0;
-    o.num_blocks  = 24;
-    o.hs_port     = (uint16_t)(hs + 2);
-    o.notify_port = (uint16_t)(hs + 2 + 20000);
-    ASSERT_EQ(KVX_OK, MakeRank(dm, o, &d)) << Api()->last_error();
+    ASSERT_EQ(KVX_OK, MakeRank(pm, WriteRankOpts(true, hs, 2, 0), &p0))
+        << Api()->last_error();
+    ASSERT_EQ(KVX_OK, MakeRank(pm, WriteRankOpts(true, hs, 2, 1), &p1))
+        << Api()->last_error();
+    ASSERT_EQ(KVX_OK, MakeRank(dm, WriteRankOpts(false, hs + 2, 1, 0), &d))
+        << Api()->last_error();
 
     const std::vector<uint64_t> pids = {5, 6, 7, 30, 12, 39};
     const std::vector<uint64_t> dids = {0, 1, 2, 3, 20, 9};
     const std::string           tid  = "tx-write-het";
-    std::string pp = "{\"transfer_id\":\"" + tid +
-                     "\",\"do_remote_decode\":true,\"remote_host\":"
-                     "\"127.0.0.1\",\"remote_handshake_port\":" +
-                     std::to_string(hs + 2) + ",\"remote_notify_port\":" +
-                     std::to_string(hs + 2 + 20000) + ",\"remote_tp_size\":1}";
-    std::string dp = "{\"transfer_id\":\"" + tid +
-                     "\",\"do_remote_prefill\":true,\"remote_host\":"
-                     "\"127.0.0.1\",\"remote_handshake_port\":" +
-                     std::to_string(hs) + ",\"remote_notify_port\":" +
-                     std::to_string(hs + 20000) + ",\"remote_tp_size\":2}";
+    std::string pp = HetParams(tid, true, hs + 2, 1);
+    std::string dp = HetParams(tid, false, hs, 2);
     for (Rank *p : {&p0, &p1}) {
         char *resp = nullptr;
         ASSERT_EQ(KVX_OK, Api()->producer_request(p->eng, "req-wh", pp.c_str(),
@@ -373,34 +381,100 @@ TEST(WriteHeteroTp, PrefillTp2PutsItsHeadPartsIntoDecodeTp1)
     FreeEvents(&dev);
 }
 
-// The other direction (D tp > P tp) would need one P rank to put slices to
-// several D ranks: refused with the rule.
-TEST(WriteHeteroTp, DecodeWiderIsRefusedWithTheRule)
+// D tp 2 (2 heads per rank) from P tp 1 (4 heads): P puts head slice s of
+// every block to D rank s (one sub-transfer per D rank), the key-only layers
+// whole to both; each D rank gets its own write_done, P reports once. The
+// D ranks ask before P's request exists (their remote_blocks wait, routed by
+// consumer_rank).
+TEST(WriteHeteroTp, PrefillTp1PutsHeadSlicesToDecodeTp2)
+{
+    ModelSpec pm = MixedModel();
+    pm.block_size = 8;
+    pm.heads      = 4;
+    ModelSpec dm  = pm;
+    dm.heads      = 2;
+    uint16_t hs   = PortBase(4);
+    Rank     p, d0, d1;
+    ASSERT_EQ(KVX_OK, MakeRank(pm, WriteRankOpts(true, hs, 1, 0), &p))
+        << Api()->last_error();
+    ASSERT_EQ(KVX_OK, MakeRank(dm, WriteRankOpts(false, hs + 1, 2, 0), &d0))
+        << Api()->last_error();
+    ASSERT_EQ(KVX_OK, MakeRank(dm, WriteRankOpts(false, hs + 1, 2, 1), &d1))
+        << Api()->last_error();
+
+    const std::vector<uint64_t> pids = {5, 6, 7, 30, 12, 39};
+    const std::vector<uint64_t> dids = {0, 1, 2, 3, 20, 9};
+    const std::string           tid  = "tx-write-wide";
+    std::string pp = HetParams(tid, true, hs + 1, 2);
+    std::string dp = HetParams(tid, false, hs, 1);
+    for (Rank *d : {&d0, &d1}) {
+        ASSERT_EQ(KVX_OK, Api()->consumer_request(d->eng, "req-ww", dp.c_str(),
+                                                  dids.data(), dids.size()))
+            << Api()->last_error();
+    }
+    // Both remote_blocks reached P before its request.
+    ASSERT_TRUE(WaitFor([&] { return StatCount(p.eng, "rx.remote_blocks") == 2; },
+                        10000));
+    char *resp = nullptr;
+    ASSERT_EQ(KVX_OK, Api()->producer_request(p.eng, "req-ww", pp.c_str(),
+                                              pids.data(), pids.size(), &resp))
+        << Api()->last_error();
+    Api()->free(resp);
+    for (uint32_t l = 0; l < pm.layers.size(); l++) {
+        ASSERT_EQ(KVX_OK, Api()->layer_ready(p.eng, tid.c_str(), l));
+    }
+    ASSERT_EQ(KVX_OK, Api()->seal_transfer(p.eng, tid.c_str()));
+    uint32_t s = 0;
+    for (Rank *d : {&d0, &d1}) {
+        ASSERT_EQ(KVX_OK, Api()->wait_transfer(d->eng, tid.c_str(), 20000))
+            << Api()->last_error();
+        EXPECT_EQ("", VerifyPullHeads(dm, pm.heads, *d, {0}, s++, dids, pids));
+        EXPECT_EQ(1, StatCount(d->eng, "rx.write_done"));
+        std::vector<kvx_event_t> dev;
+        DrainEvents(d->eng, &dev);
+        EXPECT_EQ(1, CountEvents(dev, KVX_EVENT_FINISHED_RECVING, tid));
+        FreeEvents(&dev);
+    }
+    std::vector<kvx_event_t> pev;
+    ASSERT_TRUE(WaitFor([&] { DrainEvents(p.eng, &pev); return !pev.empty(); },
+                        10000));
+    EXPECT_EQ(1, CountEvents(pev, KVX_EVENT_FINISHED_SENDING, tid));
+    EXPECT_EQ(1u, pev.size());
+    FreeEvents(&pev);
+}
+
+// A D rank P does not serve (consumer_rank outside its q ranks) gets an
+// error reply; the sub-transfers are not touched.
+TEST(WriteHeteroTp, RemoteBlocksFromAForeignDecodeRankIsRefused)
 {
     ModelSpec pm = MixedModel();
     pm.block_size = 8;
     pm.heads      = 4;
     uint16_t hs   = PortBase(2);
     Rank     p;
-    RankOpts o;
-    o.read_mode   = false;
-    o.producer    = true;
-    o.num_blocks  = 40;
-    o.hs_port     = hs;
-    o.notify_port = (uint16_t)(hs + 20000);
-    ASSERT_EQ(KVX_OK, MakeRank(pm, o, &p)) << Api()->last_error();
-    std::string pp = "{\"transfer_id\":\"tx-wide\",\"do_remote_decode\":true,"
-                     "\"remote_host\":\"127.0.0.1\",\"remote_handshake_port\":" +
-                     std::to_string(hs + 1) + ",\"remote_notify_port\":" +
-                     std::to_string(hs + 1 + 20000) + ",\"remote_tp_size\":2}";
+    ASSERT_EQ(KVX_OK, MakeRank(pm, WriteRankOpts(true, hs, 1, 0), &p))
+        << Api()->last_error();
+    std::string pp = HetParams("tx-foreign", true, hs + 1, 2);
     const std::vector<uint64_t> pids = {5};
     char *resp = nullptr;
-    EXPECT_EQ(KVX_ERR_NOT_SUPPORTED,
-              Api()->producer_request(p.eng, "req-wide", pp.c_str(),
-                                      pids.data(), pids.size(), &resp));
-    EXPECT_NE(nullptr, strstr(Api()->last_error(), "remote_tp_size"))
+    ASSERT_EQ(KVX_OK, Api()->producer_request(p.eng, "req-f", pp.c_str(),
+                                              pids.data(), pids.size(), &resp))
         << Api()->last_error();
     Api()->free(resp);
+    kvn_client_t *cli = nullptr;
+    ASSERT_EQ(KVX_OK, kvn_client_open("127.0.0.1", (uint16_t)(hs + 20000), &cli));
+    std::string rb = "{\"type\":\"remote_blocks\",\"transfer_id\":\"tx-foreign\","
+                     "\"req_id\":\"req-f\",\"block_notify_list\":[1],"
+                     "\"consumer_rank\":5,\"decode_rank\":0}";
+    char  *reply = nullptr;
+    size_t rlen  = 0;
+    ASSERT_EQ(KVX_OK, kvn_client_request(cli, rb.data(), rb.size(), 5000, &reply,
+                                         &rlen));
+    std::string r(reply, rlen);
+    free(reply);
+    kvn_client_close(cli);
+    EXPECT_NE(std::string::npos, r.find("consumer_rank 5")) << r;
+    EXPECT_NE(std::string::npos, r.find("\"ok\":false")) << r;
 }
 
 } // namespace

@@ -170,6 +170,7 @@ TEST(CtlMsg, EncodesExpectedJson)
     msg.block_ids     = ids;
     msg.num_block_ids = 2;
     msg.decode_rank   = 1;
+    msg.consumer_rank = -1; /* set: "consumer_rank" names the D TP rank */
     snprintf(msg.req_id, sizeof(msg.req_id), "req");
     EXPECT_EQ(EncodeMsg(msg),
               "{\"type\":\"remote_blocks\",\"transfer_id\":\"tx-9\","
