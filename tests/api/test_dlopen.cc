@@ -903,15 +903,28 @@ std::string StartOnBusyPort()
         return lib.error;
     }
     const kvx_api_t *api = lib.api;
-    uint16_t         hs  = NextPorts(2);
-    int              fd  = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in      a{};
-    a.sin_family      = AF_INET;
-    a.sin_port        = htons(hs);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (fd < 0 || bind(fd, (sockaddr *)&a, sizeof(a)) != 0 ||
-        listen(fd, 4) != 0) {
-        return "cannot occupy port " + std::to_string(hs);
+    uint16_t         hs  = 0;
+    int              fd  = -1;
+    // Occupy a port: SO_REUSEADDR so that connections of earlier processes
+    // still in TIME_WAIT do not stop the bind (a listening socket still
+    // blocks the engine's own listen), and the next pair if one is taken.
+    for (int attempt = 0; attempt < 20 && fd < 0; attempt++) {
+        int         one = 1;
+        sockaddr_in a{};
+        hs                = NextPorts(2);
+        a.sin_family      = AF_INET;
+        a.sin_port        = htons(hs);
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        fd                = socket(AF_INET, SOCK_STREAM, 0);
+        if (fd >= 0 &&
+            (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 ||
+             bind(fd, (sockaddr *)&a, sizeof(a)) != 0 || listen(fd, 4) != 0)) {
+            close(fd);
+            fd = -1;
+        }
+    }
+    if (fd < 0) {
+        return "cannot occupy any port near " + std::to_string(hs);
     }
     std::string   cfg = Config(true, hs, (uint16_t)(hs + 1));
     kvx_engine_t *eng = nullptr;
