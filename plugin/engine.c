@@ -240,6 +240,13 @@ void kvc_peer_parts(const struct kvx_engine *eng, const kvc_peer_t *peer,
             *n_p      = m.num_slices;
             *idx_p    = m.head_slice;
             *gather_p = 1;
+        } else if (eng->replicated && peer->tp_size < eng->cfg.tp_size &&
+                   eng->cfg.tp_size % peer->tp_size == 0) {
+            /* Replicated heads, P tp = r x D tp: the r P ranks of a D rank
+             * hold the same cache; only the first one puts it. */
+            *n_p      = eng->cfg.tp_size / peer->tp_size;
+            *idx_p    = eng->cfg.tp_rank % *n_p;
+            *gather_p = 2;
         }
         return;
     }

@@ -213,25 +213,24 @@ static kvx_status_t kvc_write_check_hosts(struct kvx_engine *eng,
     return kvc_trust_check(&eng->trust, addr->host, field);
 }
 
-/* kvc_write_same_tp: WRITE needs equal TP, or sharded heads with one TP
- * size a multiple of the other (SPEC §4): P tp = r x D tp, each P rank puts
- * its heads as its part of its D rank's blocks; D tp = q x P tp, each P
- * rank puts one head slice to each of its q D ranks. */
+/* kvc_write_same_tp: WRITE needs equal TP, or one TP size a multiple of
+ * the other (SPEC §4): P tp = r x D tp, each P rank puts its heads as its
+ * part of its D rank's blocks (replicated heads: only the first of the r);
+ * D tp = q x P tp, each P rank puts one head slice (replicated: the whole
+ * block) to each of its q D ranks. */
 static kvx_status_t kvc_write_same_tp(struct kvx_engine *eng, uint32_t rtp)
 {
     uint32_t tp = eng->cfg.tp_size;
     uint32_t hi = rtp > tp ? rtp : tp, lo = rtp > tp ? tp : rtp;
 
-    if (rtp == tp || (!eng->replicated && lo != 0 && hi % lo == 0 &&
-                      hi / lo <= KVC_RANKMAP_MAX)) {
+    if (rtp == tp || (lo != 0 && hi % lo == 0 && hi / lo <= KVC_RANKMAP_MAX)) {
         return KVX_OK;
     }
     return kvc_error(KVX_ERR_NOT_SUPPORTED,
                      "kv_transfer_params.remote_tp_size: value %u: WRITE mode "
-                     "needs the same tp_size on both sides (%u here), or "
-                     "sharded KV heads with one tp_size a multiple of the "
-                     "other (at most %d times)%s", rtp, tp, KVC_RANKMAP_MAX,
-                     eng->replicated ? "; these heads are replicated" : "");
+                     "needs the same tp_size on both sides (%u here) or one "
+                     "a multiple of the other (at most %d times)", rtp, tp,
+                     KVC_RANKMAP_MAX);
 }
 
 /* kvc_write_peer_rank: the TP rank of the peer this rank talks to in WRITE

@@ -443,6 +443,76 @@ TEST(WriteHeteroTp, PrefillTp1PutsHeadSlicesToDecodeTp2)
     FreeEvents(&pev);
 }
 
+// Replicated heads (key-only / MLA) with unequal TP in WRITE: D tp 2 from
+// P tp 1 gets the whole blocks on both D ranks; D tp 1 from P tp 2 gets them
+// once, from P rank 0 (P rank 1 holds the same cache and puts nothing),
+// and still both write_done.
+TEST(WriteHeteroTp, ReplicatedHeadsMoveWholeInBothDirections)
+{
+    ModelSpec km;
+    km.layers = {{"model.layers.0.indexer", "key_only"},
+                 {"model.layers.1.mla", "key_only"}};
+    const std::vector<uint64_t> pids = {5, 6, 30}, dids = {0, 20, 9};
+    for (int wide : {1, 0}) {
+        SCOPED_TRACE(wide ? "D tp2 from P tp1" : "D tp1 from P tp2");
+        uint16_t hs = PortBase(4);
+        uint32_t ptp = wide ? 1 : 2, dtp = wide ? 2 : 1;
+        std::vector<std::unique_ptr<Rank>> ps, ds;
+        for (uint32_t r = 0; r < ptp; r++) {
+            ps.emplace_back(new Rank);
+            ASSERT_EQ(KVX_OK, MakeRank(km, WriteRankOpts(true, hs, ptp, r),
+                                       ps.back().get()))
+                << Api()->last_error();
+        }
+        for (uint32_t r = 0; r < dtp; r++) {
+            ds.emplace_back(new Rank);
+            ASSERT_EQ(KVX_OK, MakeRank(km, WriteRankOpts(false, hs + 2, dtp, r),
+                                       ds.back().get()))
+                << Api()->last_error();
+        }
+        const std::string tid = wide ? "tx-rep-wide" : "tx-rep-narrow";
+        for (auto &p : ps) {
+            char *resp = nullptr;
+            ASSERT_EQ(KVX_OK, Api()->producer_request(
+                                  p->eng, "req-rep",
+                                  HetParams(tid, true, hs + 2, dtp).c_str(),
+                                  pids.data(), pids.size(), &resp))
+                << Api()->last_error();
+            Api()->free(resp);
+        }
+        for (auto &d : ds) {
+            ASSERT_EQ(KVX_OK, Api()->consumer_request(
+                                  d->eng, "req-rep",
+                                  HetParams(tid, false, hs, ptp).c_str(),
+                                  dids.data(), dids.size()))
+                << Api()->last_error();
+        }
+        for (auto &p : ps) {
+            for (uint32_t l = 0; l < km.layers.size(); l++) {
+                ASSERT_EQ(KVX_OK, Api()->layer_ready(p->eng, tid.c_str(), l));
+            }
+            ASSERT_EQ(KVX_OK, Api()->seal_transfer(p->eng, tid.c_str()));
+        }
+        for (auto &d : ds) {
+            ASSERT_EQ(KVX_OK, Api()->wait_transfer(d->eng, tid.c_str(), 20000))
+                << Api()->last_error();
+            EXPECT_EQ("", VerifyPull(km, *d, 0, dids, pids)); // P rank 0's
+            EXPECT_EQ((long long)ptp, StatCount(d->eng, "rx.write_done"));
+        }
+        for (auto &p : ps) {
+            std::vector<kvx_event_t> pev;
+            ASSERT_TRUE(WaitFor([&] { DrainEvents(p->eng, &pev);
+                                      return !pev.empty(); }, 10000));
+            EXPECT_EQ(1, CountEvents(pev, KVX_EVENT_FINISHED_SENDING, tid));
+            FreeEvents(&pev);
+        }
+        if (!wide) { // P rank 1 moved nothing
+            EXPECT_EQ(0, StatCount(ps[1]->eng, "bytes_written"));
+            EXPECT_GT(StatCount(ps[0]->eng, "bytes_written"), 0);
+        }
+    }
+}
+
 // A D rank P does not serve (consumer_rank outside its q ranks) gets an
 // error reply; the sub-transfers are not touched.
 TEST(WriteHeteroTp, RemoteBlocksFromAForeignDecodeRankIsRefused)
