@@ -12,6 +12,7 @@ tests/setup.sh build-ci-asan --werror -Dbuildtype=debug \
 
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
+export LSAN_OPTIONS=suppressions=$root/tests/lsan.supp:print_suppressions=0
 rc=0
 meson test -C build-ci --print-errorlogs --num-processes 1 || rc=1
 meson test -C build-ci-asan --print-errorlogs --num-processes 1 \

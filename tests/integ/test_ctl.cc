@@ -1419,13 +1419,18 @@ TEST(CtlClient, DeadlineExpiresWithTimeoutStatus)
 
 TEST(CtlClient, CloseCompletesPendingRequestsOnceAsCanceled)
 {
-    GateServer    gs;
+    // A plain TCP listener that never speaks SP: the requests stay pending
+    // in the client (no nng server whose teardown could race the test).
+    uint16_t    port = PortBase(1);
+    TcpListener l(port);
+    ASSERT_TRUE(l.ok());
     kvn_client_t *cli = nullptr;
     Replies       r;
-    ASSERT_EQ(KVX_OK, kvn_client_open_async("127.0.0.1", gs.port, 4, &cli));
+    ASSERT_EQ(KVX_OK, kvn_client_open_async("127.0.0.1", port, 4, &cli));
     ASSERT_EQ(KVX_OK, Post(cli, &r, "hold", 5000));
     ASSERT_EQ(KVX_OK, Post(cli, &r, "hold", 5000));
-    kvn_client_close(cli); // callbacks done before it returns
+    EXPECT_TRUE(l.Accepted(5000)); // the client did dial
+    kvn_client_close(cli);         // callbacks done before it returns
     std::lock_guard<std::mutex> lk(r.m);
     ASSERT_EQ(2u, r.v.size());
     for (const auto &o : r.v) {
