@@ -228,6 +228,23 @@ void SyncFromRegion(Rank *r)
     }
 }
 
+// FirstDiff: "" or the first byte where layer li of D differs from want.
+static std::string FirstDiff(size_t li, const LayerSpec &l,
+                             const std::vector<uint8_t> &want,
+                             const std::vector<uint8_t> &got)
+{
+    for (size_t i = 0; i < want.size(); i++) {
+        if (want[i] != got[i]) {
+            char buf[256];
+            snprintf(buf, sizeof(buf),
+                     "layer %zu (%s) byte %zu: got 0x%02x want 0x%02x", li,
+                     l.kind.c_str(), i, got[i], want[i]);
+            return buf;
+        }
+    }
+    return "";
+}
+
 std::string VerifyPull(const ModelSpec &m, const Rank &d, uint32_t src_rank,
                        const std::vector<uint64_t> &local,
                        const std::vector<uint64_t> &remote)
@@ -246,14 +263,9 @@ std::string VerifyPull(const ModelSpec &m, const Rank &d, uint32_t src_rank,
                 }
             }
         }
-        for (size_t i = 0; i < want.size(); i++) {
-            if (want[i] != d.bufs[li][i]) {
-                char buf[256];
-                snprintf(buf, sizeof(buf),
-                         "layer %zu (%s) byte %zu: got 0x%02x want 0x%02x", li,
-                         l.kind.c_str(), i, d.bufs[li][i], want[i]);
-                return buf;
-            }
+        std::string diff = FirstDiff(li, l, want, d.bufs[li]);
+        if (!diff.empty()) {
+            return diff;
         }
     }
     return "";
@@ -297,14 +309,9 @@ std::string VerifyPullHeads(const ModelSpec &m, uint32_t p_heads,
                 }
             }
         }
-        for (size_t i = 0; i < want.size(); i++) {
-            if (want[i] != d.bufs[li][i]) {
-                char buf[256];
-                snprintf(buf, sizeof(buf),
-                         "layer %zu (%s) byte %zu: got 0x%02x want 0x%02x", li,
-                         l.kind.c_str(), i, d.bufs[li][i], want[i]);
-                return buf;
-            }
+        std::string diff = FirstDiff(li, l, want, d.bufs[li]);
+        if (!diff.empty()) {
+            return diff;
         }
     }
     return "";

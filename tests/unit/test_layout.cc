@@ -624,6 +624,23 @@ kvc_geom_t GeomOf(const Model &m)
     return g;
 }
 
+// CopyRuns does what the gets of a plan do: remote -> local per run, after
+// checking every run lies inside both buffers.
+bool CopyRuns(const kvc_run_t *runs, size_t n, std::vector<uint8_t> *local,
+              const std::vector<uint8_t> &remote)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (runs[i].local_off + runs[i].len > local->size() ||
+            runs[i].remote_off + runs[i].len > remote.size()) {
+            ADD_FAILURE() << "run " << i << " leaves a buffer";
+            return false;
+        }
+        memcpy(local->data() + runs[i].local_off,
+               remote.data() + runs[i].remote_off, runs[i].len);
+    }
+    return true;
+}
+
 TEST(LayoutHeads, SlicedPlanCopiesExactlyTheSliceOfEveryHeadOrder)
 {
     for (bool outer : {false, true}) {
@@ -649,12 +666,7 @@ TEST(LayoutHeads, SlicedPlanCopiesExactlyTheSliceOfEveryHeadOrder)
                                           q, lid, 3, rid, 3, runs.data(), &n))
                         << kvc_last_error();
                     ASSERT_LE(n, runs.size());
-                    for (size_t i = 0; i < n; i++) {
-                        ASSERT_LE(runs[i].local_off + runs[i].len, lm.Bytes());
-                        ASSERT_LE(runs[i].remote_off + runs[i].len, rm.Bytes());
-                        memcpy(&local[runs[i].local_off],
-                               &remote[runs[i].remote_off], runs[i].len);
-                    }
+                    ASSERT_TRUE(CopyRuns(runs.data(), n, &local, remote));
                     // Expected: D's heads hh are P's heads s*(8/q) + hh of
                     // the paired P block, K and V alike.
                     for (size_t k = 0; k < 3; k++) {
@@ -718,12 +730,7 @@ TEST(LayoutHeads, GatheredPlanAssemblesEveryHeadFromItsPart)
                                           r, lid, 3, rid, 3, runs.data(), &n))
                         << kvc_last_error();
                     ASSERT_LE(n, runs.size());
-                    for (size_t i = 0; i < n; i++) {
-                        ASSERT_LE(runs[i].local_off + runs[i].len, lm.Bytes());
-                        ASSERT_LE(runs[i].remote_off + runs[i].len, rm.Bytes());
-                        memcpy(&local[runs[i].local_off],
-                               &parts[k][runs[i].remote_off], runs[i].len);
-                    }
+                    ASSERT_TRUE(CopyRuns(runs.data(), n, &local, parts[k]));
                 }
                 const uint32_t hp = 8 / r;
                 for (size_t b = 0; b < 3; b++)
