@@ -1,6 +1,7 @@
 // test_config.cc - plugin/config.c: defaults, accepted forms, errors, dump.
 extern "C" {
 #include "config.h"
+#include "pci.h"
 #include "error.h"
 }
 
@@ -922,7 +923,7 @@ TEST(ConfigBusId, ParsesBothFormsAndRejectsTheRest)
     for (const BusIdCase &c : cases) {
         unsigned d = 99, b = 99, v = 99, f = 99;
 
-        ASSERT_EQ(c.rc, kvc_config_busid_parse(c.text, &d, &b, &v, &f))
+        ASSERT_EQ(c.rc, kvc_busid_parse(c.text, &d, &b, &v, &f))
             << "'" << c.text << "'";
         if (c.rc == 0) {
             EXPECT_EQ(c.domain, d) << c.text;
@@ -931,9 +932,9 @@ TEST(ConfigBusId, ParsesBothFormsAndRejectsTheRest)
             EXPECT_EQ(c.func, f) << c.text;
         }
     }
-    EXPECT_EQ(-1, kvc_config_busid_parse(nullptr, nullptr, nullptr, nullptr,
+    EXPECT_EQ(-1, kvc_busid_parse(nullptr, nullptr, nullptr, nullptr,
                                          nullptr));
-    EXPECT_EQ(0, kvc_config_busid_parse("01:00.0", nullptr, nullptr, nullptr,
+    EXPECT_EQ(0, kvc_busid_parse("01:00.0", nullptr, nullptr, nullptr,
                                         nullptr));
 }
 

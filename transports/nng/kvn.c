@@ -3,6 +3,7 @@
  */
 #define _GNU_SOURCE
 #include "kvn.h"
+#include "clock.h"
 
 #include <dlfcn.h>
 #include <pthread.h>
@@ -223,7 +224,6 @@ void kvn_server_destroy(kvn_server_t *srv)
     free(srv);
 }
 
-static int64_t kvn_clock_ms(void);
 static void    kvn_cctx_cb(void *arg);
 
 kvx_status_t kvn_client_open_async(const char *host, uint32_t port, int nctx,
@@ -341,7 +341,7 @@ static void kvn_cctx_cb(void *arg)
         nng_aio_set_msg(c->aio, NULL);
         kvn_cctx_fail(c, rv, "send failed");
     } else if (c->sending) {
-        int64_t left = c->deadline_ms - kvn_clock_ms();
+        int64_t left = c->deadline_ms - (int64_t)(kvc_mono_us() / 1000u);
 
         c->sending = 0;
         nng_aio_set_timeout(c->aio, (nng_duration)(left < 1 ? 1 : left));
@@ -387,7 +387,7 @@ kvx_status_t kvn_client_post(kvn_client_t *cli, const void *msg, size_t len,
     c->fn          = fn;
     c->arg         = arg;
     c->sending     = 1;
-    c->deadline_ms = kvn_clock_ms() + timeout_ms;
+    c->deadline_ms = (int64_t)(kvc_mono_us() / 1000u) + timeout_ms;
     nng_aio_set_msg(c->aio, req);
     nng_aio_set_timeout(c->aio, (nng_duration)timeout_ms);
     nng_ctx_send(c->ctx, c->aio);
@@ -406,20 +406,12 @@ int kvn_client_idle_contexts(kvn_client_t *cli)
     return n;
 }
 
-static int64_t kvn_clock_ms(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 kvx_status_t kvn_client_request(kvn_client_t *cli, const void *msg,
                                 size_t len, int timeout_ms, char **reply_p,
                                 size_t *reply_len_p)
 {
     nng_msg *req, *rep;
-    int64_t  start = kvn_clock_ms();
+    int64_t  start = (int64_t)(kvc_mono_us() / 1000u);
     int      rv;
     int      left;
 
@@ -437,10 +429,10 @@ kvx_status_t kvn_client_request(kvn_client_t *cli, const void *msg,
         return kvc_error(kvn_status_from_nng(rv) == KVX_ERR_TIMEOUT
                              ? KVX_ERR_TIMEOUT : KVX_ERR_CONTROL,
                          "request to %s: send failed after %d ms: %s",
-                         cli->url, (int)(kvn_clock_ms() - start),
+                         cli->url, (int)((int64_t)(kvc_mono_us() / 1000u) - start),
                          nng_strerror(rv));
     }
-    left = timeout_ms - (int)(kvn_clock_ms() - start);
+    left = timeout_ms - (int)((int64_t)(kvc_mono_us() / 1000u) - start);
     nng_socket_set_ms(cli->sock, NNG_OPT_RECVTIMEO, left < 1 ? 1 : left);
     if ((rv = nng_recvmsg(cli->sock, &rep, 0)) != 0) {
         return kvc_error(rv == NNG_ETIMEDOUT ? KVX_ERR_TIMEOUT

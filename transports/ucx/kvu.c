@@ -4,6 +4,7 @@
  */
 #define _GNU_SOURCE
 #include "kvu.h"
+#include "clock.h"
 
 #include <errno.h>
 #include <poll.h>
@@ -114,25 +115,6 @@ struct kvu_ctx {
     _Atomic uint64_t kicks;      /* kvu_ctx_kick calls */
     _Atomic int     sleeping;    /* progress thread in (or entering) poll */
 };
-
-static uint64_t kvu_now_us(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
-
-/* kvu_abs_ms: CLOCK_REALTIME deadline `ms` from now, for condvar waits. */
-static void kvu_abs_ms(struct timespec *ts, long ms)
-{
-    clock_gettime(CLOCK_REALTIME, ts);
-    ts->tv_nsec += ms * 1000000L;
-    if (ts->tv_nsec >= 1000000000L) {
-        ts->tv_sec++;
-        ts->tv_nsec -= 1000000000L;
-    }
-}
 
 kvx_status_t kvu_status_from_ucs(int ucs_status)
 {
@@ -528,7 +510,7 @@ static void kvu_bind_cpus(const char *list)
 static void *kvu_progress_main(void *arg)
 {
     kvu_ctx_t *ctx       = arg;
-    uint64_t   last_busy = kvu_now_us();
+    uint64_t   last_busy = kvc_mono_us();
     uint64_t   last_tick = 0;
 
     if (ctx->cpus[0] != '\0') {
@@ -547,7 +529,7 @@ static void *kvu_progress_main(void *arg)
         pthread_mutex_unlock(&ctx->lock);
         pthread_cond_broadcast(&ctx->cond);
         n += (unsigned int)kvu_deliver(ctx);
-        now = kvu_now_us();
+        now = kvc_mono_us();
         if (ctx->params.tick != NULL &&
             now - last_tick >= KVU_TICK_MS * 1000u / 2) {
             last_tick = now;
@@ -767,13 +749,13 @@ void kvu_ctx_destroy(kvu_ctx_t *ctx)
     if (ctx == NULL) {
         return;
     }
-    deadline = kvu_now_us() + KVU_CLOSE_WAIT_MS * 1000u;
+    deadline = kvc_mono_us() + KVU_CLOSE_WAIT_MS * 1000u;
     pthread_mutex_lock(&ctx->lock);
     while ((ctx->closing != NULL || ctx->eps != NULL) &&
-           kvu_now_us() < deadline) {
+           kvc_mono_us() < deadline) {
         struct timespec ts;
 
-        kvu_abs_ms(&ts, 10);
+        kvc_abs_realtime(&ts, 10);
         pthread_mutex_unlock(&ctx->lock);
         kvu_ctx_kick(ctx);
         pthread_mutex_lock(&ctx->lock);

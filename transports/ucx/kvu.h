@@ -22,7 +22,7 @@
 #define KVU_H
 
 #include "error.h"
-#include "layout.h"
+#include "run.h"
 
 #include <stdatomic.h>
 #include <stddef.h>

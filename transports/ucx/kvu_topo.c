@@ -8,7 +8,7 @@
  */
 #include "kvu.h"
 
-#include "config.h"
+#include "pci.h"
 
 #include <hwloc.h>
 #include <stdio.h>
@@ -104,7 +104,7 @@ static kvx_status_t kvu_topo_busid(hwloc_topology_t topo, const char *xml_path,
 {
     unsigned dom, bus, dev, func;
 
-    if (kvc_config_busid_parse(busid, &dom, &bus, &dev, &func) != 0) {
+    if (kvc_busid_parse(busid, &dom, &bus, &dev, &func) != 0) {
         return kvc_error(KVX_ERR_CONFIG,
                          "gpu bus id '%s': not a PCI bus id "
                          "(dddd:bb:dd.f or bb:dd.f)", busid);

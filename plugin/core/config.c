@@ -7,6 +7,7 @@
  * yields the "unknown key" warnings and kvc_config_dump().
  */
 #include "config.h"
+#include "pci.h"
 
 #include <arpa/inet.h>
 #include <ctype.h>
@@ -471,60 +472,6 @@ static json_object *kvc_cfg_dump_enum(const kvc_config_field_t *f,
     return json_object_new_string(f->choices[idx]);
 }
 
-/* ---- PCI bus ids --------------------------------------------------------- */
-
-/* kvc_cfg_hex reads exactly n hex digits at *s into *out and advances *s. */
-static int kvc_cfg_hex(const char **s, int n, unsigned *out)
-{
-    unsigned v = 0;
-
-    for (int i = 0; i < n; i++) {
-        char c = (*s)[i];
-
-        if (!isxdigit((unsigned char)c)) {
-            return -1;
-        }
-        v = v * 16u + (unsigned)(isdigit((unsigned char)c)
-                                     ? c - '0'
-                                     : tolower((unsigned char)c) - 'a' + 10);
-    }
-    *s += n;
-    *out = v;
-    return 0;
-}
-
-int kvc_config_busid_parse(const char *s, unsigned *domain, unsigned *bus,
-                           unsigned *dev, unsigned *func)
-{
-    unsigned d = 0, b, v, f;
-
-    if (s == NULL) {
-        return -1;
-    }
-    /* The domain "dddd:" is there exactly when the text has 12 characters. */
-    if (strlen(s) == 12 && (kvc_cfg_hex(&s, 4, &d) != 0 || *s++ != ':')) {
-        return -1;
-    }
-    if (kvc_cfg_hex(&s, 2, &b) != 0 || *s++ != ':' ||
-        kvc_cfg_hex(&s, 2, &v) != 0 || *s++ != '.' ||
-        kvc_cfg_hex(&s, 1, &f) != 0 || *s != '\0' || v > 0x1f || f > 7) {
-        return -1;
-    }
-    if (domain != NULL) {
-        *domain = d;
-    }
-    if (bus != NULL) {
-        *bus = b;
-    }
-    if (dev != NULL) {
-        *dev = v;
-    }
-    if (func != NULL) {
-        *func = f;
-    }
-    return 0;
-}
-
 /* kvc_cfg_parse_busid: a trimmed string, empty or a PCI bus id. */
 static kvx_status_t kvc_cfg_parse_busid(const kvc_config_field_t *f,
                                         const char *path, json_object *val,
@@ -537,7 +484,7 @@ static kvx_status_t kvc_cfg_parse_busid(const kvc_config_field_t *f,
         return st;
     }
     if (buf[0] != '\0' &&
-        kvc_config_busid_parse(buf, NULL, NULL, NULL, NULL) != 0) {
+        kvc_busid_parse(buf, NULL, NULL, NULL, NULL) != 0) {
         buf[0] = '\0';
         return kvc_cfg_fail(path, val, "must be empty or a PCI bus id "
                                        "\"dddd:bb:dd.f\" or \"bb:dd.f\" "

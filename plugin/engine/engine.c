@@ -4,6 +4,7 @@
  */
 #define _GNU_SOURCE
 #include "engine.h"
+#include "clock.h"
 #include "proxy.h"
 
 #include <json-c/json.h>
@@ -15,26 +16,12 @@
 
 uint64_t kvc_now_us(void)
 {
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+    return kvc_mono_us();
 }
 
 uint64_t kvc_deadline_us(double seconds)
 {
     return kvc_now_us() + (uint64_t)(seconds * 1e6);
-}
-
-static void kvc_abs_deadline(struct timespec *ts, uint64_t ms)
-{
-    clock_gettime(CLOCK_REALTIME, ts);
-    ts->tv_sec += (time_t)(ms / 1000);
-    ts->tv_nsec += (long)(ms % 1000) * 1000000L;
-    if (ts->tv_nsec >= 1000000000L) {
-        ts->tv_sec++;
-        ts->tv_nsec -= 1000000000L;
-    }
 }
 
 /* --- transfers and events ----------------------------------------------- */
@@ -877,7 +864,7 @@ kvx_status_t kvc_events_wait(struct kvx_engine *eng, int64_t timeout_ms)
                            "%lld ms", (long long)timeout_ms);
             break;
         }
-        kvc_abs_deadline(&ts, (deadline - now + 999) / 1000);
+        kvc_abs_realtime(&ts, (deadline - now + 999) / 1000);
         pthread_cond_timedwait(&eng->cond, &eng->lock, &ts);
     }
     pthread_mutex_unlock(&eng->lock);
@@ -948,7 +935,7 @@ kvx_status_t kvc_engine_connect(struct kvx_engine *eng,
                                (long long)timeout_ms);
                 break;
             }
-            kvc_abs_deadline(&ts, (deadline - now + 999) / 1000);
+            kvc_abs_realtime(&ts, (deadline - now + 999) / 1000);
             pthread_cond_timedwait(&eng->cond, &eng->lock, &ts);
         }
         if (st == KVX_OK && peer->state != KVC_PEER_READY) {
@@ -1391,7 +1378,7 @@ static void kvc_engine_quiesce(struct kvx_engine *eng)
             break;
         }
         struct timespec ts;
-        kvc_abs_deadline(&ts, 10);
+        kvc_abs_realtime(&ts, 10);
         pthread_cond_timedwait(&eng->cond, &eng->lock, &ts);
     }
     pthread_mutex_unlock(&eng->lock);

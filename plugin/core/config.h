@@ -98,11 +98,5 @@ char *kvc_config_dump(const kvc_config_t *cfg);
 uint32_t kvc_config_world(const kvc_config_t *cfg);
 uint32_t kvc_config_rank(const kvc_config_t *cfg);
 
-/* kvc_config_busid_parse reads a PCI bus id "dddd:bb:dd.f" or "bb:dd.f"
- * (domain 0): exactly 4, 2, 2 and 1 hex digits (any case), device <= 0x1f,
- * function <= 7, nothing else (no white space). 0 on success, -1 if s does
- * not have that form; out pointers may be NULL. */
-int kvc_config_busid_parse(const char *s, unsigned *domain, unsigned *bus,
-                           unsigned *dev, unsigned *func);
 
 #endif

@@ -14,6 +14,7 @@
 #define KVC_LAYOUT_H
 
 #include "error.h"
+#include "run.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -108,12 +109,6 @@ kvx_status_t kvc_geom_gatherable(const kvc_geom_t *local,
 /* kvc_geom_same reports whether two geometries produce identical plans
  * (all fields equal); used to cache plans per geometry. */
 int kvc_geom_same(const kvc_geom_t *a, const kvc_geom_t *b);
-
-typedef struct kvc_run {
-    uint64_t local_off;
-    uint64_t remote_off;
-    uint64_t len;
-} kvc_run_t;
 
 /* kvc_plan_max_runs: capacity kvc_plan_build needs for nlocal blocks. */
 size_t kvc_plan_max_runs(const kvc_geom_t *local, size_t nlocal);
