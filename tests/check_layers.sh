@@ -17,12 +17,6 @@ declare -A allowed=(
     [transports/nng]="transports/nng plugin/common"
     [plugin/engine]="plugin/engine plugin/core plugin/common"
 )
-# Transitional: the engine still reaches the real transports directly until
-# the operation tables are in (KVX_LAYERS_ENGINE_TRANSPORTS=0 turns it off).
-if [ "${KVX_LAYERS_ENGINE_TRANSPORTS:-1}" = 1 ]; then
-    allowed[plugin/engine]+=" transports/ucx transports/nng"
-fi
-
 # header name -> the folder that holds it
 declare -A home=()
 for d in plugin/common plugin/core plugin/engine plugin/api transports/ucx \

@@ -6,16 +6,31 @@
 #define _GNU_SOURCE
 #include "api.h"
 #include "engine.h"
+#include "nng/kvn.h"
 #include "proxy.h"
+#include "ucx/kvu.h"
 
 #include <json-c/json.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-kvx_status_t kvx_engine_create(const char *json, struct kvx_engine **eng_p);
+kvx_status_t kvx_engine_create(const kvt_env_t *env, const char *json,
+                               struct kvx_engine **eng_p);
 void         kvx_engine_destroy(struct kvx_engine *eng);
 kvx_status_t kvx_engine_start(struct kvx_engine *eng);
+
+kvx_status_t kvc_engine_create_env(const kvt_env_t *env, const char *json,
+                                   kvx_engine_t **eng_p)
+{
+    kvc_error_clear();
+    if (env == NULL || json == NULL || eng_p == NULL) {
+        return kvc_error(KVX_ERR_INVALID_PARAM,
+                         "engine_create: env, config_json and engine_p "
+                         "required");
+    }
+    return kvx_engine_create(env, json, eng_p);
+}
 
 static const char *api_last_error(void)
 {
@@ -39,7 +54,10 @@ static kvx_status_t api_engine_create(const char *json, kvx_engine_t **eng_p)
         return kvc_error(KVX_ERR_INVALID_PARAM,
                          "engine_create: config_json and engine_p required");
     }
-    return kvx_engine_create(json, eng_p);
+    /* A real process: UCX data plane, nng control plane, the host clock. */
+    kvt_env_t env = {kvt_ucx_ops(), kvt_nng_ops(), *kvt_real_clock()};
+
+    return kvx_engine_create(&env, json, eng_p);
 }
 
 static kvx_status_t api_config_dump(kvx_engine_t *eng, char **json_p)
@@ -65,7 +83,7 @@ static kvx_status_t api_alloc_region(kvx_engine_t *eng, size_t len,
     if (r == NULL) {
         return kvc_error(KVX_ERR_NO_MEMORY, "alloc_region: out of memory");
     }
-    st = kvu_mem_alloc(eng->ucx, len, &r->mem, &r->ptr);
+    st = KVD(eng)->mem_alloc(eng->ucx, len, &r->mem, &r->ptr);
     if (st != KVX_OK) {
         free(r);
         return st;
@@ -88,7 +106,7 @@ static kvx_status_t api_free_region(kvx_engine_t *eng, void *ptr)
     pthread_mutex_lock(&eng->lock);
     for (size_t i = 0; i < eng->nlayers; i++) {
         if (!eng->layers[i].mem_owned &&
-            kvu_mem_base(eng->layers[i].mem) == ptr) {
+            KVD(eng)->mem_base(eng->layers[i].mem) == ptr) {
             pthread_mutex_unlock(&eng->lock);
             return kvc_error(KVX_ERR_BAD_STATE, "free_region %p: layer '%s' "
                              "is registered in it", ptr, eng->layers[i].name);
@@ -106,7 +124,7 @@ static kvx_status_t api_free_region(kvx_engine_t *eng, void *ptr)
         return kvc_error(KVX_ERR_NOT_FOUND, "free_region %p: not a region "
                          "from alloc_region", ptr);
     }
-    kvu_mem_release(r->mem);
+    KVD(eng)->mem_release(r->mem);
     free(r);
     return KVX_OK;
 }
@@ -138,7 +156,7 @@ static kvx_status_t api_check_desc(kvx_engine_t *eng,
                              d->name);
         }
     }
-    if (d->mem_type == KVX_MEM_ROCM && kvu_hip_mem_type(d->base) != 1) {
+    if (d->mem_type == KVX_MEM_ROCM && KVD(eng)->mem_type_of(d->base) != 1) {
         return kvc_error(KVX_ERR_DEVICE, "layer '%s': mem_type rocm but %s",
                          d->name, kvc_last_error()[0] ? kvc_last_error()
                                   : "HIP does not report device memory");
@@ -150,10 +168,10 @@ static kvc_region_t *api_region_of(kvx_engine_t *eng, const void *base,
                                    size_t len)
 {
     for (kvc_region_t *r = eng->regions; r != NULL; r = r->next) {
-        uintptr_t b = (uintptr_t)kvu_mem_base(r->mem);
+        uintptr_t b = (uintptr_t)KVD(eng)->mem_base(r->mem);
 
         if ((uintptr_t)base >= b &&
-            (uintptr_t)base + len <= b + kvu_mem_length(r->mem)) {
+            (uintptr_t)base + len <= b + KVD(eng)->mem_length(r->mem)) {
             return r;
         }
     }
@@ -188,7 +206,7 @@ static kvx_status_t api_register_layer(kvx_engine_t *eng,
         if (r != NULL) {
             l.mem = r->mem; /* one rkey for the region: direct shm copies */
         } else {
-            st          = kvu_mem_register(eng->ucx, d->base, d->length,
+            st          = KVD(eng)->mem_register(eng->ucx, d->base, d->length,
                                            (int)d->mem_type, &l.mem);
             l.mem_owned = 1;
         }
@@ -199,7 +217,7 @@ static kvx_status_t api_register_layer(kvx_engine_t *eng,
 
         if (nl == NULL) {
             if (l.mem_owned) {
-                kvu_mem_release(l.mem);
+                KVD(eng)->mem_release(l.mem);
             }
             st = kvc_error(KVX_ERR_NO_MEMORY, "register_layer: no memory");
         } else {
@@ -360,7 +378,7 @@ static kvx_status_t api_transports(kvx_engine_t *eng, char **json_p)
                                json_object_new_string(states[p->state]));
         if (p->state == KVC_PEER_READY) {
             json_object_object_add(o, "transports", json_object_new_string(
-                                       kvu_ep_transports(p->ep)));
+                                       KVD(eng)->ep_transports(p->ep)));
             json_object_object_add(o, "rma", json_object_new_string(
                                        p->rma_mode));
             json_object_object_add(o, "rma_emulated", json_object_new_boolean(

@@ -1,7 +1,12 @@
 /*
  * clock.c - the host's clocks.
  */
+#define _GNU_SOURCE
 #include "clock.h"
+#include "kvt.h"
+
+#include <sys/random.h>
+#include <unistd.h>
 
 uint64_t kvc_mono_us(void)
 {
@@ -20,4 +25,47 @@ void kvc_abs_realtime(struct timespec *ts, uint64_t ms)
         ts->tv_sec++;
         ts->tv_nsec -= 1000000000L;
     }
+}
+
+static uint64_t kvt_real_now(void *arg)
+{
+    (void)arg;
+    return kvc_mono_us();
+}
+
+static uint64_t kvt_real_random(void *arg)
+{
+    uint64_t v = 0;
+
+    (void)arg;
+    if (getrandom(&v, sizeof(v), 0) != (ssize_t)sizeof(v)) {
+        v = kvc_mono_us() ^ ((uint64_t)getpid() << 32);
+    }
+    return v;
+}
+
+static void kvt_real_wait(void *arg, pthread_cond_t *cond,
+                          pthread_mutex_t *lock, uint64_t deadline_us)
+{
+    uint64_t        now = kvc_mono_us();
+    struct timespec ts;
+
+    (void)arg;
+    if (deadline_us <= now) {
+        return;
+    }
+    kvc_abs_realtime(&ts, (deadline_us - now + 999) / 1000);
+    pthread_cond_timedwait(cond, lock, &ts);
+}
+
+const kvt_clock_t *kvt_real_clock(void)
+{
+    static const kvt_clock_t clock = {
+        .now_us   = kvt_real_now,
+        .random64 = kvt_real_random,
+        .wait     = kvt_real_wait,
+        .arg      = NULL,
+    };
+
+    return &clock;
 }

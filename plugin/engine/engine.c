@@ -11,17 +11,22 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <time.h>
 
-uint64_t kvc_now_us(void)
+uint64_t kvc_now_us(const struct kvx_engine *eng)
 {
-    return kvc_mono_us();
+    return eng->env.clock.now_us(eng->env.clock.arg);
 }
 
-uint64_t kvc_deadline_us(double seconds)
+uint64_t kvc_deadline_us(const struct kvx_engine *eng, double seconds)
 {
-    return kvc_now_us() + (uint64_t)(seconds * 1e6);
+    return kvc_now_us(eng) + (uint64_t)(seconds * 1e6);
+}
+
+void kvc_wait_until(struct kvx_engine *eng, uint64_t deadline_us)
+{
+    eng->env.clock.wait(eng->env.clock.arg, &eng->cond, &eng->lock,
+                        deadline_us);
 }
 
 /* --- transfers and events ----------------------------------------------- */
@@ -136,8 +141,8 @@ void kvc_event_push(struct kvx_engine *eng, kvx_event_type_t type,
  * under the engine lock so that exactly one thread releases it. */
 typedef struct kvc_peer_conn {
     kvc_hs_meta_t meta;
-    kvu_ep_t     *ep;
-    kvu_rkey_t  **rkeys;
+    kvt_ep_t     *ep;
+    kvt_rkey_t  **rkeys;
     int          *layer_map;
 } kvc_peer_conn_t;
 
@@ -157,7 +162,8 @@ static void kvc_peer_detach(kvc_peer_t *peer, kvc_peer_conn_t *c)
  * destroyed before the endpoint it was unpacked on). */
 /* kvc_rkeys_destroy: layers of one region share one unpacked rkey
  * (kvc_peer_connect); each handle is destroyed once. */
-static void kvc_rkeys_destroy(kvu_rkey_t **rkeys, size_t n)
+static void kvc_rkeys_destroy(struct kvx_engine *eng, kvt_rkey_t **rkeys,
+                              size_t n)
 {
     for (size_t i = 0; rkeys != NULL && i < n; i++) {
         size_t k = 0;
@@ -166,21 +172,21 @@ static void kvc_rkeys_destroy(kvu_rkey_t **rkeys, size_t n)
             k++;
         }
         if (k == i) {
-            kvu_rkey_destroy(rkeys[i]);
+            KVD(eng)->rkey_destroy(rkeys[i]);
         }
     }
 }
 
-static void kvc_peer_conn_free(kvc_peer_conn_t *c)
+static void kvc_peer_conn_free(struct kvx_engine *eng, kvc_peer_conn_t *c)
 {
-    kvc_rkeys_destroy(c->rkeys, c->meta.num_layers);
+    kvc_rkeys_destroy(eng, c->rkeys, c->meta.num_layers);
     free(c->rkeys);
     free(c->layer_map);
-    kvu_ep_close(c->ep);
+    KVD(eng)->ep_close(c->ep);
     kvc_hs_fini(&c->meta);
 }
 
-static void kvc_peer_ep_error(void *arg, kvu_ep_t *ep, kvx_status_t status,
+static void kvc_peer_ep_error(void *arg, kvt_ep_t *ep, kvx_status_t status,
                               const char *reason)
 {
     kvc_peer_t        *peer = arg;
@@ -198,7 +204,7 @@ static void kvc_peer_ep_error(void *arg, kvu_ep_t *ep, kvx_status_t status,
         kvc_peer_conn_t c;
 
         kvc_peer_detach(peer, &c);
-        kvc_peer_conn_free(&c);
+        kvc_peer_conn_free(eng, &c);
     }
     pthread_mutex_unlock(&eng->lock);
 }
@@ -319,10 +325,10 @@ static kvx_status_t kvc_peer_check_meta(kvc_peer_t *peer,
     return KVX_OK;
 }
 
-static kvx_status_t kvc_peer_check_lanes(kvc_peer_t *peer, kvu_ep_t *ep)
+static kvx_status_t kvc_peer_check_lanes(kvc_peer_t *peer, kvt_ep_t *ep)
 {
     const kvc_config_t *cfg = &peer->eng->cfg;
-    const char         *tls = kvu_ep_transports(ep);
+    const char         *tls = KVD(peer->eng)->ep_transports(ep);
 
     for (size_t i = 0; i < cfg->num_ucx_required_transports; i++) {
         if (strstr(tls, cfg->ucx_required_transports[i]) == NULL) {
@@ -340,17 +346,18 @@ static kvx_status_t kvc_peer_check_lanes(kvc_peer_t *peer, kvu_ep_t *ep)
  * ucx.md §0.1-0.3): over a hardware/transport RMA lane, as direct copies
  * into UCX-allocated shared memory, or emulated over active messages. */
 static const char *kvc_peer_rma_mode(kvc_peer_t *peer, const kvc_hs_meta_t *m,
-                                     kvu_ep_t *ep, kvu_rkey_t **rkeys)
+                                     kvt_ep_t *ep, kvt_rkey_t **rkeys)
 {
-    if (kvu_ep_rma_emulated(ep)) {
+    const struct kvx_engine *eng = peer->eng;
+
+    if (KVD(eng)->ep_rma_emulated(ep)) {
         return "emulated";
     }
-    if (!kvu_ep_rma_shm_only(ep)) {
+    if (!KVD(eng)->ep_rma_shm_only(ep)) {
         return "rma";
     }
     for (size_t j = 0; j < m->num_layers; j++) {
-        if (!kvu_rkey_direct(rkeys[j], m->layers[j].base)) {
-            (void)peer;
+        if (KVD(eng)->rkey_local(rkeys[j], m->layers[j].base) == NULL) {
             return "emulated";
         }
     }
@@ -358,22 +365,23 @@ static const char *kvc_peer_rma_mode(kvc_peer_t *peer, const kvc_hs_meta_t *m,
 }
 
 static kvx_status_t kvc_peer_connect(kvc_peer_t *peer, kvc_hs_meta_t *m,
-                                     kvu_ep_t **ep_p, kvu_rkey_t ***rkeys_p)
+                                     kvt_ep_t **ep_p, kvt_rkey_t ***rkeys_p)
 {
-    uint64_t     t0 = kvc_now_us();
-    kvu_rkey_t **rkeys;
+    struct kvx_engine *eng = peer->eng;
+    uint64_t     t0 = kvc_now_us(eng);
+    kvt_rkey_t **rkeys;
     kvx_status_t st;
 
     /* The wire-up is not waited for: the first gets/puts queue behind it
      * in UCX (bounded by transfer_timeout) instead of the handshake paying
      * its round trips first. */
-    st = kvu_ep_create(peer->eng->ucx, m->worker_addr, m->worker_addr_len,
+    st = KVD(eng)->ep_create(eng->ucx, m->worker_addr, m->worker_addr_len,
                        peer->name, kvc_peer_ep_error, peer, ep_p);
     if (st != KVX_OK) {
         return st;
     }
-    peer->hs_us[1] = kvc_now_us() - t0;
-    t0             = kvc_now_us();
+    peer->hs_us[1] = kvc_now_us(eng) - t0;
+    t0             = kvc_now_us(eng);
     rkeys = calloc(m->num_layers ? m->num_layers : 1, sizeof(*rkeys));
     st    = rkeys ? kvc_peer_check_lanes(peer, *ep_p)
                   : kvc_error(KVX_ERR_NO_MEMORY, "rkeys: out of memory");
@@ -388,7 +396,7 @@ static kvx_status_t kvc_peer_connect(kvc_peer_t *peer, kvc_hs_meta_t *m,
             k++;
         }
         st = k < j ? KVX_OK
-                   : kvu_rkey_unpack(*ep_p, m->layers[j].rkey,
+                   : KVD(eng)->rkey_unpack(*ep_p, m->layers[j].rkey,
                                      m->layers[j].rkey_len, &rkeys[j]);
         rkeys[j] = k < j ? rkeys[k] : rkeys[j];
     }
@@ -396,22 +404,22 @@ static kvx_status_t kvc_peer_connect(kvc_peer_t *peer, kvc_hs_meta_t *m,
         const char *mode = kvc_peer_rma_mode(peer, m, *ep_p, rkeys);
 
         snprintf(peer->rma_mode, sizeof(peer->rma_mode), "%s", mode);
-        peer->hs_us[2] = kvc_now_us() - t0;
+        peer->hs_us[2] = kvc_now_us(eng) - t0;
 
         if (strcmp(mode, "emulated") == 0) {
             kvc_log_warn("KVX-RMA-EMULATED",
                          "peer %s: one-sided ops are emulated over active "
                          "messages (lanes %s%s)", peer->name,
-                         kvu_ep_transports(*ep_p),
-                         kvu_ep_rma_shm_only(*ep_p)
+                         KVD(eng)->ep_transports(*ep_p),
+                         KVD(eng)->ep_rma_shm_only(*ep_p)
                              ? "; the peer's memory is not UCX-allocated, "
                                "see alloc_region" : "");
         }
     }
     if (st != KVX_OK) {
-        kvc_rkeys_destroy(rkeys, m->num_layers);
+        kvc_rkeys_destroy(peer->eng, rkeys, m->num_layers);
         free(rkeys);
-        kvu_ep_close(*ep_p);
+        KVD(eng)->ep_close(*ep_p);
         *ep_p = NULL;
         return st;
     }
@@ -419,47 +427,131 @@ static kvx_status_t kvc_peer_connect(kvc_peer_t *peer, kvc_hs_meta_t *m,
     return KVX_OK;
 }
 
-/* kvc_peer_handshake runs on the peer thread without the engine lock. */
-static kvx_status_t kvc_peer_handshake(kvc_peer_t *peer, kvc_hs_meta_t *m,
-                                       int **map_p, kvu_ep_t **ep_p,
-                                       kvu_rkey_t ***rkeys_p)
+/* kvc_peer_schedule hands the peer's service job to the progress owner
+ * unless it is already queued; lock held. */
+static void kvc_peer_schedule(kvc_peer_t *peer)
 {
     struct kvx_engine *eng = peer->eng;
-    int       timeout_ms = (int)(eng->cfg.handshake_timeout * 1000.0);
-    uint64_t  start      = kvc_now_us();
-    size_t    len, rlen;
-    char     *req, *reply = NULL, reason[KVX_REASON_MAX];
-    int       ok = 1, *map;
-    kvx_status_t st;
 
-    if (peer->hs_cli == NULL &&
-        kvn_client_open(peer->host, peer->hs_port, &peer->hs_cli) != KVX_OK) {
-        return KVX_ERR_HANDSHAKE;
+    if (peer->job_queued) {
+        return;
     }
-    req = kvc_hs_request_encode(&len);
-    if (req == NULL) {
-        return kvc_error(KVX_ERR_NO_MEMORY, "handshake: out of memory");
+    peer->job_queued = 1;
+    eng->jobs_queued++;
+    KVD(eng)->defer(eng->ucx, &peer->job);
+}
+
+/* kvc_peer_hs_failed records a failed handshake; lock held. */
+static void kvc_peer_hs_failed(kvc_peer_t *peer, kvx_status_t st,
+                               const char *reason)
+{
+    struct kvx_engine *eng = peer->eng;
+
+    peer->state       = KVC_PEER_FAILED;
+    peer->fail_status = st;
+    snprintf(peer->fail_reason, sizeof(peer->fail_reason), "%s", reason);
+    kvc_log_warn("KVX-HANDSHAKE", "%s", peer->fail_reason);
+    eng->stats.handshakes_failed++;
+    kvc_read_peer_failed(eng, peer);
+    kvc_write_peer_failed(eng, peer);
+    pthread_cond_broadcast(&eng->cond);
+}
+
+/* kvc_hs_reply: the handshake reply (or its failure), on a control-plane
+ * thread. It is processed on the progress owner (endpoint creation and
+ * rkeys are data-plane calls). */
+static void kvc_hs_reply(void *arg, kvx_status_t st, const char *reply,
+                         size_t len, const char *err)
+{
+    kvc_peer_t        *peer = arg;
+    struct kvx_engine *eng  = peer->eng;
+    char              *copy = NULL;
+
+    if (st == KVX_OK && (copy = malloc(len + 1)) == NULL) {
+        st  = KVX_ERR_NO_MEMORY;
+        err = "out of memory";
     }
-    st = kvn_client_request(peer->hs_cli, req, len, timeout_ms, &reply, &rlen);
+    if (copy != NULL) {
+        memcpy(copy, reply, len);
+        copy[len] = '\0';
+    }
+    pthread_mutex_lock(&eng->lock);
+    peer->hs_reply     = copy;
+    peer->hs_reply_len = len;
+    peer->hs_status    = st;
+    snprintf(peer->hs_err, sizeof(peer->hs_err), "%s",
+             err != NULL ? err : kvc_status_name(st));
+    peer->hs_job_queued = 1;
+    eng->jobs_queued++;
+    KVD(eng)->defer(eng->ucx, &peer->hs_job);
+    pthread_mutex_unlock(&eng->lock);
+}
+
+/* kvc_peer_hs_start sends the handshake request; lock held, progress
+ * owner. */
+static void kvc_peer_hs_start(kvc_peer_t *peer)
+{
+    struct kvx_engine *eng = peer->eng;
+    int    timeout_ms = (int)(eng->cfg.handshake_timeout * 1000.0);
+    size_t len;
+    char  *req;
+    kvx_status_t st = KVX_OK;
+
+    peer->want_handshake = 0;
+    peer->state          = KVC_PEER_HANDSHAKING;
+    peer->hs_t0          = kvc_now_us(eng);
+    if (peer->hs_cli == NULL) {
+        st = KVN(eng)->client_open(peer->host, peer->hs_port, 1,
+                                   &peer->hs_cli);
+    }
+    req = st == KVX_OK ? kvc_hs_request_encode(&len) : NULL;
+    if (st == KVX_OK && req == NULL) {
+        st = kvc_error(KVX_ERR_NO_MEMORY, "handshake: out of memory");
+    }
+    if (st == KVX_OK) {
+        st = KVN(eng)->client_post(peer->hs_cli, req, len, timeout_ms,
+                                   kvc_hs_reply, peer);
+    }
     free(req);
+    if (st != KVX_OK) {
+        char reason[KVX_REASON_MAX];
+
+        snprintf(reason, sizeof(reason), "handshake with %s: %s",
+                 peer->name, kvc_last_error());
+        kvc_peer_hs_failed(peer, KVX_ERR_HANDSHAKE, reason);
+    }
+}
+
+/* kvc_peer_hs_check decodes and checks the reply and connects; no lock
+ * (peer is HANDSHAKING: nothing else touches its connection fields, and
+ * layers are frozen after start()). */
+static kvx_status_t kvc_peer_hs_check(kvc_peer_t *peer, kvc_hs_meta_t *m,
+                                      int **map_p, kvt_ep_t **ep_p,
+                                      kvt_rkey_t ***rkeys_p)
+{
+    struct kvx_engine *eng = peer->eng;
+    char       reason[KVX_REASON_MAX];
+    int        ok = 1, *map;
+    const char *reply = peer->hs_reply;
+    size_t      rlen  = peer->hs_reply_len;
+    kvx_status_t st   = peer->hs_status;
+
     if (st != KVX_OK) {
         return kvc_error(st == KVX_ERR_TIMEOUT ? KVX_ERR_HANDSHAKE_TIMEOUT
                                                : KVX_ERR_HANDSHAKE,
                          "handshake with %s: %s (handshake_timeout %.3f s)",
-                         peer->name, kvc_last_error(),
+                         peer->name, peer->hs_err,
                          eng->cfg.handshake_timeout);
     }
     /* Only an error reply starts with {"ok": parse the metadata once. */
     if (rlen >= 5 && memcmp(reply, "{\"ok\"", 5) == 0 &&
         kvc_reply_decode(reply, rlen, &ok, reason, sizeof(reason)) == KVX_OK &&
         !ok) {
-        free(reply);
         return kvc_error(KVX_ERR_HANDSHAKE, "handshake with %s: refused: %s",
                          peer->name, reason);
     }
-    peer->hs_us[0] = kvc_now_us() - start;
+    peer->hs_us[0] = kvc_now_us(eng) - peer->hs_t0;
     st = kvc_hs_decode(reply, rlen, m);
-    free(reply);
     if (st != KVX_OK) {
         return kvc_error(st, "handshake with %s: %s", peer->name,
                          kvc_last_error());
@@ -476,7 +568,7 @@ static kvx_status_t kvc_peer_handshake(kvc_peer_t *peer, kvc_hs_meta_t *m,
         return st;
     }
     *map_p         = map;
-    peer->hs_us[3] = kvc_now_us() - start;
+    peer->hs_us[3] = kvc_now_us(eng) - peer->hs_t0;
     return KVX_OK;
 }
 
@@ -486,57 +578,60 @@ static kvx_status_t kvc_peer_handshake(kvc_peer_t *peer, kvc_hs_meta_t *m,
  * returns with the engine lock held. */
 static void kvc_peer_prefault(kvc_peer_t *peer)
 {
-    size_t n   = peer->meta.num_layers;
-    void **ptr = calloc(n ? n : 1, sizeof(*ptr));
+    struct kvx_engine *eng = peer->eng;
+    size_t  n   = peer->meta.num_layers;
+    void  **ptr = calloc(n ? n : 1, sizeof(*ptr));
     size_t *len = calloc(n ? n : 1, sizeof(*len));
 
     for (size_t j = 0; ptr != NULL && len != NULL && j < n; j++) {
-        ptr[j] = kvu_rkey_local(peer->rkeys[j], peer->meta.layers[j].base);
+        ptr[j] = KVD(eng)->rkey_local(peer->rkeys[j],
+                                      peer->meta.layers[j].base);
         len[j] = peer->meta.layers[j].length;
     }
-    pthread_mutex_unlock(&peer->eng->lock);
+    pthread_mutex_unlock(&eng->lock);
     for (size_t j = 0; ptr != NULL && len != NULL && j < n; j++) {
-        kvu_prefault(ptr[j], len[j]);
+        KVD(eng)->prefault(ptr[j], len[j]);
     }
     free(ptr);
     free(len);
-    pthread_mutex_lock(&peer->eng->lock);
+    pthread_mutex_lock(&eng->lock);
 }
 
-static void kvc_peer_do_handshake(kvc_peer_t *peer)
+/* kvc_peer_hs_finish (job, progress owner): the handshake's outcome. */
+static void kvc_peer_hs_finish(kvt_job_t *job)
 {
-    struct kvx_engine *eng = peer->eng;
+    kvc_peer_t        *peer = job->arg;
+    struct kvx_engine *eng  = peer->eng;
     kvc_hs_meta_t      m;
-    kvu_ep_t          *ep    = NULL;
-    kvu_rkey_t       **rkeys = NULL;
+    kvt_ep_t          *ep    = NULL;
+    kvt_rkey_t       **rkeys = NULL;
     int               *map   = NULL;
     kvx_status_t       st;
 
     memset(&m, 0, sizeof(m));
-    peer->want_handshake = 0;
-    peer->state          = KVC_PEER_HANDSHAKING;
-    pthread_mutex_unlock(&eng->lock);
-    st = kvc_peer_handshake(peer, &m, &map, &ep, &rkeys);
     pthread_mutex_lock(&eng->lock);
+    st = eng->closing ? kvc_error(KVX_ERR_CANCELED, "peer %s: engine "
+                                  "destroyed", peer->name)
+                      : KVX_OK;
+    pthread_mutex_unlock(&eng->lock);
+    if (st == KVX_OK) {
+        st = kvc_peer_hs_check(peer, &m, &map, &ep, &rkeys);
+    }
+    pthread_mutex_lock(&eng->lock);
+    free(peer->hs_reply);
+    peer->hs_reply      = NULL;
+    peer->hs_job_queued = 0;
+    eng->jobs_queued--;
     if (st == KVX_OK && eng->closing) {
         kvc_peer_conn_t c = {m, ep, rkeys, map};
 
-        pthread_mutex_unlock(&eng->lock);
-        kvc_peer_conn_free(&c);
-        pthread_mutex_lock(&eng->lock);
+        kvc_peer_conn_free(eng, &c);
         st = kvc_error(KVX_ERR_CANCELED, "peer %s: engine destroyed",
                        peer->name);
     }
     if (st != KVX_OK) {
-        peer->state       = KVC_PEER_FAILED;
-        peer->fail_status = st;
-        snprintf(peer->fail_reason, sizeof(peer->fail_reason), "%s",
-                 kvc_last_error());
-        kvc_log_warn("KVX-HANDSHAKE", "%s", peer->fail_reason);
-        eng->stats.handshakes_failed++;
-        kvc_read_peer_failed(eng, peer);
-        kvc_write_peer_failed(eng, peer);
-        pthread_cond_broadcast(&eng->cond);
+        kvc_peer_hs_failed(peer, st, kvc_last_error());
+        pthread_mutex_unlock(&eng->lock);
         return;
     }
     peer->meta      = m;
@@ -549,7 +644,8 @@ static void kvc_peer_do_handshake(kvc_peer_t *peer)
     kvc_log_info("KVX-HANDSHAKE-OK", "peer %s: epoch %llu, %zu layers, %s; "
                  "%llu us (metadata %llu, endpoint %llu, rkeys %llu)",
                  peer->name, (unsigned long long)m.epoch, m.num_layers,
-                 kvu_ep_transports(ep), (unsigned long long)peer->hs_us[3],
+                 KVD(eng)->ep_transports(ep),
+                 (unsigned long long)peer->hs_us[3],
                  (unsigned long long)peer->hs_us[0],
                  (unsigned long long)peer->hs_us[1],
                  (unsigned long long)peer->hs_us[2]);
@@ -559,10 +655,11 @@ static void kvc_peer_do_handshake(kvc_peer_t *peer)
     if (strcmp(peer->rma_mode, "direct-shm") == 0) {
         kvc_peer_prefault(peer);
     }
+    pthread_mutex_unlock(&eng->lock);
 }
 
 /* Control messages to one peer: up to KVC_CTL_INFLIGHT requests are in
- * flight at once (one nng context each), so a release never waits behind
+ * flight at once (one context each), so a release never waits behind
  * another message's round trip. Messages are independent (each names its
  * transfer; the receiver remembers ones that overtake its own
  * bookkeeping), so their order across contexts does not matter. */
@@ -574,8 +671,10 @@ static void kvc_ctlout_free(kvc_ctlout_t *out)
     free(out);
 }
 
-/* kvc_ctl_done: the reply (or failure) of one control message, on an nng
- * thread. */
+static void kvc_peer_drain(kvc_peer_t *peer);
+
+/* kvc_ctl_done: the reply (or failure) of one control message, on a
+ * control-plane thread. */
 static void kvc_ctl_done(void *arg, kvx_status_t st, const char *reply,
                          size_t rlen, const char *err)
 {
@@ -602,19 +701,22 @@ static void kvc_ctl_done(void *arg, kvx_status_t st, const char *reply,
     eng->stats.tx_msgs++;
     eng->stats.tx_fail += st != KVX_OK || !ok;
     if (st == KVX_OK) {
-        kvc_lat_add(&eng->stats.ctl_rtt, kvc_now_us() - out->t_queued);
+        kvc_lat_add(&eng->stats.ctl_rtt, kvc_now_us(eng) - out->t_queued);
     }
     peer->ctl_inflight--;
-    if (st != KVX_OK && peer->stop) {
+    if (st != KVX_OK && eng->stopping_sends) {
         peer->drop_out = 1;
     }
-    pthread_cond_signal(&peer->cond);
+    if (st != KVX_ERR_CANCELED) {
+        kvc_peer_drain(peer);
+    }
+    pthread_cond_broadcast(&eng->cond);
     pthread_mutex_unlock(&eng->lock);
     kvc_ctlout_free(out);
 }
 
-/* kvc_peer_post sends out on a free context; engine lock held (nng never
- * calls kvc_ctl_done inside kvn_client_post). */
+/* kvc_peer_post sends out on a free context; engine lock held (the
+ * transport never calls kvc_ctl_done inside client_post). */
 static void kvc_peer_post(kvc_peer_t *peer, kvc_ctlout_t *out)
 {
     struct kvx_engine *eng = peer->eng;
@@ -622,8 +724,8 @@ static void kvc_peer_post(kvc_peer_t *peer, kvc_ctlout_t *out)
 
     out->peer = peer;
     peer->ctl_inflight++;
-    if (kvn_client_post(peer->notify_cli, out->buf, out->len, timeout_ms,
-                        kvc_ctl_done, out) != KVX_OK) {
+    if (KVN(eng)->client_post(peer->notify_cli, out->buf, out->len,
+                              timeout_ms, kvc_ctl_done, out) != KVX_OK) {
         peer->ctl_inflight--;
         kvc_log_warn("KVX-CTL-SEND", "%s to %s failed: %s", out->what,
                      peer->name, kvc_last_error());
@@ -638,29 +740,17 @@ static int kvc_peer_can_post(const kvc_peer_t *peer)
     return peer->notify_cli != NULL && peer->ctl_inflight < KVC_CTL_INFLIGHT;
 }
 
-/* kvc_peer_open_notify opens the notify client (non-blocking dial);
- * called and returns with the engine lock held. */
-static void kvc_peer_open_notify(kvc_peer_t *peer)
+/* kvc_peer_drop_queue fails what is queued (lock held). */
+static void kvc_peer_drop_queue(kvc_peer_t *peer, const char *why)
 {
     struct kvx_engine *eng = peer->eng;
-    kvn_client_t      *cli = NULL;
-    kvx_status_t       st;
 
-    pthread_mutex_unlock(&eng->lock);
-    st = kvn_client_open_async(peer->host, peer->notify_port,
-                               KVC_CTL_INFLIGHT, &cli);
-    pthread_mutex_lock(&eng->lock);
-    if (st == KVX_OK) {
-        peer->notify_cli = cli;
-        return;
-    }
-    /* No socket: what is queued cannot be sent now. */
     while (peer->out_head != NULL) {
         kvc_ctlout_t *out = peer->out_head;
 
         peer->out_head = out->next;
         kvc_log_warn("KVX-CTL-SEND", "%s to %s failed: %s", out->what,
-                     peer->name, kvc_last_error());
+                     peer->name, why);
         eng->stats.tx_msgs++;
         eng->stats.tx_fail++;
         kvc_ctlout_free(out);
@@ -668,51 +758,56 @@ static void kvc_peer_open_notify(kvc_peer_t *peer)
     peer->out_tail = NULL;
 }
 
-static void *kvc_peer_main(void *arg)
+/* kvc_peer_drain posts queued messages while contexts are free (lock
+ * held). */
+static void kvc_peer_drain(kvc_peer_t *peer)
 {
-    kvc_peer_t        *peer = arg;
+    if (peer->drop_out) {
+        kvc_peer_drop_queue(peer, "peer unreachable while stopping");
+        return;
+    }
+    while (peer->out_head != NULL && kvc_peer_can_post(peer)) {
+        kvc_ctlout_t *out = peer->out_head;
+
+        peer->out_head = out->next;
+        if (peer->out_head == NULL) {
+            peer->out_tail = NULL;
+        }
+        kvc_peer_post(peer, out);
+    }
+}
+
+/* kvc_peer_service (job, progress owner): dial the control channel (a
+ * non-blocking dial: it is up before the first release), start a wanted
+ * handshake, post what is queued. */
+static void kvc_peer_service(kvt_job_t *job)
+{
+    kvc_peer_t        *peer = job->arg;
     struct kvx_engine *eng  = peer->eng;
-    kvn_client_t      *cli;
 
     pthread_mutex_lock(&eng->lock);
-    /* Connect the control channel at once (non-blocking dial): the nng
-     * connection is up before the first release, and from then on
-     * kvc_peer_send posts directly, even while this thread handshakes or
-     * prefaults. */
-    kvc_peer_open_notify(peer);
-    /* On stop, queued control messages (a release just queued by a finished
-     * transfer) are still delivered, each within its deadline; after the
-     * first failure while stopping the rest is dropped. */
-    while (!peer->stop ||
-           ((peer->out_head != NULL || peer->ctl_inflight > 0) &&
-            !peer->drop_out)) {
-        if (!peer->stop && peer->want_handshake &&
-            peer->state != KVC_PEER_READY) {
-            kvc_peer_do_handshake(peer);
-            continue;
+    peer->job_queued = 0;
+    eng->jobs_queued--;
+    if (peer->notify_cli == NULL && !peer->notify_failed && !eng->closing) {
+        if (KVN(eng)->client_open(peer->host, peer->notify_port,
+                                  KVC_CTL_INFLIGHT, &peer->notify_cli) !=
+            KVX_OK) {
+            peer->notify_failed = 1;
+            peer->notify_cli    = NULL;
         }
-        if (peer->out_head != NULL && peer->notify_cli == NULL) {
-            kvc_peer_open_notify(peer);
-            continue;
-        }
-        if (peer->out_head != NULL && kvc_peer_can_post(peer)) {
-            kvc_ctlout_t *out = peer->out_head;
-
-            peer->out_head = out->next;
-            if (peer->out_head == NULL) {
-                peer->out_tail = NULL;
-            }
-            kvc_peer_post(peer, out);
-            continue;
-        }
-        pthread_cond_wait(&peer->cond, &eng->lock);
     }
-    cli              = peer->notify_cli;
-    peer->notify_cli = NULL;
+    if (peer->notify_cli == NULL) {
+        kvc_peer_drop_queue(peer, peer->notify_failed
+                                      ? "cannot open the control channel"
+                                      : "engine destroyed");
+    }
+    if (!eng->closing && peer->want_handshake &&
+        peer->state != KVC_PEER_READY && peer->state != KVC_PEER_HANDSHAKING) {
+        kvc_peer_hs_start(peer);
+    }
+    kvc_peer_drain(peer);
+    pthread_cond_broadcast(&eng->cond);
     pthread_mutex_unlock(&eng->lock);
-    kvn_client_close(peer->hs_cli);
-    kvn_client_close(cli); /* pending requests complete as canceled */
-    return NULL;
 }
 
 kvc_peer_t *kvc_peer_get(struct kvx_engine *eng, const char *host,
@@ -731,6 +826,10 @@ kvc_peer_t *kvc_peer_get(struct kvx_engine *eng, const char *host,
             return p;
         }
     }
+    if (eng->closing) {
+        kvc_error(KVX_ERR_BAD_STATE, "peer %s: engine destroyed", host);
+        return NULL;
+    }
     p = calloc(1, sizeof(*p));
     if (p == NULL) {
         kvc_error(KVX_ERR_NO_MEMORY, "peer: out of memory");
@@ -746,21 +845,20 @@ kvc_peer_t *kvc_peer_get(struct kvx_engine *eng, const char *host,
     p->tp_size     = tp_size;
     snprintf(p->name, sizeof(p->name), "%s:%u(dp%u,tp%u)", host, p->hs_port,
              dp_rank, tp_rank);
-    pthread_cond_init(&p->cond, NULL);
-    if (pthread_create(&p->thread, NULL, kvc_peer_main, p) != 0) {
-        pthread_cond_destroy(&p->cond);
-        free(p);
-        kvc_error(KVX_ERR_INTERNAL, "peer %s: cannot start thread", host);
-        return NULL;
-    }
-    p->next    = eng->peers;
-    eng->peers = p;
+    p->job.fn      = kvc_peer_service;
+    p->job.arg     = p;
+    p->hs_job.fn   = kvc_peer_hs_finish;
+    p->hs_job.arg  = p;
+    p->next        = eng->peers;
+    eng->peers     = p;
+    kvc_peer_schedule(p); /* dial the control channel now */
     return p;
 }
 
 void kvc_peer_send(kvc_peer_t *peer, char *buf, size_t len, const char *what)
 {
-    kvc_ctlout_t *out = calloc(1, sizeof(*out));
+    struct kvx_engine *eng = peer->eng;
+    kvc_ctlout_t      *out = calloc(1, sizeof(*out));
 
     if (out == NULL) {
         free(buf);
@@ -770,24 +868,24 @@ void kvc_peer_send(kvc_peer_t *peer, char *buf, size_t len, const char *what)
     }
     out->buf      = buf;
     out->len      = len;
-    out->t_queued = kvc_now_us();
+    out->t_queued = kvc_now_us(eng);
     snprintf(out->what, sizeof(out->what), "%s", what);
-    /* From the progress thread (a transfer just completed: release,
-     * write_done) straight out when nothing is queued ahead: no hop through
-     * the peer thread on the completion path. API callers only queue (the
-     * send syscalls then stay off the framework's thread). */
-    if (peer->out_head == NULL && !peer->stop && kvc_peer_can_post(peer) &&
-        kvu_in_progress_thread(peer->eng->ucx)) {
-        kvc_peer_post(peer, out);
-        return;
-    }
     if (peer->out_tail != NULL) {
         peer->out_tail->next = out;
     } else {
         peer->out_head = out;
     }
     peer->out_tail = out;
-    pthread_cond_signal(&peer->cond);
+    /* From the progress owner (a transfer just completed: release,
+     * write_done) straight out: no hop on the completion path. API callers
+     * only queue (the send then stays off the framework's thread). */
+    if (KVD(eng)->in_progress_thread(eng->ucx)) {
+        kvc_peer_drain(peer);
+        if (peer->out_head == NULL) {
+            return;
+        }
+    }
+    kvc_peer_schedule(peer);
 }
 
 void kvc_peer_want_handshake(kvc_peer_t *peer)
@@ -796,14 +894,14 @@ void kvc_peer_want_handshake(kvc_peer_t *peer)
         return;
     }
     peer->want_handshake = 1;
-    pthread_cond_signal(&peer->cond);
+    kvc_peer_schedule(peer);
 }
 
 /* kvc_peers_disconnect force-closes every peer's endpoint: in-flight ops
  * then complete (as canceled) while transfers and peers still exist. Each
  * connection is detached under the lock (an endpoint error delivered
  * concurrently then finds nothing to release) and freed outside it
- * (kvu_ep_close may wait for that delivery). */
+ * (ep_close may wait for that delivery). */
 static void kvc_peers_disconnect(struct kvx_engine *eng)
 {
     for (kvc_peer_t *p = eng->peers; p != NULL; p = p->next) {
@@ -815,57 +913,87 @@ static void kvc_peers_disconnect(struct kvx_engine *eng)
         p->fail_status = KVX_ERR_CANCELED;
         kvc_peer_detach(p, &c);
         pthread_mutex_unlock(&eng->lock);
-        kvc_peer_conn_free(&c);
+        kvc_peer_conn_free(eng, &c);
     }
 }
 
-/* kvc_peers_free stops the peer threads (each finishes its current bounded
- * request) and frees the peers. */
+/* kvc_peers_flush: destroy delivers what is queued to each peer (a release
+ * just queued by a finished transfer), each message within its deadline;
+ * after the first failure to a peer the rest to it is dropped. */
+static void kvc_peers_flush(struct kvx_engine *eng)
+{
+    uint64_t deadline = kvc_deadline_us(eng, eng->cfg.handshake_timeout + 1.0);
+
+    pthread_mutex_lock(&eng->lock);
+    eng->stopping_sends = 1;
+    for (;;) {
+        int busy = eng->jobs_queued > 0;
+
+        for (kvc_peer_t *p = eng->peers; p != NULL && !busy; p = p->next) {
+            busy = !p->drop_out &&
+                   (p->out_head != NULL || p->ctl_inflight > 0);
+        }
+        if (!busy || kvc_now_us(eng) >= deadline) {
+            break;
+        }
+        kvc_wait_until(eng, deadline);
+    }
+    eng->closing = 1;
+    pthread_mutex_unlock(&eng->lock);
+}
+
+/* kvc_peers_free closes the control clients (pending requests complete as
+ * canceled), waits for the jobs they queued, and frees the peers. */
 static void kvc_peers_free(struct kvx_engine *eng)
 {
     kvc_peer_t *p;
+    uint64_t    deadline;
 
-    pthread_mutex_lock(&eng->lock);
     for (p = eng->peers; p != NULL; p = p->next) {
-        p->stop = 1;
-        pthread_cond_signal(&p->cond);
+        kvt_client_t *hs, *cli;
+
+        pthread_mutex_lock(&eng->lock);
+        hs            = p->hs_cli;
+        cli           = p->notify_cli;
+        p->hs_cli     = NULL;
+        p->notify_cli = NULL;
+        pthread_mutex_unlock(&eng->lock);
+        if (hs != NULL) {
+            KVN(eng)->client_close(hs);
+        }
+        if (cli != NULL) {
+            KVN(eng)->client_close(cli);
+        }
+    }
+    deadline = kvc_deadline_us(eng, 5.0);
+    pthread_mutex_lock(&eng->lock);
+    while (eng->jobs_queued > 0 && kvc_now_us(eng) < deadline) {
+        KVD(eng)->kick(eng->ucx);
+        kvc_wait_until(eng, kvc_now_us(eng) + 10000u);
     }
     pthread_mutex_unlock(&eng->lock);
-    for (p = eng->peers; p != NULL; p = p->next) {
-        pthread_join(p->thread, NULL);
-    }
     kvc_peers_disconnect(eng); /* none can connect any more */
     while ((p = eng->peers) != NULL) {
         eng->peers = p->next;
-        while (p->out_head != NULL) {
-            kvc_ctlout_t *o = p->out_head;
-
-            p->out_head = o->next;
-            free(o->buf);
-            free(o);
-        }
-        pthread_cond_destroy(&p->cond);
+        kvc_peer_drop_queue(p, "engine destroyed");
+        free(p->hs_reply);
         free(p);
     }
 }
 
 kvx_status_t kvc_events_wait(struct kvx_engine *eng, int64_t timeout_ms)
 {
-    uint64_t     deadline = kvc_now_us() + (uint64_t)timeout_ms * 1000u;
+    uint64_t     deadline = kvc_now_us(eng) + (uint64_t)timeout_ms * 1000u;
     kvx_status_t st       = KVX_OK;
 
     pthread_mutex_lock(&eng->lock);
     while (eng->ev_head == NULL) {
-        uint64_t        now = kvc_now_us();
-        struct timespec ts;
-
-        if (now >= deadline) {
+        if (kvc_now_us(eng) >= deadline) {
             st = kvc_error(KVX_ERR_TIMEOUT, "wait_events: no event within "
                            "%lld ms", (long long)timeout_ms);
             break;
         }
-        kvc_abs_realtime(&ts, (deadline - now + 999) / 1000);
-        pthread_cond_timedwait(&eng->cond, &eng->lock, &ts);
+        kvc_wait_until(eng, deadline);
     }
     pthread_mutex_unlock(&eng->lock);
     return st;
@@ -920,23 +1048,19 @@ kvx_status_t kvc_engine_connect(struct kvx_engine *eng,
     for (size_t k = 0; k < n; k++) {
         kvc_peer_want_handshake(peers[k]); /* a failed peer is tried afresh */
     }
-    deadline = kvc_now_us() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0) *
+    deadline = kvc_now_us(eng) + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0) *
                                   1000u;
     for (size_t k = 0; k < n && timeout_ms > 0 && st == KVX_OK; k++) {
         kvc_peer_t *peer = peers[k];
 
         while (peer->want_handshake || peer->state == KVC_PEER_HANDSHAKING) {
-            struct timespec ts;
-            uint64_t        now = kvc_now_us();
-
-            if (now >= deadline) {
+            if (kvc_now_us(eng) >= deadline) {
                 st = kvc_error(KVX_ERR_TIMEOUT, "connect_peer %s: handshake "
                                "still running after %lld ms", peer->name,
                                (long long)timeout_ms);
                 break;
             }
-            kvc_abs_realtime(&ts, (deadline - now + 999) / 1000);
-            pthread_cond_timedwait(&eng->cond, &eng->lock, &ts);
+            kvc_wait_until(eng, deadline);
         }
         if (st == KVX_OK && peer->state != KVC_PEER_READY) {
             st = kvc_error(peer->fail_status ? peer->fail_status
@@ -959,15 +1083,15 @@ static void kvc_reply(int ok, const char *reason, char **reply_p, size_t *len_p)
     }
 }
 
-static void kvc_hs_handler(void *arg, const char *msg, size_t len,
-                           char **reply_p, size_t *len_p)
+static void kvc_hs_handler(void *arg, const char *from, const char *msg,
+                           size_t len, char **reply_p, size_t *len_p)
 {
     struct kvx_engine *eng = arg;
     uint32_t           version;
 
     if (kvc_hs_request_decode(msg, len, &version) != KVX_OK) {
-        kvc_log_warn("KVX-BAD-MESSAGE", "%s handshake listener: %s",
-                     eng->engine_id, kvc_last_error());
+        kvc_log_warn("KVX-BAD-MESSAGE", "%s handshake listener: from %s: "
+                     "%s", eng->engine_id, from, kvc_last_error());
         kvc_reply(0, kvc_last_error(), reply_p, len_p);
         return;
     }
@@ -980,8 +1104,8 @@ static void kvc_hs_handler(void *arg, const char *msg, size_t len,
     *len_p = eng->meta_len;
 }
 
-static void kvc_notify_handler(void *arg, const char *msg, size_t len,
-                               char **reply_p, size_t *len_p)
+static void kvc_notify_handler(void *arg, const char *from, const char *msg,
+                               size_t len, char **reply_p, size_t *len_p)
 {
     struct kvx_engine *eng = arg;
     char               reason[KVX_REASON_MAX] = "";
@@ -989,8 +1113,8 @@ static void kvc_notify_handler(void *arg, const char *msg, size_t len,
     int                ok = 1;
 
     if (kvc_msg_decode(msg, len, eng->cfg.is_producer, &m) != KVX_OK) {
-        kvc_log_warn("KVX-BAD-MESSAGE", "%s notify listener: %s",
-                     eng->engine_id, kvc_last_error());
+        kvc_log_warn("KVX-BAD-MESSAGE", "%s notify listener: from %s: %s",
+                     eng->engine_id, from, kvc_last_error());
         pthread_mutex_lock(&eng->lock);
         eng->stats.rx_bad++;
         pthread_mutex_unlock(&eng->lock);
@@ -1038,7 +1162,7 @@ static kvx_status_t kvc_meta_build(struct kvx_engine *eng)
     m.tp_size        = eng->cfg.tp_size;
     m.is_producer    = (uint32_t)eng->cfg.is_producer;
     m.epoch          = eng->epoch;
-    kvu_worker_address(eng->ucx, &addr, &addr_len);
+    KVD(eng)->worker_address(eng->ucx, &addr, &addr_len);
     m.worker_addr     = (uint8_t *)addr;
     m.worker_addr_len = addr_len;
     m.num_layers      = eng->nlayers;
@@ -1056,7 +1180,7 @@ static kvx_status_t kvc_meta_build(struct kvx_engine *eng)
         m.layers[i].length   = eng->layers[i].length;
         m.layers[i].mem_type = (uint32_t)eng->layers[i].mem_type;
         m.layers[i].geom     = eng->layers[i].geom;
-        kvu_mem_rkey(eng->layers[i].mem, &rk, &rk_len);
+        KVD(eng)->mem_rkey(eng->layers[i].mem, &rk, &rk_len);
         m.layers[i].rkey     = (uint8_t *)rk;
         m.layers[i].rkey_len = rk_len;
     }
@@ -1085,7 +1209,7 @@ static kvx_status_t kvc_reg_setup(struct kvx_engine *eng)
     }
     if (st == KVX_OK) {
         eng->reg_len = strlen(eng->reg_payload);
-        st = kvn_client_open_async(eng->cfg.proxy_ip, eng->cfg.proxy_ping_port,
+        st = KVN(eng)->client_open(eng->cfg.proxy_ip, eng->cfg.proxy_ping_port,
                                    1, &eng->proxy_cli);
     }
     if (st != KVX_OK) {
@@ -1094,9 +1218,17 @@ static kvx_status_t kvc_reg_setup(struct kvx_engine *eng)
         return kvc_error(st == KVX_ERR_UNTRUSTED_PEER ? KVX_ERR_CONFIG : st,
                          "proxy registration: %s", kvc_last_error());
     }
-    eng->reg_next_us = kvc_now_us();
-    kvu_ctx_kick(eng->ucx);
+    eng->reg_next_us = kvc_now_us(eng);
+    KVD(eng)->kick(eng->ucx);
     return KVX_OK;
+}
+
+static void kvc_server_close(struct kvx_engine *eng, kvt_server_t **srv)
+{
+    if (*srv != NULL) {
+        KVN(eng)->server_destroy(*srv);
+        *srv = NULL;
+    }
 }
 
 kvx_status_t kvx_engine_start(struct kvx_engine *eng)
@@ -1115,17 +1247,16 @@ kvx_status_t kvx_engine_start(struct kvx_engine *eng)
     if (st != KVX_OK) {
         return st;
     }
-    st = kvn_server_create(eng->cfg.host_ip, eng->cfg.handshake_port + off, 4,
+    st = KVN(eng)->server_create(eng->cfg.host_ip, eng->cfg.handshake_port + off, 4,
                            KVC_MSG_MAX_BYTES * 2, kvc_hs_handler, eng,
                            &eng->hs_srv);
     if (st == KVX_OK) {
-        st = kvn_server_create(eng->cfg.host_ip, eng->cfg.notify_port + off, 4,
+        st = KVN(eng)->server_create(eng->cfg.host_ip, eng->cfg.notify_port + off, 4,
                                KVC_MSG_MAX_BYTES * 2, kvc_notify_handler, eng,
                                &eng->notify_srv);
     }
     if (st != KVX_OK) {
-        kvn_server_destroy(eng->hs_srv);
-        eng->hs_srv = NULL;
+        kvc_server_close(eng, &eng->hs_srv);
         return kvc_error(st, "engine %s: %s (ports: handshake_port %u + rank "
                          "%u, notify_port %u + rank %u)", eng->engine_id,
                          kvc_last_error(), eng->cfg.handshake_port, off,
@@ -1135,9 +1266,8 @@ kvx_status_t kvx_engine_start(struct kvx_engine *eng)
         st = kvc_reg_setup(eng);
     }
     if (st != KVX_OK) {
-        kvn_server_destroy(eng->hs_srv);
-        kvn_server_destroy(eng->notify_srv);
-        eng->hs_srv = eng->notify_srv = NULL;
+        kvc_server_close(eng, &eng->hs_srv);
+        kvc_server_close(eng, &eng->notify_srv);
         return st;
     }
     pthread_mutex_lock(&eng->lock);
@@ -1147,7 +1277,7 @@ kvx_status_t kvx_engine_start(struct kvx_engine *eng)
                  "(handshake) and :%u (notify), UCX %s", eng->engine_id,
                  eng->cfg.dp_rank, eng->cfg.tp_rank, eng->cfg.host_ip,
                  eng->cfg.handshake_port + off, eng->cfg.notify_port + off,
-                 kvu_version());
+                 KVD(eng)->version());
     return KVX_OK;
 }
 
@@ -1189,7 +1319,7 @@ static void kvc_reg_done(void *arg, kvx_status_t st, const char *reply,
  * was answered (lock held; kvn never calls kvc_reg_done inside the post). */
 static void kvc_reg_tick(struct kvx_engine *eng)
 {
-    uint64_t now = kvc_now_us();
+    uint64_t now = kvc_now_us(eng);
     double   tmo = eng->cfg.proxy_ping_interval < eng->cfg.handshake_timeout
                        ? eng->cfg.proxy_ping_interval
                        : eng->cfg.handshake_timeout;
@@ -1198,7 +1328,7 @@ static void kvc_reg_tick(struct kvx_engine *eng)
         return;
     }
     eng->reg_next_us = now + (uint64_t)(eng->cfg.proxy_ping_interval * 1e6);
-    if (kvn_client_post(eng->proxy_cli, eng->reg_payload, eng->reg_len,
+    if (KVN(eng)->client_post(eng->proxy_cli, eng->reg_payload, eng->reg_len,
                         tmo * 1000.0 < 50 ? 50 : (int)(tmo * 1000.0),
                         kvc_reg_done, eng) == KVX_OK) {
         eng->reg_inflight = 1;
@@ -1234,13 +1364,18 @@ static kvx_status_t kvc_engine_place(struct kvx_engine *eng, char *nic,
     if (c->gpu_bus_id[0] == '\0') {
         return KVX_OK;
     }
-    st = kvu_topo_cpuset(c->hwloc_topology, c->gpu_bus_id, cpus, clen);
+    if (KVD(eng)->cpuset == NULL || KVD(eng)->pick_nic == NULL) {
+        return kvc_error(KVX_ERR_NOT_SUPPORTED,
+                         "kv_connector_extra_config.gpu_bus_id: the %s data "
+                         "plane has no device placement", KVD(eng)->name);
+    }
+    st = KVD(eng)->cpuset(c->hwloc_topology, c->gpu_bus_id, cpus, clen);
     if (st != KVX_OK) {
         return kvc_error(st, "kv_connector_extra_config.gpu_bus_id: %s",
                          kvc_last_error());
     }
     if (nic[0] == '\0') {
-        st = kvu_topo_pick_nic(c->hwloc_topology, c->gpu_bus_id, nic, nlen);
+        st = KVD(eng)->pick_nic(c->hwloc_topology, c->gpu_bus_id, nic, nlen);
         if (st == KVX_ERR_NOT_FOUND) {
             kvc_log_warn("KVX-TOPO", "gpu_bus_id %s: %s; UCX chooses devices",
                          c->gpu_bus_id, kvc_last_error());
@@ -1256,17 +1391,18 @@ static kvx_status_t kvc_engine_place(struct kvx_engine *eng, char *nic,
     return KVX_OK;
 }
 
-kvx_status_t kvx_engine_create(const char *json, struct kvx_engine **eng_p)
+kvx_status_t kvx_engine_create(const kvt_env_t *env, const char *json,
+                               struct kvx_engine **eng_p)
 {
     struct kvx_engine *eng = calloc(1, sizeof(*eng));
-    kvu_params_t       up;
+    kvt_data_params_t       up;
     char               nic[256], cpus[256];
     kvx_status_t       st;
 
     if (eng == NULL) {
         return kvc_error(KVX_ERR_NO_MEMORY, "engine: out of memory");
     }
-    kvn_pin_library();
+    eng->env = *env;
     pthread_mutex_init(&eng->lock, NULL);
     pthread_cond_init(&eng->cond, NULL);
     st = kvc_config_parse(json, &eng->cfg, NULL, NULL);
@@ -1283,9 +1419,7 @@ kvx_status_t kvx_engine_create(const char *json, struct kvx_engine **eng_p)
     if (st != KVX_OK) {
         goto err_trust;
     }
-    if (getrandom(&eng->epoch, sizeof(eng->epoch), 0) != sizeof(eng->epoch)) {
-        eng->epoch = kvc_now_us();
-    }
+    eng->epoch = eng->env.clock.random64(eng->env.clock.arg);
     snprintf(eng->engine_id, sizeof(eng->engine_id), "%s:%u", eng->cfg.host_ip,
              eng->cfg.handshake_port);
     memset(&up, 0, sizeof(up));
@@ -1302,7 +1436,7 @@ kvx_status_t kvx_engine_create(const char *json, struct kvx_engine **eng_p)
     up.tick               = kvc_engine_tick;
     up.tick_arg           = eng;
     up.name               = eng->engine_id;
-    st = kvu_ctx_create(&up, &eng->ucx);
+    st = KVD(eng)->ctx_create(&up, &eng->ucx);
     if (st != KVX_OK) {
         goto err_idset;
     }
@@ -1358,7 +1492,7 @@ static void kvc_engine_free_state(struct kvx_engine *eng)
  * no completion callback can touch a freed transfer. */
 static void kvc_engine_quiesce(struct kvx_engine *eng)
 {
-    uint64_t deadline = kvc_now_us() + 5000000u;
+    uint64_t deadline = kvc_now_us(eng) + 5000000u;
 
     pthread_mutex_lock(&eng->lock);
     for (;;) {
@@ -1374,12 +1508,10 @@ static void kvc_engine_quiesce(struct kvx_engine *eng)
                 }
             }
         }
-        if (!busy || kvc_now_us() >= deadline) {
+        if (!busy || kvc_now_us(eng) >= deadline) {
             break;
         }
-        struct timespec ts;
-        kvc_abs_realtime(&ts, 10);
-        pthread_cond_timedwait(&eng->cond, &eng->lock, &ts);
+        kvc_wait_until(eng, kvc_now_us(eng) + 10000u);
     }
     pthread_mutex_unlock(&eng->lock);
 }
@@ -1389,21 +1521,22 @@ void kvx_engine_destroy(struct kvx_engine *eng)
     if (eng == NULL) {
         return;
     }
-    kvn_client_t *proxy;
+    kvt_client_t *proxy;
 
     pthread_mutex_lock(&eng->lock);
     proxy          = eng->proxy_cli; /* no registration after this */
     eng->proxy_cli = NULL;
     pthread_mutex_unlock(&eng->lock);
-    kvn_client_close(proxy);
+    if (proxy != NULL) {
+        KVN(eng)->client_close(proxy);
+    }
     free(eng->reg_payload);
-    kvn_server_destroy(eng->hs_srv);
-    kvn_server_destroy(eng->notify_srv);
-    /* Peers close their endpoints (force-close in peer mode): in-flight
+    kvc_server_close(eng, &eng->hs_srv);
+    kvc_server_close(eng, &eng->notify_srv);
+    /* Queued control messages go out (bounded); then no new connection.
+     * Peers close their endpoints (force-close in peer mode): in-flight
      * gets complete as canceled before transfers and peers are freed. */
-    pthread_mutex_lock(&eng->lock);
-    eng->closing = 1;
-    pthread_mutex_unlock(&eng->lock);
+    kvc_peers_flush(eng);
     kvc_peers_disconnect(eng);
     kvc_engine_quiesce(eng);
     kvc_peers_free(eng);
@@ -1412,17 +1545,17 @@ void kvx_engine_destroy(struct kvx_engine *eng)
     pthread_mutex_unlock(&eng->lock);
     for (size_t i = 0; i < eng->nlayers; i++) {
         if (eng->layers[i].mem_owned) {
-            kvu_mem_release(eng->layers[i].mem);
+            KVD(eng)->mem_release(eng->layers[i].mem);
         }
     }
     while (eng->regions != NULL) {
         kvc_region_t *r = eng->regions;
 
         eng->regions = r->next;
-        kvu_mem_release(r->mem);
+        KVD(eng)->mem_release(r->mem);
         free(r);
     }
-    kvu_ctx_destroy(eng->ucx);
+    KVD(eng)->ctx_destroy(eng->ucx);
     kvc_engine_free_state(eng);
     free(eng->layers);
     free(eng->meta_json);

@@ -20,8 +20,7 @@
 #include "ctlmsg.h"
 #include "latency.h"
 #include "layout.h"
-#include "ucx/kvu.h"
-#include "nng/kvn.h"
+#include "kvt.h"
 
 #include <pthread.h>
 
@@ -31,13 +30,13 @@ typedef struct kvc_layer {
     size_t     length;
     int        mem_type;
     kvc_geom_t geom;
-    kvu_mem_t *mem;       /* owned if mem_owned, else the region's */
+    kvt_mem_t *mem;       /* owned if mem_owned, else the region's */
     int        mem_owned;
 } kvc_layer_t;
 
 typedef struct kvc_region {
     void              *ptr;
-    kvu_mem_t         *mem;  /* owned */
+    kvt_mem_t         *mem;  /* owned */
     struct kvc_region *next;
 } kvc_region_t;
 
@@ -73,20 +72,30 @@ typedef struct kvc_peer {
     kvx_status_t      fail_status;
     char              fail_reason[KVX_REASON_MAX];
     kvc_hs_meta_t     meta;         /* valid when READY */
-    kvu_ep_t         *ep;           /* owned, READY */
-    kvu_rkey_t      **rkeys;        /* per remote layer, READY */
+    kvt_ep_t         *ep;           /* owned, READY */
+    kvt_rkey_t      **rkeys;        /* per remote layer, READY */
     int              *layer_map;    /* local layer -> remote layer */
     kvc_ctlout_t     *out_head, *out_tail;
-    pthread_t         thread;
-    pthread_cond_t    cond;
-    int               stop;
+    /* The peer's work (dialling, starting a handshake, posting queued
+     * control messages) runs as a job on the progress owner, so API calls
+     * only queue; the handshake reply is processed there too. */
+    kvt_job_t         job;          /* kvc_peer_service */
+    int               job_queued;
+    kvt_job_t         hs_job;       /* kvc_peer_hs_finish */
+    int               hs_job_queued;
+    char             *hs_reply;     /* handshake reply, owned until
+                                       processed */
+    size_t            hs_reply_len;
+    kvx_status_t      hs_status;
+    char              hs_err[KVX_REASON_MAX];
+    uint64_t          hs_t0;
     int               drop_out;     /* stopping and the peer is unreachable */
-    kvn_client_t     *hs_cli;       /* peer thread only */
-    kvn_client_t     *notify_cli;   /* set/cleared by the peer thread under
-                                       the engine lock; posts under it */
+    int               notify_failed; /* the notify client cannot be opened */
+    kvt_client_t     *hs_cli;       /* handshake requests */
+    kvt_client_t     *notify_cli;   /* control messages (engine lock) */
     uint32_t          ctl_inflight; /* control requests awaiting a reply */
     uint64_t          hs_us[4];     /* last handshake: control, endpoint,
-                                       rkeys, total (peer thread) */
+                                       rkeys, total */
     struct kvc_peer  *next;
 } kvc_peer_t;
 
@@ -102,7 +111,7 @@ typedef enum kvc_xfer_state {
 } kvc_xfer_state_t;
 
 typedef struct kvc_layer_op {
-    kvu_op_t        op;
+    kvt_op_t        op;
     struct kvc_xfer *xfer;
     struct kvc_peer *peer;  /* READ: the source this op reads from */
     uint32_t        index;  /* layer */
@@ -147,7 +156,7 @@ typedef struct kvc_xfer {
     int32_t           decode_rank; /* P: D DP rank to write to */
     kvc_xfer_params_t dparams;     /* P: D's instance from the request */
     kvc_peer_addr_t   daddr;       /* P: D's base address */
-    kvu_op_t          flush_op;    /* P: final ep flush */
+    kvt_op_t          flush_op;    /* P: final ep flush */
     int               flushing;
     uint32_t          waiting_done; /* D: write_done still expected */
     /* P WRITE with D tp = q x P tp (sharded): one sub-transfer per D rank
@@ -192,11 +201,12 @@ typedef struct kvc_early_blocks {
 #define KVC_TERMINAL_MAX   4096
 
 struct kvx_engine {
+    kvt_env_t         env;           /* transports and clock */
     kvc_config_t      cfg;
     kvc_trust_t       trust;
     pthread_mutex_t   lock;
     pthread_cond_t    cond;          /* transfer progress */
-    kvu_ctx_t        *ucx;
+    kvt_ctx_t        *ucx;
     kvc_layer_t      *layers;
     size_t            nlayers, layers_cap;
     int               replicated;    /* every layer key-only */
@@ -204,7 +214,11 @@ struct kvx_engine {
     int               started;
     int               stopping;
     int               closing;       /* destroy began: no new connections */
-    kvn_server_t     *hs_srv, *notify_srv;
+    int               stopping_sends; /* destroy: deliver what is queued,
+                                        then drop */
+    uint32_t          jobs_queued;   /* peer jobs handed to the progress
+                                        owner and not yet run */
+    kvt_server_t     *hs_srv, *notify_srv;
     char             *meta_json;     /* handshake reply, owned */
     size_t            meta_len;
     uint64_t          epoch;
@@ -229,7 +243,7 @@ struct kvx_engine {
                                      rkeys, total */
     } stats;
     /* Registration heartbeat to the proxy (rank 0 with proxy_ip set). */
-    kvn_client_t     *proxy_cli;
+    kvt_client_t     *proxy_cli;
     char             *reg_payload;
     size_t            reg_len;
     uint64_t          reg_next_us;
@@ -238,9 +252,17 @@ struct kvx_engine {
     size_t            nearly_blocks;
 };
 
-uint64_t kvc_now_us(void);
+/* The engine's transports and clock (kvt.h). */
+#define KVD(eng) ((eng)->env.data)
+#define KVN(eng) ((eng)->env.ctl)
+
+/* kvc_now_us: the engine's clock, monotonic microseconds. */
+uint64_t kvc_now_us(const struct kvx_engine *eng);
 /* kvc_deadline_us: monotonic time `seconds` from now, in microseconds. */
-uint64_t kvc_deadline_us(double seconds);
+uint64_t kvc_deadline_us(const struct kvx_engine *eng, double seconds);
+/* kvc_wait_until: waits on eng->cond (lock held) until signalled or the
+ * clock reaches deadline_us; callers re-check their condition. */
+void kvc_wait_until(struct kvx_engine *eng, uint64_t deadline_us);
 
 /* engine.c */
 kvc_xfer_t *kvc_xfer_find(struct kvx_engine *eng, const char *tid);

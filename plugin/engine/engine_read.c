@@ -66,7 +66,7 @@ static void kvc_xfer_fail(kvc_xfer_t *x, kvx_status_t st, const char *why)
     }
 }
 
-static void kvc_read_op_done(kvu_op_t *op)
+static void kvc_read_op_done(kvt_op_t *op)
 {
     kvc_layer_op_t    *lop = op->arg;
     kvc_xfer_t        *x   = lop->xfer;
@@ -272,7 +272,7 @@ static void kvc_read_post(struct kvx_engine *eng, kvc_xfer_t *x)
         }
         lop->op.done = kvc_read_op_done;
         lop->op.arg  = lop;
-        st = kvu_post(peer->ep, 0, l->mem, (uint64_t)(uintptr_t)l->base,
+        st = KVD(eng)->post(peer->ep, 0, l->mem, (uint64_t)(uintptr_t)l->base,
                       peer->rkeys[j], peer->meta.layers[j].base, lop->runs,
                       lop->nruns, &lop->op);
         if (st != KVX_OK) {
@@ -426,7 +426,7 @@ static kvx_status_t kvc_read_consumer_locked(struct kvx_engine *eng,
     if (st != KVX_OK) {
         return st;
     }
-    x->deadline_us = kvc_deadline_us(eng->cfg.transfer_timeout);
+    x->deadline_us = kvc_deadline_us(eng, eng->cfg.transfer_timeout);
     if (x->nlocal == 0) {
         /* Nothing to read (full prefix hit): still release P (SPEC §7). */
         kvc_read_finish(eng, x);
@@ -577,7 +577,7 @@ static void kvc_early_remember(struct kvx_engine *eng, const kvc_msg_t *m)
     snprintf(e->transfer_id, sizeof(e->transfer_id), "%s", m->transfer_id);
     e->consumer_tp_size = m->consumer_tp_size;
     e->consumer_rank    = m->consumer_rank;
-    e->expires_us       = kvc_deadline_us(eng->cfg.defer_timeout);
+    e->expires_us       = kvc_deadline_us(eng, eng->cfg.defer_timeout);
     e->next    = eng->early;
     eng->early = e;
     eng->nearly++;
@@ -715,7 +715,7 @@ kvx_status_t kvc_read_producer(struct kvx_engine *eng, const char *req_id,
     }
     x->is_producer = 1;
     x->state       = KVC_XFER_HELD;
-    x->deadline_us = kvc_deadline_us(eng->cfg.defer_timeout);
+    x->deadline_us = kvc_deadline_us(eng, eng->cfg.defer_timeout);
     resp           = kvc_read_response(eng, x);
     if (resp == NULL) {
         kvc_xfer_free(x);
@@ -782,7 +782,7 @@ static void kvc_read_tick_xfer(struct kvx_engine *eng, kvc_xfer_t *x,
          * only then are the blocks reported (SPEC §10). */
         for (uint32_t k = 0; k < kvc_xfer_nsrc(x); k++) {
             if (kvc_xfer_source(x, k)->ep != NULL) {
-                kvu_ep_fail(kvc_xfer_source(x, k)->ep,
+                KVD(eng)->ep_fail(kvc_xfer_source(x, k)->ep,
                             KVX_ERR_TRANSFER_TIMEOUT, why);
             }
         }
@@ -791,7 +791,7 @@ static void kvc_read_tick_xfer(struct kvx_engine *eng, kvc_xfer_t *x,
 
 void kvc_read_tick(struct kvx_engine *eng)
 {
-    uint64_t now = kvc_now_us();
+    uint64_t now = kvc_now_us(eng);
 
     for (size_t b = 0; b < KVC_XFER_BUCKETS; b++) {
         kvc_xfer_t *x = eng->xfers[b];
@@ -871,31 +871,19 @@ kvx_status_t kvc_xfer_wait(struct kvx_engine *eng, const char *tid,
                            int64_t layer, int64_t timeout_ms)
 {
     uint64_t     deadline = timeout_ms >= 0
-                                ? kvc_now_us() + (uint64_t)timeout_ms * 1000u
+                                ? kvc_now_us(eng) + (uint64_t)timeout_ms * 1000u
                                 : 0;
     kvx_status_t st;
 
     pthread_mutex_lock(&eng->lock);
     while ((st = kvc_xfer_poll(eng, tid, layer, &deadline)) ==
            KVX_INPROGRESS) {
-        uint64_t        now = kvc_now_us();
-        struct timespec ts;
-        uint64_t        left;
-
-        if (now >= deadline) {
+        if (kvc_now_us(eng) >= deadline) {
             st = kvc_error(KVX_ERR_TIMEOUT, "transfer %s: wait timed out",
                            tid);
             break;
         }
-        left = deadline - now;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_sec += (time_t)(left / 1000000u);
-        ts.tv_nsec += (long)(left % 1000000u) * 1000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
-        pthread_cond_timedwait(&eng->cond, &eng->lock, &ts);
+        kvc_wait_until(eng, deadline);
     }
     pthread_mutex_unlock(&eng->lock);
     return st;

@@ -80,7 +80,7 @@ static void kvc_write_p_finish(struct kvx_engine *eng, kvc_xfer_t *x,
     kvc_xfer_free(x);
 }
 
-static void kvc_write_flush_done(kvu_op_t *op)
+static void kvc_write_flush_done(kvt_op_t *op)
 {
     kvc_xfer_t        *x   = op->arg;
     struct kvx_engine *eng = x->src->eng;
@@ -125,14 +125,14 @@ static void kvc_write_check(struct kvx_engine *eng, kvc_xfer_t *x)
     x->flushing         = 1;
     x->flush_op.done    = kvc_write_flush_done;
     x->flush_op.arg     = x;
-    if (kvu_flush(x->src->ep, &x->flush_op) != KVX_OK) {
+    if (KVD(eng)->flush(x->src->ep, &x->flush_op) != KVX_OK) {
         x->flushing = 0;
         kvc_write_fail(x, KVX_ERR_ENDPOINT, kvc_last_error());
         kvc_write_p_finish(eng, x, 0);
     }
 }
 
-static void kvc_write_op_done(kvu_op_t *op)
+static void kvc_write_op_done(kvt_op_t *op)
 {
     kvc_layer_op_t    *lop = op->arg;
     kvc_xfer_t        *x   = lop->xfer;
@@ -189,7 +189,7 @@ static void kvc_write_pump(struct kvx_engine *eng, kvc_xfer_t *x)
         x->nposted++;
         x->ops[i].op.done = kvc_write_op_done;
         x->ops[i].op.arg  = &x->ops[i];
-        st = kvu_post(peer->ep, 1, l->mem, (uint64_t)(uintptr_t)l->base,
+        st = KVD(eng)->post(peer->ep, 1, l->mem, (uint64_t)(uintptr_t)l->base,
                       peer->rkeys[j], peer->meta.layers[j].base,
                       x->ops[i].runs, x->ops[i].nruns, &x->ops[i].op);
         if (st != KVX_OK) {
@@ -351,7 +351,7 @@ static void kvc_write_blocks(struct kvx_engine *eng, kvc_xfer_t *x,
     m->block_ids      = NULL;
     m->num_block_ids  = 0;
     x->src            = peer;
-    x->deadline_us    = kvc_deadline_us(eng->cfg.transfer_timeout);
+    x->deadline_us    = kvc_deadline_us(eng, eng->cfg.transfer_timeout);
     if (peer->state == KVC_PEER_READY) {
         kvc_write_pump(eng, x);
     } else {
@@ -507,7 +507,7 @@ kvx_status_t kvc_write_producer(struct kvx_engine *eng, const char *req_id,
     x->state       = KVC_XFER_PUSHING;
     x->dparams     = p; /* owns p's lists from here */
     x->daddr       = addr;
-    x->deadline_us = kvc_deadline_us(eng->cfg.defer_timeout);
+    x->deadline_us = kvc_deadline_us(eng, eng->cfg.defer_timeout);
     if ((st = kvc_write_make_subs(eng, x, ids, n)) != KVX_OK) {
         free(resp);
         kvc_xfer_free(x);
@@ -562,7 +562,7 @@ static void kvc_write_schedule(struct kvx_engine *eng, kvc_xfer_t *x,
     x->scheduled[layer] = 1;
     x->nscheduled++;
     if (x->have_blocks) {
-        x->deadline_us = kvc_deadline_us(eng->cfg.transfer_timeout);
+        x->deadline_us = kvc_deadline_us(eng, eng->cfg.transfer_timeout);
     }
     kvc_write_pump(eng, x);
 }
@@ -576,7 +576,7 @@ static void kvc_write_do_seal(struct kvx_engine *eng, kvc_xfer_t *x)
     /* Expected writes = distinct layers scheduled, not registered. */
     x->sealed = 1;
     if (x->have_blocks) {
-        x->deadline_us = kvc_deadline_us(eng->cfg.transfer_timeout);
+        x->deadline_us = kvc_deadline_us(eng, eng->cfg.transfer_timeout);
     }
     kvc_write_check(eng, x);
 }
@@ -657,7 +657,7 @@ static void kvc_write_remember(struct kvx_engine *eng, kvc_msg_t *m)
     e->msg           = *m;
     m->block_ids     = NULL;
     m->num_block_ids = 0;
-    e->expires_us    = kvc_deadline_us(eng->cfg.defer_timeout);
+    e->expires_us    = kvc_deadline_us(eng, eng->cfg.defer_timeout);
     e->next           = eng->early_blocks;
     eng->early_blocks = e;
     eng->nearly_blocks++;
@@ -854,7 +854,7 @@ kvx_status_t kvc_write_consumer(struct kvx_engine *eng, const char *req_id,
     memcpy(x->rel, peers, npeers * sizeof(peers[0]));
     x->state        = KVC_XFER_WAIT_WRITE;
     x->waiting_done = npeers; /* one write_done from every P rank */
-    x->deadline_us  = kvc_deadline_us((eng->cfg.defer_timeout +
+    x->deadline_us  = kvc_deadline_us(eng, (eng->cfg.defer_timeout +
                                  eng->cfg.transfer_timeout));
     memset(&m, 0, sizeof(m));
     snprintf(m.transfer_id, sizeof(m.transfer_id), "%s", x->transfer_id);
@@ -977,7 +977,7 @@ static void kvc_write_tick_xfer(struct kvx_engine *eng, kvc_xfer_t *x)
                                      : KVX_ERR_TIMEOUT, why);
     if ((x->ncompleted != x->nposted || x->flushing) && x->src != NULL &&
         x->src->ep != NULL) {
-        kvu_ep_fail(x->src->ep, KVX_ERR_TRANSFER_TIMEOUT, why);
+        KVD(eng)->ep_fail(x->src->ep, KVX_ERR_TRANSFER_TIMEOUT, why);
     } else {
         kvc_write_check(eng, x);
     }
@@ -985,7 +985,7 @@ static void kvc_write_tick_xfer(struct kvx_engine *eng, kvc_xfer_t *x)
 
 void kvc_write_tick(struct kvx_engine *eng)
 {
-    uint64_t now = kvc_now_us();
+    uint64_t now = kvc_now_us(eng);
 
     for (size_t b = 0; b < KVC_XFER_BUCKETS; b++) {
         kvc_xfer_t *x = eng->xfers[b];

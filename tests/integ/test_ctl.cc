@@ -1272,7 +1272,7 @@ struct Gate {
     }
 };
 
-void GateHandler(void *arg, const char *msg, size_t len, char **reply,
+void GateHandler(void *arg, const char *, const char *msg, size_t len, char **reply,
                  size_t *rlen)
 {
     Gate                        *g = static_cast<Gate *>(arg);
@@ -1608,7 +1608,7 @@ struct ProxyRecorder {
     }
 };
 
-void ProxyHandler(void *arg, const char *msg, size_t len, char **reply,
+void ProxyHandler(void *arg, const char *, const char *msg, size_t len, char **reply,
                   size_t *rlen)
 {
     ProxyRecorder              *r = static_cast<ProxyRecorder *>(arg);

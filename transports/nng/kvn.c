@@ -5,6 +5,7 @@
 #include "kvn.h"
 #include "clock.h"
 
+#include <arpa/inet.h>
 #include <dlfcn.h>
 #include <pthread.h>
 
@@ -111,14 +112,37 @@ static void kvn_sctx_recv(kvn_sctx_t *c)
     nng_ctx_recv(c->ctx, c->aio);
 }
 
+/* kvn_msg_from formats the remote address of the pipe req came in on,
+ * "ip:port" ("[v6]:port"), or "" when nng does not know it. */
+static void kvn_msg_from(nng_msg *req, char *buf, size_t len)
+{
+    nng_sockaddr sa;
+    char         ip[INET6_ADDRSTRLEN];
+
+    buf[0] = '\0';
+    if (nng_pipe_get_addr(nng_msg_get_pipe(req), NNG_OPT_REMADDR, &sa) != 0) {
+        return;
+    }
+    if (sa.s_family == NNG_AF_INET &&
+        inet_ntop(AF_INET, &sa.s_in.sa_addr, ip, sizeof(ip)) != NULL) {
+        snprintf(buf, len, "%s:%u", ip, ntohs(sa.s_in.sa_port));
+    } else if (sa.s_family == NNG_AF_INET6 &&
+               inet_ntop(AF_INET6, sa.s_in6.sa_addr, ip, sizeof(ip)) != NULL) {
+        snprintf(buf, len, "[%s]:%u", ip, ntohs(sa.s_in6.sa_port));
+    }
+}
+
 static void kvn_sctx_reply(kvn_sctx_t *c, nng_msg *req)
 {
     char   *reply     = NULL;
     size_t  reply_len = 0;
     nng_msg *out;
 
-    c->srv->fn(c->srv->arg, nng_msg_body(req), nng_msg_len(req), &reply,
-               &reply_len);
+    char    from[KVN_FROM_MAX];
+
+    kvn_msg_from(req, from, sizeof(from));
+    c->srv->fn(c->srv->arg, from, nng_msg_body(req), nng_msg_len(req),
+               &reply, &reply_len);
     nng_msg_free(req);
     if (nng_msg_alloc(&out, 0) != 0 ||
         (reply != NULL && nng_msg_append(out, reply, reply_len) != 0)) {
@@ -480,4 +504,54 @@ void kvn_client_close(kvn_client_t *cli)
 const char *kvn_client_url(const kvn_client_t *cli)
 {
     return cli->url;
+}
+
+/* --- the control-plane operation table (kvt.h) ------------------------- */
+
+static kvx_status_t kvn_ops_server_create(const char *host, uint32_t port,
+                                          int nctx, size_t max_msg,
+                                          kvt_handler_fn fn, void *arg,
+                                          kvt_server_t **srv_p)
+{
+    return kvn_server_create(host, port, nctx, max_msg, fn, arg,
+                             (kvn_server_t **)srv_p);
+}
+
+static void kvn_ops_server_destroy(kvt_server_t *srv)
+{
+    kvn_server_destroy((kvn_server_t *)srv);
+}
+
+static kvx_status_t kvn_ops_client_open(const char *host, uint32_t port,
+                                        int nctx, kvt_client_t **cli_p)
+{
+    return kvn_client_open_async(host, port, nctx, (kvn_client_t **)cli_p);
+}
+
+static kvx_status_t kvn_ops_client_post(kvt_client_t *cli, const void *msg,
+                                        size_t len, int timeout_ms,
+                                        kvt_reply_fn fn, void *arg)
+{
+    return kvn_client_post((kvn_client_t *)cli, msg, len, timeout_ms, fn,
+                           arg);
+}
+
+static void kvn_ops_client_close(kvt_client_t *cli)
+{
+    kvn_client_close((kvn_client_t *)cli);
+}
+
+const kvt_ctl_ops_t *kvt_nng_ops(void)
+{
+    static const kvt_ctl_ops_t ops = {
+        .name           = "nng",
+        .server_create  = kvn_ops_server_create,
+        .server_destroy = kvn_ops_server_destroy,
+        .client_open    = kvn_ops_client_open,
+        .client_post    = kvn_ops_client_post,
+        .client_close   = kvn_ops_client_close,
+    };
+
+    kvn_pin_library();
+    return &ops;
 }

@@ -14,6 +14,7 @@
 #define KVN_H
 
 #include "error.h"
+#include "kvt.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -21,10 +22,13 @@
 typedef struct kvn_server kvn_server_t;
 typedef struct kvn_client kvn_client_t;
 
-/* kvn_handler_fn: msg is len bytes (not NUL-terminated). Set *reply_p to a
- * malloc'd buffer of *reply_len_p bytes (kvn frees it). */
-typedef void (*kvn_handler_fn)(void *arg, const char *msg, size_t len,
-                               char **reply_p, size_t *reply_len_p);
+/* kvn_handler_fn (kvt_handler_fn): msg is len bytes (not NUL-terminated)
+ * from `from` ("ip:port" of the sender's connection, "" when unknown). Set
+ * *reply_p to a malloc'd buffer of *reply_len_p bytes (kvn frees it). */
+typedef kvt_handler_fn kvn_handler_fn;
+typedef kvt_reply_fn   kvn_reply_fn;
+
+#define KVN_FROM_MAX 64
 
 /* kvn_url formats "tcp://host:port" ("tcp://[v6]:port" for IPv6). */
 void kvn_url(const char *host, uint32_t port, char *buf, size_t len);
@@ -57,8 +61,7 @@ kvx_status_t kvn_client_request(kvn_client_t *cli, const void *msg,
  * the call; otherwise err says what failed and reply is NULL. The callback
  * may take locks that the caller of kvn_client_post holds (nng calls it
  * with no lock of its own held). */
-typedef void (*kvn_reply_fn)(void *arg, kvx_status_t st, const char *reply,
-                             size_t len, const char *err);
+
 
 kvx_status_t kvn_client_open_async(const char *host, uint32_t port, int nctx,
                                    kvn_client_t **cli_p);
@@ -77,6 +80,10 @@ const char  *kvn_client_url(const kvn_client_t *cli);
 /* kvn_pin_library keeps libnng mapped for the life of the process (its
  * threads outlive a dlclose of kvxfer). Idempotent, any thread. */
 void kvn_pin_library(void);
+
+/* kvt_nng_ops: this control plane as the engine's operation table
+ * (client_open is kvn_client_open_async). */
+const kvt_ctl_ops_t *kvt_nng_ops(void);
 
 /* kvn_status_from_nng converts an nng error number. */
 kvx_status_t kvn_status_from_nng(int rv);

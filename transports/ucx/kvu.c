@@ -108,6 +108,7 @@ struct kvu_ctx {
      * API call never waits behind data movement. */
     pthread_mutex_t in_lock;
     kvu_job_t      *in_head, *in_tail;
+    kvt_job_t      *def_head, *def_tail; /* kvu_defer, under in_lock */
     kvu_ep_t       *eps;         /* live endpoints */
     kvu_ep_t       *closing;     /* closed, waiting for UCX */
     uint64_t        mem_types;
@@ -424,7 +425,8 @@ static int kvu_deliver(kvu_ctx_t *ctx)
         kvu_ep_t *ep = errs[i];
 
         if (ep->err_cb != NULL) {
-            ep->err_cb(ep->err_arg, ep, ep->fail_status, ep->fail_reason);
+            ep->err_cb(ep->err_arg, (kvt_ep_t *)ep, ep->fail_status,
+                       ep->fail_reason);
         }
         n++;
     }
@@ -507,6 +509,41 @@ static void kvu_bind_cpus(const char *list)
     }
 }
 
+/* kvu_run_deferred runs the jobs handed over by kvu_defer, unlocked. */
+static int kvu_run_deferred(kvu_ctx_t *ctx)
+{
+    kvt_job_t *job;
+    int        n = 0;
+
+    pthread_mutex_lock(&ctx->in_lock);
+    job           = ctx->def_head;
+    ctx->def_head = ctx->def_tail = NULL;
+    pthread_mutex_unlock(&ctx->in_lock);
+    while (job != NULL) {
+        kvt_job_t *next = job->next;
+
+        job->next = NULL;
+        job->fn(job);
+        job = next;
+        n++;
+    }
+    return n;
+}
+
+void kvu_defer(kvu_ctx_t *ctx, kvt_job_t *job)
+{
+    job->next = NULL;
+    pthread_mutex_lock(&ctx->in_lock);
+    if (ctx->def_tail != NULL) {
+        ctx->def_tail->next = job;
+    } else {
+        ctx->def_head = job;
+    }
+    ctx->def_tail = job;
+    pthread_mutex_unlock(&ctx->in_lock);
+    kvu_ctx_kick(ctx);
+}
+
 static void *kvu_progress_main(void *arg)
 {
     kvu_ctx_t *ctx       = arg;
@@ -529,6 +566,7 @@ static void *kvu_progress_main(void *arg)
         pthread_mutex_unlock(&ctx->lock);
         pthread_cond_broadcast(&ctx->cond);
         n += (unsigned int)kvu_deliver(ctx);
+        n += (unsigned int)kvu_run_deferred(ctx);
         now = kvc_mono_us();
         if (ctx->params.tick != NULL &&
             now - last_tick >= KVU_TICK_MS * 1000u / 2) {

@@ -22,6 +22,7 @@
 #define KVU_H
 
 #include "error.h"
+#include "kvt.h"
 #include "run.h"
 
 #include <stdatomic.h>
@@ -32,42 +33,25 @@ typedef struct kvu_ctx  kvu_ctx_t;
 typedef struct kvu_mem  kvu_mem_t;
 typedef struct kvu_ep   kvu_ep_t;
 typedef struct kvu_rkey kvu_rkey_t;
-typedef struct kvu_op   kvu_op_t;
+typedef struct kvt_op   kvu_op_t;   /* kvt.h */
 
-typedef void (*kvu_tick_fn)(void *arg);
-typedef void (*kvu_ep_err_fn)(void *arg, kvu_ep_t *ep, kvx_status_t status,
-                              const char *reason);
-typedef void (*kvu_op_done_fn)(kvu_op_t *op);
+typedef kvt_tick_fn       kvu_tick_fn;
+typedef kvt_op_done_fn    kvu_op_done_fn;
+/* The endpoint error callback gets the endpoint as (kvt_ep_t *)kvu_ep. */
+typedef kvt_ep_err_fn     kvu_ep_err_fn;
+typedef kvt_data_params_t kvu_params_t;
 
-typedef struct kvu_params {
-    const char *tls;            /* "" or NULL: UCX default */
-    const char *net_devices;    /* "" or NULL: all */
-    int         err_mode_peer;  /* 1: UCP_ERR_HANDLING_MODE_PEER */
-    uint32_t    spin_us;        /* busy-poll before sleeping */
-    uint64_t    max_inflight_bytes; /* per endpoint */
-    kvu_tick_fn tick;           /* called by the progress thread, unlocked,
-                                   at least every 20 ms */
-    void       *tick_arg;
-    const char *name;           /* for logs */
-    const char *cpus;           /* "" or NULL, or a CPU list "0-3,8" the
-                                   progress thread is bound to */
-} kvu_params_t;
-
-/* kvu_op_t tracks a batch of runs; embed it in the caller's object. */
-struct kvu_op {
-    kvu_op_done_fn   done;     /* set by caller */
-    void            *arg;      /* caller's */
-    _Atomic int64_t  remaining; /* runs not yet completed (internal) */
-    _Atomic int      status;   /* first error (kvx_status_t), 0 = ok */
-    uint64_t         bytes;    /* bytes posted */
-    kvu_op_t        *next;     /* internal: completion list */
-};
+/* kvt_ucx_ops: this data plane as the engine's operation table (handles are
+ * the kvu objects, cast). */
+const kvt_data_ops_t *kvt_ucx_ops(void);
 
 kvx_status_t kvu_ctx_create(const kvu_params_t *params, kvu_ctx_t **ctx_p);
 /* kvu_ctx_destroy: endpoints, rkeys and mems must be released first. */
 void         kvu_ctx_destroy(kvu_ctx_t *ctx);
 /* kvu_ctx_kick wakes the progress thread (e.g. after new work). */
 void         kvu_ctx_kick(kvu_ctx_t *ctx);
+/* kvu_defer runs job->fn(job) on the progress thread, unlocked, soon. */
+void         kvu_defer(kvu_ctx_t *ctx, kvt_job_t *job);
 
 /* kvu_worker_address: borrowed, valid until kvu_ctx_destroy. */
 void kvu_worker_address(kvu_ctx_t *ctx, const void **addr_p, size_t *len_p);

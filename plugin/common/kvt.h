@@ -1,0 +1,231 @@
+/*
+ * kvt.h - the transport seam: what the engine needs from a data plane, a
+ * control plane and a clock, as operation tables.
+ *
+ * The engine (plugin/engine) calls transports only through these tables.
+ * The real implementations are UCX (transports/ucx, kvt_ucx_ops) and nng
+ * (transports/nng, kvt_nng_ops); the deterministic simulator (tests/sim)
+ * has in-memory ones. Handles are opaque: each implementation casts its own
+ * objects to and from them.
+ *
+ * Contract common to every callback below: it never runs inside the call
+ * that submitted the work (a callback may take locks the submitter holds),
+ * and it runs with no lock of the transport held, so it may call back into
+ * the same table (except the few functions documented as "not from a
+ * callback"). Errors are returned as kvx_status_t with the thread's last
+ * error text set (kvc_error).
+ */
+#ifndef KVT_H
+#define KVT_H
+
+#include "error.h"
+#include "run.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+/* C++ includers (tests) never touch the atomic fields; same layout. */
+#define KVT_ATOMIC(t) t
+#else
+#define KVT_ATOMIC(t) _Atomic t
+#endif
+
+typedef struct kvt_ctx  kvt_ctx_t;   /* one data-plane context (worker) */
+typedef struct kvt_mem  kvt_mem_t;   /* registered local memory */
+typedef struct kvt_ep   kvt_ep_t;    /* endpoint to one peer context */
+typedef struct kvt_rkey kvt_rkey_t;  /* a peer's memory, unpacked on an ep */
+typedef struct kvt_op   kvt_op_t;
+typedef struct kvt_job  kvt_job_t;
+
+/* ---- clock and entropy -------------------------------------------------- */
+
+typedef struct kvt_clock {
+    /* now_us: monotonic microseconds. */
+    uint64_t (*now_us)(void *arg);
+    /* random64: a fresh random number (engine instance ids). */
+    uint64_t (*random64)(void *arg);
+    /* wait: called with lock held, returns with it held, after cond was
+     * signalled or now_us() reached deadline_us (or spuriously: callers
+     * re-check). Real: pthread_cond_timedwait. Simulated: the scheduler runs
+     * other steps (deliveries, completions, timers) until then. */
+    void     (*wait)(void *arg, pthread_cond_t *cond, pthread_mutex_t *lock,
+                     uint64_t deadline_us);
+    void     *arg;
+} kvt_clock_t;
+
+/* kvt_real_clock: CLOCK_MONOTONIC, getrandom(2), pthread_cond_timedwait. */
+const kvt_clock_t *kvt_real_clock(void);
+
+/* ---- data plane ---------------------------------------------------------- */
+
+typedef void (*kvt_tick_fn)(void *arg);
+typedef void (*kvt_ep_err_fn)(void *arg, kvt_ep_t *ep, kvx_status_t status,
+                              const char *reason);
+typedef void (*kvt_op_done_fn)(kvt_op_t *op);
+typedef void (*kvt_job_fn)(kvt_job_t *job);
+
+/* kvt_op_t tracks one batch of runs (or a flush); the caller embeds it. */
+struct kvt_op {
+    kvt_op_done_fn   done;      /* set by the caller */
+    void            *arg;       /* the caller's */
+    KVT_ATOMIC(int64_t) remaining; /* internal: runs not yet completed */
+    KVT_ATOMIC(int)  status;    /* first error (kvx_status_t), 0 = ok */
+    uint64_t         bytes;     /* bytes posted */
+    kvt_op_t        *next;      /* internal */
+};
+
+/* kvt_job_t: work the caller hands to the progress owner (kvt_data_ops_t.
+ * defer); the caller embeds it. */
+struct kvt_job {
+    kvt_job_fn  fn;
+    void       *arg;
+    kvt_job_t  *next;          /* internal */
+};
+
+typedef struct kvt_data_params {
+    const char *tls;             /* "" or NULL: the transport's default */
+    const char *net_devices;     /* "" or NULL: all */
+    int         err_mode_peer;   /* 1: peer failures are reported */
+    uint32_t    spin_us;         /* busy-poll before sleeping */
+    uint64_t    max_inflight_bytes; /* per endpoint */
+    kvt_tick_fn tick;            /* periodic, on the progress owner, at
+                                    least every 20 ms (simulated: when the
+                                    scheduler fires timers) */
+    void       *tick_arg;
+    const char *name;            /* for logs */
+    const char *cpus;            /* "" / NULL, or a CPU list for the
+                                    progress owner */
+} kvt_data_params_t;
+
+typedef struct kvt_data_ops {
+    const char *name;            /* "ucx", "sim" */
+
+    kvx_status_t (*ctx_create)(const kvt_data_params_t *p, kvt_ctx_t **ctx_p);
+    /* ctx_destroy: endpoints, rkeys and mems released first; not from a
+     * callback. */
+    void         (*ctx_destroy)(kvt_ctx_t *ctx);
+    /* kick: wake the progress owner (new work). */
+    void         (*kick)(kvt_ctx_t *ctx);
+    /* defer: run job->fn(job) on the progress owner soon (never inside
+     * this call). */
+    void         (*defer)(kvt_ctx_t *ctx, kvt_job_t *job);
+    /* in_progress_thread: is the caller the progress owner? */
+    int          (*in_progress_thread)(const kvt_ctx_t *ctx);
+    /* worker_address: borrowed until ctx_destroy. */
+    void         (*worker_address)(kvt_ctx_t *ctx, const void **addr_p,
+                                   size_t *len_p);
+    const char  *(*version)(void);
+
+    kvx_status_t (*mem_register)(kvt_ctx_t *ctx, void *base, size_t len,
+                                 int mem_type, kvt_mem_t **mem_p);
+    kvx_status_t (*mem_alloc)(kvt_ctx_t *ctx, size_t len, kvt_mem_t **mem_p,
+                              void **ptr_p);
+    void         (*mem_release)(kvt_mem_t *mem);
+    void        *(*mem_base)(const kvt_mem_t *mem);
+    size_t       (*mem_length)(const kvt_mem_t *mem);
+    /* mem_rkey: packed rkey, borrowed until mem_release. */
+    void         (*mem_rkey)(const kvt_mem_t *mem, const void **buf_p,
+                             size_t *len_p);
+    /* mem_type_of: 0 host, 1 device, -1 unknown (reason in last error). */
+    int          (*mem_type_of)(const void *ptr);
+
+    /* ep_create connects to a peer worker address; a failed wire-up (and,
+     * with err_mode_peer, any later peer failure) reaches err_cb once. */
+    kvx_status_t (*ep_create)(kvt_ctx_t *ctx, const void *addr, size_t len,
+                              const char *peer_name, kvt_ep_err_fn err_cb,
+                              void *err_arg, kvt_ep_t **ep_p);
+    /* ep_close cancels queued runs (their ops fail KVX_ERR_CANCELED),
+     * closes and frees the endpoint; rkeys of the ep destroyed before. */
+    void         (*ep_close)(kvt_ep_t *ep);
+    /* ep_fail marks the endpoint failed: queued runs canceled, in-flight
+     * ones completed by a force close. */
+    void         (*ep_fail)(kvt_ep_t *ep, kvx_status_t status,
+                            const char *reason);
+    const char  *(*ep_transports)(const kvt_ep_t *ep);
+    int          (*ep_rma_emulated)(const kvt_ep_t *ep);
+    int          (*ep_rma_shm_only)(const kvt_ep_t *ep);
+
+    kvx_status_t (*rkey_unpack)(kvt_ep_t *ep, const void *buf, size_t len,
+                                kvt_rkey_t **rkey_p);
+    void         (*rkey_destroy)(kvt_rkey_t *rkey);
+    /* rkey_local: the local address of the peer's addr when the rkey maps
+     * it into this process, else NULL. */
+    void        *(*rkey_local)(const kvt_rkey_t *rkey, uint64_t addr);
+    /* prefault: populate page tables of [ptr, ptr+len) (best effort). */
+    void         (*prefault)(void *ptr, size_t len);
+
+    /* post queues runs (offsets relative to local_base / remote_base) as
+     * gets (is_put 0) or puts; runs stay valid until op->done ran.
+     * op->done runs exactly once on KVX_OK, after the last run completed
+     * or failed (op->status: the first error); never with an error return.
+     * Zero runs complete at once (done still runs later). */
+    kvx_status_t (*post)(kvt_ep_t *ep, int is_put, kvt_mem_t *local_mem,
+                         uint64_t local_base, kvt_rkey_t *rkey,
+                         uint64_t remote_base, const kvc_run_t *runs,
+                         size_t n, kvt_op_t *op);
+    /* flush completes op once every run posted on ep before it completed
+     * at the origin and the target. Same contract as post. */
+    kvx_status_t (*flush)(kvt_ep_t *ep, kvt_op_t *op);
+
+    /* Device placement from a topology (see kvu.h); NULL: none. */
+    kvx_status_t (*pick_nic)(const char *xml_path, const char *gpu_busid,
+                             char *buf, size_t len);
+    kvx_status_t (*cpuset)(const char *xml_path, const char *gpu_busid,
+                           char *buf, size_t len);
+} kvt_data_ops_t;
+
+/* ---- control plane ------------------------------------------------------- */
+
+typedef struct kvt_server kvt_server_t;
+typedef struct kvt_client kvt_client_t;
+
+/* kvt_handler_fn: one request (len bytes, not NUL-terminated) from `from`
+ * ("ip:port" of the sender's connection, "" when unknown); set *reply_p to
+ * a malloc'd reply of *reply_len_p bytes (the transport frees it). Runs on
+ * a transport thread, possibly concurrently for different requests; must
+ * not block for long. */
+typedef void (*kvt_handler_fn)(void *arg, const char *from, const char *msg,
+                               size_t len, char **reply_p,
+                               size_t *reply_len_p);
+/* kvt_reply_fn: the outcome of one posted request, exactly once (also when
+ * the client is closed: KVX_ERR_CANCELED). On KVX_OK reply is len bytes
+ * plus a NUL, valid during the call; else err says what failed. */
+typedef void (*kvt_reply_fn)(void *arg, kvx_status_t st, const char *reply,
+                             size_t len, const char *err);
+
+typedef struct kvt_ctl_ops {
+    const char *name;            /* "nng", "sim" */
+
+    /* server_create listens on host:port (host "0.0.0.0" / "::" for any)
+     * with nctx requests served at once; messages above max_msg bytes are
+     * dropped by the transport. */
+    kvx_status_t (*server_create)(const char *host, uint32_t port, int nctx,
+                                  size_t max_msg, kvt_handler_fn fn,
+                                  void *arg, kvt_server_t **srv_p);
+    /* server_destroy returns once no handler runs; not from a callback. */
+    void         (*server_destroy)(kvt_server_t *srv);
+    /* client_open dials host:port in the background (reconnecting) with
+     * nctx requests in flight at most. */
+    kvx_status_t (*client_open)(const char *host, uint32_t port, int nctx,
+                                kvt_client_t **cli_p);
+    /* client_post copies msg and sends it: KVX_OK means fn will be called;
+     * KVX_ERR_BAD_STATE: every context busy (nothing sent). */
+    kvx_status_t (*client_post)(kvt_client_t *cli, const void *msg,
+                                size_t len, int timeout_ms, kvt_reply_fn fn,
+                                void *arg);
+    /* client_close: pending requests complete (canceled) before it
+     * returns; not from a callback. */
+    void         (*client_close)(kvt_client_t *cli);
+} kvt_ctl_ops_t;
+
+/* The environment an engine runs in: its transports and clock. */
+typedef struct kvt_env {
+    const kvt_data_ops_t *data;
+    const kvt_ctl_ops_t  *ctl;
+    kvt_clock_t           clock;
+} kvt_env_t;
+
+#endif
