@@ -264,14 +264,55 @@ uint64_t kvc_deadline_us(const struct kvx_engine *eng, double seconds);
  * clock reaches deadline_us; callers re-check their condition. */
 void kvc_wait_until(struct kvx_engine *eng, uint64_t deadline_us);
 
-/* engine.c */
-kvc_xfer_t *kvc_xfer_find(struct kvx_engine *eng, const char *tid);
+/* engine.c: lifetime (create, start, tick, destroy) */
+uint64_t kvc_now_us(const struct kvx_engine *eng);
+uint64_t kvc_deadline_us(const struct kvx_engine *eng, double seconds);
+void     kvc_wait_until(struct kvx_engine *eng, uint64_t deadline_us);
+
+/* xfer.c: the transfer table, lifecycle, events and waits */
+kvc_xfer_t  *kvc_xfer_find(struct kvx_engine *eng, const char *tid);
 kvx_status_t kvc_xfer_insert(struct kvx_engine *eng, kvc_xfer_t *x);
-void        kvc_xfer_remove(struct kvx_engine *eng, kvc_xfer_t *x);
-void        kvc_xfer_free(kvc_xfer_t *x);
-void        kvc_event_push(struct kvx_engine *eng, kvx_event_type_t type,
-                           kvx_status_t status, const kvc_xfer_t *x,
-                           const char *reason, int with_blocks);
+void         kvc_xfer_remove(struct kvx_engine *eng, kvc_xfer_t *x);
+kvc_xfer_t  *kvc_xfer_new(const char *tid, const char *req_id,
+                          const uint64_t *ids, size_t n);
+void         kvc_xfer_free(kvc_xfer_t *x);
+/* kvc_xfer_fail records the first failure of x (status and reason). */
+void         kvc_xfer_fail(kvc_xfer_t *x, kvx_status_t st, const char *why);
+kvx_status_t kvc_xfer_check_ids(struct kvx_engine *eng, const uint64_t *ids,
+                                size_t n);
+/* kvc_read_response: P's kv_transfer_params for the proxy (both modes). */
+char        *kvc_read_response(struct kvx_engine *eng, const kvc_xfer_t *x);
+/* kvc_xfer_publish (P, lock not held): inserts x and applies the control
+ * messages that overtook it (remote_blocks, release); on KVX_OK *response_p
+ * = resp, on error x and resp are freed. */
+kvx_status_t kvc_xfer_publish(struct kvx_engine *eng, kvc_xfer_t *x,
+                              char *resp, char **response_p);
+void         kvc_event_push(struct kvx_engine *eng, kvx_event_type_t type,
+                            kvx_status_t status, const kvc_xfer_t *x,
+                            const char *reason, int with_blocks);
+kvx_status_t kvc_xfer_wait(struct kvx_engine *eng, const char *tid,
+                           int64_t layer, int64_t timeout_ms);
+/* kvc_events_wait (API wait_events): until an event is pending or
+ * timeout_ms passed. */
+kvx_status_t kvc_events_wait(struct kvx_engine *eng, int64_t timeout_ms);
+
+/* plan.c: copy plans of a transfer */
+uint32_t     kvc_xfer_nsrc(const kvc_xfer_t *x);
+kvc_peer_t  *kvc_xfer_source(const kvc_xfer_t *x, uint32_t k);
+kvx_status_t kvc_xfer_plan(struct kvx_engine *eng, kvc_xfer_t *x,
+                           const uint64_t *lids, size_t nl);
+
+/* peer.c: peers, their control queue and connection */
+/* kvc_peer_conn_t: what a READY peer holds in the data plane, detached
+ * from the peer under the engine lock so that exactly one thread releases
+ * it. */
+typedef struct kvc_peer_conn {
+    kvc_hs_meta_t meta;
+    kvt_ep_t     *ep;
+    kvt_rkey_t  **rkeys;
+    int          *layer_map;
+} kvc_peer_conn_t;
+
 kvc_peer_t *kvc_peer_get(struct kvx_engine *eng, const char *host,
                          const kvc_peer_addr_t *base, uint32_t dp_rank,
                          uint32_t tp_rank, uint32_t dp_size,
@@ -279,57 +320,21 @@ kvc_peer_t *kvc_peer_get(struct kvx_engine *eng, const char *host,
 void        kvc_peer_send(kvc_peer_t *peer, char *buf, size_t len,
                           const char *what);
 void        kvc_peer_want_handshake(kvc_peer_t *peer);
+void        kvc_rkeys_destroy(struct kvx_engine *eng, kvt_rkey_t **rkeys,
+                              size_t n);
+void        kvc_peer_conn_free(struct kvx_engine *eng, kvc_peer_conn_t *c);
+void        kvc_peer_ep_error(void *arg, kvt_ep_t *ep, kvx_status_t status,
+                              const char *reason);
+void        kvc_peers_flush(struct kvx_engine *eng);
+void        kvc_peers_disconnect(struct kvx_engine *eng);
+void        kvc_peers_free(struct kvx_engine *eng);
 
-/* engine_read.c */
-kvc_xfer_t  *kvc_xfer_new(const char *tid, const char *req_id,
-                          const uint64_t *ids, size_t n);
-kvx_status_t kvc_xfer_check_ids(struct kvx_engine *eng, const uint64_t *ids,
-                                size_t n);
-kvx_status_t kvc_xfer_plan(struct kvx_engine *eng, kvc_xfer_t *x,
-                           const uint64_t *lids, size_t nl);
-/* kvc_xfer_publish (P, lock not held): inserts x and applies the control
- * messages that overtook it (remote_blocks, release); on KVX_OK *response_p
- * = resp, on error x and resp are freed. */
-kvx_status_t kvc_xfer_publish(struct kvx_engine *eng, kvc_xfer_t *x,
-                              char *resp, char **response_p);
-kvx_status_t kvc_read_consumer(struct kvx_engine *eng, const char *req_id,
-                               const char *params_json, const uint64_t *ids,
-                               size_t n);
-kvx_status_t kvc_read_producer(struct kvx_engine *eng, const char *req_id,
-                               const char *params_json, const uint64_t *ids,
-                               size_t n, char **response_p);
-void         kvc_read_peer_ready(struct kvx_engine *eng, kvc_peer_t *peer);
-void         kvc_read_peer_failed(struct kvx_engine *eng, kvc_peer_t *peer);
-void         kvc_read_on_release(struct kvx_engine *eng, const kvc_msg_t *m,
-                                 char *reason, size_t reason_len, int *ok_p);
-void         kvc_read_tick(struct kvx_engine *eng);
-/* engine_write.c */
-kvx_status_t kvc_write_producer(struct kvx_engine *eng, const char *req_id,
-                                const char *params_json, const uint64_t *ids,
-                                size_t n, char **response_p);
-kvx_status_t kvc_write_consumer(struct kvx_engine *eng, const char *req_id,
-                                const char *params_json, const uint64_t *ids,
-                                size_t n);
-kvx_status_t kvc_write_layer_ready(struct kvx_engine *eng, const char *tid,
-                                   uint32_t layer);
-kvx_status_t kvc_write_seal(struct kvx_engine *eng, const char *tid);
-kvx_status_t kvc_write_abort(struct kvx_engine *eng, const char *req_id,
-                             const char *params_json);
-void         kvc_write_on_remote_blocks(struct kvx_engine *eng, kvc_msg_t *m,
-                                        char *reason, size_t len, int *ok_p);
-void         kvc_write_on_write_done(struct kvx_engine *eng,
-                                     const kvc_msg_t *m);
-void         kvc_write_on_release(struct kvx_engine *eng, kvc_xfer_t *x);
-void         kvc_write_peer_ready(struct kvx_engine *eng, kvc_peer_t *peer);
-void         kvc_write_peer_failed(struct kvx_engine *eng, kvc_peer_t *peer);
-void         kvc_write_tick(struct kvx_engine *eng);
-void         kvc_write_early_apply(struct kvx_engine *eng, kvc_xfer_t *x);
-void         kvc_write_free(kvc_xfer_t *x);
-char        *kvc_read_response(struct kvx_engine *eng, const kvc_xfer_t *x);
-
-kvx_status_t kvc_xfer_wait(struct kvx_engine *eng, const char *tid,
-                           int64_t layer, int64_t timeout_ms);
-
+/* handshake.c */
+kvx_status_t kvc_meta_build(struct kvx_engine *eng);
+void         kvc_peer_hs_start(kvc_peer_t *peer);
+void         kvc_peer_hs_finish(kvt_job_t *job);
+void         kvc_hs_handler(void *arg, const char *from, const char *msg,
+                            size_t len, char **reply_p, size_t *len_p);
 /* kvc_peer_parts: how this engine's heads relate to peer's (sharded
  * heterogeneous TP, SPEC §4), from the rank map: *n_p = 1 (whole blocks)
  * unless this is a READ consumer of an instance with another TP size and
@@ -341,6 +346,31 @@ kvx_status_t kvc_xfer_wait(struct kvx_engine *eng, const char *tid,
 void kvc_peer_parts(const struct kvx_engine *eng, const kvc_peer_t *peer,
                     uint32_t *idx_p, uint32_t *n_p, int *gather_p);
 
+/* dispatch.c */
+void kvc_reply(int ok, const char *reason, char **reply_p, size_t *len_p);
+void kvc_notify_handler(void *arg, const char *from, const char *msg,
+                        size_t len, char **reply_p, size_t *len_p);
+
+/* target.c: request params -> the peer ranks to talk to */
+kvx_status_t kvc_read_targets(struct kvx_engine *eng,
+                              const kvc_xfer_params_t *p,
+                              const kvc_peer_addr_t *addr,
+                              const char *field, kvc_xfer_t *x);
+kvx_status_t kvc_read_check_hosts(struct kvx_engine *eng,
+                                  const kvc_xfer_params_t *p,
+                                  const kvc_peer_addr_t *addr,
+                                  const char *field);
+kvx_status_t kvc_write_check_hosts(struct kvx_engine *eng,
+                                   const kvc_xfer_params_t *p,
+                                   const kvc_peer_addr_t *addr,
+                                   const char *field);
+kvx_status_t kvc_write_same_tp(struct kvx_engine *eng, uint32_t rtp);
+uint32_t     kvc_write_peer_rank(const struct kvx_engine *eng, uint32_t rtp);
+kvc_peer_t  *kvc_write_target(struct kvx_engine *eng,
+                              const kvc_xfer_params_t *p,
+                              const kvc_peer_addr_t *addr, const char *field,
+                              uint32_t dp_rank, uint32_t tp_rank,
+                              kvx_status_t *st_p);
 /* The peer ranks this engine issues one-sided operations to for an
  * instance (READ consumer: the P rank it reads from, or every P rank it
  * gathers heads from, into peers[KVC_RANKMAP_MAX], returning the count;
@@ -355,12 +385,59 @@ kvc_peer_t *kvc_write_connect_target(struct kvx_engine *eng,
                                      const kvc_xfer_params_t *p,
                                      const kvc_peer_addr_t *addr,
                                      const char *field, kvx_status_t *st_p);
-/* kvc_events_wait (API wait_events): until an event is pending or
- * timeout_ms passed. */
-kvx_status_t kvc_events_wait(struct kvx_engine *eng, int64_t timeout_ms);
 /* kvc_engine_connect (API connect_peer): handshake ahead of the first
  * request; timeout_ms 0 returns at once, > 0 waits for the outcome. */
 kvx_status_t kvc_engine_connect(struct kvx_engine *eng,
                                 const char *params_json, int64_t timeout_ms);
+
+/* registration.c */
+kvx_status_t kvc_reg_setup(struct kvx_engine *eng);
+void         kvc_reg_tick(struct kvx_engine *eng);
+
+/* mode_read.c */
+kvx_status_t kvc_read_consumer(struct kvx_engine *eng, const char *req_id,
+                               const char *params_json, const uint64_t *ids,
+                               size_t n);
+kvx_status_t kvc_read_producer(struct kvx_engine *eng, const char *req_id,
+                               const char *params_json, const uint64_t *ids,
+                               size_t n, char **response_p);
+void         kvc_read_peer_ready(struct kvx_engine *eng, kvc_peer_t *peer);
+void         kvc_read_peer_failed(struct kvx_engine *eng, kvc_peer_t *peer);
+void         kvc_read_on_release(struct kvx_engine *eng, const kvc_msg_t *m,
+                                 char *reason, size_t reason_len, int *ok_p);
+void         kvc_early_apply(struct kvx_engine *eng, kvc_xfer_t *x);
+void         kvc_read_tick(struct kvx_engine *eng);
+
+/* mode_write_push.c, mode_write_p.c, mode_write_d.c */
+#define KVC_EARLY_BLOCKS_MAX 1024
+void         kvc_write_send(kvc_peer_t *peer, kvc_msg_t *m, const char *what);
+void         kvc_write_check(struct kvx_engine *eng, kvc_xfer_t *x);
+void         kvc_write_pump(struct kvx_engine *eng, kvc_xfer_t *x);
+void         kvc_write_route_blocks(struct kvx_engine *eng, kvc_xfer_t *x,
+                                    kvc_msg_t *m, char *reason, size_t len,
+                                    int *ok_p);
+int          kvc_write_fanout_end(struct kvx_engine *eng, kvc_xfer_t *x);
+void         kvc_write_peer_ready(struct kvx_engine *eng, kvc_peer_t *peer);
+void         kvc_write_peer_failed(struct kvx_engine *eng, kvc_peer_t *peer);
+void         kvc_write_tick(struct kvx_engine *eng);
+kvx_status_t kvc_write_producer(struct kvx_engine *eng, const char *req_id,
+                                const char *params_json, const uint64_t *ids,
+                                size_t n, char **response_p);
+kvx_status_t kvc_write_layer_ready(struct kvx_engine *eng, const char *tid,
+                                   uint32_t layer);
+kvx_status_t kvc_write_seal(struct kvx_engine *eng, const char *tid);
+void         kvc_write_on_remote_blocks(struct kvx_engine *eng, kvc_msg_t *m,
+                                        char *reason, size_t len, int *ok_p);
+void         kvc_write_on_release(struct kvx_engine *eng, kvc_xfer_t *x);
+void         kvc_write_early_apply(struct kvx_engine *eng, kvc_xfer_t *x);
+void         kvc_write_free(kvc_xfer_t *x);
+kvx_status_t kvc_write_consumer(struct kvx_engine *eng, const char *req_id,
+                                const char *params_json, const uint64_t *ids,
+                                size_t n);
+void         kvc_write_d_send(kvc_xfer_t *x, kvc_msg_t *m, const char *what);
+void         kvc_write_on_write_done(struct kvx_engine *eng,
+                                     const kvc_msg_t *m);
+kvx_status_t kvc_write_abort(struct kvx_engine *eng, const char *req_id,
+                             const char *params_json);
 
 #endif

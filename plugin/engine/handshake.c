@@ -1,0 +1,521 @@
+/*
+ * handshake.c - the handshake (SPEC §5): this engine's metadata and the
+ * listener that serves it; the initiator's request, the checks of the
+ * peer's reply against what was dialled and what this engine holds, the
+ * endpoint and rkeys.
+ *
+ * Every function here runs with the engine lock held unless it says
+ * otherwise.
+ */
+#define _GNU_SOURCE
+#include "engine.h"
+
+#include <json-c/json.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void kvc_peer_parts(const struct kvx_engine *eng, const kvc_peer_t *peer,
+                    uint32_t *idx_p, uint32_t *n_p, int *gather_p)
+{
+    kvc_rankmap_t m;
+
+    *idx_p    = 0;
+    *n_p      = 1;
+    *gather_p = 0;
+    if (!eng->cfg.read_mode && eng->cfg.is_producer) {
+        /* WRITE, P tp = r x D tp, sharded: this P rank puts its heads into
+         * part (tp_rank - read_rank) of its D rank's blocks. */
+        if (kvc_rankmap(peer->tp_size, eng->cfg.tp_size, eng->replicated,
+                        peer->tp_rank, &m) == KVX_OK && m.gather) {
+            *n_p      = m.num_slices;
+            *idx_p    = eng->cfg.tp_rank - m.read_rank;
+            *gather_p = 2;
+        } else if (kvc_rankmap(peer->tp_size, eng->cfg.tp_size,
+                               eng->replicated, peer->tp_rank, &m) == KVX_OK &&
+                   m.num_slices > 1) {
+            /* D tp = q x P tp: this P rank puts head slice head_slice of
+             * its heads into the D rank's whole blocks. */
+            *n_p      = m.num_slices;
+            *idx_p    = m.head_slice;
+            *gather_p = 1;
+        } else if (eng->replicated && peer->tp_size < eng->cfg.tp_size &&
+                   eng->cfg.tp_size % peer->tp_size == 0) {
+            /* Replicated heads, P tp = r x D tp: the r P ranks of a D rank
+             * hold the same cache; only the first one puts it. */
+            *n_p      = eng->cfg.tp_size / peer->tp_size;
+            *idx_p    = eng->cfg.tp_rank % *n_p;
+            *gather_p = 2;
+        }
+        return;
+    }
+    if (!eng->cfg.read_mode || eng->cfg.is_producer ||
+        kvc_rankmap(eng->cfg.tp_size, peer->tp_size, eng->replicated,
+                    eng->cfg.tp_rank, &m) != KVX_OK) {
+        return;
+    }
+    *n_p      = m.num_slices;
+    *gather_p = (int)m.gather;
+    *idx_p    = m.gather ? peer->tp_rank - m.read_rank : m.head_slice;
+}
+
+/* Validates the peer's metadata against what we dialled and what we hold.
+ * Called without the engine lock: layers are frozen after start(). */
+static kvx_status_t kvc_peer_check_meta(kvc_peer_t *peer,
+                                        const kvc_hs_meta_t *m, int *map)
+{
+    struct kvx_engine *eng = peer->eng;
+    uint32_t           part, nparts;
+    int                gather;
+
+    kvc_peer_parts(eng, peer, &part, &nparts, &gather);
+    (void)part;
+    if (m->version != KVC_PROTO_VERSION) {
+        return kvc_error(KVX_ERR_PEER_VERSION,
+                         "peer %s: protocol version %u, this engine speaks %u",
+                         peer->name, m->version, KVC_PROTO_VERSION);
+    }
+    if (m->is_producer == (uint32_t)eng->cfg.is_producer) {
+        return kvc_error(KVX_ERR_HANDSHAKE,
+                         "peer %s: is a %s like this engine", peer->name,
+                         m->is_producer ? "kv_producer" : "kv_consumer");
+    }
+    if (m->tp_rank != peer->tp_rank || m->dp_rank != peer->dp_rank ||
+        m->tp_size != peer->tp_size || m->dp_size != peer->dp_size) {
+        return kvc_error(KVX_ERR_HANDSHAKE,
+                         "peer %s: answered as dp %u/%u tp %u/%u but "
+                         "dp %u/%u tp %u/%u was expected (port or host "
+                         "resolution mismatch)", peer->name, m->dp_rank,
+                         m->dp_size, m->tp_rank, m->tp_size, peer->dp_rank,
+                         peer->dp_size, peer->tp_rank, peer->tp_size);
+    }
+    for (size_t i = 0; i < eng->nlayers; i++) {
+        kvx_status_t st;
+
+        map[i] = -1;
+        for (size_t j = 0; j < m->num_layers; j++) {
+            if (strcmp(m->layers[j].name, eng->layers[i].name) == 0) {
+                map[i] = (int)j;
+                break;
+            }
+        }
+        if (map[i] < 0) {
+            return kvc_error(KVX_ERR_PEER_INCOMPATIBLE,
+                             "peer %s: has no layer named '%s'", peer->name,
+                             eng->layers[i].name);
+        }
+        /* Sharded heads with another TP size: this rank reads a slice of
+         * each P block's heads (D tp > P tp) or each P rank holds a part of
+         * this rank's heads (D tp < P tp); key-only layers are replicated
+         * and read whole. */
+        if (nparts > 1 && !eng->layers[i].geom.key_only) {
+            st = gather == 1
+                     ? kvc_geom_gatherable(&eng->layers[i].geom,
+                                           &m->layers[map[i]].geom, nparts)
+                     : kvc_geom_sliceable(&eng->layers[i].geom,
+                                          &m->layers[map[i]].geom, nparts);
+        } else {
+            st = kvc_geom_compatible(&eng->layers[i].geom,
+                                     &m->layers[map[i]].geom);
+        }
+        if (st != KVX_OK) {
+            return kvc_error(st, "peer %s: layer '%s': %s", peer->name,
+                             eng->layers[i].name, kvc_last_error());
+        }
+    }
+    if (m->num_layers != eng->nlayers) {
+        return kvc_error(KVX_ERR_PEER_INCOMPATIBLE,
+                         "peer %s: registers %zu layers, this engine %zu",
+                         peer->name, m->num_layers, eng->nlayers);
+    }
+    return KVX_OK;
+}
+
+static kvx_status_t kvc_peer_check_lanes(kvc_peer_t *peer, kvt_ep_t *ep)
+{
+    const kvc_config_t *cfg = &peer->eng->cfg;
+    const char         *tls = KVD(peer->eng)->ep_transports(ep);
+
+    for (size_t i = 0; i < cfg->num_ucx_required_transports; i++) {
+        if (strstr(tls, cfg->ucx_required_transports[i]) == NULL) {
+            return kvc_error(KVX_ERR_TRANSPORT,
+                             "peer %s: endpoint lanes '%s' do not include "
+                             "required transport '%s' "
+                             "(ucx_required_transports)", peer->name, tls,
+                             cfg->ucx_required_transports[i]);
+        }
+    }
+    return KVX_OK;
+}
+
+/* kvc_peer_rma_mode: how gets/puts to this peer really move (research/
+ * ucx.md §0.1-0.3): over a hardware/transport RMA lane, as direct copies
+ * into UCX-allocated shared memory, or emulated over active messages. */
+static const char *kvc_peer_rma_mode(kvc_peer_t *peer, const kvc_hs_meta_t *m,
+                                     kvt_ep_t *ep, kvt_rkey_t **rkeys)
+{
+    const struct kvx_engine *eng = peer->eng;
+
+    if (KVD(eng)->ep_rma_emulated(ep)) {
+        return "emulated";
+    }
+    if (!KVD(eng)->ep_rma_shm_only(ep)) {
+        return "rma";
+    }
+    for (size_t j = 0; j < m->num_layers; j++) {
+        if (KVD(eng)->rkey_local(rkeys[j], m->layers[j].base) == NULL) {
+            return "emulated";
+        }
+    }
+    return "direct-shm";
+}
+
+static kvx_status_t kvc_peer_connect(kvc_peer_t *peer, kvc_hs_meta_t *m,
+                                     kvt_ep_t **ep_p, kvt_rkey_t ***rkeys_p)
+{
+    struct kvx_engine *eng = peer->eng;
+    uint64_t     t0 = kvc_now_us(eng);
+    kvt_rkey_t **rkeys;
+    kvx_status_t st;
+
+    /* The wire-up is not waited for: the first gets/puts queue behind it
+     * in UCX (bounded by transfer_timeout) instead of the handshake paying
+     * its round trips first. */
+    st = KVD(eng)->ep_create(eng->ucx, m->worker_addr, m->worker_addr_len,
+                       peer->name, kvc_peer_ep_error, peer, ep_p);
+    if (st != KVX_OK) {
+        return st;
+    }
+    peer->hs_us[1] = kvc_now_us(eng) - t0;
+    t0             = kvc_now_us(eng);
+    rkeys = calloc(m->num_layers ? m->num_layers : 1, sizeof(*rkeys));
+    st    = rkeys ? kvc_peer_check_lanes(peer, *ep_p)
+                  : kvc_error(KVX_ERR_NO_MEMORY, "rkeys: out of memory");
+    for (size_t j = 0; st == KVX_OK && j < m->num_layers; j++) {
+        size_t k = 0;
+
+        /* Layers carved from one UCX-allocated region carry the same packed
+         * rkey: unpack it once (one attachment of the peer's segment). */
+        while (k < j && (m->layers[k].rkey_len != m->layers[j].rkey_len ||
+                         memcmp(m->layers[k].rkey, m->layers[j].rkey,
+                                m->layers[j].rkey_len) != 0)) {
+            k++;
+        }
+        st = k < j ? KVX_OK
+                   : KVD(eng)->rkey_unpack(*ep_p, m->layers[j].rkey,
+                                     m->layers[j].rkey_len, &rkeys[j]);
+        rkeys[j] = k < j ? rkeys[k] : rkeys[j];
+    }
+    if (st == KVX_OK) {
+        const char *mode = kvc_peer_rma_mode(peer, m, *ep_p, rkeys);
+
+        snprintf(peer->rma_mode, sizeof(peer->rma_mode), "%s", mode);
+        peer->hs_us[2] = kvc_now_us(eng) - t0;
+
+        if (strcmp(mode, "emulated") == 0) {
+            kvc_log_warn("KVX-RMA-EMULATED",
+                         "peer %s: one-sided ops are emulated over active "
+                         "messages (lanes %s%s)", peer->name,
+                         KVD(eng)->ep_transports(*ep_p),
+                         KVD(eng)->ep_rma_shm_only(*ep_p)
+                             ? "; the peer's memory is not UCX-allocated, "
+                               "see alloc_region" : "");
+        }
+    }
+    if (st != KVX_OK) {
+        kvc_rkeys_destroy(peer->eng, rkeys, m->num_layers);
+        free(rkeys);
+        KVD(eng)->ep_close(*ep_p);
+        *ep_p = NULL;
+        return st;
+    }
+    *rkeys_p = rkeys;
+    return KVX_OK;
+}
+
+/* kvc_peer_hs_failed records a failed handshake; lock held. */
+static void kvc_peer_hs_failed(kvc_peer_t *peer, kvx_status_t st,
+                               const char *reason)
+{
+    struct kvx_engine *eng = peer->eng;
+
+    peer->state       = KVC_PEER_FAILED;
+    peer->fail_status = st;
+    snprintf(peer->fail_reason, sizeof(peer->fail_reason), "%s", reason);
+    kvc_log_warn("KVX-HANDSHAKE", "%s", peer->fail_reason);
+    eng->stats.handshakes_failed++;
+    kvc_read_peer_failed(eng, peer);
+    kvc_write_peer_failed(eng, peer);
+    pthread_cond_broadcast(&eng->cond);
+}
+
+/* kvc_hs_reply: the handshake reply (or its failure), on a control-plane
+ * thread. It is processed on the progress owner (endpoint creation and
+ * rkeys are data-plane calls). */
+static void kvc_hs_reply(void *arg, kvx_status_t st, const char *reply,
+                         size_t len, const char *err)
+{
+    kvc_peer_t        *peer = arg;
+    struct kvx_engine *eng  = peer->eng;
+    char              *copy = NULL;
+
+    if (st == KVX_OK && (copy = malloc(len + 1)) == NULL) {
+        st  = KVX_ERR_NO_MEMORY;
+        err = "out of memory";
+    }
+    if (copy != NULL) {
+        memcpy(copy, reply, len);
+        copy[len] = '\0';
+    }
+    pthread_mutex_lock(&eng->lock);
+    peer->hs_reply     = copy;
+    peer->hs_reply_len = len;
+    peer->hs_status    = st;
+    snprintf(peer->hs_err, sizeof(peer->hs_err), "%s",
+             err != NULL ? err : kvc_status_name(st));
+    peer->hs_job_queued = 1;
+    eng->jobs_queued++;
+    KVD(eng)->defer(eng->ucx, &peer->hs_job);
+    pthread_mutex_unlock(&eng->lock);
+}
+
+/* kvc_peer_hs_start sends the handshake request; lock held, progress
+ * owner. */
+void kvc_peer_hs_start(kvc_peer_t *peer)
+{
+    struct kvx_engine *eng = peer->eng;
+    int    timeout_ms = (int)(eng->cfg.handshake_timeout * 1000.0);
+    size_t len;
+    char  *req;
+    kvx_status_t st = KVX_OK;
+
+    peer->want_handshake = 0;
+    peer->state          = KVC_PEER_HANDSHAKING;
+    peer->hs_t0          = kvc_now_us(eng);
+    if (peer->hs_cli == NULL) {
+        st = KVN(eng)->client_open(peer->host, peer->hs_port, 1,
+                                   &peer->hs_cli);
+    }
+    req = st == KVX_OK ? kvc_hs_request_encode(&len) : NULL;
+    if (st == KVX_OK && req == NULL) {
+        st = kvc_error(KVX_ERR_NO_MEMORY, "handshake: out of memory");
+    }
+    if (st == KVX_OK) {
+        st = KVN(eng)->client_post(peer->hs_cli, req, len, timeout_ms,
+                                   kvc_hs_reply, peer);
+    }
+    free(req);
+    if (st != KVX_OK) {
+        char reason[KVX_REASON_MAX];
+
+        snprintf(reason, sizeof(reason), "handshake with %s: %s",
+                 peer->name, kvc_last_error());
+        kvc_peer_hs_failed(peer, KVX_ERR_HANDSHAKE, reason);
+    }
+}
+
+/* kvc_peer_hs_check decodes and checks the reply and connects; no lock
+ * (peer is HANDSHAKING: nothing else touches its connection fields, and
+ * layers are frozen after start()). */
+static kvx_status_t kvc_peer_hs_check(kvc_peer_t *peer, kvc_hs_meta_t *m,
+                                      int **map_p, kvt_ep_t **ep_p,
+                                      kvt_rkey_t ***rkeys_p)
+{
+    struct kvx_engine *eng = peer->eng;
+    char       reason[KVX_REASON_MAX];
+    int        ok = 1, *map;
+    const char *reply = peer->hs_reply;
+    size_t      rlen  = peer->hs_reply_len;
+    kvx_status_t st   = peer->hs_status;
+
+    if (st != KVX_OK) {
+        return kvc_error(st == KVX_ERR_TIMEOUT ? KVX_ERR_HANDSHAKE_TIMEOUT
+                                               : KVX_ERR_HANDSHAKE,
+                         "handshake with %s: %s (handshake_timeout %.3f s)",
+                         peer->name, peer->hs_err,
+                         eng->cfg.handshake_timeout);
+    }
+    /* Only an error reply starts with {"ok": parse the metadata once. */
+    if (rlen >= 5 && memcmp(reply, "{\"ok\"", 5) == 0 &&
+        kvc_reply_decode(reply, rlen, &ok, reason, sizeof(reason)) == KVX_OK &&
+        !ok) {
+        return kvc_error(KVX_ERR_HANDSHAKE, "handshake with %s: refused: %s",
+                         peer->name, reason);
+    }
+    peer->hs_us[0] = kvc_now_us(eng) - peer->hs_t0;
+    st = kvc_hs_decode(reply, rlen, m);
+    if (st != KVX_OK) {
+        return kvc_error(st, "handshake with %s: %s", peer->name,
+                         kvc_last_error());
+    }
+    map = calloc(eng->nlayers ? eng->nlayers : 1, sizeof(int));
+    st  = map ? kvc_peer_check_meta(peer, m, map)
+              : kvc_error(KVX_ERR_NO_MEMORY, "handshake: out of memory");
+    if (st == KVX_OK) {
+        st = kvc_peer_connect(peer, m, ep_p, rkeys_p);
+    }
+    if (st != KVX_OK) {
+        free(map);
+        kvc_hs_fini(m);
+        return st;
+    }
+    *map_p         = map;
+    peer->hs_us[3] = kvc_now_us(eng) - peer->hs_t0;
+    return KVX_OK;
+}
+
+/* kvc_peer_prefault maps the peer's directly attached segments into our
+ * page tables after the handshake (not inside it, and outside the lock):
+ * the first transfer then does not pay a page fault per page. Called and
+ * returns with the engine lock held. */
+static void kvc_peer_prefault(kvc_peer_t *peer)
+{
+    struct kvx_engine *eng = peer->eng;
+    size_t  n   = peer->meta.num_layers;
+    void  **ptr = calloc(n ? n : 1, sizeof(*ptr));
+    size_t *len = calloc(n ? n : 1, sizeof(*len));
+
+    for (size_t j = 0; ptr != NULL && len != NULL && j < n; j++) {
+        ptr[j] = KVD(eng)->rkey_local(peer->rkeys[j],
+                                      peer->meta.layers[j].base);
+        len[j] = peer->meta.layers[j].length;
+    }
+    pthread_mutex_unlock(&eng->lock);
+    for (size_t j = 0; ptr != NULL && len != NULL && j < n; j++) {
+        KVD(eng)->prefault(ptr[j], len[j]);
+    }
+    free(ptr);
+    free(len);
+    pthread_mutex_lock(&eng->lock);
+}
+
+/* kvc_peer_hs_finish (job, progress owner): the handshake's outcome. */
+void kvc_peer_hs_finish(kvt_job_t *job)
+{
+    kvc_peer_t        *peer = job->arg;
+    struct kvx_engine *eng  = peer->eng;
+    kvc_hs_meta_t      m;
+    kvt_ep_t          *ep    = NULL;
+    kvt_rkey_t       **rkeys = NULL;
+    int               *map   = NULL;
+    kvx_status_t       st;
+
+    memset(&m, 0, sizeof(m));
+    pthread_mutex_lock(&eng->lock);
+    st = eng->closing ? kvc_error(KVX_ERR_CANCELED, "peer %s: engine "
+                                  "destroyed", peer->name)
+                      : KVX_OK;
+    pthread_mutex_unlock(&eng->lock);
+    if (st == KVX_OK) {
+        st = kvc_peer_hs_check(peer, &m, &map, &ep, &rkeys);
+    }
+    pthread_mutex_lock(&eng->lock);
+    free(peer->hs_reply);
+    peer->hs_reply      = NULL;
+    peer->hs_job_queued = 0;
+    eng->jobs_queued--;
+    if (st == KVX_OK && eng->closing) {
+        kvc_peer_conn_t c = {m, ep, rkeys, map};
+
+        kvc_peer_conn_free(eng, &c);
+        st = kvc_error(KVX_ERR_CANCELED, "peer %s: engine destroyed",
+                       peer->name);
+    }
+    if (st != KVX_OK) {
+        kvc_peer_hs_failed(peer, st, kvc_last_error());
+        pthread_mutex_unlock(&eng->lock);
+        return;
+    }
+    peer->meta      = m;
+    peer->ep        = ep;
+    peer->rkeys     = rkeys;
+    peer->layer_map = map;
+    peer->state     = KVC_PEER_READY;
+    eng->stats.handshakes_ok++;
+    memcpy(eng->stats.hs_last_us, peer->hs_us, sizeof(peer->hs_us));
+    kvc_log_info("KVX-HANDSHAKE-OK", "peer %s: epoch %llu, %zu layers, %s; "
+                 "%llu us (metadata %llu, endpoint %llu, rkeys %llu)",
+                 peer->name, (unsigned long long)m.epoch, m.num_layers,
+                 KVD(eng)->ep_transports(ep),
+                 (unsigned long long)peer->hs_us[3],
+                 (unsigned long long)peer->hs_us[0],
+                 (unsigned long long)peer->hs_us[1],
+                 (unsigned long long)peer->hs_us[2]);
+    kvc_read_peer_ready(eng, peer);
+    kvc_write_peer_ready(eng, peer);
+    pthread_cond_broadcast(&eng->cond); /* kvc_engine_connect waiters */
+    if (strcmp(peer->rma_mode, "direct-shm") == 0) {
+        kvc_peer_prefault(peer);
+    }
+    pthread_mutex_unlock(&eng->lock);
+}
+
+kvx_status_t kvc_meta_build(struct kvx_engine *eng)
+{
+    kvc_hs_meta_t m;
+    const void   *addr;
+    size_t        addr_len;
+
+    memset(&m, 0, sizeof(m));
+    m.version        = KVC_PROTO_VERSION;
+    snprintf(m.engine_id, sizeof(m.engine_id), "%.200s", eng->engine_id);
+    snprintf(m.host, sizeof(m.host), "%s", eng->cfg.host_ip);
+    m.handshake_port = eng->cfg.handshake_port;
+    m.notify_port    = eng->cfg.notify_port;
+    m.dp_rank        = eng->cfg.dp_rank;
+    m.dp_size        = eng->cfg.dp_size;
+    m.tp_rank        = eng->cfg.tp_rank;
+    m.tp_size        = eng->cfg.tp_size;
+    m.is_producer    = (uint32_t)eng->cfg.is_producer;
+    m.epoch          = eng->epoch;
+    KVD(eng)->worker_address(eng->ucx, &addr, &addr_len);
+    m.worker_addr     = (uint8_t *)addr;
+    m.worker_addr_len = addr_len;
+    m.num_layers      = eng->nlayers;
+    m.layers = calloc(eng->nlayers ? eng->nlayers : 1, sizeof(*m.layers));
+    if (m.layers == NULL) {
+        return kvc_error(KVX_ERR_NO_MEMORY, "metadata: out of memory");
+    }
+    for (size_t i = 0; i < eng->nlayers; i++) {
+        const void *rk;
+        size_t      rk_len;
+
+        snprintf(m.layers[i].name, sizeof(m.layers[i].name), "%s",
+                 eng->layers[i].name);
+        m.layers[i].base     = (uint64_t)(uintptr_t)eng->layers[i].base;
+        m.layers[i].length   = eng->layers[i].length;
+        m.layers[i].mem_type = (uint32_t)eng->layers[i].mem_type;
+        m.layers[i].geom     = eng->layers[i].geom;
+        KVD(eng)->mem_rkey(eng->layers[i].mem, &rk, &rk_len);
+        m.layers[i].rkey     = (uint8_t *)rk;
+        m.layers[i].rkey_len = rk_len;
+    }
+    m.digest       = kvc_hs_digest(m.layers, m.num_layers);
+    eng->meta_json = kvc_hs_encode(&m, &eng->meta_len);
+    free(m.layers); /* rkeys and address are borrowed */
+    if (eng->meta_json == NULL) {
+        return kvc_error(KVX_ERR_NO_MEMORY, "metadata: encode failed");
+    }
+    return KVX_OK;
+}
+
+void kvc_hs_handler(void *arg, const char *from, const char *msg,
+                           size_t len, char **reply_p, size_t *len_p)
+{
+    struct kvx_engine *eng = arg;
+    uint32_t           version;
+
+    if (kvc_hs_request_decode(msg, len, &version) != KVX_OK) {
+        kvc_log_warn("KVX-BAD-MESSAGE", "%s handshake listener: from %s: "
+                     "%s", eng->engine_id, from, kvc_last_error());
+        kvc_reply(0, kvc_last_error(), reply_p, len_p);
+        return;
+    }
+    *reply_p = malloc(eng->meta_len);
+    if (*reply_p == NULL) {
+        kvc_reply(0, "out of memory", reply_p, len_p);
+        return;
+    }
+    memcpy(*reply_p, eng->meta_json, eng->meta_len);
+    *len_p = eng->meta_len;
+}

@@ -1,0 +1,471 @@
+/*
+ * mode_read.c - READ mode (SPEC §7): D pulls with one-sided gets, then
+ * releases the P ranks it maps to; P holds its blocks until its ack quorum
+ * released them (or defer_timeout).
+ *
+ * Every function here runs with the engine lock held unless it says
+ * otherwise.
+ */
+#define _GNU_SOURCE
+#include "engine.h"
+
+#include <json-c/json.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* --- consumer (D) ------------------------------------------------------- */
+
+static void kvc_read_send_releases(struct kvx_engine *eng, kvc_xfer_t *x)
+{
+    for (uint32_t i = 0; i < x->nrel; i++) {
+        kvc_msg_t m;
+        size_t    len;
+        char     *buf;
+
+        if (x->rel[i]->state == KVC_PEER_FAILED &&
+            (x->rel[i]->fail_status == KVX_ERR_HANDSHAKE_TIMEOUT ||
+             x->rel[i]->fail_status == KVX_ERR_CONTROL)) {
+            /* Unreachable: a release would only wait for its deadline. */
+            continue;
+        }
+        memset(&m, 0, sizeof(m));
+        m.type             = KVC_MSG_RELEASE;
+        m.consumer_tp_size = (int32_t)eng->cfg.tp_size;
+        m.consumer_rank    = (int32_t)eng->cfg.tp_rank;
+        snprintf(m.transfer_id, sizeof(m.transfer_id), "%s", x->transfer_id);
+        buf = kvc_msg_encode(&m, &len);
+        if (buf != NULL) {
+            kvc_peer_send(x->rel[i], buf, len, "release");
+        }
+    }
+}
+
+/* kvc_read_finish: every get of x completed (or none was posted). */
+static void kvc_read_finish(struct kvx_engine *eng, kvc_xfer_t *x)
+{
+    x->state = x->status == KVX_OK ? KVC_XFER_DONE : KVC_XFER_FAILED;
+    kvc_read_send_releases(eng, x);
+    if (x->status == KVX_OK) {
+        kvc_event_push(eng, KVX_EVENT_FINISHED_RECVING, KVX_OK, x, "", 0);
+    } else {
+        kvc_log_warn("KVX-XFER-FAILED", "transfer %s: %s", x->transfer_id,
+                     x->reason);
+        kvc_event_push(eng, KVX_EVENT_FAILED, x->status, x, x->reason, 1);
+    }
+    kvc_idset_add(&eng->terminal, x->transfer_id);
+    pthread_cond_broadcast(&eng->cond);
+}
+
+static void kvc_read_op_done(kvt_op_t *op)
+{
+    kvc_layer_op_t    *lop = op->arg;
+    kvc_xfer_t        *x   = lop->xfer;
+    struct kvx_engine *eng = lop->peer->eng;
+    kvx_status_t       st  = (kvx_status_t)atomic_load(&op->status);
+
+    pthread_mutex_lock(&eng->lock);
+    lop->done   = 1;
+    lop->status = st;
+    if (st == KVX_OK) {
+        eng->stats.bytes_read += op->bytes;
+    } else {
+        char why[KVX_REASON_MAX];
+
+        snprintf(why, sizeof(why), "layer %u gets from %s failed: %s",
+                 lop->index, lop->peer->name, kvc_status_string(st));
+        kvc_xfer_fail(x, x->timed_out ? KVX_ERR_TRANSFER_TIMEOUT : st, why);
+    }
+    if (--x->layers_pending == 0) {
+        kvc_read_finish(eng, x);
+    }
+    pthread_cond_broadcast(&eng->cond);
+    pthread_mutex_unlock(&eng->lock);
+}
+
+/* kvc_read_sources_ready: every source of x has handshaken. */
+static int kvc_read_sources_ready(const kvc_xfer_t *x)
+{
+    for (uint32_t k = 0; k < kvc_xfer_nsrc(x); k++) {
+        if (kvc_xfer_source(x, k)->state != KVC_PEER_READY) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* kvc_read_has_source: peer is one of x's sources. */
+static int kvc_read_has_source(const kvc_xfer_t *x, const kvc_peer_t *peer)
+{
+    for (uint32_t k = 0; k < kvc_xfer_nsrc(x); k++) {
+        if (kvc_xfer_source(x, k) == peer) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static void kvc_read_post(struct kvx_engine *eng, kvc_xfer_t *x)
+{
+    kvx_status_t st    = kvc_xfer_plan(eng, x, x->local_ids, x->nlocal);
+    size_t       nops = eng->nlayers * kvc_xfer_nsrc(x);
+
+    if (st != KVX_OK) {
+        kvc_xfer_fail(x, st, kvc_last_error());
+        kvc_read_finish(eng, x);
+        return;
+    }
+    x->state          = KVC_XFER_INFLIGHT;
+    x->layers_pending = (uint32_t)nops; /* ops, not layers, when gathering */
+    for (size_t o = 0; o < nops; o++) {
+        kvc_layer_op_t    *lop  = &x->ops[o];
+        kvc_peer_t        *peer = lop->peer;
+        const kvc_layer_t *l    = &eng->layers[lop->index];
+        int                j    = peer->layer_map[lop->index];
+
+        if (lop->runs == NULL) { /* nothing to read from this source */
+            lop->done = 1;
+            x->layers_pending--;
+            continue;
+        }
+        lop->op.done = kvc_read_op_done;
+        lop->op.arg  = lop;
+        st = KVD(eng)->post(peer->ep, 0, l->mem, (uint64_t)(uintptr_t)l->base,
+                      peer->rkeys[j], peer->meta.layers[j].base, lop->runs,
+                      lop->nruns, &lop->op);
+        if (st != KVX_OK) {
+            lop->done   = 1;
+            lop->status = st;
+            kvc_xfer_fail(x, st, kvc_last_error());
+            x->layers_pending--;
+        }
+    }
+    if (x->layers_pending == 0) {
+        kvc_read_finish(eng, x);
+    }
+}
+
+static kvx_status_t kvc_read_consumer_locked(struct kvx_engine *eng,
+                                             kvc_xfer_t *x,
+                                             const kvc_xfer_params_t *p,
+                                             const kvc_peer_addr_t *addr,
+                                             const char *field)
+{
+    kvx_status_t st = kvc_read_targets(eng, p, addr, field, x);
+
+    if (st == KVX_OK) {
+        st = kvc_xfer_insert(eng, x);
+    }
+    if (st != KVX_OK) {
+        return st;
+    }
+    x->deadline_us = kvc_deadline_us(eng, eng->cfg.transfer_timeout);
+    if (x->nlocal == 0) {
+        /* Nothing to read (full prefix hit): still release P (SPEC §7). */
+        kvc_read_finish(eng, x);
+    } else if (kvc_read_sources_ready(x)) {
+        kvc_read_post(eng, x);
+    } else {
+        x->state = KVC_XFER_WAIT_PEER;
+        for (uint32_t k = 0; k < kvc_xfer_nsrc(x); k++) {
+            kvc_peer_want_handshake(kvc_xfer_source(x, k));
+        }
+    }
+    return KVX_OK;
+}
+
+kvx_status_t kvc_read_consumer(struct kvx_engine *eng, const char *req_id,
+                               const char *params_json, const uint64_t *ids,
+                               size_t n)
+{
+    kvc_xfer_params_t p;
+    kvc_peer_addr_t   addr;
+    const char       *field = "remote_host";
+    kvc_xfer_t       *x     = NULL;
+    kvx_status_t      st;
+
+    st = kvc_params_parse(params_json, &p);
+    if (st != KVX_OK) {
+        return st;
+    }
+    if (p.transfer_id[0] == '\0') {
+        st = kvc_error(KVX_ERR_INVALID_PARAM,
+                       "kv_transfer_params.transfer_id: missing");
+        goto out;
+    }
+    st = kvc_params_peer_addr(&p, req_id, 1, &addr, &field);
+    if (st == KVX_OK) {
+        st = kvc_read_check_hosts(eng, &p, &addr, field);
+    }
+    if (st == KVX_OK && n > 0 && !p.has_remote_block_ids) {
+        st = kvc_error(KVX_ERR_INVALID_PARAM,
+                       "kv_transfer_params.remote_block_ids: missing, but "
+                       "READ mode needs the producer's blocks for %zu local "
+                       "blocks", n);
+    }
+    if (st == KVX_OK && n > p.num_remote_block_ids) {
+        st = kvc_error(KVX_ERR_INVALID_PARAM,
+                       "block_ids: %zu local blocks but only %zu "
+                       "remote_block_ids", n, p.num_remote_block_ids);
+    }
+    if (st != KVX_OK) {
+        goto out;
+    }
+    x = kvc_xfer_new(p.transfer_id, req_id, ids, n);
+    if (x == NULL) {
+        st = kvc_error(KVX_ERR_NO_MEMORY, "transfer: out of memory");
+        goto out;
+    }
+    x->remote_ids          = p.remote_block_ids;
+    x->nremote             = p.num_remote_block_ids;
+    p.remote_block_ids     = NULL;
+    p.num_remote_block_ids = 0;
+    pthread_mutex_lock(&eng->lock);
+    st = kvc_read_consumer_locked(eng, x, &p, &addr, field);
+    pthread_mutex_unlock(&eng->lock);
+    if (st != KVX_OK) {
+        kvc_xfer_free(x);
+    }
+out:
+    kvc_params_fini(&p);
+    return st;
+}
+
+void kvc_read_peer_ready(struct kvx_engine *eng, kvc_peer_t *peer)
+{
+    for (size_t b = 0; b < KVC_XFER_BUCKETS; b++) {
+        for (kvc_xfer_t *x = eng->xfers[b]; x != NULL; x = x->hnext) {
+            if (x->state == KVC_XFER_WAIT_PEER &&
+                kvc_read_has_source(x, peer) && kvc_read_sources_ready(x)) {
+                kvc_read_post(eng, x);
+            }
+        }
+    }
+}
+
+void kvc_read_peer_failed(struct kvx_engine *eng, kvc_peer_t *peer)
+{
+    for (size_t b = 0; b < KVC_XFER_BUCKETS; b++) {
+        for (kvc_xfer_t *x = eng->xfers[b]; x != NULL; x = x->hnext) {
+            if (x->state == KVC_XFER_WAIT_PEER &&
+                kvc_read_has_source(x, peer)) {
+                kvc_xfer_fail(x, peer->fail_status, peer->fail_reason);
+                kvc_read_finish(eng, x);
+            }
+        }
+    }
+}
+
+/* --- producer (P) ------------------------------------------------------- */
+
+static void kvc_read_released(struct kvx_engine *eng, kvc_xfer_t *x,
+                              int32_t consumer_tp_size, int32_t consumer_rank)
+{
+    if (x->quorum == 0) {
+        uint32_t q = 1;
+
+        if (kvc_ack_quorum((uint32_t)consumer_tp_size, eng->cfg.tp_size,
+                           eng->replicated, eng->cfg.tp_rank, &q) != KVX_OK ||
+            q == 0) {
+            q = 1;
+        }
+        x->quorum = q;
+    }
+    if (consumer_rank >= 0 && consumer_rank < 64) {
+        uint64_t bit = 1ull << consumer_rank;
+
+        if (x->released_mask & bit) {
+            return; /* duplicate release from the same consumer rank */
+        }
+        x->released_mask |= bit;
+    }
+    if (++x->released >= x->quorum) {
+        kvc_event_push(eng, KVX_EVENT_FINISHED_SENDING, KVX_OK, x, "", 1);
+        kvc_idset_add(&eng->terminal, x->transfer_id);
+        kvc_xfer_remove(eng, x);
+        kvc_xfer_free(x);
+    }
+}
+
+static void kvc_early_remember(struct kvx_engine *eng, const kvc_msg_t *m)
+{
+    kvc_early_release_t *e;
+
+    if (eng->nearly >= KVC_EARLY_MAX) {
+        kvc_early_release_t **pp = &eng->early;
+
+        while ((*pp)->next != NULL) {
+            pp = &(*pp)->next;
+        }
+        kvc_log_warn("KVX-EARLY-DROP", "early release for %s dropped (cap %d)",
+                     (*pp)->transfer_id, KVC_EARLY_MAX);
+        free(*pp);
+        *pp = NULL;
+        eng->nearly--;
+    }
+    e = calloc(1, sizeof(*e));
+    if (e == NULL) {
+        return;
+    }
+    snprintf(e->transfer_id, sizeof(e->transfer_id), "%s", m->transfer_id);
+    e->consumer_tp_size = m->consumer_tp_size;
+    e->consumer_rank    = m->consumer_rank;
+    e->expires_us       = kvc_deadline_us(eng, eng->cfg.defer_timeout);
+    e->next    = eng->early;
+    eng->early = e;
+    eng->nearly++;
+}
+
+void kvc_read_on_release(struct kvx_engine *eng, const kvc_msg_t *m,
+                         char *reason, size_t reason_len, int *ok_p)
+{
+    kvc_xfer_t *x = kvc_xfer_find(eng, m->transfer_id);
+
+    (void)reason;
+    (void)reason_len;
+    *ok_p = 1;
+    if (x == NULL || !x->is_producer) {
+        if (!kvc_idset_contains(&eng->terminal, m->transfer_id)) {
+            /* A release can overtake P's own bookkeeping (SPEC §7). */
+            kvc_early_remember(eng, m);
+        }
+        return;
+    }
+    if (x->write) {
+        kvc_write_on_release(eng, x);
+        return;
+    }
+    kvc_read_released(eng, x, m->consumer_tp_size, m->consumer_rank);
+}
+
+void kvc_early_apply(struct kvx_engine *eng, kvc_xfer_t *x)
+{
+    kvc_early_release_t **pp = &eng->early;
+    char                  tid[KVX_ID_MAX];
+
+    snprintf(tid, sizeof(tid), "%s", x->transfer_id);
+    while (*pp != NULL) {
+        kvc_early_release_t *e = *pp;
+
+        if (strcmp(e->transfer_id, tid) != 0) {
+            pp = &e->next;
+            continue;
+        }
+        *pp = e->next;
+        eng->nearly--;
+        /* x may be freed by the release that completes its quorum. */
+        if (kvc_xfer_find(eng, tid) == x && x->write) {
+            kvc_write_on_release(eng, x);
+        } else if (kvc_xfer_find(eng, tid) == x) {
+            kvc_read_released(eng, x, e->consumer_tp_size, e->consumer_rank);
+        }
+        free(e);
+    }
+}
+
+kvx_status_t kvc_read_producer(struct kvx_engine *eng, const char *req_id,
+                               const char *params_json, const uint64_t *ids,
+                               size_t n, char **response_p)
+{
+    kvc_xfer_params_t p;
+    kvc_xfer_t       *x;
+    kvx_status_t      st;
+    char             *resp;
+
+    st = kvc_params_parse(params_json, &p);
+    if (st != KVX_OK) {
+        return st;
+    }
+    if (p.transfer_id[0] == '\0') {
+        kvc_params_fini(&p);
+        return kvc_error(KVX_ERR_INVALID_PARAM,
+                         "kv_transfer_params.transfer_id: missing");
+    }
+    st = kvc_xfer_check_ids(eng, ids, n);
+    x  = st == KVX_OK ? kvc_xfer_new(p.transfer_id, req_id, ids, n) : NULL;
+    kvc_params_fini(&p);
+    if (x == NULL) {
+        return st != KVX_OK ? st
+                            : kvc_error(KVX_ERR_NO_MEMORY, "out of memory");
+    }
+    x->is_producer = 1;
+    x->state       = KVC_XFER_HELD;
+    x->deadline_us = kvc_deadline_us(eng, eng->cfg.defer_timeout);
+    resp           = kvc_read_response(eng, x);
+    if (resp == NULL) {
+        kvc_xfer_free(x);
+        return kvc_error(KVX_ERR_NO_MEMORY, "response: no memory");
+    }
+    return kvc_xfer_publish(eng, x, resp, response_p);
+}
+
+/* --- deadlines ---------------------------------------------------------- */
+
+static void kvc_read_tick_xfer(struct kvx_engine *eng, kvc_xfer_t *x,
+                               uint64_t now)
+{
+    char why[KVX_REASON_MAX];
+
+    if (x->is_producer) {
+        snprintf(why, sizeof(why), "no release from the consumer within "
+                 "defer_timeout %.3f s; the blocks may be freed",
+                 eng->cfg.defer_timeout);
+        kvc_log_warn("KVX-DEFER-TIMEOUT", "transfer %s: %s", x->transfer_id,
+                     why);
+        kvc_event_push(eng, KVX_EVENT_FAILED, KVX_ERR_TIMEOUT, x, why, 1);
+        kvc_idset_add(&eng->terminal, x->transfer_id);
+        kvc_xfer_remove(eng, x);
+        kvc_xfer_free(x);
+        return;
+    }
+    snprintf(why, sizeof(why), "transfer_timeout %.3f s expired %s",
+             eng->cfg.transfer_timeout,
+             x->state == KVC_XFER_WAIT_PEER ? "before the handshake finished"
+                                            : "with gets in flight");
+    (void)now;
+    x->timed_out = 1;
+    kvc_xfer_fail(x, KVX_ERR_TRANSFER_TIMEOUT, why);
+    if (x->state == KVC_XFER_WAIT_PEER) {
+        kvc_read_finish(eng, x);
+    } else {
+        /* Force-close the endpoints: in-flight gets complete with errors and
+         * only then are the blocks reported (SPEC §10). */
+        for (uint32_t k = 0; k < kvc_xfer_nsrc(x); k++) {
+            if (kvc_xfer_source(x, k)->ep != NULL) {
+                KVD(eng)->ep_fail(kvc_xfer_source(x, k)->ep,
+                            KVX_ERR_TRANSFER_TIMEOUT, why);
+            }
+        }
+    }
+}
+
+void kvc_read_tick(struct kvx_engine *eng)
+{
+    uint64_t now = kvc_now_us(eng);
+
+    for (size_t b = 0; b < KVC_XFER_BUCKETS; b++) {
+        kvc_xfer_t *x = eng->xfers[b];
+
+        while (x != NULL) {
+            kvc_xfer_t *next = x->hnext;
+
+            if ((x->state == KVC_XFER_HELD || x->state == KVC_XFER_WAIT_PEER ||
+                 x->state == KVC_XFER_INFLIGHT) &&
+                !x->timed_out && now > x->deadline_us) {
+                kvc_read_tick_xfer(eng, x, now);
+            }
+            x = next;
+        }
+    }
+    for (kvc_early_release_t **pp = &eng->early; *pp != NULL;) {
+        if ((*pp)->expires_us < now) {
+            kvc_early_release_t *e = *pp;
+
+            *pp = e->next;
+            free(e);
+            eng->nearly--;
+        } else {
+            pp = &(*pp)->next;
+        }
+    }
+}

@@ -1,0 +1,321 @@
+/*
+ * mode_write_p.c - WRITE mode (SPEC §8), P's requests: producer_request
+ * (with one sub-transfer per D rank when D tp = q x P tp), layer_ready,
+ * seal, and the remote_blocks / release messages from D.
+ *
+ * Every function here runs with the engine lock held unless it says
+ * otherwise.
+ */
+#define _GNU_SOURCE
+#include "engine.h"
+
+#include <json-c/json.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void kvc_write_early_apply(struct kvx_engine *eng, kvc_xfer_t *x)
+{
+    /* Every early remote_blocks of x (one per D rank when it has subs; x
+     * cannot finish inside the loop: fanout holds it). */
+    x->fanout = x->nsubs > 0;
+    for (kvc_early_blocks_t **pp = &eng->early_blocks; *pp != NULL;) {
+        kvc_early_blocks_t *e = *pp;
+        char                reason[KVX_REASON_MAX];
+        int                 ok = 1;
+
+        if (strcmp(e->msg.transfer_id, x->transfer_id) != 0) {
+            pp = &e->next;
+            continue;
+        }
+        *pp = e->next;
+        eng->nearly_blocks--;
+        kvc_write_route_blocks(eng, x, &e->msg, reason, sizeof(reason), &ok);
+        if (!ok) {
+            kvc_log_warn("KVX-CTL-REJECT", "%s: %s", eng->engine_id, reason);
+        }
+        kvc_msg_fini(&e->msg);
+        free(e);
+        if (x->nsubs == 0) {
+            return;
+        }
+    }
+    if (x->nsubs > 0) {
+        kvc_write_fanout_end(eng, x); /* may finish and free x */
+    }
+}
+
+/* kvc_write_make_subs: with D tp = q x P tp (sharded), x gets one sub per
+ * D rank it serves: each receives that rank's remote_blocks and puts one
+ * head slice to it (SPEC §4). */
+static kvx_status_t kvc_write_make_subs(struct kvx_engine *eng, kvc_xfer_t *x,
+                                        const uint64_t *ids, size_t n)
+{
+    uint32_t rtp = x->dparams.remote_tp_size ? x->dparams.remote_tp_size
+                                             : eng->cfg.tp_size;
+    uint32_t q   = rtp > eng->cfg.tp_size ? rtp / eng->cfg.tp_size : 1;
+
+    if (q < 2) {
+        return KVX_OK;
+    }
+    x->subs = calloc(q, sizeof(*x->subs));
+    if (x->subs == NULL) {
+        return kvc_error(KVX_ERR_NO_MEMORY, "transfer: out of memory");
+    }
+    for (uint32_t k = 0; k < q; k++) {
+        kvc_xfer_t *sub = kvc_xfer_new(x->transfer_id, x->request_id, ids, n);
+
+        if (sub == NULL || (sub->scheduled = calloc(eng->nlayers, 1)) == NULL ||
+            (sub->posted = calloc(eng->nlayers, 1)) == NULL) {
+            kvc_xfer_free(sub);
+            return kvc_error(KVX_ERR_NO_MEMORY, "transfer: out of memory");
+        }
+        sub->is_producer = 1;
+        sub->write       = 1;
+        sub->state       = KVC_XFER_PUSHING;
+        sub->deadline_us = x->deadline_us;
+        sub->parent      = x;
+        sub->sub_index   = k;
+        x->subs[k]       = sub;
+        x->nsubs         = k + 1;
+    }
+    x->subs_open = q;
+    return KVX_OK;
+}
+
+kvx_status_t kvc_write_producer(struct kvx_engine *eng, const char *req_id,
+                                const char *params_json, const uint64_t *ids,
+                                size_t n, char **response_p)
+{
+    kvc_xfer_params_t p;
+    kvc_peer_addr_t   addr;
+    const char       *field = "remote_host";
+    kvc_xfer_t       *x     = NULL;
+    kvx_status_t      st    = kvc_params_parse(params_json, &p);
+    char             *resp  = NULL;
+
+    if (st != KVX_OK) {
+        return st;
+    }
+    if (p.transfer_id[0] == '\0') {
+        st = kvc_error(KVX_ERR_INVALID_PARAM,
+                       "kv_transfer_params.transfer_id: missing");
+    }
+    if (st == KVX_OK) {
+        st = kvc_params_peer_addr(&p, req_id, 0, &addr, &field);
+    }
+    if (st == KVX_OK) {
+        st = kvc_write_check_hosts(eng, &p, &addr, field);
+    }
+    if (st == KVX_OK) {
+        st = kvc_write_same_tp(eng, p.remote_tp_size ? p.remote_tp_size
+                                                     : eng->cfg.tp_size);
+    }
+    if (st == KVX_OK) {
+        st = kvc_xfer_check_ids(eng, ids, n);
+    }
+    x = st == KVX_OK ? kvc_xfer_new(p.transfer_id, req_id, ids, n) : NULL;
+    if (x != NULL) {
+        x->scheduled = calloc(eng->nlayers, 1);
+        x->posted    = calloc(eng->nlayers, 1);
+        resp         = kvc_read_response(eng, x);
+    }
+    if (st == KVX_OK &&
+        (x == NULL || !x->scheduled || !x->posted || resp == NULL)) {
+        st = kvc_error(KVX_ERR_NO_MEMORY, "transfer: out of memory");
+    }
+    if (st != KVX_OK) {
+        free(resp);
+        kvc_xfer_free(x);
+        kvc_params_fini(&p);
+        return st;
+    }
+    x->is_producer = 1;
+    x->write       = 1;
+    x->state       = KVC_XFER_PUSHING;
+    x->dparams     = p; /* owns p's lists from here */
+    x->daddr       = addr;
+    x->deadline_us = kvc_deadline_us(eng, eng->cfg.defer_timeout);
+    if ((st = kvc_write_make_subs(eng, x, ids, n)) != KVX_OK) {
+        free(resp);
+        kvc_xfer_free(x);
+        return st;
+    }
+    /* Applies an early remote_blocks and an early release (D aborted
+     * before this request reached P: the proxy sends to both at once). */
+    return kvc_xfer_publish(eng, x, resp, response_p);
+}
+
+static kvx_status_t kvc_write_find_p(struct kvx_engine *eng, const char *tid,
+                                     kvc_xfer_t **x_p)
+{
+    kvc_xfer_t *x = kvc_xfer_find(eng, tid);
+
+    *x_p = NULL;
+    if (x == NULL) {
+        if (kvc_idset_contains(&eng->terminal, tid)) {
+            return KVX_OK; /* finished or released: calls are no-ops */
+        }
+        return kvc_error(KVX_ERR_NOT_FOUND, "transfer_id '%s': no such "
+                         "transfer on this rank", tid);
+    }
+    if (!x->is_producer || !x->write) {
+        return kvc_error(KVX_ERR_BAD_STATE, "transfer_id '%s': not a WRITE "
+                         "transfer of this producer", tid);
+    }
+    *x_p = x;
+    return KVX_OK;
+}
+
+/* kvc_write_schedule: layer of x is computed (x has no subs). */
+static void kvc_write_schedule(struct kvx_engine *eng, kvc_xfer_t *x,
+                               uint32_t layer)
+{
+    if (x->scheduled[layer] || x->sub_finished) {
+        return;
+    }
+    x->scheduled[layer] = 1;
+    x->nscheduled++;
+    if (x->have_blocks) {
+        x->deadline_us = kvc_deadline_us(eng, eng->cfg.transfer_timeout);
+    }
+    kvc_write_pump(eng, x);
+}
+
+/* kvc_write_do_seal: no more layers for x (x has no subs). */
+static void kvc_write_do_seal(struct kvx_engine *eng, kvc_xfer_t *x)
+{
+    if (x->sealed || x->sub_finished) {
+        return;
+    }
+    /* Expected writes = distinct layers scheduled, not registered. */
+    x->sealed = 1;
+    if (x->have_blocks) {
+        x->deadline_us = kvc_deadline_us(eng, eng->cfg.transfer_timeout);
+    }
+    kvc_write_check(eng, x);
+}
+
+kvx_status_t kvc_write_layer_ready(struct kvx_engine *eng, const char *tid,
+                                   uint32_t layer)
+{
+    kvc_xfer_t  *x;
+    kvx_status_t st;
+
+    if (layer >= eng->nlayers) {
+        return kvc_error(KVX_ERR_INVALID_PARAM, "layer %u: must be < %zu "
+                         "registered layers", layer, eng->nlayers);
+    }
+    pthread_mutex_lock(&eng->lock);
+    st = kvc_write_find_p(eng, tid, &x);
+    if (st == KVX_OK && x != NULL && !x->scheduled[layer]) {
+        if (x->sealed) {
+            st = kvc_error(KVX_ERR_BAD_STATE, "transfer '%s': layer %u "
+                           "scheduled after seal", tid, layer);
+        } else if (x->nsubs == 0) {
+            kvc_write_schedule(eng, x, layer);
+        } else {
+            x->scheduled[layer] = 1; /* the parent keeps the API's view */
+            x->nscheduled++;
+            x->fanout = 1;
+            for (uint32_t k = 0; k < x->nsubs; k++) {
+                kvc_write_schedule(eng, x->subs[k], layer);
+            }
+            kvc_write_fanout_end(eng, x);
+        }
+    }
+    pthread_mutex_unlock(&eng->lock);
+    return st;
+}
+
+kvx_status_t kvc_write_seal(struct kvx_engine *eng, const char *tid)
+{
+    kvc_xfer_t  *x;
+    kvx_status_t st;
+
+    pthread_mutex_lock(&eng->lock);
+    st = kvc_write_find_p(eng, tid, &x);
+    if (st == KVX_OK && x != NULL && !x->sealed && x->nsubs == 0) {
+        kvc_write_do_seal(eng, x);
+    } else if (st == KVX_OK && x != NULL && !x->sealed) {
+        x->sealed = 1;
+        x->fanout = 1;
+        for (uint32_t k = 0; k < x->nsubs; k++) {
+            kvc_write_do_seal(eng, x->subs[k]);
+        }
+        kvc_write_fanout_end(eng, x);
+    }
+    pthread_mutex_unlock(&eng->lock);
+    return st;
+}
+
+static void kvc_write_remember(struct kvx_engine *eng, kvc_msg_t *m)
+{
+    kvc_early_blocks_t *e = calloc(1, sizeof(*e));
+
+    if (e == NULL) {
+        return;
+    }
+    if (eng->nearly_blocks >= KVC_EARLY_BLOCKS_MAX) {
+        kvc_early_blocks_t **pp = &eng->early_blocks;
+
+        while ((*pp)->next != NULL) {
+            pp = &(*pp)->next;
+        }
+        kvc_log_warn("KVX-EARLY-DROP", "early remote_blocks for %s dropped "
+                     "(cap %d)", (*pp)->msg.transfer_id, KVC_EARLY_BLOCKS_MAX);
+        kvc_msg_fini(&(*pp)->msg);
+        free(*pp);
+        *pp = NULL;
+        eng->nearly_blocks--;
+    }
+    e->msg           = *m;
+    m->block_ids     = NULL;
+    m->num_block_ids = 0;
+    e->expires_us    = kvc_deadline_us(eng, eng->cfg.defer_timeout);
+    e->next           = eng->early_blocks;
+    eng->early_blocks = e;
+    eng->nearly_blocks++;
+}
+
+void kvc_write_on_remote_blocks(struct kvx_engine *eng, kvc_msg_t *m,
+                                char *reason, size_t len, int *ok_p)
+{
+    kvc_xfer_t *x = kvc_xfer_find(eng, m->transfer_id);
+
+    *ok_p = 1;
+    if (x == NULL) {
+        if (!kvc_idset_contains(&eng->terminal, m->transfer_id)) {
+            /* remote_blocks can overtake P's own request (the proxy sends
+             * to both at once): keep it, bounded, until P registers. */
+            kvc_write_remember(eng, m);
+        }
+        return;
+    }
+    if (!x->is_producer || !x->write) {
+        *ok_p = 0;
+        snprintf(reason, len, "remote_blocks for '%s': not a WRITE transfer "
+                 "on this rank (read_mode mismatch?)", m->transfer_id);
+        return;
+    }
+    kvc_write_route_blocks(eng, x, m, reason, len, ok_p);
+}
+
+void kvc_write_on_release(struct kvx_engine *eng, kvc_xfer_t *x)
+{
+    /* D finished or aborted before allocating: free without a timeout
+     * (with subs: every D rank's part of the request is over). */
+    x->state = KVC_XFER_DONE;
+    if (x->nsubs == 0) {
+        kvc_write_check(eng, x);
+        return;
+    }
+    x->fanout = 1;
+    for (uint32_t k = 0; k < x->nsubs; k++) {
+        if (!x->subs[k]->sub_finished) {
+            x->subs[k]->state = KVC_XFER_DONE;
+            kvc_write_check(eng, x->subs[k]);
+        }
+    }
+    kvc_write_fanout_end(eng, x);
+}

@@ -1,0 +1,427 @@
+/*
+ * mode_write_push.c - WRITE mode (SPEC §8), P's data movement: posting a
+ * transfer's puts once remote_blocks arrived and the D rank is connected,
+ * completion, the final flush and write_done exactly once, deadlines.
+ * Nothing here blocks: a slow transfer never holds up another.
+ *
+ * Every function here runs with the engine lock held unless it says
+ * otherwise.
+ */
+#define _GNU_SOURCE
+#include "engine.h"
+
+#include <json-c/json.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void kvc_write_fail(kvc_xfer_t *x, kvx_status_t st, const char *why)
+{
+    if (x->status == KVX_OK) {
+        x->status = st;
+        snprintf(x->reason, sizeof(x->reason), "%s", why);
+    }
+}
+
+void kvc_write_send(kvc_peer_t *peer, kvc_msg_t *m, const char *what)
+{
+    size_t len;
+    char  *buf = kvc_msg_encode(m, &len);
+
+    if (buf != NULL) {
+        kvc_peer_send(peer, buf, len, what);
+    }
+}
+
+/* P: the transfer is over (sent, failed or released); report and forget. */
+static void kvc_write_p_finish(struct kvx_engine *eng, kvc_xfer_t *x,
+                               int released)
+{
+    if (x->parent != NULL) {
+        /* A sub (one D rank of several): tell the parent, which reports
+         * once all its subs are over. */
+        kvc_xfer_t *pa = x->parent;
+
+        if (x->sub_finished) {
+            return;
+        }
+        x->sub_finished = 1;
+        if (released) {
+            pa->state = KVC_XFER_DONE;
+        } else if (x->status != KVX_OK && pa->status == KVX_OK) {
+            pa->status = x->status;
+            snprintf(pa->reason, sizeof(pa->reason), "decode rank %u: %.400s",
+                     eng->cfg.tp_rank * pa->nsubs + x->sub_index, x->reason);
+        }
+        if (--pa->subs_open == 0) {
+            if (pa->fanout) {
+                pa->finish_pending = 1; /* the loop over subs finishes it */
+            } else {
+                kvc_write_p_finish(eng, pa, pa->state == KVC_XFER_DONE);
+            }
+        }
+        return;
+    }
+    if (x->status == KVX_OK || released) {
+        kvc_event_push(eng, KVX_EVENT_FINISHED_SENDING, KVX_OK, x,
+                       released ? "released by the consumer" : "", 1);
+    } else {
+        kvc_log_warn("KVX-XFER-FAILED", "transfer %s: %s", x->transfer_id,
+                     x->reason);
+        kvc_event_push(eng, KVX_EVENT_FAILED, x->status, x, x->reason, 1);
+    }
+    kvc_idset_add(&eng->terminal, x->transfer_id);
+    kvc_xfer_remove(eng, x);
+    kvc_xfer_free(x);
+}
+
+static void kvc_write_flush_done(kvt_op_t *op)
+{
+    kvc_xfer_t        *x   = op->arg;
+    struct kvx_engine *eng = x->src->eng;
+    kvx_status_t       st  = (kvx_status_t)atomic_load(&op->status);
+
+    pthread_mutex_lock(&eng->lock);
+    if (st == KVX_OK && x->status == KVX_OK && !x->timed_out) {
+        kvc_msg_t m;
+
+        memset(&m, 0, sizeof(m));
+        m.type          = KVC_MSG_WRITE_DONE;
+        m.consumer_rank = -1;
+        snprintf(m.transfer_id, sizeof(m.transfer_id), "%s", x->transfer_id);
+        kvc_write_send(x->src, &m, "write_done");
+    } else {
+        kvc_write_fail(x, st != KVX_OK ? st : KVX_ERR_TRANSFER_TIMEOUT,
+                       "final flush of the puts failed");
+    }
+    kvc_write_p_finish(eng, x, 0);
+    pthread_mutex_unlock(&eng->lock);
+}
+
+/* kvc_write_check finalises x when nothing is in flight and it is either
+ * failed, released, or sealed with every scheduled layer written. */
+void kvc_write_check(struct kvx_engine *eng, kvc_xfer_t *x)
+{
+    if (x->flushing || x->ncompleted != x->nposted) {
+        return;
+    }
+    if (x->state == KVC_XFER_DONE) { /* released by D */
+        kvc_write_p_finish(eng, x, 1);
+        return;
+    }
+    if (x->status != KVX_OK) {
+        kvc_write_p_finish(eng, x, 0);
+        return;
+    }
+    if (!x->sealed || !x->have_blocks || x->nposted != x->nscheduled ||
+        x->src == NULL || x->src->state != KVC_PEER_READY) {
+        return;
+    }
+    x->flushing         = 1;
+    x->flush_op.done    = kvc_write_flush_done;
+    x->flush_op.arg     = x;
+    if (KVD(eng)->flush(x->src->ep, &x->flush_op) != KVX_OK) {
+        x->flushing = 0;
+        kvc_write_fail(x, KVX_ERR_ENDPOINT, kvc_last_error());
+        kvc_write_p_finish(eng, x, 0);
+    }
+}
+
+static void kvc_write_op_done(kvt_op_t *op)
+{
+    kvc_layer_op_t    *lop = op->arg;
+    kvc_xfer_t        *x   = lop->xfer;
+    struct kvx_engine *eng = x->src->eng;
+    kvx_status_t       st  = (kvx_status_t)atomic_load(&op->status);
+
+    pthread_mutex_lock(&eng->lock);
+    lop->done   = 1;
+    lop->status = st;
+    x->ncompleted++;
+    if (st == KVX_OK) {
+        eng->stats.bytes_written += op->bytes;
+    } else {
+        char why[KVX_REASON_MAX];
+
+        snprintf(why, sizeof(why), "layer %u puts to %s failed: %s",
+                 lop->index, x->src->name, kvc_status_string(st));
+        kvc_write_fail(x, x->timed_out ? KVX_ERR_TRANSFER_TIMEOUT : st, why);
+    }
+    kvc_write_check(eng, x);
+    pthread_mutex_unlock(&eng->lock);
+}
+
+/* kvc_write_pump posts the puts of every scheduled, unposted layer once the
+ * destination is known and connected. */
+void kvc_write_pump(struct kvx_engine *eng, kvc_xfer_t *x)
+{
+    kvc_peer_t *peer = x->src;
+
+    if (!x->have_blocks || peer == NULL || peer->state != KVC_PEER_READY ||
+        x->status != KVX_OK || x->state != KVC_XFER_PUSHING) {
+        return;
+    }
+    if (x->ops == NULL) {
+        size_t       skip = x->nlocal > x->nremote ? x->nlocal - x->nremote : 0;
+        kvx_status_t st   = kvc_xfer_plan(eng, x, x->local_ids + skip,
+                                          x->nlocal - skip);
+
+        if (st != KVX_OK) {
+            kvc_write_fail(x, st, kvc_last_error());
+            kvc_write_check(eng, x);
+            return;
+        }
+    }
+    for (size_t i = 0; i < eng->nlayers; i++) {
+        const kvc_layer_t *l = &eng->layers[i];
+        int                j = peer->layer_map[i];
+        kvx_status_t       st;
+
+        if (!x->scheduled[i] || x->posted[i]) {
+            continue;
+        }
+        x->posted[i]      = 1;
+        x->nposted++;
+        x->ops[i].op.done = kvc_write_op_done;
+        x->ops[i].op.arg  = &x->ops[i];
+        st = KVD(eng)->post(peer->ep, 1, l->mem, (uint64_t)(uintptr_t)l->base,
+                      peer->rkeys[j], peer->meta.layers[j].base,
+                      x->ops[i].runs, x->ops[i].nruns, &x->ops[i].op);
+        if (st != KVX_OK) {
+            x->ncompleted++;
+            kvc_write_fail(x, st, kvc_last_error());
+        }
+    }
+    kvc_write_check(eng, x);
+}
+
+/* kvc_write_blocks applies a remote_blocks message to a P transfer. The
+ * message's block list moves into x. */
+static void kvc_write_blocks(struct kvx_engine *eng, kvc_xfer_t *x,
+                             kvc_msg_t *m, char *reason, size_t len, int *ok_p)
+{
+    kvx_status_t st;
+    kvc_peer_t  *peer;
+
+    if (x->have_blocks) {
+        return; /* duplicate remote_blocks: the first one wins */
+    }
+    {
+        const kvc_xfer_t        *o   = x->parent ? x->parent : x;
+        const kvc_xfer_params_t *dp  = &o->dparams;
+        uint32_t                 rtp = dp->remote_tp_size ? dp->remote_tp_size
+                                                          : eng->cfg.tp_size;
+
+        /* A sub serves D rank tp_rank * q + sub_index (D tp = q x P tp). */
+        peer = kvc_write_target(eng, dp, &o->daddr,
+                                dp->has_remote_addr ? "remote_host"
+                                                    : "request_id",
+                                (uint32_t)m->decode_rank,
+                                x->parent ? eng->cfg.tp_rank * x->parent->nsubs +
+                                                x->sub_index
+                                          : kvc_write_peer_rank(eng, rtp),
+                                &st);
+    }
+    if (peer == NULL) {
+        *ok_p = 0;
+        snprintf(reason, len, "remote_blocks for %s: %s", m->transfer_id,
+                 kvc_last_error());
+        kvc_write_fail(x, st, reason);
+        kvc_write_check(eng, x);
+        return;
+    }
+    x->have_blocks    = 1;
+    x->decode_rank    = m->decode_rank;
+    x->remote_ids     = m->block_ids;
+    x->nremote        = m->num_block_ids;
+    m->block_ids      = NULL;
+    m->num_block_ids  = 0;
+    x->src            = peer;
+    x->deadline_us    = kvc_deadline_us(eng, eng->cfg.transfer_timeout);
+    if (peer->state == KVC_PEER_READY) {
+        kvc_write_pump(eng, x);
+    } else {
+        kvc_peer_want_handshake(peer);
+    }
+}
+
+/* kvc_write_route_blocks applies remote_blocks to x, or with D tp = q x
+ * P tp to the sub of the sending D rank (consumer_rank). */
+void kvc_write_route_blocks(struct kvx_engine *eng, kvc_xfer_t *x,
+                                   kvc_msg_t *m, char *reason, size_t len,
+                                   int *ok_p)
+{
+    uint32_t base = eng->cfg.tp_rank * x->nsubs;
+
+    if (x->nsubs == 0) {
+        kvc_write_blocks(eng, x, m, reason, len, ok_p);
+        return;
+    }
+    if (m->consumer_rank < 0 || (uint32_t)m->consumer_rank < base ||
+        (uint32_t)m->consumer_rank >= base + x->nsubs) {
+        *ok_p = 0;
+        snprintf(reason, len, "remote_blocks for '%s': consumer_rank %d: this "
+                 "P rank serves decode ranks %u..%u (decode tp_size %u x its "
+                 "own)", m->transfer_id, m->consumer_rank, base,
+                 base + x->nsubs - 1, x->nsubs);
+        return;
+    }
+    kvc_write_blocks(eng, x->subs[(uint32_t)m->consumer_rank - base], m,
+                     reason, len, ok_p);
+}
+
+/* kvc_write_fanout_end: after a loop over the subs of x (fanout set),
+ * finishes x if its last sub finished inside the loop. Returns 1 when x
+ * was freed. */
+int kvc_write_fanout_end(struct kvx_engine *eng, kvc_xfer_t *x)
+{
+    x->fanout = 0;
+    if (x->finish_pending) {
+        kvc_write_p_finish(eng, x, x->state == KVC_XFER_DONE);
+        return 1;
+    }
+    return 0;
+}
+
+void kvc_write_peer_ready(struct kvx_engine *eng, kvc_peer_t *peer)
+{
+    for (size_t b = 0; b < KVC_XFER_BUCKETS; b++) {
+        kvc_xfer_t *x = eng->xfers[b];
+
+        while (x != NULL) {
+            kvc_xfer_t *next = x->hnext;
+
+            if (x->write && x->is_producer && x->src == peer) {
+                kvc_write_pump(eng, x);
+            }
+            if (x->write && x->is_producer && x->nsubs > 0) {
+                x->fanout = 1;
+                for (uint32_t k = 0; k < x->nsubs; k++) {
+                    if (x->subs[k]->src == peer && !x->subs[k]->sub_finished) {
+                        kvc_write_pump(eng, x->subs[k]);
+                    }
+                }
+                kvc_write_fanout_end(eng, x);
+            }
+            x = next;
+        }
+    }
+}
+
+void kvc_write_peer_failed(struct kvx_engine *eng, kvc_peer_t *peer)
+{
+    for (size_t b = 0; b < KVC_XFER_BUCKETS; b++) {
+        kvc_xfer_t *x = eng->xfers[b];
+
+        while (x != NULL) {
+            kvc_xfer_t *next = x->hnext;
+
+            if (x->write && x->is_producer && x->src == peer &&
+                x->state == KVC_XFER_PUSHING) {
+                kvc_write_fail(x, peer->fail_status, peer->fail_reason);
+                kvc_write_check(eng, x);
+            } else if (x->write && x->is_producer && x->nsubs > 0) {
+                x->fanout = 1;
+                for (uint32_t k = 0; k < x->nsubs; k++) {
+                    kvc_xfer_t *sub = x->subs[k];
+
+                    if (sub->src == peer && !sub->sub_finished &&
+                        sub->state == KVC_XFER_PUSHING) {
+                        kvc_write_fail(sub, peer->fail_status,
+                                       peer->fail_reason);
+                        kvc_write_check(eng, sub);
+                    }
+                }
+                kvc_write_fanout_end(eng, x);
+            }
+            x = next;
+        }
+    }
+}
+
+/* --- deadlines ---------------------------------------------------------- */
+
+static void kvc_write_tick_xfer(struct kvx_engine *eng, kvc_xfer_t *x)
+{
+    char why[KVX_REASON_MAX];
+
+    x->timed_out = 1;
+    if (!x->is_producer) {
+        kvc_msg_t m;
+
+        snprintf(why, sizeof(why), "no write_done within defer_timeout + "
+                 "transfer_timeout (%.3f s)",
+                 eng->cfg.defer_timeout + eng->cfg.transfer_timeout);
+        x->state  = KVC_XFER_FAILED;
+        x->status = KVX_ERR_TRANSFER_TIMEOUT;
+        snprintf(x->reason, sizeof(x->reason), "%s", why);
+        kvc_event_push(eng, KVX_EVENT_FAILED, x->status, x, why, 1);
+        kvc_idset_add(&eng->terminal, x->transfer_id);
+        memset(&m, 0, sizeof(m));
+        m.type             = KVC_MSG_RELEASE;
+        m.consumer_tp_size = (int32_t)eng->cfg.tp_size;
+        m.consumer_rank    = (int32_t)eng->cfg.tp_rank;
+        snprintf(m.transfer_id, sizeof(m.transfer_id), "%s", x->transfer_id);
+        kvc_write_d_send(x, &m, "release");
+        return;
+    }
+    snprintf(why, sizeof(why), x->have_blocks
+             ? "transfer_timeout %.3f s expired before every scheduled "
+               "layer was written and sealed"
+             : "no remote_blocks from the consumer within defer_timeout "
+               "%.3f s", x->have_blocks ? eng->cfg.transfer_timeout
+                                        : eng->cfg.defer_timeout);
+    kvc_write_fail(x, x->have_blocks ? KVX_ERR_TRANSFER_TIMEOUT
+                                     : KVX_ERR_TIMEOUT, why);
+    if ((x->ncompleted != x->nposted || x->flushing) && x->src != NULL &&
+        x->src->ep != NULL) {
+        KVD(eng)->ep_fail(x->src->ep, KVX_ERR_TRANSFER_TIMEOUT, why);
+    } else {
+        kvc_write_check(eng, x);
+    }
+}
+
+void kvc_write_tick(struct kvx_engine *eng)
+{
+    uint64_t now = kvc_now_us(eng);
+
+    for (size_t b = 0; b < KVC_XFER_BUCKETS; b++) {
+        kvc_xfer_t *x = eng->xfers[b];
+
+        while (x != NULL) {
+            kvc_xfer_t *next = x->hnext;
+
+            if (x->write && x->nsubs > 0) {
+                /* Each D rank's part has its own deadline. */
+                x->fanout = 1;
+                for (uint32_t k = 0; k < x->nsubs; k++) {
+                    kvc_xfer_t *sub = x->subs[k];
+
+                    if (!sub->sub_finished && !sub->timed_out &&
+                        now > sub->deadline_us &&
+                        sub->state == KVC_XFER_PUSHING) {
+                        kvc_write_tick_xfer(eng, sub);
+                    }
+                }
+                kvc_write_fanout_end(eng, x);
+            } else if (x->write && !x->timed_out && now > x->deadline_us &&
+                       (x->state == KVC_XFER_PUSHING ||
+                        x->state == KVC_XFER_WAIT_WRITE)) {
+                kvc_write_tick_xfer(eng, x);
+            }
+            x = next;
+        }
+    }
+    for (kvc_early_blocks_t **pp = &eng->early_blocks; *pp != NULL;) {
+        if ((*pp)->expires_us < now) {
+            kvc_early_blocks_t *e = *pp;
+
+            *pp = e->next;
+            kvc_msg_fini(&e->msg);
+            free(e);
+            eng->nearly_blocks--;
+        } else {
+            pp = &(*pp)->next;
+        }
+    }
+}

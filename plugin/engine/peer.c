@@ -1,0 +1,419 @@
+/*
+ * peer.c - a peer rank: its control channel (queue of control messages,
+ * up to KVC_CTL_INFLIGHT in flight), its data-plane connection (endpoint,
+ * rkeys), and its service job on the progress owner.
+ *
+ * Every function here runs with the engine lock held unless it says
+ * otherwise.
+ */
+#define _GNU_SOURCE
+#include "engine.h"
+
+#include <json-c/json.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* --- peers -------------------------------------------------------------- */
+
+/* kvc_peer_conn_t: what a READY peer holds in UCX, detached from the peer
+ * under the engine lock so that exactly one thread releases it. */
+static void kvc_peer_detach(kvc_peer_t *peer, kvc_peer_conn_t *c)
+{
+    c->meta         = peer->meta;
+    c->ep           = peer->ep;
+    c->rkeys        = peer->rkeys;
+    c->layer_map    = peer->layer_map;
+    memset(&peer->meta, 0, sizeof(peer->meta));
+    peer->ep        = NULL;
+    peer->rkeys     = NULL;
+    peer->layer_map = NULL;
+}
+
+/* kvc_peer_conn_free: rkeys first, then the endpoint (ucp.h: an rkey is
+ * destroyed before the endpoint it was unpacked on). */
+/* kvc_rkeys_destroy: layers of one region share one unpacked rkey
+ * (kvc_peer_connect); each handle is destroyed once. */
+void kvc_rkeys_destroy(struct kvx_engine *eng, kvt_rkey_t **rkeys,
+                              size_t n)
+{
+    for (size_t i = 0; rkeys != NULL && i < n; i++) {
+        size_t k = 0;
+
+        while (k < i && rkeys[k] != rkeys[i]) {
+            k++;
+        }
+        if (k == i) {
+            KVD(eng)->rkey_destroy(rkeys[i]);
+        }
+    }
+}
+
+void kvc_peer_conn_free(struct kvx_engine *eng, kvc_peer_conn_t *c)
+{
+    kvc_rkeys_destroy(eng, c->rkeys, c->meta.num_layers);
+    free(c->rkeys);
+    free(c->layer_map);
+    KVD(eng)->ep_close(c->ep);
+    kvc_hs_fini(&c->meta);
+}
+
+void kvc_peer_ep_error(void *arg, kvt_ep_t *ep, kvx_status_t status,
+                              const char *reason)
+{
+    kvc_peer_t        *peer = arg;
+    struct kvx_engine *eng  = peer->eng;
+
+    pthread_mutex_lock(&eng->lock);
+    if (peer->ep == ep && peer->state == KVC_PEER_READY) {
+        kvc_log_warn("KVX-PEER-FAILED", "peer %s: %s", peer->name, reason);
+        peer->state       = KVC_PEER_FAILED;
+        peer->fail_status = status;
+        snprintf(peer->fail_reason, sizeof(peer->fail_reason), "%s", reason);
+        /* In-flight ops complete with errors once the endpoint is closed;
+         * a later transfer handshakes afresh (new epoch, new rkeys). This
+         * runs on the progress thread, where kvu_ep_close never waits. */
+        kvc_peer_conn_t c;
+
+        kvc_peer_detach(peer, &c);
+        kvc_peer_conn_free(eng, &c);
+    }
+    pthread_mutex_unlock(&eng->lock);
+}
+
+/* kvc_peer_schedule hands the peer's service job to the progress owner
+ * unless it is already queued; lock held. */
+static void kvc_peer_schedule(kvc_peer_t *peer)
+{
+    struct kvx_engine *eng = peer->eng;
+
+    if (peer->job_queued) {
+        return;
+    }
+    peer->job_queued = 1;
+    eng->jobs_queued++;
+    KVD(eng)->defer(eng->ucx, &peer->job);
+}
+
+/* Control messages to one peer: up to KVC_CTL_INFLIGHT requests are in
+ * flight at once (one context each), so a release never waits behind
+ * another message's round trip. Messages are independent (each names its
+ * transfer; the receiver remembers ones that overtake its own
+ * bookkeeping), so their order across contexts does not matter. */
+#define KVC_CTL_INFLIGHT 8
+
+static void kvc_ctlout_free(kvc_ctlout_t *out)
+{
+    free(out->buf);
+    free(out);
+}
+
+static void kvc_peer_drain(kvc_peer_t *peer);
+
+/* kvc_ctl_done: the reply (or failure) of one control message, on a
+ * control-plane thread. */
+static void kvc_ctl_done(void *arg, kvx_status_t st, const char *reply,
+                         size_t rlen, const char *err)
+{
+    kvc_ctlout_t      *out  = arg;
+    kvc_peer_t        *peer = out->peer;
+    struct kvx_engine *eng  = peer->eng;
+    char               reason[KVX_REASON_MAX] = "";
+    int                ok = 0;
+
+    if (st == KVX_OK) {
+        st = kvc_reply_decode(reply, rlen, &ok, reason, sizeof(reason));
+        if (st != KVX_OK) {
+            err = kvc_last_error();
+        } else if (!ok) {
+            kvc_log_warn("KVX-CTL-REFUSED", "%s to %s: refused: %s",
+                         out->what, peer->name, reason);
+        }
+    }
+    if (st != KVX_OK) {
+        kvc_log_warn("KVX-CTL-SEND", "%s to %s failed: %s", out->what,
+                     peer->name, err != NULL ? err : kvc_status_name(st));
+    }
+    pthread_mutex_lock(&eng->lock);
+    eng->stats.tx_msgs++;
+    eng->stats.tx_fail += st != KVX_OK || !ok;
+    if (st == KVX_OK) {
+        kvc_lat_add(&eng->stats.ctl_rtt, kvc_now_us(eng) - out->t_queued);
+    }
+    peer->ctl_inflight--;
+    if (st != KVX_OK && eng->stopping_sends) {
+        peer->drop_out = 1;
+    }
+    if (st != KVX_ERR_CANCELED) {
+        kvc_peer_drain(peer);
+    }
+    pthread_cond_broadcast(&eng->cond);
+    pthread_mutex_unlock(&eng->lock);
+    kvc_ctlout_free(out);
+}
+
+/* kvc_peer_post sends out on a free context; engine lock held (the
+ * transport never calls kvc_ctl_done inside client_post). */
+static void kvc_peer_post(kvc_peer_t *peer, kvc_ctlout_t *out)
+{
+    struct kvx_engine *eng = peer->eng;
+    int timeout_ms = (int)(eng->cfg.handshake_timeout * 1000.0);
+
+    out->peer = peer;
+    peer->ctl_inflight++;
+    if (KVN(eng)->client_post(peer->notify_cli, out->buf, out->len,
+                              timeout_ms, kvc_ctl_done, out) != KVX_OK) {
+        peer->ctl_inflight--;
+        kvc_log_warn("KVX-CTL-SEND", "%s to %s failed: %s", out->what,
+                     peer->name, kvc_last_error());
+        eng->stats.tx_msgs++;
+        eng->stats.tx_fail++;
+        kvc_ctlout_free(out);
+    }
+}
+
+static int kvc_peer_can_post(const kvc_peer_t *peer)
+{
+    return peer->notify_cli != NULL && peer->ctl_inflight < KVC_CTL_INFLIGHT;
+}
+
+/* kvc_peer_drop_queue fails what is queued (lock held). */
+static void kvc_peer_drop_queue(kvc_peer_t *peer, const char *why)
+{
+    struct kvx_engine *eng = peer->eng;
+
+    while (peer->out_head != NULL) {
+        kvc_ctlout_t *out = peer->out_head;
+
+        peer->out_head = out->next;
+        kvc_log_warn("KVX-CTL-SEND", "%s to %s failed: %s", out->what,
+                     peer->name, why);
+        eng->stats.tx_msgs++;
+        eng->stats.tx_fail++;
+        kvc_ctlout_free(out);
+    }
+    peer->out_tail = NULL;
+}
+
+/* kvc_peer_drain posts queued messages while contexts are free (lock
+ * held). */
+static void kvc_peer_drain(kvc_peer_t *peer)
+{
+    if (peer->drop_out) {
+        kvc_peer_drop_queue(peer, "peer unreachable while stopping");
+        return;
+    }
+    while (peer->out_head != NULL && kvc_peer_can_post(peer)) {
+        kvc_ctlout_t *out = peer->out_head;
+
+        peer->out_head = out->next;
+        if (peer->out_head == NULL) {
+            peer->out_tail = NULL;
+        }
+        kvc_peer_post(peer, out);
+    }
+}
+
+/* kvc_peer_service (job, progress owner): dial the control channel (a
+ * non-blocking dial: it is up before the first release), start a wanted
+ * handshake, post what is queued. */
+static void kvc_peer_service(kvt_job_t *job)
+{
+    kvc_peer_t        *peer = job->arg;
+    struct kvx_engine *eng  = peer->eng;
+
+    pthread_mutex_lock(&eng->lock);
+    peer->job_queued = 0;
+    eng->jobs_queued--;
+    if (peer->notify_cli == NULL && !peer->notify_failed && !eng->closing) {
+        if (KVN(eng)->client_open(peer->host, peer->notify_port,
+                                  KVC_CTL_INFLIGHT, &peer->notify_cli) !=
+            KVX_OK) {
+            peer->notify_failed = 1;
+            peer->notify_cli    = NULL;
+        }
+    }
+    if (peer->notify_cli == NULL) {
+        kvc_peer_drop_queue(peer, peer->notify_failed
+                                      ? "cannot open the control channel"
+                                      : "engine destroyed");
+    }
+    if (!eng->closing && peer->want_handshake &&
+        peer->state != KVC_PEER_READY && peer->state != KVC_PEER_HANDSHAKING) {
+        kvc_peer_hs_start(peer);
+    }
+    kvc_peer_drain(peer);
+    pthread_cond_broadcast(&eng->cond);
+    pthread_mutex_unlock(&eng->lock);
+}
+
+kvc_peer_t *kvc_peer_get(struct kvx_engine *eng, const char *host,
+                         const kvc_peer_addr_t *base, uint32_t dp_rank,
+                         uint32_t tp_rank, uint32_t dp_size, uint32_t tp_size)
+{
+    uint32_t    off = dp_rank * tp_size + tp_rank;
+    kvc_peer_t *p;
+
+    for (p = eng->peers; p != NULL; p = p->next) {
+        if (strcmp(p->host, host) == 0 &&
+            p->hs_port == base->handshake_port + off &&
+            p->notify_port == base->notify_port + off &&
+            p->tp_size == tp_size && p->dp_size == dp_size &&
+            p->tp_rank == tp_rank && p->dp_rank == dp_rank) {
+            return p;
+        }
+    }
+    if (eng->closing) {
+        kvc_error(KVX_ERR_BAD_STATE, "peer %s: engine destroyed", host);
+        return NULL;
+    }
+    p = calloc(1, sizeof(*p));
+    if (p == NULL) {
+        kvc_error(KVX_ERR_NO_MEMORY, "peer: out of memory");
+        return NULL;
+    }
+    p->eng         = eng;
+    snprintf(p->host, sizeof(p->host), "%s", host);
+    p->hs_port     = base->handshake_port + off;
+    p->notify_port = base->notify_port + off;
+    p->dp_rank     = dp_rank;
+    p->tp_rank     = tp_rank;
+    p->dp_size     = dp_size;
+    p->tp_size     = tp_size;
+    snprintf(p->name, sizeof(p->name), "%s:%u(dp%u,tp%u)", host, p->hs_port,
+             dp_rank, tp_rank);
+    p->job.fn      = kvc_peer_service;
+    p->job.arg     = p;
+    p->hs_job.fn   = kvc_peer_hs_finish;
+    p->hs_job.arg  = p;
+    p->next        = eng->peers;
+    eng->peers     = p;
+    kvc_peer_schedule(p); /* dial the control channel now */
+    return p;
+}
+
+void kvc_peer_send(kvc_peer_t *peer, char *buf, size_t len, const char *what)
+{
+    struct kvx_engine *eng = peer->eng;
+    kvc_ctlout_t      *out = calloc(1, sizeof(*out));
+
+    if (out == NULL) {
+        free(buf);
+        kvc_log_error("KVX-CTL-SEND", "%s to %s: out of memory", what,
+                      peer->name);
+        return;
+    }
+    out->buf      = buf;
+    out->len      = len;
+    out->t_queued = kvc_now_us(eng);
+    snprintf(out->what, sizeof(out->what), "%s", what);
+    if (peer->out_tail != NULL) {
+        peer->out_tail->next = out;
+    } else {
+        peer->out_head = out;
+    }
+    peer->out_tail = out;
+    /* From the progress owner (a transfer just completed: release,
+     * write_done) straight out: no hop on the completion path. API callers
+     * only queue (the send then stays off the framework's thread). */
+    if (KVD(eng)->in_progress_thread(eng->ucx)) {
+        kvc_peer_drain(peer);
+        if (peer->out_head == NULL) {
+            return;
+        }
+    }
+    kvc_peer_schedule(peer);
+}
+
+void kvc_peer_want_handshake(kvc_peer_t *peer)
+{
+    if (peer->state == KVC_PEER_READY || peer->state == KVC_PEER_HANDSHAKING) {
+        return;
+    }
+    peer->want_handshake = 1;
+    kvc_peer_schedule(peer);
+}
+
+/* kvc_peers_disconnect force-closes every peer's endpoint: in-flight ops
+ * then complete (as canceled) while transfers and peers still exist. Each
+ * connection is detached under the lock (an endpoint error delivered
+ * concurrently then finds nothing to release) and freed outside it
+ * (ep_close may wait for that delivery). */
+void kvc_peers_disconnect(struct kvx_engine *eng)
+{
+    for (kvc_peer_t *p = eng->peers; p != NULL; p = p->next) {
+        kvc_peer_conn_t c;
+
+        pthread_mutex_lock(&eng->lock);
+        p->state = KVC_PEER_FAILED;
+        snprintf(p->fail_reason, sizeof(p->fail_reason), "engine destroyed");
+        p->fail_status = KVX_ERR_CANCELED;
+        kvc_peer_detach(p, &c);
+        pthread_mutex_unlock(&eng->lock);
+        kvc_peer_conn_free(eng, &c);
+    }
+}
+
+/* kvc_peers_flush: destroy delivers what is queued to each peer (a release
+ * just queued by a finished transfer), each message within its deadline;
+ * after the first failure to a peer the rest to it is dropped. */
+void kvc_peers_flush(struct kvx_engine *eng)
+{
+    uint64_t deadline = kvc_deadline_us(eng, eng->cfg.handshake_timeout + 1.0);
+
+    pthread_mutex_lock(&eng->lock);
+    eng->stopping_sends = 1;
+    for (;;) {
+        int busy = eng->jobs_queued > 0;
+
+        for (kvc_peer_t *p = eng->peers; p != NULL && !busy; p = p->next) {
+            busy = !p->drop_out &&
+                   (p->out_head != NULL || p->ctl_inflight > 0);
+        }
+        if (!busy || kvc_now_us(eng) >= deadline) {
+            break;
+        }
+        kvc_wait_until(eng, deadline);
+    }
+    eng->closing = 1;
+    pthread_mutex_unlock(&eng->lock);
+}
+
+/* kvc_peers_free closes the control clients (pending requests complete as
+ * canceled), waits for the jobs they queued, and frees the peers. */
+void kvc_peers_free(struct kvx_engine *eng)
+{
+    kvc_peer_t *p;
+    uint64_t    deadline;
+
+    for (p = eng->peers; p != NULL; p = p->next) {
+        kvt_client_t *hs, *cli;
+
+        pthread_mutex_lock(&eng->lock);
+        hs            = p->hs_cli;
+        cli           = p->notify_cli;
+        p->hs_cli     = NULL;
+        p->notify_cli = NULL;
+        pthread_mutex_unlock(&eng->lock);
+        if (hs != NULL) {
+            KVN(eng)->client_close(hs);
+        }
+        if (cli != NULL) {
+            KVN(eng)->client_close(cli);
+        }
+    }
+    deadline = kvc_deadline_us(eng, 5.0);
+    pthread_mutex_lock(&eng->lock);
+    while (eng->jobs_queued > 0 && kvc_now_us(eng) < deadline) {
+        KVD(eng)->kick(eng->ucx);
+        kvc_wait_until(eng, kvc_now_us(eng) + 10000u);
+    }
+    pthread_mutex_unlock(&eng->lock);
+    kvc_peers_disconnect(eng); /* none can connect any more */
+    while ((p = eng->peers) != NULL) {
+        eng->peers = p->next;
+        kvc_peer_drop_queue(p, "engine destroyed");
+        free(p->hs_reply);
+        free(p);
+    }
+}

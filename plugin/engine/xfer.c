@@ -1,0 +1,323 @@
+/*
+ * xfer.c - the transfer table and a transfer's lifecycle shared by both
+ * modes: lookup by id, creation and freeing, publishing a producer transfer
+ * (with the control messages that overtook it), events, and the waits of
+ * the API (wait_layer, wait_transfer, wait_events).
+ *
+ * Every function here runs with the engine lock held unless it says
+ * otherwise.
+ */
+#define _GNU_SOURCE
+#include "engine.h"
+
+#include <json-c/json.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* --- transfers and events ----------------------------------------------- */
+
+static size_t kvc_xfer_bucket(const char *tid)
+{
+    uint64_t h = 1469598103934665603ull;
+
+    for (const unsigned char *p = (const unsigned char *)tid; *p; p++) {
+        h = (h ^ *p) * 1099511628211ull;
+    }
+    return (size_t)(h % KVC_XFER_BUCKETS);
+}
+
+kvc_xfer_t *kvc_xfer_find(struct kvx_engine *eng, const char *tid)
+{
+    for (kvc_xfer_t *x = eng->xfers[kvc_xfer_bucket(tid)]; x; x = x->hnext) {
+        if (strcmp(x->transfer_id, tid) == 0) {
+            return x;
+        }
+    }
+    return NULL;
+}
+
+kvx_status_t kvc_xfer_insert(struct kvx_engine *eng, kvc_xfer_t *x)
+{
+    size_t b = kvc_xfer_bucket(x->transfer_id);
+
+    if (kvc_xfer_find(eng, x->transfer_id) != NULL) {
+        return kvc_error(KVX_ERR_EXISTS,
+                         "transfer_id '%s': a transfer with this id is "
+                         "already active on this rank", x->transfer_id);
+    }
+    x->hnext        = eng->xfers[b];
+    eng->xfers[b]   = x;
+    eng->nxfers++;
+    return KVX_OK;
+}
+
+void kvc_xfer_remove(struct kvx_engine *eng, kvc_xfer_t *x)
+{
+    for (kvc_xfer_t **pp = &eng->xfers[kvc_xfer_bucket(x->transfer_id)];
+         *pp != NULL; pp = &(*pp)->hnext) {
+        if (*pp == x) {
+            *pp = x->hnext;
+            eng->nxfers--;
+            return;
+        }
+    }
+}
+
+void kvc_xfer_free(kvc_xfer_t *x)
+{
+    if (x == NULL) {
+        return;
+    }
+    for (size_t i = 0; i < x->nplans; i++) {
+        free(x->plans[i]);
+    }
+    free(x->plans);
+    free(x->ops);
+    for (uint32_t k = 0; k < x->nsubs; k++) {
+        kvc_xfer_free(x->subs[k]);
+    }
+    free(x->subs);
+    free(x->scheduled);
+    free(x->posted);
+    kvc_params_fini(&x->dparams);
+    free(x->local_ids);
+    free(x->remote_ids);
+    free(x);
+}
+
+kvc_xfer_t *kvc_xfer_new(const char *tid, const char *req_id,
+                                const uint64_t *ids, size_t n)
+{
+    kvc_xfer_t *x = calloc(1, sizeof(*x));
+
+    if (x == NULL) {
+        return NULL;
+    }
+    snprintf(x->transfer_id, sizeof(x->transfer_id), "%s", tid);
+    snprintf(x->request_id, sizeof(x->request_id), "%s",
+             req_id ? req_id : "");
+    if (n > 0) {
+        x->local_ids = malloc(n * sizeof(uint64_t));
+        if (x->local_ids == NULL) {
+            free(x);
+            return NULL;
+        }
+        memcpy(x->local_ids, ids, n * sizeof(uint64_t));
+    }
+    x->nlocal = n;
+    return x;
+}
+
+void kvc_xfer_fail(kvc_xfer_t *x, kvx_status_t st, const char *why)
+{
+    if (x->status == KVX_OK) {
+        x->status = st;
+        snprintf(x->reason, sizeof(x->reason), "%s", why);
+    }
+}
+
+kvx_status_t kvc_xfer_check_ids(struct kvx_engine *eng, const uint64_t *ids,
+                                size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        for (size_t l = 0; l < eng->nlayers; l++) {
+            if (ids[i] >= eng->layers[l].geom.num_blocks) {
+                return kvc_error(KVX_ERR_OUT_OF_BOUNDS,
+                                 "block_ids[%zu] = %llu: must be < num_blocks "
+                                 "%llu of layer '%s'", i,
+                                 (unsigned long long)ids[i],
+                                 (unsigned long long)
+                                     eng->layers[l].geom.num_blocks,
+                                 eng->layers[l].name);
+            }
+        }
+    }
+    return KVX_OK;
+}
+
+char *kvc_read_response(struct kvx_engine *eng, const kvc_xfer_t *x)
+{
+    json_object *o = json_object_new_object(), *ids, *hosts;
+    char        *out;
+
+    ids   = json_object_new_array();
+    hosts = json_object_new_array();
+    for (size_t i = 0; i < x->nlocal; i++) {
+        json_object_array_add(ids, json_object_new_int64((int64_t)x->local_ids[i]));
+    }
+    for (size_t i = 0; i < eng->cfg.num_node_hosts; i++) {
+        json_object_array_add(hosts,
+                              json_object_new_string(eng->cfg.node_hosts[i]));
+    }
+    json_object_object_add(o, "do_remote_prefill", json_object_new_boolean(1));
+    json_object_object_add(o, "do_remote_decode", json_object_new_boolean(0));
+    json_object_object_add(o, "transfer_id",
+                           json_object_new_string(x->transfer_id));
+    json_object_object_add(o, "remote_block_ids", ids);
+    json_object_object_add(o, "remote_engine_id",
+                           json_object_new_string(eng->engine_id));
+    json_object_object_add(o, "remote_host",
+                           json_object_new_string(eng->cfg.host_ip));
+    json_object_object_add(o, "remote_handshake_port",
+                           json_object_new_int((int)eng->cfg.handshake_port));
+    json_object_object_add(o, "remote_notify_port",
+                           json_object_new_int((int)eng->cfg.notify_port));
+    json_object_object_add(o, "tp_size",
+                           json_object_new_int((int)eng->cfg.tp_size));
+    json_object_object_add(o, "remote_dp_size",
+                           json_object_new_int((int)eng->cfg.dp_size));
+    json_object_object_add(o, "remote_dp_rank",
+                           json_object_new_int((int)eng->cfg.dp_rank));
+    json_object_object_add(o, "remote_hosts", hosts);
+    out = strdup(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
+    json_object_put(o);
+    return out;
+}
+
+kvx_status_t kvc_xfer_publish(struct kvx_engine *eng, kvc_xfer_t *x,
+                              char *resp, char **response_p)
+{
+    char         tid[KVX_ID_MAX];
+    kvx_status_t st;
+
+    snprintf(tid, sizeof(tid), "%s", x->transfer_id);
+    pthread_mutex_lock(&eng->lock);
+    st = kvc_xfer_insert(eng, x);
+    if (st == KVX_OK && x->write) {
+        kvc_write_early_apply(eng, x); /* may finish and free x */
+    }
+    if (st == KVX_OK && kvc_xfer_find(eng, tid) == x) {
+        kvc_early_apply(eng, x);
+    }
+    pthread_mutex_unlock(&eng->lock);
+    if (st != KVX_OK) {
+        free(resp);
+        kvc_xfer_free(x);
+        return st;
+    }
+    *response_p = resp;
+    return KVX_OK;
+}
+
+void kvc_event_push(struct kvx_engine *eng, kvx_event_type_t type,
+                    kvx_status_t status, const kvc_xfer_t *x,
+                    const char *reason, int with_blocks)
+{
+    kvc_event_node_t *n = calloc(1, sizeof(*n));
+
+    if (n == NULL) {
+        kvc_log_error("KVX-EVENT-LOST", "transfer %s: event lost (no memory)",
+                      x->transfer_id);
+        return;
+    }
+    n->ev.type   = type;
+    n->ev.status = status;
+    snprintf(n->ev.transfer_id, sizeof(n->ev.transfer_id), "%s",
+             x->transfer_id);
+    snprintf(n->ev.request_id, sizeof(n->ev.request_id), "%s",
+             x->request_id);
+    snprintf(n->ev.reason, sizeof(n->ev.reason), "%s", reason ? reason : "");
+    if (with_blocks && x->nlocal > 0) {
+        n->ev.block_ids = malloc(x->nlocal * sizeof(uint64_t));
+        if (n->ev.block_ids != NULL) {
+            memcpy(n->ev.block_ids, x->local_ids, x->nlocal * sizeof(uint64_t));
+            n->ev.num_block_ids = x->nlocal;
+        }
+    }
+    if (eng->ev_tail != NULL) {
+        eng->ev_tail->next = n;
+    } else {
+        eng->ev_head = n;
+    }
+    eng->ev_tail = n;
+    eng->nevents++;
+    pthread_cond_broadcast(&eng->cond);
+}
+
+kvx_status_t kvc_events_wait(struct kvx_engine *eng, int64_t timeout_ms)
+{
+    uint64_t     deadline = kvc_now_us(eng) + (uint64_t)timeout_ms * 1000u;
+    kvx_status_t st       = KVX_OK;
+
+    pthread_mutex_lock(&eng->lock);
+    while (eng->ev_head == NULL) {
+        if (kvc_now_us(eng) >= deadline) {
+            st = kvc_error(KVX_ERR_TIMEOUT, "wait_events: no event within "
+                           "%lld ms", (long long)timeout_ms);
+            break;
+        }
+        kvc_wait_until(eng, deadline);
+    }
+    pthread_mutex_unlock(&eng->lock);
+    return st;
+}
+
+/* --- waits -------------------------------------------------------------- */
+
+static kvx_status_t kvc_xfer_poll(struct kvx_engine *eng, const char *tid,
+                                  int64_t layer, uint64_t *deadline_p)
+{
+    kvc_xfer_t *x = kvc_xfer_find(eng, tid);
+
+    if (x == NULL) {
+        return kvc_error(KVX_ERR_NOT_FOUND, "transfer_id '%s': %s", tid,
+                         kvc_idset_contains(&eng->terminal, tid)
+                             ? "finished and its event was already consumed"
+                             : "no such transfer on this rank");
+    }
+    if (x->is_producer) {
+        return kvc_error(KVX_ERR_BAD_STATE, "transfer_id '%s': waits are for "
+                         "the consumer side", tid);
+    }
+    if (layer >= (int64_t)eng->nlayers) {
+        return kvc_error(KVX_ERR_INVALID_PARAM, "layer %lld: must be < %zu",
+                         (long long)layer, eng->nlayers);
+    }
+    if (*deadline_p == 0) {
+        *deadline_p = x->deadline_us + 1000000u;
+    }
+    if (layer >= 0 && x->ops != NULL) {
+        uint32_t ns = kvc_xfer_nsrc(x), k;
+
+        for (k = 0; k < ns; k++) {
+            const kvc_layer_op_t *lop = &x->ops[(size_t)layer * ns + k];
+
+            if (!lop->done || lop->status != KVX_OK) {
+                break;
+            }
+        }
+        if (k == ns) {
+            return KVX_OK; /* every part of the layer has landed */
+        }
+    }
+    if (x->state == KVC_XFER_DONE) {
+        return KVX_OK;
+    }
+    if (x->state == KVC_XFER_FAILED) {
+        return kvc_error(x->status, "transfer %s: %s", tid, x->reason);
+    }
+    return KVX_INPROGRESS;
+}
+
+kvx_status_t kvc_xfer_wait(struct kvx_engine *eng, const char *tid,
+                           int64_t layer, int64_t timeout_ms)
+{
+    uint64_t     deadline = timeout_ms >= 0
+                                ? kvc_now_us(eng) + (uint64_t)timeout_ms * 1000u
+                                : 0;
+    kvx_status_t st;
+
+    pthread_mutex_lock(&eng->lock);
+    while ((st = kvc_xfer_poll(eng, tid, layer, &deadline)) ==
+           KVX_INPROGRESS) {
+        if (kvc_now_us(eng) >= deadline) {
+            st = kvc_error(KVX_ERR_TIMEOUT, "transfer %s: wait timed out",
+                           tid);
+            break;
+        }
+        kvc_wait_until(eng, deadline);
+    }
+    pthread_mutex_unlock(&eng->lock);
+    return st;
+}
