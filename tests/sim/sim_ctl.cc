@@ -1,0 +1,301 @@
+// sim_ctl.cc - the simulated control plane (kvt_ctl_ops_t): servers bound
+// to "host:port", clients with a bounded number of requests in flight, each
+// with a deadline, and the delivery of requests, replies and timeouts.
+//
+// A request to an address where no server listens (never bound, destroyed,
+// or its node crashed) is lost: its client sees KVX_ERR_TIMEOUT at the
+// deadline, as with nng, which keeps dialling. A message above the server's
+// max_msg is dropped the same way. A client on an isolated node fails fast
+// with KVX_ERR_CONTROL. client_close completes every pending request with
+// KVX_ERR_CANCELED before it returns (kvt.h), inside the call.
+#include "sim_internal.h"
+
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+extern "C" {
+#include "error.h"
+}
+
+namespace sim {
+
+static std::string HostPort(const std::string &host, uint32_t port)
+{
+    return host + ":" + std::to_string(port);
+}
+
+static kvx_status_t ServerCreate(const char *host, uint32_t port, int nctx,
+                                 size_t max_msg, kvt_handler_fn fn, void *arg,
+                                 kvt_server_t **srv_p)
+{
+    World *w = W();
+
+    (void)nctx;
+    if (w->Current() < 0) {
+        return kvc_error(KVX_ERR_INTERNAL, "sim: server_create outside a "
+                         "node");
+    }
+    const Node &n = w->GetNode(w->Current());
+    if (strcmp(host, "0.0.0.0") != 0 && strcmp(host, "::") != 0 &&
+        n.host != host) {
+        return kvc_error(KVX_ERR_CONFIG, "sim: node %s (%s) cannot bind %s:%u",
+                         n.name.c_str(), n.host.c_str(), host, port);
+    }
+    std::string key = HostPort(n.host, port);
+    if (w->bound.count(key) != 0) {
+        return kvc_error(KVX_ERR_CONFIG, "sim: %s: address in use",
+                         key.c_str());
+    }
+    SimServer *s = new SimServer;
+    s->id      = w->NewId();
+    s->node    = n.id;
+    s->key     = key;
+    s->max_msg = max_msg;
+    s->fn      = fn;
+    s->arg     = arg;
+    w->servers[s->id] = s;
+    w->bound[key]     = s->id;
+    w->Trace("listen %s (node %d)", key.c_str(), n.id);
+    *srv_p = reinterpret_cast<kvt_server_t *>(s);
+    return KVX_OK;
+}
+
+static void ServerDestroy(kvt_server_t *handle)
+{
+    World     *w = W();
+    SimServer *s = reinterpret_cast<SimServer *>(handle);
+
+    if (s == nullptr) {
+        return;
+    }
+    auto b = w->bound.find(s->key);
+    if (b != w->bound.end() && b->second == s->id) {
+        w->bound.erase(b);
+    }
+    w->servers.erase(s->id);
+    delete s;
+}
+
+static kvx_status_t ClientOpen(const char *host, uint32_t port, int nctx,
+                               kvt_client_t **cli_p)
+{
+    World *w = W();
+
+    if (w->Current() < 0) {
+        return kvc_error(KVX_ERR_INTERNAL, "sim: client_open outside a node");
+    }
+    SimClient *c = new SimClient;
+    c->id   = w->NewId();
+    c->node = w->Current();
+    c->to   = HostPort(host, port);
+    c->from = HostPort(w->GetNode(c->node).host,
+                       (uint32_t)(30000 + c->id % 30000));
+    c->nctx = nctx > 0 ? nctx : 1;
+    w->clients[c->id] = c;
+    *cli_p = reinterpret_cast<kvt_client_t *>(c);
+    return KVX_OK;
+}
+
+static void Finish(World *w, SimRequest *r, kvx_status_t st,
+                   const std::string &data)
+{
+    r->done = true;
+    auto c = w->clients.find(r->client);
+    if (c != w->clients.end()) {
+        c->second->inflight--;
+    }
+    w->Cancel(EvKind::kCtlTimeout, r->id);
+    w->Cancel(EvKind::kCtlReply, r->id);
+    if (r->fn == nullptr) {
+        return;
+    }
+    w->SetCurrent(r->node);
+    if (st == KVX_OK) {
+        r->fn(r->arg, st, data.c_str(), data.size(), nullptr);
+    } else {
+        r->fn(r->arg, st, nullptr, 0, data.c_str());
+    }
+}
+
+static kvx_status_t ClientPost(kvt_client_t *handle, const void *msg,
+                               size_t len, int timeout_ms, kvt_reply_fn fn,
+                               void *arg)
+{
+    World     *w = W();
+    SimClient *c = reinterpret_cast<SimClient *>(handle);
+
+    if (c->inflight >= c->nctx) {
+        return kvc_error(KVX_ERR_BAD_STATE, "sim: client to %s: all %d "
+                         "contexts busy", c->to.c_str(), c->nctx);
+    }
+    SimRequest *r = new SimRequest;
+    r->id     = w->NewId();
+    r->client = c->id;
+    r->node   = c->node;
+    r->from   = c->from;
+    r->to     = c->to;
+    r->fn     = fn;
+    r->arg    = arg;
+    w->requests[r->id] = r;
+    c->inflight++;
+
+    Event ev;
+    ev.obj  = r->id;
+    ev.node = c->node;
+    if (w->NodeUp(c->node)) {
+        ev.kind = EvKind::kCtlRequest;
+        ev.node = -1; // in the network
+        ev.data.assign(static_cast<const char *>(msg), len);
+    } else {
+        ev.kind   = EvKind::kCtlReply;
+        ev.status = KVX_ERR_CONTROL;
+        ev.data   = "network unreachable";
+    }
+    w->Enqueue(ev);
+    Event to;
+    to.kind   = EvKind::kCtlTimeout;
+    to.node   = c->node;
+    to.obj    = r->id;
+    to.due_us = w->Now() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 1) * 1000;
+    w->Enqueue(to);
+    return KVX_OK;
+}
+
+static void ClientClose(kvt_client_t *handle)
+{
+    World     *w = W();
+    SimClient *c = reinterpret_cast<SimClient *>(handle);
+
+    if (c == nullptr) {
+        return;
+    }
+    int saved = w->Current();
+    for (auto &kv : w->requests) {
+        SimRequest *r = kv.second;
+        if (r->client == c->id && !r->done) {
+            Finish(w, r, KVX_ERR_CANCELED, "client closed");
+        }
+    }
+    w->SetCurrent(saved);
+    w->clients.erase(c->id);
+    delete c;
+}
+
+extern "C" {
+static const kvt_ctl_ops_t kSimCtlOps = {
+    "sim", ServerCreate, ServerDestroy, ClientOpen, ClientPost, ClientClose,
+};
+}
+
+const kvt_ctl_ops_t *World::CtlOps()
+{
+    return &kSimCtlOps;
+}
+
+void World::InjectRequest(const std::string &from_host, const std::string &to,
+                          const std::string &msg)
+{
+    SimRequest *r = new SimRequest;
+
+    r->id     = NewId();
+    r->client = 0;
+    r->node   = -1;
+    r->from   = from_host + ":" + std::to_string(20000 + r->id % 10000);
+    r->to     = to;
+    requests[r->id] = r;
+    Event ev;
+    ev.kind = EvKind::kCtlRequest;
+    ev.obj  = r->id;
+    ev.data = msg;
+    Enqueue(ev);
+}
+
+static void DeliverRequest(World *w, const Event &ev)
+{
+    auto rit = w->requests.find(ev.obj);
+    if (rit == w->requests.end()) {
+        return;
+    }
+    SimRequest *r = rit->second;
+    auto        b = w->bound.find(r->to);
+    if (b == w->bound.end()) {
+        w->Trace("  no server at %s: lost", r->to.c_str());
+        return;
+    }
+    SimServer *s = w->servers.at(b->second);
+    if (!w->NodeUp(s->node) || ev.data.size() > s->max_msg) {
+        w->Trace("  dropped by %s", r->to.c_str());
+        return;
+    }
+    char  *reply = nullptr;
+    size_t rlen  = 0;
+    w->SetCurrent(s->node);
+    s->fn(s->arg, r->from.c_str(), ev.data.data(), ev.data.size(), &reply,
+          &rlen);
+    if (r->client != 0 && !r->done) {
+        Event rep;
+        rep.kind = EvKind::kCtlReply;
+        rep.node = r->node;
+        rep.obj  = r->id;
+        if (reply != nullptr) {
+            rep.data.assign(reply, rlen);
+        }
+        w->Enqueue(rep);
+    } else if (reply != nullptr) {
+        w->Trace("  reply to %s discarded: '%.120s'", r->from.c_str(), reply);
+    }
+    free(reply);
+}
+
+void World::CtlDeliver(const Event &ev)
+{
+    if (ev.kind == EvKind::kCtlRequest) {
+        DeliverRequest(this, ev);
+        return;
+    }
+    auto rit = requests.find(ev.obj);
+    if (rit == requests.end() || rit->second->done) {
+        return;
+    }
+    SimRequest *r = rit->second;
+    if (ev.kind == EvKind::kCtlTimeout) {
+        Finish(this, r, KVX_ERR_TIMEOUT, "sim: request timed out");
+    } else if (!NodeUp(r->node)) {
+        Finish(this, r, KVX_ERR_CONTROL, "network unreachable");
+    } else {
+        Finish(this, r, ev.status, ev.data);
+    }
+}
+
+// CtlCrash: the node's listeners vanish with it.
+void World::CtlCrash(int node)
+{
+    for (auto &kv : servers) {
+        auto b = bound.find(kv.second->key);
+        if (kv.second->node == node && b != bound.end() &&
+            b->second == kv.first) {
+            bound.erase(b);
+        }
+    }
+}
+
+void World::CtlFini()
+{
+    for (auto &kv : servers) {
+        delete kv.second;
+    }
+    servers.clear();
+    bound.clear();
+    for (auto &kv : clients) {
+        delete kv.second;
+    }
+    clients.clear();
+    for (auto &kv : requests) {
+        delete kv.second;
+    }
+    requests.clear();
+}
+
+} // namespace sim

@@ -1,0 +1,271 @@
+// sim_deliver.cc - delivery of data-plane events (run copies with their
+// checks, op completions, deferred jobs, ticks, endpoint errors), crashes
+// and isolation of nodes, and the final release of the world's objects.
+#include "sim_internal.h"
+
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+namespace sim {
+
+// CopyRun copies run idx of op after its checks; false when it must fail.
+static bool CheckRange(World *w, const char *side, const SimMem *m,
+                       uint64_t addr, uint64_t len, const SimOp *op)
+{
+    uint64_t b = (uint64_t)(uintptr_t)m->base;
+
+    if (addr < b || len > m->len || addr - b > m->len - len) {
+        char buf[300];
+        snprintf(buf, sizeof(buf), "%s of op %" PRIu64 ": range [0x%" PRIx64
+                 ", +%" PRIu64 ") outside its registration [0x%" PRIx64
+                 ", +%zu)", side, op->id, addr, len, b, m->len);
+        w->Violate(buf);
+        return false;
+    }
+    return true;
+}
+
+static kvx_status_t CopyRun(World *w, SimOp *op, size_t idx)
+{
+    const kvc_run_t &run = op->runs[idx];
+    const SimCtx    *own = w->ctxs.at(op->ctx);
+    char             buf[300];
+
+    if (!w->NodeUp(own->node)) {
+        return KVX_ERR_ENDPOINT; // isolated: nothing leaves the node
+    }
+    auto eit = w->eps.find(op->ep);
+    if (eit != w->eps.end() && eit->second->peer_ctx != op->rkey_ctx) {
+        snprintf(buf, sizeof(buf), "op %" PRIu64 " on the endpoint to ctx %"
+                 PRIu64 " uses an rkey of ctx %" PRIu64, op->id,
+                 eit->second->peer_ctx, op->rkey_ctx);
+        w->Violate(buf);
+        return KVX_ERR_OUT_OF_BOUNDS;
+    }
+    auto pit = w->ctxs.find(op->rkey_ctx);
+    if (pit == w->ctxs.end()) {
+        w->Violate("op uses an rkey naming no context");
+        return KVX_ERR_OUT_OF_BOUNDS;
+    }
+    const SimCtx *peer = pit->second;
+    if (!w->NodeUp(peer->node)) {
+        return KVX_ERR_ENDPOINT; // the peer crashed: the run fails
+    }
+    auto lm = w->mems.find(op->local_mem);
+    auto rm = w->mems.find(op->rkey_mem);
+    if (lm == w->mems.end()) {
+        snprintf(buf, sizeof(buf), "%s of op %" PRIu64 " on %s: the local "
+                 "registration was released before the op completed",
+                 op->is_put ? "put" : "get", op->id, own->name.c_str());
+        w->Violate(buf);
+        return KVX_ERR_OUT_OF_BOUNDS;
+    }
+    if (rm == w->mems.end() || peer->destroyed) {
+        snprintf(buf, sizeof(buf), "%s of op %" PRIu64 " from %s: the peer "
+                 "%s released the registration it targets (destroyed or "
+                 "deregistered while a peer operation was in flight)",
+                 op->is_put ? "put" : "get", op->id, own->name.c_str(),
+                 peer->name.c_str());
+        w->Violate(buf);
+        return KVX_ERR_OUT_OF_BOUNDS;
+    }
+    uint64_t laddr = op->local_base + run.local_off;
+    uint64_t raddr = op->remote_base + run.remote_off;
+    if (!CheckRange(w, "local side", lm->second, laddr, run.len, op) ||
+        !CheckRange(w, "remote side", rm->second, raddr, run.len, op)) {
+        return KVX_ERR_OUT_OF_BOUNDS;
+    }
+    CopyInfo ci;
+    ci.is_put   = op->is_put;
+    ci.op_id    = op->id;
+    ci.len      = run.len;
+    if (op->is_put) {
+        ci.src      = reinterpret_cast<const void *>(laddr);
+        ci.dst      = reinterpret_cast<void *>(raddr);
+        ci.src_node = own->node;
+        ci.dst_node = peer->node;
+    } else {
+        ci.src      = reinterpret_cast<const void *>(raddr);
+        ci.dst      = reinterpret_cast<void *>(laddr);
+        ci.src_node = peer->node;
+        ci.dst_node = own->node;
+    }
+    if (w->copy_check && !w->copy_check(ci)) {
+        return KVX_ERR_OUT_OF_BOUNDS;
+    }
+    memmove(ci.dst, ci.src, run.len);
+    return KVX_OK;
+}
+
+static void DeliverRun(World *w, const Event &ev)
+{
+    auto it = w->ops.find(ev.obj);
+
+    if (it == w->ops.end() || it->second->state[ev.idx] != 0) {
+        return;
+    }
+    SimOp       *op = it->second;
+    kvx_status_t st = CopyRun(w, op, ev.idx);
+
+    op->state[ev.idx] = st == KVX_OK ? 1 : 2;
+    op->pending--;
+    __atomic_store_n(&op->op->remaining, (int64_t)op->pending, __ATOMIC_SEQ_CST);
+    if (st != KVX_OK && op->status == KVX_OK) {
+        op->status = st;
+    }
+    if (op->pending == 0) {
+        QueueDone(op);
+    }
+    CheckFlushes(op->ep);
+}
+
+static void DeliverDone(World *w, const Event &ev)
+{
+    auto it = w->ops.find(ev.obj);
+
+    if (it == w->ops.end()) {
+        return;
+    }
+    SimOp    *op = it->second;
+    kvt_op_t *o  = op->op;
+
+    w->ops.erase(it);
+    __atomic_store_n(&o->remaining, 0, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&o->status, (int)op->status, __ATOMIC_SEQ_CST);
+    w->SetCurrent(op->node);
+    w->delivering.push_back(op->ctx);
+    uint64_t ep = op->ep;
+    delete op;
+    o->done(o);
+    w->delivering.pop_back();
+    CheckFlushes(ep);
+}
+
+static void DeliverTick(World *w, const Event &ev)
+{
+    auto it = w->ctxs.find(ev.obj);
+
+    if (it == w->ctxs.end() || it->second->destroyed) {
+        return;
+    }
+    SimCtx *c = it->second;
+    Event   next = ev;
+
+    next.due_us = (ev.due_us > w->Now() ? ev.due_us : w->Now()) + kTickUs;
+    w->Enqueue(next);
+    if (c->p.tick != nullptr) {
+        w->SetCurrent(c->node);
+        w->delivering.push_back(c->id);
+        c->p.tick(c->p.tick_arg);
+        w->delivering.pop_back();
+    }
+}
+
+static void DeliverJob(World *w, const Event &ev)
+{
+    auto it = w->ctxs.find(ev.obj);
+
+    if (it == w->ctxs.end() || it->second->destroyed) {
+        return;
+    }
+    w->SetCurrent(it->second->node);
+    w->delivering.push_back(it->second->id);
+    ev.job->fn(ev.job);
+    w->delivering.pop_back();
+}
+
+static void DeliverEpError(World *w, const Event &ev)
+{
+    auto it = w->eps.find(ev.obj);
+
+    if (it == w->eps.end() || it->second->err_reported) {
+        return;
+    }
+    SimEp *ep = it->second;
+
+    ep->err_reported = true;
+    if (!ep->failed) {
+        ep->failed = true;
+        CancelEpOps(ep, ev.status);
+        CheckFlushes(ep->id);
+    }
+    if (ep->cb != nullptr) {
+        w->SetCurrent(ep->node);
+        w->delivering.push_back(ep->ctx);
+        ep->cb(ep->arg, reinterpret_cast<kvt_ep_t *>(ep), ev.status,
+               ev.data.c_str());
+        w->delivering.pop_back();
+    }
+}
+
+void World::DataDeliver(const Event &ev)
+{
+    switch (ev.kind) {
+    case EvKind::kRunCopy: DeliverRun(this, ev); break;
+    case EvKind::kOpDone:  DeliverDone(this, ev); break;
+    case EvKind::kTick:    DeliverTick(this, ev); break;
+    case EvKind::kJob:     DeliverJob(this, ev); break;
+    case EvKind::kEpError: DeliverEpError(this, ev); break;
+    default: break;
+    }
+}
+
+// DataCrash: endpoints (elsewhere) to the node's contexts fail after a
+// keep-alive delay, when their context asked for peer failures.
+void World::DataCrash(int node)
+{
+    for (auto &kv : eps) {
+        SimEp *ep = kv.second;
+        auto   pc = ctxs.find(ep->peer_ctx);
+
+        if (pc == ctxs.end() || pc->second->node != node || ep->node == node ||
+            ep->failed || !ctxs.at(ep->ctx)->p.err_mode_peer) {
+            continue;
+        }
+        ScheduleEpError(ep, KVX_ERR_ENDPOINT, "peer unreachable (crashed)",
+                        1 + rng().Below(300000));
+    }
+}
+
+// DataIsolate: a crashed node revived for cleanup reaches no peer.
+void World::DataIsolate(int node)
+{
+    for (auto &kv : eps) {
+        SimEp *ep = kv.second;
+
+        if (ep->node == node && !ep->failed) {
+            ScheduleEpError(ep, KVX_ERR_ENDPOINT, "network unreachable", 0);
+        }
+    }
+}
+
+void World::DataFini()
+{
+    for (auto &kv : ops) {
+        delete kv.second;
+    }
+    ops.clear();
+    for (auto &kv : rkeys) {
+        delete kv.second;
+    }
+    rkeys.clear();
+    for (auto &kv : eps) {
+        delete kv.second;
+    }
+    eps.clear();
+    for (auto &kv : mems) {
+        if (kv.second->owned) {
+            free(kv.second->base);
+        }
+        delete kv.second;
+    }
+    mems.clear();
+    for (auto &kv : ctxs) {
+        delete kv.second;
+    }
+    ctxs.clear();
+}
+
+} // namespace sim
