@@ -23,6 +23,7 @@
 #define KVC_HS_MAX_LAYERS  4096
 #define KVC_IDSET_MAX      (1u << 20)
 #define KVC_VAL_SHOWN      64 /* bytes of an offending value quoted */
+#define KVC_NELEM(a)       (sizeof(a) / sizeof((a)[0]))
 
 static const char *const kvc_what_msg   = "control message";
 static const char *const kvc_what_reply = "control reply";
@@ -405,82 +406,6 @@ static char *kvc_json_finish(json_object *obj, int rc, size_t *len_p)
 /* control messages                                                         */
 /* ------------------------------------------------------------------------ */
 
-static const char *const kvc_msg_names[] = {
-    [KVC_MSG_REMOTE_BLOCKS] = "remote_blocks",
-    [KVC_MSG_WRITE_DONE]    = "write_done",
-    [KVC_MSG_RELEASE]       = "release",
-    [KVC_MSG_HEARTBEAT]     = "heartbeat",
-};
-
-#define KVC_MSG_NAMES (sizeof(kvc_msg_names) / sizeof(kvc_msg_names[0]))
-
-static const char *kvc_msg_name(kvc_msg_type_t type)
-{
-    if ((size_t)type < KVC_MSG_NAMES && kvc_msg_names[type] != NULL) {
-        return kvc_msg_names[type];
-    }
-    return NULL;
-}
-
-/* kvc_msg_type_of: "type", or remote_blocks for a typeless object with
- * "req_id" (upstream compatibility). */
-static kvx_status_t kvc_msg_type_of(json_object *obj, kvc_msg_type_t *type_p)
-{
-    json_object *val;
-    const char  *name;
-    size_t       i;
-    kvx_status_t status;
-
-    status = kvc_fld_get(kvc_what_msg, obj, "type", "type", json_type_string,
-                         0, &val);
-    if (status != KVX_OK) {
-        return status;
-    }
-    if (val == NULL) {
-        if (json_object_object_get_ex(obj, "req_id", NULL)) {
-            *type_p = KVC_MSG_REMOTE_BLOCKS;
-            return KVX_OK;
-        }
-        return kvc_error(KVX_ERR_BAD_MESSAGE,
-                         "control message: field type: missing");
-    }
-    name = json_object_get_string(val);
-    for (i = 1; i < KVC_MSG_NAMES; i++) {
-        if (strcmp(name, kvc_msg_names[i]) == 0 &&
-            (size_t)json_object_get_string_len(val) == strlen(name)) {
-            *type_p = (kvc_msg_type_t)i;
-            return KVX_OK;
-        }
-    }
-    return kvc_error(KVX_ERR_BAD_MESSAGE, "control message: unknown type %.*s",
-                     KVC_VAL_SHOWN, kvc_val_text(val));
-}
-
-static kvx_status_t kvc_msg_role_check(kvc_msg_type_t type, int is_producer)
-{
-    int ok;
-
-    switch (type) {
-    case KVC_MSG_REMOTE_BLOCKS:
-    case KVC_MSG_RELEASE:
-        ok = is_producer;
-        break;
-    case KVC_MSG_WRITE_DONE:
-        ok = !is_producer;
-        break;
-    default:
-        ok = 1;
-        break;
-    }
-    if (!ok) {
-        return kvc_error(KVX_ERR_BAD_MESSAGE,
-                         "control message: type %s not accepted by a %s",
-                         kvc_msg_name(type),
-                         is_producer ? "producer" : "consumer");
-    }
-    return KVX_OK;
-}
-
 /* kvc_msg_block_list: block_notify_list, a non-empty list of integers in
  * 0..2^53, into msg->block_ids (owned). */
 static kvx_status_t kvc_msg_block_list(json_object *obj, kvc_msg_t *msg)
@@ -534,27 +459,21 @@ static kvx_status_t kvc_msg_consumer_rank(json_object *obj, kvc_msg_t *msg)
     return status;
 }
 
-static kvx_status_t kvc_msg_fields(json_object *obj, kvc_msg_t *msg)
+static int kvc_msg_encode_consumer_rank(json_object *obj, const kvc_msg_t *msg)
 {
-    uint64_t     v = 1;
-    int          present;
+    if (msg->consumer_rank < 0) {
+        return 0;
+    }
+    return kvc_jadd_int(obj, "consumer_rank", msg->consumer_rank);
+}
+
+/* remote_blocks: req_id, decode_rank, consumer_rank (optional) and
+ * block_notify_list. */
+static kvx_status_t kvc_msg_decode_blocks(json_object *obj, kvc_msg_t *msg)
+{
+    uint64_t     v = 0;
     kvx_status_t status;
 
-    status = kvc_fld_str(kvc_what_msg, obj, "transfer_id",
-                         msg->type != KVC_MSG_HEARTBEAT, msg->transfer_id,
-                         KVX_ID_MAX, 1);
-    if (status != KVX_OK) {
-        return status;
-    }
-    if (msg->type == KVC_MSG_RELEASE) {
-        status = kvc_fld_int(kvc_what_msg, obj, "consumer_tp_size",
-                             "consumer_tp_size", 1, INT32_MAX, &v, &present);
-        msg->consumer_tp_size = (int32_t)v;
-        return status == KVX_OK ? kvc_msg_consumer_rank(obj, msg) : status;
-    }
-    if (msg->type != KVC_MSG_REMOTE_BLOCKS) {
-        return KVX_OK;
-    }
     status = kvc_fld_str(kvc_what_msg, obj, "req_id", 1, msg->req_id,
                          KVX_ID_MAX, 1);
     if (status == KVX_OK) {
@@ -571,22 +490,169 @@ static kvx_status_t kvc_msg_fields(json_object *obj, kvc_msg_t *msg)
     return status;
 }
 
+static int kvc_msg_encode_blocks(json_object *obj, const kvc_msg_t *msg)
+{
+    json_object *list;
+    size_t       i;
+
+    if (kvc_jadd_str(obj, "req_id", msg->req_id) != 0) {
+        return -1;
+    }
+    list = json_object_new_array_ext((int)msg->num_block_ids);
+    if (kvc_jadd(obj, "block_notify_list", list) != 0) {
+        return -1;
+    }
+    for (i = 0; i < msg->num_block_ids; i++) {
+        json_object *id = json_object_new_uint64(msg->block_ids[i]);
+
+        if (id == NULL || json_object_array_add(list, id) != 0) {
+            json_object_put(id);
+            return -1;
+        }
+    }
+    if (kvc_msg_encode_consumer_rank(obj, msg) != 0) {
+        return -1;
+    }
+    return kvc_jadd_int(obj, "decode_rank", msg->decode_rank);
+}
+
+/* release: consumer_tp_size (optional, >= 1, default 1) and consumer_rank
+ * (optional). */
+static kvx_status_t kvc_msg_decode_release(json_object *obj, kvc_msg_t *msg)
+{
+    uint64_t     v = 1;
+    int          present;
+    kvx_status_t status;
+
+    status = kvc_fld_int(kvc_what_msg, obj, "consumer_tp_size",
+                         "consumer_tp_size", 1, INT32_MAX, &v, &present);
+    msg->consumer_tp_size = (int32_t)v;
+    return status == KVX_OK ? kvc_msg_consumer_rank(obj, msg) : status;
+}
+
+static int kvc_msg_encode_release(json_object *obj, const kvc_msg_t *msg)
+{
+    if (msg->consumer_tp_size != 0 &&
+        kvc_jadd_int(obj, "consumer_tp_size", msg->consumer_tp_size) != 0) {
+        return -1;
+    }
+    return kvc_msg_encode_consumer_rank(obj, msg);
+}
+
+/* ------------------------------------------------------------------------ */
+/* control messages: the type table and the generic codec                   */
+/* ------------------------------------------------------------------------ */
+
+/* KVC_MSG_DESC: the entry of type t, at index t. */
+#define KVC_MSG_DESC(t, ...) [t] = {.type = (t), __VA_ARGS__}
+
+/* stats_name: the keys the engine's stats JSON has always used. */
+static const kvc_msg_desc_t kvc_msg_table[] = {
+    KVC_MSG_DESC(KVC_MSG_REMOTE_BLOCKS, .name = "remote_blocks",
+                 .stats_name = "remote_blocks", .roles = KVC_MSG_TO_PRODUCER,
+                 .decode_fields = kvc_msg_decode_blocks,
+                 .encode_fields = kvc_msg_encode_blocks),
+    KVC_MSG_DESC(KVC_MSG_WRITE_DONE, .name = "write_done",
+                 .stats_name = "write_done", .roles = KVC_MSG_TO_CONSUMER),
+    KVC_MSG_DESC(KVC_MSG_RELEASE, .name = "release", .stats_name = "release",
+                 .roles = KVC_MSG_TO_PRODUCER,
+                 .decode_fields = kvc_msg_decode_release,
+                 .encode_fields = kvc_msg_encode_release),
+    KVC_MSG_DESC(KVC_MSG_HEARTBEAT, .name = "heartbeat",
+                 .stats_name = "heartbeat",
+                 .roles = KVC_MSG_TO_PRODUCER | KVC_MSG_TO_CONSUMER,
+                 .id_optional = 1),
+};
+
+_Static_assert(KVC_NELEM(kvc_msg_table) == KVC_MSG_NTYPES + 1,
+               "kvc_msg_table: one entry per type 1..KVC_MSG_NTYPES");
+_Static_assert(KVC_MSG_HEARTBEAT == KVC_MSG_NTYPES,
+               "KVC_MSG_NTYPES must be the last kvc_msg_type_t value");
+
+const kvc_msg_desc_t *kvc_msg_desc(kvc_msg_type_t type)
+{
+    size_t t = (size_t)type;
+
+    if (t == 0 || t > KVC_MSG_NTYPES || kvc_msg_table[t].name == NULL) {
+        return NULL;
+    }
+    return &kvc_msg_table[t];
+}
+
+const kvc_msg_desc_t *kvc_msg_desc_by_name(const char *name, size_t len)
+{
+    size_t t;
+
+    for (t = 1; name != NULL && t <= KVC_MSG_NTYPES; t++) {
+        const char *n = kvc_msg_table[t].name;
+
+        if (n != NULL && strlen(n) == len && memcmp(n, name, len) == 0) {
+            return &kvc_msg_table[t];
+        }
+    }
+    return NULL;
+}
+
+/* kvc_msg_type_of: the entry of "type", or remote_blocks for a typeless
+ * object with "req_id" (upstream compatibility). */
+static kvx_status_t kvc_msg_type_of(json_object *obj,
+                                    const kvc_msg_desc_t **desc_p)
+{
+    json_object *val;
+    kvx_status_t status;
+
+    status = kvc_fld_get(kvc_what_msg, obj, "type", "type", json_type_string,
+                         0, &val);
+    if (status != KVX_OK) {
+        return status;
+    }
+    if (val == NULL) {
+        if (json_object_object_get_ex(obj, "req_id", NULL)) {
+            *desc_p = kvc_msg_desc(KVC_MSG_REMOTE_BLOCKS);
+            return KVX_OK;
+        }
+        return kvc_error(KVX_ERR_BAD_MESSAGE,
+                         "control message: field type: missing");
+    }
+    *desc_p = kvc_msg_desc_by_name(json_object_get_string(val),
+                                   (size_t)json_object_get_string_len(val));
+    if (*desc_p == NULL) {
+        return kvc_error(KVX_ERR_BAD_MESSAGE,
+                         "control message: unknown type %.*s", KVC_VAL_SHOWN,
+                         kvc_val_text(val));
+    }
+    return KVX_OK;
+}
+
 static kvx_status_t kvc_msg_decode_object(const char *buf, size_t len,
                                           int is_producer, kvc_msg_t *msg)
 {
-    json_object *obj;
-    kvx_status_t status;
+    const kvc_msg_desc_t *desc = NULL;
+    json_object          *obj;
+    kvx_status_t          status;
 
     status = kvc_json_object(kvc_what_msg, buf, len, &obj);
     if (status != KVX_OK) {
         return status;
     }
-    status = kvc_msg_type_of(obj, &msg->type);
+    status = kvc_msg_type_of(obj, &desc);
     if (status == KVX_OK) {
-        status = kvc_msg_role_check(msg->type, is_producer);
+        msg->type = desc->type;
+        if (!(desc->roles & KVC_MSG_ROLE(is_producer))) {
+            status = kvc_error(KVX_ERR_BAD_MESSAGE,
+                               "control message: type %s not accepted by a "
+                               "%s",
+                               desc->name,
+                               is_producer ? "producer" : "consumer");
+        }
     }
     if (status == KVX_OK) {
-        status = kvc_msg_fields(obj, msg);
+        status = kvc_fld_str(kvc_what_msg, obj, "transfer_id",
+                             !desc->id_optional, msg->transfer_id, KVX_ID_MAX,
+                             1);
+    }
+    if (status == KVX_OK && desc->decode_fields != NULL) {
+        status = desc->decode_fields(obj, msg);
     }
     json_object_put(obj);
     return status;
@@ -662,38 +728,11 @@ kvx_status_t kvc_msg_decode(const char *buf, size_t len, int is_producer,
     return status;
 }
 
-static int kvc_msg_encode_blocks(json_object *obj, const kvc_msg_t *msg)
-{
-    json_object *list;
-    size_t       i;
-
-    if (kvc_jadd_str(obj, "req_id", msg->req_id) != 0) {
-        return -1;
-    }
-    list = json_object_new_array_ext((int)msg->num_block_ids);
-    if (kvc_jadd(obj, "block_notify_list", list) != 0) {
-        return -1;
-    }
-    for (i = 0; i < msg->num_block_ids; i++) {
-        json_object *id = json_object_new_uint64(msg->block_ids[i]);
-
-        if (id == NULL || json_object_array_add(list, id) != 0) {
-            json_object_put(id);
-            return -1;
-        }
-    }
-    if (msg->consumer_rank >= 0 &&
-        kvc_jadd_int(obj, "consumer_rank", msg->consumer_rank) != 0) {
-        return -1;
-    }
-    return kvc_jadd_int(obj, "decode_rank", msg->decode_rank);
-}
-
 char *kvc_msg_encode(const kvc_msg_t *msg, size_t *len_p)
 {
-    json_object *obj;
-    const char  *name = msg != NULL ? kvc_msg_name(msg->type) : NULL;
-    int          rc;
+    const kvc_msg_desc_t *desc = msg != NULL ? kvc_msg_desc(msg->type) : NULL;
+    json_object          *obj;
+    int                   rc;
 
     if (msg != NULL && msg->legacy) {
         char *text = strdup(msg->transfer_id);
@@ -703,7 +742,7 @@ char *kvc_msg_encode(const kvc_msg_t *msg, size_t *len_p)
         }
         return text;
     }
-    if (name == NULL) {
+    if (desc == NULL) {
         kvc_error(KVX_ERR_INVALID_PARAM, "control message: no valid type");
         return NULL;
     }
@@ -711,19 +750,12 @@ char *kvc_msg_encode(const kvc_msg_t *msg, size_t *len_p)
     if (obj == NULL) {
         return kvc_json_finish(NULL, -1, len_p);
     }
-    rc = kvc_jadd_str(obj, "type", name);
-    if (rc == 0 && (msg->type != KVC_MSG_HEARTBEAT || msg->transfer_id[0])) {
+    rc = kvc_jadd_str(obj, "type", desc->name);
+    if (rc == 0 && (!desc->id_optional || msg->transfer_id[0])) {
         rc = kvc_jadd_str(obj, "transfer_id", msg->transfer_id);
     }
-    if (rc == 0 && msg->type == KVC_MSG_REMOTE_BLOCKS) {
-        rc = kvc_msg_encode_blocks(obj, msg);
-    }
-    if (rc == 0 && msg->type == KVC_MSG_RELEASE &&
-        msg->consumer_tp_size != 0) {
-        rc = kvc_jadd_int(obj, "consumer_tp_size", msg->consumer_tp_size);
-    }
-    if (rc == 0 && msg->type == KVC_MSG_RELEASE && msg->consumer_rank >= 0) {
-        rc = kvc_jadd_int(obj, "consumer_rank", msg->consumer_rank);
+    if (rc == 0 && desc->encode_fields != NULL) {
+        rc = desc->encode_fields(obj, msg);
     }
     return kvc_json_finish(obj, rc, len_p);
 }
@@ -894,7 +926,6 @@ static const kvc_int_field_t kvc_geom_ints[] = {
     KVC_GEOM_INT(head_major, 4, 0, 2),
 };
 
-#define KVC_NELEM(a) (sizeof(a) / sizeof((a)[0]))
 
 static uint64_t kvc_int_load(const void *base, const kvc_int_field_t *f)
 {

@@ -27,7 +27,14 @@ typedef enum kvc_msg_type {
     KVC_MSG_WRITE_DONE    = 2, /* P -> D (WRITE) */
     KVC_MSG_RELEASE       = 3, /* D -> P */
     KVC_MSG_HEARTBEAT     = 4, /* either; liveness, no effect */
+    /* a new type: the next value, KVC_MSG_NTYPES, and one entry in the
+     * descriptor table of ctlmsg.c (plus the engine's handler) */
 } kvc_msg_type_t;
+
+/* Valid types are 1..KVC_MSG_NTYPES (contiguous): an array of
+ * KVC_MSG_NTYPES + 1 elements indexed by kvc_msg_type_t is safe. ctlmsg.c
+ * checks at compile time that its table has exactly these entries. */
+#define KVC_MSG_NTYPES 4
 
 typedef struct kvc_msg {
     kvc_msg_type_t type;
@@ -42,6 +49,41 @@ typedef struct kvc_msg {
                                          (encoded when >= 0) */
     int       legacy;                 /* decoded from a plain string */
 } kvc_msg_t;
+
+/* Receiving roles, bits of kvc_msg_desc_t.roles. */
+#define KVC_MSG_TO_PRODUCER 1u
+#define KVC_MSG_TO_CONSUMER 2u
+#define KVC_MSG_ROLE(is_producer) \
+    ((is_producer) ? KVC_MSG_TO_PRODUCER : KVC_MSG_TO_CONSUMER)
+
+struct json_object; /* json-c; only the codecs below dereference it */
+
+/*
+ * kvc_msg_desc_t: everything type-specific about a control message, one
+ * entry a type. The decoder does the generic part (JSON, "type" lookup,
+ * transfer_id, role check, plain-string compatibility) and then calls
+ * decode_fields; the encoder writes "type" and "transfer_id" and then calls
+ * encode_fields (both NULL for a type without further fields).
+ */
+typedef struct kvc_msg_desc {
+    kvc_msg_type_t type;
+    const char    *name;        /* wire "type" value, e.g. "remote_blocks" */
+    const char    *stats_name;  /* key in the engine's stats JSON "rx" */
+    unsigned       roles;       /* KVC_MSG_TO_*: who may receive it */
+    int            id_optional; /* transfer_id may be absent (and is not
+                                   encoded when empty) */
+    /* type-specific fields, after transfer_id; KVX_ERR_BAD_MESSAGE naming
+     * the field (block_ids allocated here are freed by kvc_msg_fini) */
+    kvx_status_t (*decode_fields)(struct json_object *obj, kvc_msg_t *msg);
+    int          (*encode_fields)(struct json_object *obj,
+                                  const kvc_msg_t *msg); /* -1 on failure */
+} kvc_msg_desc_t;
+
+/* kvc_msg_desc: the entry of type, NULL unless 1 <= type <= KVC_MSG_NTYPES. */
+const kvc_msg_desc_t *kvc_msg_desc(kvc_msg_type_t type);
+/* kvc_msg_desc_by_name: the entry whose name is the len bytes at name
+ * (need not be NUL-terminated), or NULL. */
+const kvc_msg_desc_t *kvc_msg_desc_by_name(const char *name, size_t len);
 
 /*
  * kvc_msg_decode: buf is a JSON object with "type" (remote_blocks |

@@ -211,6 +211,165 @@ TEST(CtlMsg, UnknownFieldsAndWhitespaceAccepted)
 }
 
 // ---------------------------------------------------------------------------
+// the message type table
+
+const char *RoleName(int is_producer)
+{
+    return is_producer ? "producer" : "consumer";
+}
+
+// every kvc_msg_type_t value; a new type is added here too
+const kvc_msg_type_t kAllTypes[] = {KVC_MSG_REMOTE_BLOCKS, KVC_MSG_WRITE_DONE,
+                                    KVC_MSG_RELEASE, KVC_MSG_HEARTBEAT};
+static_assert(sizeof(kAllTypes) / sizeof(kAllTypes[0]) == KVC_MSG_NTYPES,
+              "kAllTypes lists every kvc_msg_type_t value");
+
+TEST(CtlMsgTable, EveryTypeHasItsEntry)
+{
+    for (kvc_msg_type_t t : kAllTypes) {
+        EXPECT_GE(static_cast<int>(t), 1);
+        EXPECT_LE(static_cast<int>(t), KVC_MSG_NTYPES);
+    }
+    for (int t = 1; t <= KVC_MSG_NTYPES; t++) {
+        const kvc_msg_desc_t *d = kvc_msg_desc(static_cast<kvc_msg_type_t>(t));
+        ASSERT_NE(d, nullptr) << "type " << t;
+        EXPECT_EQ(static_cast<int>(d->type), t);
+        ASSERT_NE(d->name, nullptr) << "type " << t;
+        EXPECT_GT(strlen(d->name), 0u);
+        ASSERT_NE(d->stats_name, nullptr) << d->name;
+        EXPECT_GT(strlen(d->stats_name), 0u);
+        EXPECT_NE(d->roles, 0u) << d->name;
+        EXPECT_EQ(d->roles & ~(KVC_MSG_TO_PRODUCER | KVC_MSG_TO_CONSUMER), 0u)
+            << d->name;
+        // fields are decoded and encoded by the same entry, or by neither
+        EXPECT_EQ(d->decode_fields == nullptr, d->encode_fields == nullptr)
+            << d->name;
+    }
+    for (int t : {0, KVC_MSG_NTYPES + 1}) {
+        EXPECT_EQ(kvc_msg_desc(static_cast<kvc_msg_type_t>(t)), nullptr) << t;
+    }
+}
+
+TEST(CtlMsgTable, NamesUniqueAndLookupRoundTrips)
+{
+    std::vector<std::string> names, stats;
+    for (int t = 1; t <= KVC_MSG_NTYPES; t++) {
+        const kvc_msg_desc_t *d = kvc_msg_desc(static_cast<kvc_msg_type_t>(t));
+        ASSERT_NE(d, nullptr);
+        names.push_back(d->name);
+        stats.push_back(d->stats_name);
+        EXPECT_EQ(kvc_msg_desc_by_name(d->name, strlen(d->name)), d);
+        // not NUL-terminated at len; a prefix or an extension is no match
+        std::string longer = std::string(d->name) + "x";
+        EXPECT_EQ(kvc_msg_desc_by_name(longer.data(), longer.size() - 1), d);
+        EXPECT_EQ(kvc_msg_desc_by_name(longer.data(), longer.size()), nullptr);
+        EXPECT_EQ(kvc_msg_desc_by_name(d->name, strlen(d->name) - 1), nullptr);
+    }
+    for (std::vector<std::string> *v : {&names, &stats}) {
+        std::vector<std::string> sorted = *v;
+        std::sort(sorted.begin(), sorted.end());
+        EXPECT_EQ(std::adjacent_find(sorted.begin(), sorted.end()),
+                  sorted.end());
+    }
+    EXPECT_EQ(kvc_msg_desc_by_name("", 0), nullptr);
+    EXPECT_EQ(kvc_msg_desc_by_name(nullptr, 0), nullptr);
+    EXPECT_EQ(kvc_msg_desc_by_name("get_meta", 8), nullptr);
+}
+
+TEST(CtlMsgTable, WireAndStatsNamesAndRolesPinned)
+{
+    struct Want {
+        kvc_msg_type_t type;
+        const char    *name, *stats_name;
+        unsigned       roles;
+    };
+    const Want want[] = {
+        {KVC_MSG_REMOTE_BLOCKS, "remote_blocks", "remote_blocks",
+         KVC_MSG_TO_PRODUCER},
+        {KVC_MSG_WRITE_DONE, "write_done", "write_done", KVC_MSG_TO_CONSUMER},
+        {KVC_MSG_RELEASE, "release", "release", KVC_MSG_TO_PRODUCER},
+        {KVC_MSG_HEARTBEAT, "heartbeat", "heartbeat",
+         KVC_MSG_TO_PRODUCER | KVC_MSG_TO_CONSUMER},
+    };
+    for (const Want &w : want) {
+        const kvc_msg_desc_t *d = kvc_msg_desc(w.type);
+        ASSERT_NE(d, nullptr);
+        EXPECT_STREQ(d->name, w.name);
+        EXPECT_STREQ(d->stats_name, w.stats_name);
+        EXPECT_EQ(d->roles, w.roles) << w.name;
+    }
+    EXPECT_EQ(KVC_MSG_ROLE(1), KVC_MSG_TO_PRODUCER);
+    EXPECT_EQ(KVC_MSG_ROLE(0), KVC_MSG_TO_CONSUMER);
+}
+
+// every entry with all fields set: accepted (and re-encoded identically) by
+// the roles in its entry, refused by the others
+TEST(CtlMsgTable, EachEntryRoundTripsForItsRoles)
+{
+    uint64_t ids[] = {7, 0, 9007199254740992ull};
+    for (int t = 1; t <= KVC_MSG_NTYPES; t++) {
+        const kvc_msg_desc_t *d = kvc_msg_desc(static_cast<kvc_msg_type_t>(t));
+        ASSERT_NE(d, nullptr);
+        kvc_msg_t in{};
+        in.type = d->type;
+        snprintf(in.transfer_id, sizeof(in.transfer_id), "tx-%s", d->name);
+        snprintf(in.req_id, sizeof(in.req_id), "req-%d", t);
+        in.block_ids        = ids;
+        in.num_block_ids    = 3;
+        in.decode_rank      = 2;
+        in.consumer_tp_size = 4;
+        in.consumer_rank    = 3;
+        std::string text = EncodeMsg(in);
+        EXPECT_EQ(text.rfind("{\"type\":\"" + std::string(d->name) + "\"", 0),
+                  0u)
+            << text;
+        for (int is_producer : {1, 0}) {
+            kvc_msg_t out;
+            kvx_status_t st = Decode(text, is_producer, &out);
+            if (d->roles & KVC_MSG_ROLE(is_producer)) {
+                ASSERT_EQ(st, KVX_OK) << text << ": " << kvc_last_error();
+                EXPECT_EQ(out.type, d->type);
+                EXPECT_STREQ(out.transfer_id, in.transfer_id);
+                EXPECT_EQ(out.legacy, 0);
+                EXPECT_EQ(EncodeMsg(out), text) << RoleName(is_producer);
+                kvc_msg_fini(&out);
+            } else {
+                EXPECT_EQ(st, KVX_ERR_BAD_MESSAGE) << text;
+                EXPECT_TRUE(ErrorHas(std::string("control message: type ") +
+                                     d->name + " not accepted by a " +
+                                     RoleName(is_producer)))
+                    << kvc_last_error();
+                EXPECT_EQ(out.block_ids, nullptr);
+            }
+        }
+    }
+}
+
+TEST(CtlMsgTable, TransferIdRequiredUnlessOptional)
+{
+    for (int t = 1; t <= KVC_MSG_NTYPES; t++) {
+        const kvc_msg_desc_t *d = kvc_msg_desc(static_cast<kvc_msg_type_t>(t));
+        ASSERT_NE(d, nullptr);
+        int is_producer = (d->roles & KVC_MSG_TO_PRODUCER) != 0;
+        kvc_msg_t out;
+        kvx_status_t st = Decode("{\"type\":\"" + std::string(d->name) + "\"}",
+                                 is_producer, &out);
+        if (d->id_optional) {
+            EXPECT_EQ(st, KVX_OK) << d->name << ": " << kvc_last_error();
+            EXPECT_STREQ(out.transfer_id, "");
+            EXPECT_EQ(EncodeMsg(out),
+                      "{\"type\":\"" + std::string(d->name) + "\"}");
+            kvc_msg_fini(&out);
+        } else {
+            EXPECT_EQ(st, KVX_ERR_BAD_MESSAGE) << d->name;
+            EXPECT_TRUE(ErrorHas("control message: field transfer_id: "
+                                 "missing"))
+                << kvc_last_error();
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
 // legacy plain transfer ids
 
 struct LegacyCase {
