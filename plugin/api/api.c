@@ -291,9 +291,7 @@ static kvx_status_t api_producer_request(kvx_engine_t *eng, const char *rid,
     if (st != KVX_OK) {
         return st;
     }
-    return eng->cfg.read_mode
-               ? kvc_read_producer(eng, rid, params, ids, n, resp_p)
-               : kvc_write_producer(eng, rid, params, ids, n, resp_p);
+    return eng->mode->producer_request(eng, rid, params, ids, n, resp_p);
 }
 
 static kvx_status_t api_consumer_request(kvx_engine_t *eng, const char *rid,
@@ -305,8 +303,7 @@ static kvx_status_t api_consumer_request(kvx_engine_t *eng, const char *rid,
     if (st != KVX_OK) {
         return st;
     }
-    return eng->cfg.read_mode ? kvc_read_consumer(eng, rid, params, ids, n)
-                              : kvc_write_consumer(eng, rid, params, ids, n);
+    return eng->mode->consumer_request(eng, rid, params, ids, n);
 }
 
 static kvx_status_t api_wait_layer(kvx_engine_t *eng, const char *tid,
@@ -360,41 +357,6 @@ static int api_poll_events(kvx_engine_t *eng, kvx_event_t *evs, int max)
     return n;
 }
 
-static kvx_status_t api_transports(kvx_engine_t *eng, char **json_p)
-{
-    static const char *states[] = {"new", "handshaking", "ready", "failed"};
-    json_object       *arr;
-
-    if (eng == NULL || json_p == NULL) {
-        return kvc_error(KVX_ERR_INVALID_PARAM, "transports: NULL");
-    }
-    arr = json_object_new_array();
-    pthread_mutex_lock(&eng->lock);
-    for (kvc_peer_t *p = eng->peers; p != NULL; p = p->next) {
-        json_object *o = json_object_new_object();
-
-        json_object_object_add(o, "peer", json_object_new_string(p->name));
-        json_object_object_add(o, "state",
-                               json_object_new_string(states[p->state]));
-        if (p->state == KVC_PEER_READY) {
-            json_object_object_add(o, "transports", json_object_new_string(
-                                       KVD(eng)->ep_transports(p->ep)));
-            json_object_object_add(o, "rma", json_object_new_string(
-                                       p->rma_mode));
-            json_object_object_add(o, "rma_emulated", json_object_new_boolean(
-                                       strcmp(p->rma_mode, "emulated") == 0));
-        } else if (p->state == KVC_PEER_FAILED) {
-            json_object_object_add(o, "error",
-                                   json_object_new_string(p->fail_reason));
-        }
-        json_object_array_add(arr, o);
-    }
-    pthread_mutex_unlock(&eng->lock);
-    *json_p = strdup(json_object_to_json_string_ext(arr,
-                                                    JSON_C_TO_STRING_PLAIN));
-    json_object_put(arr);
-    return *json_p ? KVX_OK : kvc_error(KVX_ERR_NO_MEMORY, "out of memory");
-}
 
 static kvx_status_t api_build_decode_params(const char *resp, const char *tid,
                                             char **out_p)
@@ -425,20 +387,20 @@ static kvx_status_t api_layer_ready(kvx_engine_t *eng, const char *tid,
 {
     kvx_status_t st = api_write_check(eng, tid, "layer_ready");
 
-    if (st != KVX_OK || eng->cfg.read_mode) {
-        return st;
+    if (st != KVX_OK || eng->mode->layer_ready == NULL) {
+        return st; /* READ: nothing to schedule */
     }
-    return kvc_write_layer_ready(eng, tid, layer);
+    return eng->mode->layer_ready(eng, tid, layer);
 }
 
 static kvx_status_t api_seal_transfer(kvx_engine_t *eng, const char *tid)
 {
     kvx_status_t st = api_write_check(eng, tid, "seal_transfer");
 
-    if (st != KVX_OK || eng->cfg.read_mode) {
+    if (st != KVX_OK || eng->mode->seal == NULL) {
         return st;
     }
-    return kvc_write_seal(eng, tid);
+    return eng->mode->seal(eng, tid);
 }
 
 static kvx_status_t api_consumer_abort(kvx_engine_t *eng, const char *rid,
@@ -446,74 +408,9 @@ static kvx_status_t api_consumer_abort(kvx_engine_t *eng, const char *rid,
 {
     kvx_status_t st = api_check_request(eng, 0, NULL, 0);
 
-    return st != KVX_OK ? st : kvc_write_abort(eng, rid, params);
+    return st != KVX_OK ? st : eng->mode->abort(eng, rid, params);
 }
 
-static kvx_status_t api_stats(kvx_engine_t *eng, char **json_p)
-{
-    static const char *names[] = {"", "remote_blocks", "write_done",
-                                  "release", "heartbeat"};
-    json_object       *o, *rx;
-
-    if (eng == NULL || json_p == NULL) {
-        return kvc_error(KVX_ERR_INVALID_PARAM, "stats: NULL argument");
-    }
-    o  = json_object_new_object();
-    rx = json_object_new_object();
-    pthread_mutex_lock(&eng->lock);
-    for (int t = 1; t <= 4; t++) {
-        json_object_object_add(rx, names[t], json_object_new_int64(
-                                   (int64_t)eng->stats.rx_msgs[t]));
-    }
-    json_object_object_add(o, "rx", rx);
-#define KVC_STAT(name) \
-    json_object_object_add(o, #name, \
-                           json_object_new_int64((int64_t)eng->stats.name))
-    KVC_STAT(rx_bad);
-    KVC_STAT(tx_msgs);
-    KVC_STAT(tx_fail);
-    KVC_STAT(reg_sent);
-    KVC_STAT(reg_failed);
-    KVC_STAT(handshakes_ok);
-    KVC_STAT(handshakes_failed);
-    KVC_STAT(bytes_read);
-    KVC_STAT(bytes_written);
-#undef KVC_STAT
-    {
-        const kvc_lat_t *l = &eng->stats.ctl_rtt;
-        json_object     *r = json_object_new_object();
-        json_object     *h = json_object_new_object();
-        const char *hk[4]  = {"metadata_us", "endpoint_us", "rkeys_us",
-                              "total_us"};
-
-        /* Round trip of the control messages this engine sent (queued ->
-         * reply), over the last KVC_LAT_WINDOW replies. */
-        json_object_object_add(r, "count", json_object_new_int64(
-                                               (int64_t)l->count));
-        json_object_object_add(r, "avg_us", json_object_new_double(
-            l->count ? (double)l->sum_us / (double)l->count : 0.0));
-        json_object_object_add(r, "p50_us", json_object_new_int64(
-            (int64_t)kvc_lat_quantile(l, 0.5)));
-        json_object_object_add(r, "p99_us", json_object_new_int64(
-            (int64_t)kvc_lat_quantile(l, 0.99)));
-        json_object_object_add(r, "max_us", json_object_new_int64(
-                                                (int64_t)l->max_us));
-        json_object_object_add(o, "ctl_rtt", r);
-        for (int i = 0; i < 4; i++) {
-            json_object_object_add(h, hk[i], json_object_new_int64(
-                (int64_t)eng->stats.hs_last_us[i]));
-        }
-        json_object_object_add(o, "last_handshake", h);
-    }
-    json_object_object_add(o, "transfers",
-                           json_object_new_int64((int64_t)eng->nxfers));
-    json_object_object_add(o, "events",
-                           json_object_new_int64((int64_t)eng->nevents));
-    pthread_mutex_unlock(&eng->lock);
-    *json_p = strdup(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
-    json_object_put(o);
-    return *json_p ? KVX_OK : kvc_error(KVX_ERR_NO_MEMORY, "out of memory");
-}
 
 static kvx_status_t api_build_prefill_params(const char *reg, const char *tid,
                                              char **out_p)
@@ -576,12 +473,12 @@ static const kvx_api_t kvc_api = {
     .wait_layer           = api_wait_layer,
     .wait_transfer        = api_wait_transfer,
     .poll_events          = api_poll_events,
-    .transports           = api_transports,
+    .transports           = kvc_report_transports,
     .build_decode_params  = api_build_decode_params,
     .layer_ready          = api_layer_ready,
     .seal_transfer        = api_seal_transfer,
     .consumer_abort       = api_consumer_abort,
-    .stats                = api_stats,
+    .stats                = kvc_report_stats,
     .build_prefill_params = api_build_prefill_params,
     .connect_peer         = api_connect_peer,
     .wait_events          = api_wait_events,

@@ -15,6 +15,16 @@
 
 /* --- listeners ---------------------------------------------------------- */
 
+void kvc_msg_ignore(struct kvx_engine *eng, kvc_msg_t *m, char *reason,
+                    size_t reason_len, int *ok_p)
+{
+    (void)eng;
+    (void)m;
+    (void)reason;
+    (void)reason_len;
+    *ok_p = 1;
+}
+
 void kvc_reply(int ok, const char *reason, char **reply_p, size_t *len_p)
 {
     *reply_p = kvc_reply_encode(ok, reason, len_p);
@@ -42,18 +52,15 @@ void kvc_notify_handler(void *arg, const char *from, const char *msg,
     }
     pthread_mutex_lock(&eng->lock);
     eng->stats.rx_msgs[m.type]++;
-    switch (m.type) {
-    case KVC_MSG_RELEASE:
-        kvc_read_on_release(eng, &m, reason, sizeof(reason), &ok);
-        break;
-    case KVC_MSG_REMOTE_BLOCKS:
-        kvc_write_on_remote_blocks(eng, &m, reason, sizeof(reason), &ok);
-        break;
-    case KVC_MSG_WRITE_DONE:
-        kvc_write_on_write_done(eng, &m);
-        break;
-    case KVC_MSG_HEARTBEAT:
-        break;
+    if (eng->mode->on_msg[m.type] != NULL) {
+        eng->mode->on_msg[m.type](eng, &m, reason, sizeof(reason), &ok);
+    } else {
+        ok = 0;
+        eng->stats.rx_refused++;
+        snprintf(reason, sizeof(reason), "%s for '%s': not accepted by a %s "
+                 "in %s mode", kvc_msg_desc(m.type)->name, m.transfer_id,
+                 eng->cfg.is_producer ? "kv_producer" : "kv_consumer",
+                 eng->mode->name);
     }
     pthread_mutex_unlock(&eng->lock);
     if (!ok) {

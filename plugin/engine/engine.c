@@ -93,8 +93,15 @@ static void kvc_engine_tick(void *arg)
 
     pthread_mutex_lock(&eng->lock);
     if (!eng->stopping) {
-        kvc_read_tick(eng);
-        kvc_write_tick(eng);
+        uint64_t     now = kvc_now_us(eng);
+        kvc_timer_t *t;
+
+        /* Only due deadlines cost anything: idle transfers sit in the
+         * queue untouched. */
+        while ((t = kvc_timerq_pop_due(&eng->timers, now)) != NULL) {
+            eng->mode->on_timer(eng, kvc_xfer_of_timer(t));
+        }
+        kvc_early_expire(eng, now);
         kvc_reg_tick(eng);
     }
     pthread_mutex_unlock(&eng->lock);
@@ -172,6 +179,8 @@ kvx_status_t kvx_engine_create(const kvt_env_t *env, const char *json,
         goto err_trust;
     }
     eng->epoch = eng->env.clock.random64(eng->env.clock.arg);
+    eng->mode  = eng->cfg.read_mode ? &kvc_mode_read : &kvc_mode_write;
+    kvc_timerq_init(&eng->timers);
     snprintf(eng->engine_id, sizeof(eng->engine_id), "%s:%u", eng->cfg.host_ip,
              eng->cfg.handshake_port);
     memset(&up, 0, sizeof(up));
@@ -225,19 +234,7 @@ static void kvc_engine_free_state(struct kvx_engine *eng)
         free(n->ev.block_ids);
         free(n);
     }
-    while (eng->early != NULL) {
-        kvc_early_release_t *e = eng->early;
-
-        eng->early = e->next;
-        free(e);
-    }
-    while (eng->early_blocks != NULL) {
-        kvc_early_blocks_t *e = eng->early_blocks;
-
-        eng->early_blocks = e->next;
-        kvc_msg_fini(&e->msg);
-        free(e);
-    }
+    kvc_early_free_all(eng);
 }
 
 /* Waits (bounded) until no D transfer has operations in flight, so that
@@ -312,6 +309,7 @@ void kvx_engine_destroy(struct kvx_engine *eng)
     free(eng->layers);
     free(eng->meta_json);
     kvc_idset_fini(&eng->terminal);
+    kvc_timerq_fini(&eng->timers);
     kvc_trust_fini(&eng->trust);
     kvc_config_fini(&eng->cfg);
     pthread_cond_destroy(&eng->cond);

@@ -20,6 +20,8 @@
 #include "ctlmsg.h"
 #include "latency.h"
 #include "layout.h"
+#include "mode.h"
+#include "timerq.h"
 #include "kvt.h"
 
 #include <pthread.h>
@@ -133,6 +135,9 @@ typedef struct kvc_xfer {
     uint64_t         *remote_ids;  /* owned */
     size_t            nremote;
     uint64_t          deadline_us;
+    kvc_timer_t       timer;       /* deadline_us, in eng->timers while the
+                                      transfer is in the table */
+    kvc_timerq_t     *tq;          /* the queue it is in, else NULL */
     /* D side */
     kvc_peer_t       *src;         /* P rank read from */
     uint32_t          nsrc;        /* > 1: D gathers its heads from the
@@ -182,26 +187,21 @@ typedef struct kvc_event_node {
     struct kvc_event_node *next;
 } kvc_event_node_t;
 
-typedef struct kvc_early_release {
-    char     transfer_id[KVX_ID_MAX];
-    int32_t  consumer_tp_size;
-    int32_t  consumer_rank;
-    uint64_t expires_us;
-    struct kvc_early_release *next;
-} kvc_early_release_t;
+/* kvc_early_t: a control message that overtook its transfer (early.c). */
+typedef struct kvc_early {
+    kvc_msg_t         msg;       /* owned */
+    uint64_t          expires_us;
+    struct kvc_early *next;
+} kvc_early_t;
 
-typedef struct kvc_early_blocks {
-    kvc_msg_t                msg;       /* owned */
-    uint64_t                 expires_us;
-    struct kvc_early_blocks *next;
-} kvc_early_blocks_t;
-
-#define KVC_XFER_BUCKETS   1024
-#define KVC_EARLY_MAX      4096
-#define KVC_TERMINAL_MAX   4096
+#define KVC_XFER_BUCKETS    1024
+#define KVC_EARLY_MAX       4096
+#define KVC_EARLY_MAX_BYTES (16u << 20)
+#define KVC_TERMINAL_MAX    4096
 
 struct kvx_engine {
     kvt_env_t         env;           /* transports and clock */
+    const kvc_mode_t *mode;          /* READ or WRITE, fixed at create */
     kvc_config_t      cfg;
     kvc_trust_t       trust;
     pthread_mutex_t   lock;
@@ -229,10 +229,13 @@ struct kvx_engine {
     kvc_event_node_t *ev_head, *ev_tail;
     size_t            nevents;
     kvc_idset_t       terminal;
-    kvc_early_release_t *early;
-    size_t            nearly;
+    kvc_timerq_t      timers;        /* transfer deadlines */
+    kvc_early_t      *early_head, *early_tail; /* arrival order */
+    size_t            nearly, early_bytes;
     struct {
-        uint64_t rx_msgs[5];      /* by kvc_msg_type_t */
+        uint64_t rx_msgs[KVC_MSG_NTYPES + 1]; /* by kvc_msg_type_t */
+        uint64_t rx_refused;      /* well-formed, refused by the mode */
+        uint64_t early_kept, early_dropped;
         uint64_t rx_bad;          /* rejected control messages */
         uint64_t tx_msgs, tx_fail;
         uint64_t handshakes_ok, handshakes_failed;
@@ -248,8 +251,6 @@ struct kvx_engine {
     size_t            reg_len;
     uint64_t          reg_next_us;
     int               reg_inflight, reg_failing;
-    kvc_early_blocks_t *early_blocks; /* remote_blocks before P's request */
-    size_t            nearly_blocks;
 };
 
 /* The engine's transports and clock (kvt.h). */
@@ -276,12 +277,17 @@ void         kvc_xfer_remove(struct kvx_engine *eng, kvc_xfer_t *x);
 kvc_xfer_t  *kvc_xfer_new(const char *tid, const char *req_id,
                           const uint64_t *ids, size_t n);
 void         kvc_xfer_free(kvc_xfer_t *x);
+/* kvc_xfer_arm sets x's deadline (and its timer once x is in the table). */
+void         kvc_xfer_arm(struct kvx_engine *eng, kvc_xfer_t *x,
+                          uint64_t deadline_us);
+/* kvc_xfer_of_timer: the transfer whose timer t is. */
+kvc_xfer_t  *kvc_xfer_of_timer(kvc_timer_t *t);
 /* kvc_xfer_fail records the first failure of x (status and reason). */
 void         kvc_xfer_fail(kvc_xfer_t *x, kvx_status_t st, const char *why);
 kvx_status_t kvc_xfer_check_ids(struct kvx_engine *eng, const uint64_t *ids,
                                 size_t n);
 /* kvc_read_response: P's kv_transfer_params for the proxy (both modes). */
-char        *kvc_read_response(struct kvx_engine *eng, const kvc_xfer_t *x);
+char        *kvc_xfer_response(struct kvx_engine *eng, const kvc_xfer_t *x);
 /* kvc_xfer_publish (P, lock not held): inserts x and applies the control
  * messages that overtook it (remote_blocks, release); on KVX_OK *response_p
  * = resp, on error x and resp are freed. */
@@ -320,6 +326,9 @@ kvc_peer_t *kvc_peer_get(struct kvx_engine *eng, const char *host,
 void        kvc_peer_send(kvc_peer_t *peer, char *buf, size_t len,
                           const char *what);
 void        kvc_peer_want_handshake(kvc_peer_t *peer);
+/* kvc_peer_send_msg encodes m and queues it to peer. */
+void        kvc_peer_send_msg(kvc_peer_t *peer, const kvc_msg_t *m,
+                              const char *what);
 void        kvc_rkeys_destroy(struct kvx_engine *eng, kvt_rkey_t **rkeys,
                               size_t n);
 void        kvc_peer_conn_free(struct kvx_engine *eng, kvc_peer_conn_t *c);
@@ -346,7 +355,19 @@ void         kvc_hs_handler(void *arg, const char *from, const char *msg,
 void kvc_peer_parts(const struct kvx_engine *eng, const kvc_peer_t *peer,
                     uint32_t *idx_p, uint32_t *n_p, int *gather_p);
 
+/* early.c: control messages that overtook their transfer */
+/* kvc_early_keep stores m (its owned fields are moved out). */
+void kvc_early_keep(struct kvx_engine *eng, kvc_msg_t *m);
+/* kvc_early_replay hands every stored message of tid, in arrival order, to
+ * the mode's handler (the transfer was just published). */
+void kvc_early_replay(struct kvx_engine *eng, const char *tid);
+void kvc_early_expire(struct kvx_engine *eng, uint64_t now);
+void kvc_early_free_all(struct kvx_engine *eng);
+
 /* dispatch.c */
+/* kvc_msg_ignore: a handler for messages that change nothing (heartbeat). */
+void kvc_msg_ignore(struct kvx_engine *eng, kvc_msg_t *m, char *reason,
+                    size_t reason_len, int *ok_p);
 void kvc_reply(int ok, const char *reason, char **reply_p, size_t *len_p);
 void kvc_notify_handler(void *arg, const char *from, const char *msg,
                         size_t len, char **reply_p, size_t *len_p);
@@ -381,14 +402,32 @@ size_t      kvc_read_connect_targets(struct kvx_engine *eng,
                                      const kvc_peer_addr_t *addr,
                                      const char *field, kvc_peer_t **peers,
                                      kvx_status_t *st_p);
-kvc_peer_t *kvc_write_connect_target(struct kvx_engine *eng,
-                                     const kvc_xfer_params_t *p,
-                                     const kvc_peer_addr_t *addr,
-                                     const char *field, kvx_status_t *st_p);
+size_t      kvc_write_connect_targets(struct kvx_engine *eng,
+                                      const kvc_xfer_params_t *p,
+                                      const kvc_peer_addr_t *addr,
+                                      const char *field, kvc_peer_t **peers,
+                                      kvx_status_t *st_p);
+/* kvc_consumer_targets: the P ranks a D rank hands its blocks to or
+ * releases (params parsed into *p, owned by the caller on KVX_OK). */
+kvx_status_t kvc_consumer_targets(struct kvx_engine *eng, const char *req_id,
+                                  const char *params_json,
+                                  kvc_xfer_params_t *p, kvc_peer_t **peers,
+                                  uint32_t *n_p);
+/* kvc_consumer_abort (API consumer_abort, lock not held): the transfer is
+ * over for the framework: on_xfer(eng, x) for a live x, its id terminal,
+ * release sent to its P ranks. */
+kvx_status_t kvc_consumer_abort(struct kvx_engine *eng, const char *req_id,
+                                const char *params_json,
+                                void (*on_xfer)(struct kvx_engine *eng,
+                                                kvc_xfer_t *x));
 /* kvc_engine_connect (API connect_peer): handshake ahead of the first
  * request; timeout_ms 0 returns at once, > 0 waits for the outcome. */
 kvx_status_t kvc_engine_connect(struct kvx_engine *eng,
                                 const char *params_json, int64_t timeout_ms);
+
+/* report.c: stats and transports as JSON (API calls, lock not held) */
+kvx_status_t kvc_report_stats(struct kvx_engine *eng, char **json_p);
+kvx_status_t kvc_report_transports(struct kvx_engine *eng, char **json_p);
 
 /* registration.c */
 kvx_status_t kvc_reg_setup(struct kvx_engine *eng);
@@ -403,14 +442,8 @@ kvx_status_t kvc_read_producer(struct kvx_engine *eng, const char *req_id,
                                size_t n, char **response_p);
 void         kvc_read_peer_ready(struct kvx_engine *eng, kvc_peer_t *peer);
 void         kvc_read_peer_failed(struct kvx_engine *eng, kvc_peer_t *peer);
-void         kvc_read_on_release(struct kvx_engine *eng, const kvc_msg_t *m,
-                                 char *reason, size_t reason_len, int *ok_p);
-void         kvc_early_apply(struct kvx_engine *eng, kvc_xfer_t *x);
-void         kvc_read_tick(struct kvx_engine *eng);
 
 /* mode_write_push.c, mode_write_p.c, mode_write_d.c */
-#define KVC_EARLY_BLOCKS_MAX 1024
-void         kvc_write_send(kvc_peer_t *peer, kvc_msg_t *m, const char *what);
 void         kvc_write_check(struct kvx_engine *eng, kvc_xfer_t *x);
 void         kvc_write_pump(struct kvx_engine *eng, kvc_xfer_t *x);
 void         kvc_write_route_blocks(struct kvx_engine *eng, kvc_xfer_t *x,
@@ -419,17 +452,14 @@ void         kvc_write_route_blocks(struct kvx_engine *eng, kvc_xfer_t *x,
 int          kvc_write_fanout_end(struct kvx_engine *eng, kvc_xfer_t *x);
 void         kvc_write_peer_ready(struct kvx_engine *eng, kvc_peer_t *peer);
 void         kvc_write_peer_failed(struct kvx_engine *eng, kvc_peer_t *peer);
-void         kvc_write_tick(struct kvx_engine *eng);
+void         kvc_write_on_timer(struct kvx_engine *eng, kvc_xfer_t *x);
 kvx_status_t kvc_write_producer(struct kvx_engine *eng, const char *req_id,
                                 const char *params_json, const uint64_t *ids,
                                 size_t n, char **response_p);
 kvx_status_t kvc_write_layer_ready(struct kvx_engine *eng, const char *tid,
                                    uint32_t layer);
 kvx_status_t kvc_write_seal(struct kvx_engine *eng, const char *tid);
-void         kvc_write_on_remote_blocks(struct kvx_engine *eng, kvc_msg_t *m,
-                                        char *reason, size_t len, int *ok_p);
 void         kvc_write_on_release(struct kvx_engine *eng, kvc_xfer_t *x);
-void         kvc_write_early_apply(struct kvx_engine *eng, kvc_xfer_t *x);
 void         kvc_write_free(kvc_xfer_t *x);
 kvx_status_t kvc_write_consumer(struct kvx_engine *eng, const char *req_id,
                                 const char *params_json, const uint64_t *ids,

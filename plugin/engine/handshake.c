@@ -244,8 +244,7 @@ static void kvc_peer_hs_failed(kvc_peer_t *peer, kvx_status_t st,
     snprintf(peer->fail_reason, sizeof(peer->fail_reason), "%s", reason);
     kvc_log_warn("KVX-HANDSHAKE", "%s", peer->fail_reason);
     eng->stats.handshakes_failed++;
-    kvc_read_peer_failed(eng, peer);
-    kvc_write_peer_failed(eng, peer);
+    eng->mode->peer_failed(eng, peer);
     pthread_cond_broadcast(&eng->cond);
 }
 
@@ -441,8 +440,7 @@ void kvc_peer_hs_finish(kvt_job_t *job)
                  (unsigned long long)peer->hs_us[0],
                  (unsigned long long)peer->hs_us[1],
                  (unsigned long long)peer->hs_us[2]);
-    kvc_read_peer_ready(eng, peer);
-    kvc_write_peer_ready(eng, peer);
+    eng->mode->peer_ready(eng, peer);
     pthread_cond_broadcast(&eng->cond); /* kvc_engine_connect waiters */
     if (strcmp(peer->rma_mode, "direct-shm") == 0) {
         kvc_peer_prefault(peer);

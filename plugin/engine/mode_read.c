@@ -159,7 +159,7 @@ static kvx_status_t kvc_read_consumer_locked(struct kvx_engine *eng,
     if (st != KVX_OK) {
         return st;
     }
-    x->deadline_us = kvc_deadline_us(eng, eng->cfg.transfer_timeout);
+    kvc_xfer_arm(eng, x, kvc_deadline_us(eng, eng->cfg.transfer_timeout));
     if (x->nlocal == 0) {
         /* Nothing to read (full prefix hit): still release P (SPEC §7). */
         kvc_read_finish(eng, x);
@@ -287,37 +287,9 @@ static void kvc_read_released(struct kvx_engine *eng, kvc_xfer_t *x,
     }
 }
 
-static void kvc_early_remember(struct kvx_engine *eng, const kvc_msg_t *m)
-{
-    kvc_early_release_t *e;
-
-    if (eng->nearly >= KVC_EARLY_MAX) {
-        kvc_early_release_t **pp = &eng->early;
-
-        while ((*pp)->next != NULL) {
-            pp = &(*pp)->next;
-        }
-        kvc_log_warn("KVX-EARLY-DROP", "early release for %s dropped (cap %d)",
-                     (*pp)->transfer_id, KVC_EARLY_MAX);
-        free(*pp);
-        *pp = NULL;
-        eng->nearly--;
-    }
-    e = calloc(1, sizeof(*e));
-    if (e == NULL) {
-        return;
-    }
-    snprintf(e->transfer_id, sizeof(e->transfer_id), "%s", m->transfer_id);
-    e->consumer_tp_size = m->consumer_tp_size;
-    e->consumer_rank    = m->consumer_rank;
-    e->expires_us       = kvc_deadline_us(eng, eng->cfg.defer_timeout);
-    e->next    = eng->early;
-    eng->early = e;
-    eng->nearly++;
-}
-
-void kvc_read_on_release(struct kvx_engine *eng, const kvc_msg_t *m,
-                         char *reason, size_t reason_len, int *ok_p)
+/* kvc_read_on_release (P): a D rank released x's blocks. */
+static void kvc_read_on_release(struct kvx_engine *eng, kvc_msg_t *m,
+                                char *reason, size_t reason_len, int *ok_p)
 {
     kvc_xfer_t *x = kvc_xfer_find(eng, m->transfer_id);
 
@@ -327,40 +299,11 @@ void kvc_read_on_release(struct kvx_engine *eng, const kvc_msg_t *m,
     if (x == NULL || !x->is_producer) {
         if (!kvc_idset_contains(&eng->terminal, m->transfer_id)) {
             /* A release can overtake P's own bookkeeping (SPEC §7). */
-            kvc_early_remember(eng, m);
+            kvc_early_keep(eng, m);
         }
-        return;
-    }
-    if (x->write) {
-        kvc_write_on_release(eng, x);
         return;
     }
     kvc_read_released(eng, x, m->consumer_tp_size, m->consumer_rank);
-}
-
-void kvc_early_apply(struct kvx_engine *eng, kvc_xfer_t *x)
-{
-    kvc_early_release_t **pp = &eng->early;
-    char                  tid[KVX_ID_MAX];
-
-    snprintf(tid, sizeof(tid), "%s", x->transfer_id);
-    while (*pp != NULL) {
-        kvc_early_release_t *e = *pp;
-
-        if (strcmp(e->transfer_id, tid) != 0) {
-            pp = &e->next;
-            continue;
-        }
-        *pp = e->next;
-        eng->nearly--;
-        /* x may be freed by the release that completes its quorum. */
-        if (kvc_xfer_find(eng, tid) == x && x->write) {
-            kvc_write_on_release(eng, x);
-        } else if (kvc_xfer_find(eng, tid) == x) {
-            kvc_read_released(eng, x, e->consumer_tp_size, e->consumer_rank);
-        }
-        free(e);
-    }
 }
 
 kvx_status_t kvc_read_producer(struct kvx_engine *eng, const char *req_id,
@@ -390,8 +333,8 @@ kvx_status_t kvc_read_producer(struct kvx_engine *eng, const char *req_id,
     }
     x->is_producer = 1;
     x->state       = KVC_XFER_HELD;
-    x->deadline_us = kvc_deadline_us(eng, eng->cfg.defer_timeout);
-    resp           = kvc_read_response(eng, x);
+    kvc_xfer_arm(eng, x, kvc_deadline_us(eng, eng->cfg.defer_timeout));
+    resp           = kvc_xfer_response(eng, x);
     if (resp == NULL) {
         kvc_xfer_free(x);
         return kvc_error(KVX_ERR_NO_MEMORY, "response: no memory");
@@ -439,33 +382,36 @@ static void kvc_read_tick_xfer(struct kvx_engine *eng, kvc_xfer_t *x,
     }
 }
 
-void kvc_read_tick(struct kvx_engine *eng)
+/* kvc_read_on_timer: x's deadline passed. */
+static void kvc_read_on_timer(struct kvx_engine *eng, kvc_xfer_t *x)
 {
-    uint64_t now = kvc_now_us(eng);
-
-    for (size_t b = 0; b < KVC_XFER_BUCKETS; b++) {
-        kvc_xfer_t *x = eng->xfers[b];
-
-        while (x != NULL) {
-            kvc_xfer_t *next = x->hnext;
-
-            if ((x->state == KVC_XFER_HELD || x->state == KVC_XFER_WAIT_PEER ||
-                 x->state == KVC_XFER_INFLIGHT) &&
-                !x->timed_out && now > x->deadline_us) {
-                kvc_read_tick_xfer(eng, x, now);
-            }
-            x = next;
-        }
-    }
-    for (kvc_early_release_t **pp = &eng->early; *pp != NULL;) {
-        if ((*pp)->expires_us < now) {
-            kvc_early_release_t *e = *pp;
-
-            *pp = e->next;
-            free(e);
-            eng->nearly--;
-        } else {
-            pp = &(*pp)->next;
-        }
+    if ((x->state == KVC_XFER_HELD || x->state == KVC_XFER_WAIT_PEER ||
+         x->state == KVC_XFER_INFLIGHT) && !x->timed_out) {
+        kvc_read_tick_xfer(eng, x, kvc_now_us(eng));
     }
 }
+
+/* kvc_read_abort (D): releases the P ranks at once. Known defect, kept
+ * until the integrity work lands: gets already in flight are neither
+ * canceled nor awaited first, so P may reuse blocks they still read (the
+ * simulator reproduces it; tests/sim/README.md). */
+static kvx_status_t kvc_read_abort(struct kvx_engine *eng, const char *req_id,
+                                   const char *params_json)
+{
+    return kvc_consumer_abort(eng, req_id, params_json, NULL);
+}
+
+const kvc_mode_t kvc_mode_read = {
+    .name             = "READ",
+    .producer_request = kvc_read_producer,
+    .consumer_request = kvc_read_consumer,
+    .abort            = kvc_read_abort,
+    .connect_targets  = kvc_read_connect_targets,
+    .peer_ready       = kvc_read_peer_ready,
+    .peer_failed      = kvc_read_peer_failed,
+    .on_msg = {
+        [KVC_MSG_RELEASE]   = kvc_read_on_release,
+        [KVC_MSG_HEARTBEAT] = kvc_msg_ignore,
+    },
+    .on_timer         = kvc_read_on_timer,
+};

@@ -15,62 +15,11 @@
 
 /* --- consumer (D) ------------------------------------------------------- */
 
-/* kvc_write_d_prepare: the P ranks this D rank hands its blocks to: its
- * own TP rank with equal TP, or the r ranks d*r .. d*r+r-1 that each put
- * one part of its heads (sharded, P tp = r x D tp). peers holds
- * KVC_RANKMAP_MAX. */
-static kvx_status_t kvc_write_d_prepare(struct kvx_engine *eng,
-                                        const char *req_id,
-                                        const char *params_json,
-                                        kvc_xfer_params_t *p,
-                                        kvc_peer_t **peers, uint32_t *n_p)
-{
-    kvc_peer_addr_t addr;
-    const char     *field = "remote_host";
-    kvx_status_t    st    = kvc_params_parse(params_json, p);
-    uint32_t        rtp, r;
-
-    *n_p = 0;
-    if (st != KVX_OK) {
-        return st;
-    }
-    if (p->transfer_id[0] == '\0') {
-        st = kvc_error(KVX_ERR_INVALID_PARAM,
-                       "kv_transfer_params.transfer_id: missing");
-    }
-    if (st == KVX_OK) {
-        st = kvc_params_peer_addr(p, req_id, 1, &addr, &field);
-    }
-    if (st == KVX_OK) {
-        st = kvc_write_check_hosts(eng, p, &addr, field);
-    }
-    rtp = p->remote_tp_size ? p->remote_tp_size : eng->cfg.tp_size;
-    if (st == KVX_OK) {
-        st = kvc_write_same_tp(eng, rtp);
-    }
-    r = rtp > eng->cfg.tp_size ? rtp / eng->cfg.tp_size : 1;
-    pthread_mutex_lock(&eng->lock);
-    for (uint32_t k = 0; st == KVX_OK && k < r; k++) {
-        /* P DP rank remote_dp_rank; TP rank d*r + k (P tp = r x D tp), or
-         * d / q (D tp = q x P tp), or d. */
-        peers[k] = kvc_write_target(eng, p, &addr, field, p->remote_dp_rank,
-                                    r > 1 ? eng->cfg.tp_rank * r + k
-                                          : kvc_write_peer_rank(eng, rtp),
-                                    &st);
-        *n_p += st == KVX_OK;
-    }
-    pthread_mutex_unlock(&eng->lock);
-    if (st != KVX_OK) {
-        kvc_params_fini(p);
-    }
-    return st;
-}
-
 /* kvc_write_d_send sends m to every P rank of x (lock held). */
 void kvc_write_d_send(kvc_xfer_t *x, kvc_msg_t *m, const char *what)
 {
     for (uint32_t k = 0; k < x->nrel; k++) {
-        kvc_write_send(x->rel[k], m, what);
+        kvc_peer_send_msg(x->rel[k], m, what);
     }
 }
 
@@ -85,7 +34,7 @@ kvx_status_t kvc_write_consumer(struct kvx_engine *eng, const char *req_id,
     kvc_msg_t         m;
     kvx_status_t      st;
 
-    st = kvc_write_d_prepare(eng, req_id, params_json, &p, peers, &npeers);
+    st = kvc_consumer_targets(eng, req_id, params_json, &p, peers, &npeers);
     if (st == KVX_OK) {
         st = kvc_xfer_check_ids(eng, ids, n);
         if (st != KVX_OK) {
@@ -106,8 +55,8 @@ kvx_status_t kvc_write_consumer(struct kvx_engine *eng, const char *req_id,
     memcpy(x->rel, peers, npeers * sizeof(peers[0]));
     x->state        = KVC_XFER_WAIT_WRITE;
     x->waiting_done = npeers; /* one write_done from every P rank */
-    x->deadline_us  = kvc_deadline_us(eng, (eng->cfg.defer_timeout +
-                                 eng->cfg.transfer_timeout));
+    kvc_xfer_arm(eng, x, kvc_deadline_us(eng, (eng->cfg.defer_timeout +
+                                 eng->cfg.transfer_timeout)));
     memset(&m, 0, sizeof(m));
     snprintf(m.transfer_id, sizeof(m.transfer_id), "%s", x->transfer_id);
     m.consumer_rank = (int32_t)eng->cfg.tp_rank; /* P routes by it */
@@ -155,40 +104,21 @@ void kvc_write_on_write_done(struct kvx_engine *eng, const kvc_msg_t *m)
     }
 }
 
-kvx_status_t kvc_write_abort(struct kvx_engine *eng, const char *req_id,
-                             const char *params_json)
+/* kvc_write_abort_xfer: D aborts a transfer still waiting for its
+ * writes. */
+static void kvc_write_abort_xfer(struct kvx_engine *eng, kvc_xfer_t *x)
 {
-    kvc_xfer_params_t p;
-    kvc_peer_t       *peers[KVC_RANKMAP_MAX];
-    uint32_t          npeers = 0;
-    kvc_xfer_t       *x;
-    kvc_msg_t         m;
-    kvx_status_t      st;
-
-    st = kvc_write_d_prepare(eng, req_id, params_json, &p, peers, &npeers);
-    if (st != KVX_OK) {
-        return st;
-    }
-    memset(&m, 0, sizeof(m));
-    m.type             = KVC_MSG_RELEASE;
-    m.consumer_tp_size = (int32_t)eng->cfg.tp_size;
-    m.consumer_rank    = (int32_t)eng->cfg.tp_rank;
-    snprintf(m.transfer_id, sizeof(m.transfer_id), "%s", p.transfer_id);
-    pthread_mutex_lock(&eng->lock);
-    x = kvc_xfer_find(eng, p.transfer_id);
-    if (x != NULL && !x->is_producer && x->write &&
-        x->state == KVC_XFER_WAIT_WRITE) {
+    if (!x->is_producer && x->write && x->state == KVC_XFER_WAIT_WRITE) {
         x->state  = KVC_XFER_FAILED;
         x->status = KVX_ERR_CANCELED;
         snprintf(x->reason, sizeof(x->reason), "aborted by the framework");
         kvc_event_push(eng, KVX_EVENT_FAILED, KVX_ERR_CANCELED, x, x->reason,
                        1);
     }
-    kvc_idset_add(&eng->terminal, p.transfer_id);
-    for (uint32_t k = 0; k < npeers; k++) {
-        kvc_write_send(peers[k], &m, "release");
-    }
-    pthread_mutex_unlock(&eng->lock);
-    kvc_params_fini(&p);
-    return KVX_OK;
+}
+
+kvx_status_t kvc_write_abort(struct kvx_engine *eng, const char *req_id,
+                             const char *params_json)
+{
+    return kvc_consumer_abort(eng, req_id, params_json, kvc_write_abort_xfer);
 }

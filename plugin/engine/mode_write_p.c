@@ -14,37 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-void kvc_write_early_apply(struct kvx_engine *eng, kvc_xfer_t *x)
-{
-    /* Every early remote_blocks of x (one per D rank when it has subs; x
-     * cannot finish inside the loop: fanout holds it). */
-    x->fanout = x->nsubs > 0;
-    for (kvc_early_blocks_t **pp = &eng->early_blocks; *pp != NULL;) {
-        kvc_early_blocks_t *e = *pp;
-        char                reason[KVX_REASON_MAX];
-        int                 ok = 1;
-
-        if (strcmp(e->msg.transfer_id, x->transfer_id) != 0) {
-            pp = &e->next;
-            continue;
-        }
-        *pp = e->next;
-        eng->nearly_blocks--;
-        kvc_write_route_blocks(eng, x, &e->msg, reason, sizeof(reason), &ok);
-        if (!ok) {
-            kvc_log_warn("KVX-CTL-REJECT", "%s: %s", eng->engine_id, reason);
-        }
-        kvc_msg_fini(&e->msg);
-        free(e);
-        if (x->nsubs == 0) {
-            return;
-        }
-    }
-    if (x->nsubs > 0) {
-        kvc_write_fanout_end(eng, x); /* may finish and free x */
-    }
-}
-
 /* kvc_write_make_subs: with D tp = q x P tp (sharded), x gets one sub per
  * D rank it serves: each receives that rank's remote_blocks and puts one
  * head slice to it (SPEC §4). */
@@ -118,7 +87,7 @@ kvx_status_t kvc_write_producer(struct kvx_engine *eng, const char *req_id,
     if (x != NULL) {
         x->scheduled = calloc(eng->nlayers, 1);
         x->posted    = calloc(eng->nlayers, 1);
-        resp         = kvc_read_response(eng, x);
+        resp         = kvc_xfer_response(eng, x);
     }
     if (st == KVX_OK &&
         (x == NULL || !x->scheduled || !x->posted || resp == NULL)) {
@@ -135,7 +104,7 @@ kvx_status_t kvc_write_producer(struct kvx_engine *eng, const char *req_id,
     x->state       = KVC_XFER_PUSHING;
     x->dparams     = p; /* owns p's lists from here */
     x->daddr       = addr;
-    x->deadline_us = kvc_deadline_us(eng, eng->cfg.defer_timeout);
+    kvc_xfer_arm(eng, x, kvc_deadline_us(eng, eng->cfg.defer_timeout));
     if ((st = kvc_write_make_subs(eng, x, ids, n)) != KVX_OK) {
         free(resp);
         kvc_xfer_free(x);
@@ -177,7 +146,7 @@ static void kvc_write_schedule(struct kvx_engine *eng, kvc_xfer_t *x,
     x->scheduled[layer] = 1;
     x->nscheduled++;
     if (x->have_blocks) {
-        x->deadline_us = kvc_deadline_us(eng, eng->cfg.transfer_timeout);
+        kvc_xfer_arm(eng, x, kvc_deadline_us(eng, eng->cfg.transfer_timeout));
     }
     kvc_write_pump(eng, x);
 }
@@ -191,7 +160,7 @@ static void kvc_write_do_seal(struct kvx_engine *eng, kvc_xfer_t *x)
     /* Expected writes = distinct layers scheduled, not registered. */
     x->sealed = 1;
     if (x->have_blocks) {
-        x->deadline_us = kvc_deadline_us(eng, eng->cfg.transfer_timeout);
+        kvc_xfer_arm(eng, x, kvc_deadline_us(eng, eng->cfg.transfer_timeout));
     }
     kvc_write_check(eng, x);
 }
@@ -249,37 +218,9 @@ kvx_status_t kvc_write_seal(struct kvx_engine *eng, const char *tid)
     return st;
 }
 
-static void kvc_write_remember(struct kvx_engine *eng, kvc_msg_t *m)
-{
-    kvc_early_blocks_t *e = calloc(1, sizeof(*e));
-
-    if (e == NULL) {
-        return;
-    }
-    if (eng->nearly_blocks >= KVC_EARLY_BLOCKS_MAX) {
-        kvc_early_blocks_t **pp = &eng->early_blocks;
-
-        while ((*pp)->next != NULL) {
-            pp = &(*pp)->next;
-        }
-        kvc_log_warn("KVX-EARLY-DROP", "early remote_blocks for %s dropped "
-                     "(cap %d)", (*pp)->msg.transfer_id, KVC_EARLY_BLOCKS_MAX);
-        kvc_msg_fini(&(*pp)->msg);
-        free(*pp);
-        *pp = NULL;
-        eng->nearly_blocks--;
-    }
-    e->msg           = *m;
-    m->block_ids     = NULL;
-    m->num_block_ids = 0;
-    e->expires_us    = kvc_deadline_us(eng, eng->cfg.defer_timeout);
-    e->next           = eng->early_blocks;
-    eng->early_blocks = e;
-    eng->nearly_blocks++;
-}
-
-void kvc_write_on_remote_blocks(struct kvx_engine *eng, kvc_msg_t *m,
-                                char *reason, size_t len, int *ok_p)
+static void kvc_write_on_remote_blocks(struct kvx_engine *eng,
+                                       kvc_msg_t *m, char *reason,
+                                       size_t len, int *ok_p)
 {
     kvc_xfer_t *x = kvc_xfer_find(eng, m->transfer_id);
 
@@ -288,7 +229,7 @@ void kvc_write_on_remote_blocks(struct kvx_engine *eng, kvc_msg_t *m,
         if (!kvc_idset_contains(&eng->terminal, m->transfer_id)) {
             /* remote_blocks can overtake P's own request (the proxy sends
              * to both at once): keep it, bounded, until P registers. */
-            kvc_write_remember(eng, m);
+            kvc_early_keep(eng, m);
         }
         return;
     }
@@ -319,3 +260,51 @@ void kvc_write_on_release(struct kvx_engine *eng, kvc_xfer_t *x)
     }
     kvc_write_fanout_end(eng, x);
 }
+
+/* kvc_write_on_release_msg (P): D released the transfer before its
+ * blocks were written (it finished or aborted early). */
+static void kvc_write_on_release_msg(struct kvx_engine *eng, kvc_msg_t *m,
+                                     char *reason, size_t len, int *ok_p)
+{
+    kvc_xfer_t *x = kvc_xfer_find(eng, m->transfer_id);
+
+    (void)reason;
+    (void)len;
+    *ok_p = 1;
+    if (x == NULL || !x->is_producer) {
+        if (!kvc_idset_contains(&eng->terminal, m->transfer_id)) {
+            kvc_early_keep(eng, m); /* it overtook producer_request */
+        }
+        return;
+    }
+    kvc_write_on_release(eng, x);
+}
+
+/* kvc_write_on_write_done_msg (D). */
+static void kvc_write_on_write_done_msg(struct kvx_engine *eng, kvc_msg_t *m,
+                                        char *reason, size_t len, int *ok_p)
+{
+    (void)reason;
+    (void)len;
+    *ok_p = 1;
+    kvc_write_on_write_done(eng, m);
+}
+
+const kvc_mode_t kvc_mode_write = {
+    .name             = "WRITE",
+    .producer_request = kvc_write_producer,
+    .consumer_request = kvc_write_consumer,
+    .layer_ready      = kvc_write_layer_ready,
+    .seal             = kvc_write_seal,
+    .abort            = kvc_write_abort,
+    .connect_targets  = kvc_write_connect_targets,
+    .peer_ready       = kvc_write_peer_ready,
+    .peer_failed      = kvc_write_peer_failed,
+    .on_msg = {
+        [KVC_MSG_REMOTE_BLOCKS] = kvc_write_on_remote_blocks,
+        [KVC_MSG_WRITE_DONE]    = kvc_write_on_write_done_msg,
+        [KVC_MSG_RELEASE]       = kvc_write_on_release_msg,
+        [KVC_MSG_HEARTBEAT]     = kvc_msg_ignore,
+    },
+    .on_timer         = kvc_write_on_timer,
+};

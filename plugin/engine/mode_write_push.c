@@ -23,16 +23,6 @@ static void kvc_write_fail(kvc_xfer_t *x, kvx_status_t st, const char *why)
     }
 }
 
-void kvc_write_send(kvc_peer_t *peer, kvc_msg_t *m, const char *what)
-{
-    size_t len;
-    char  *buf = kvc_msg_encode(m, &len);
-
-    if (buf != NULL) {
-        kvc_peer_send(peer, buf, len, what);
-    }
-}
-
 /* P: the transfer is over (sent, failed or released); report and forget. */
 static void kvc_write_p_finish(struct kvx_engine *eng, kvc_xfer_t *x,
                                int released)
@@ -89,7 +79,7 @@ static void kvc_write_flush_done(kvt_op_t *op)
         m.type          = KVC_MSG_WRITE_DONE;
         m.consumer_rank = -1;
         snprintf(m.transfer_id, sizeof(m.transfer_id), "%s", x->transfer_id);
-        kvc_write_send(x->src, &m, "write_done");
+        kvc_peer_send_msg(x->src, &m, "write_done");
     } else {
         kvc_write_fail(x, st != KVX_OK ? st : KVX_ERR_TRANSFER_TIMEOUT,
                        "final flush of the puts failed");
@@ -237,7 +227,7 @@ static void kvc_write_blocks(struct kvx_engine *eng, kvc_xfer_t *x,
     m->block_ids      = NULL;
     m->num_block_ids  = 0;
     x->src            = peer;
-    x->deadline_us    = kvc_deadline_us(eng, eng->cfg.transfer_timeout);
+    kvc_xfer_arm(eng, x, kvc_deadline_us(eng, eng->cfg.transfer_timeout));
     if (peer->state == KVC_PEER_READY) {
         kvc_write_pump(eng, x);
     } else {
@@ -381,47 +371,23 @@ static void kvc_write_tick_xfer(struct kvx_engine *eng, kvc_xfer_t *x)
     }
 }
 
-void kvc_write_tick(struct kvx_engine *eng)
+/* kvc_write_on_timer: x's deadline passed (x may be a sub-transfer of a
+ * P rank serving several D ranks: each part has its own deadline). */
+void kvc_write_on_timer(struct kvx_engine *eng, kvc_xfer_t *x)
 {
-    uint64_t now = kvc_now_us(eng);
+    kvc_xfer_t *parent = x->parent;
 
-    for (size_t b = 0; b < KVC_XFER_BUCKETS; b++) {
-        kvc_xfer_t *x = eng->xfers[b];
-
-        while (x != NULL) {
-            kvc_xfer_t *next = x->hnext;
-
-            if (x->write && x->nsubs > 0) {
-                /* Each D rank's part has its own deadline. */
-                x->fanout = 1;
-                for (uint32_t k = 0; k < x->nsubs; k++) {
-                    kvc_xfer_t *sub = x->subs[k];
-
-                    if (!sub->sub_finished && !sub->timed_out &&
-                        now > sub->deadline_us &&
-                        sub->state == KVC_XFER_PUSHING) {
-                        kvc_write_tick_xfer(eng, sub);
-                    }
-                }
-                kvc_write_fanout_end(eng, x);
-            } else if (x->write && !x->timed_out && now > x->deadline_us &&
-                       (x->state == KVC_XFER_PUSHING ||
-                        x->state == KVC_XFER_WAIT_WRITE)) {
-                kvc_write_tick_xfer(eng, x);
-            }
-            x = next;
+    if (parent != NULL) {
+        if (!x->sub_finished && !x->timed_out &&
+            x->state == KVC_XFER_PUSHING) {
+            parent->fanout = 1;
+            kvc_write_tick_xfer(eng, x);
+            kvc_write_fanout_end(eng, parent); /* may free parent and x */
         }
+        return;
     }
-    for (kvc_early_blocks_t **pp = &eng->early_blocks; *pp != NULL;) {
-        if ((*pp)->expires_us < now) {
-            kvc_early_blocks_t *e = *pp;
-
-            *pp = e->next;
-            kvc_msg_fini(&e->msg);
-            free(e);
-            eng->nearly_blocks--;
-        } else {
-            pp = &(*pp)->next;
-        }
+    if (x->write && x->nsubs == 0 && !x->timed_out &&
+        (x->state == KVC_XFER_PUSHING || x->state == KVC_XFER_WAIT_WRITE)) {
+        kvc_write_tick_xfer(eng, x);
     }
 }

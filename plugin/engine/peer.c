@@ -417,3 +417,13 @@ void kvc_peers_free(struct kvx_engine *eng)
         free(p);
     }
 }
+
+void kvc_peer_send_msg(kvc_peer_t *peer, const kvc_msg_t *m, const char *what)
+{
+    size_t len;
+    char  *buf = kvc_msg_encode(m, &len);
+
+    if (buf != NULL) {
+        kvc_peer_send(peer, buf, len, what);
+    }
+}

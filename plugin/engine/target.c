@@ -206,23 +206,108 @@ kvc_peer_t *kvc_write_target(struct kvx_engine *eng,
     return peer;
 }
 
-kvc_peer_t *kvc_write_connect_target(struct kvx_engine *eng,
-                                     const kvc_xfer_params_t *p,
-                                     const kvc_peer_addr_t *addr,
-                                     const char *field, kvx_status_t *st_p)
+size_t kvc_write_connect_targets(struct kvx_engine *eng,
+                                 const kvc_xfer_params_t *p,
+                                 const kvc_peer_addr_t *addr,
+                                 const char *field, kvc_peer_t **peers,
+                                 kvx_status_t *st_p)
 {
+    uint32_t rtp = p->remote_tp_size ? p->remote_tp_size : eng->cfg.tp_size;
+
     *st_p = kvc_write_check_hosts(eng, p, addr, field);
     if (*st_p == KVX_OK) {
-        *st_p = kvc_write_same_tp(eng, p->remote_tp_size ? p->remote_tp_size
-                                                         : eng->cfg.tp_size);
+        *st_p = kvc_write_same_tp(eng, rtp);
     }
-    return *st_p == KVX_OK
-               ? kvc_write_target(eng, p, addr, field, p->remote_dp_rank,
-                                  kvc_write_peer_rank(eng, p->remote_tp_size
-                                                               ? p->remote_tp_size
-                                                               : eng->cfg.tp_size),
-                                  st_p)
-               : NULL;
+    peers[0] = *st_p != KVX_OK
+                   ? NULL
+                   : kvc_write_target(eng, p, addr, field, p->remote_dp_rank,
+                                      kvc_write_peer_rank(eng, rtp), st_p);
+    return peers[0] != NULL;
+}
+
+/* kvc_consumer_targets: the P ranks this D rank hands its blocks to: its
+ * own TP rank with equal TP, or the r ranks d*r .. d*r+r-1 that each put
+ * one part of its heads (sharded, P tp = r x D tp). peers holds
+ * KVC_RANKMAP_MAX. */
+kvx_status_t kvc_consumer_targets(struct kvx_engine *eng, const char *req_id,
+                                  const char *params_json,
+                                  kvc_xfer_params_t *p, kvc_peer_t **peers,
+                                  uint32_t *n_p)
+{
+    kvc_peer_addr_t addr;
+    const char     *field = "remote_host";
+    kvx_status_t    st    = kvc_params_parse(params_json, p);
+    uint32_t        rtp, r;
+
+    *n_p = 0;
+    if (st != KVX_OK) {
+        return st;
+    }
+    if (p->transfer_id[0] == '\0') {
+        st = kvc_error(KVX_ERR_INVALID_PARAM,
+                       "kv_transfer_params.transfer_id: missing");
+    }
+    if (st == KVX_OK) {
+        st = kvc_params_peer_addr(p, req_id, 1, &addr, &field);
+    }
+    if (st == KVX_OK) {
+        st = kvc_write_check_hosts(eng, p, &addr, field);
+    }
+    rtp = p->remote_tp_size ? p->remote_tp_size : eng->cfg.tp_size;
+    if (st == KVX_OK) {
+        st = kvc_write_same_tp(eng, rtp);
+    }
+    r = rtp > eng->cfg.tp_size ? rtp / eng->cfg.tp_size : 1;
+    pthread_mutex_lock(&eng->lock);
+    for (uint32_t k = 0; st == KVX_OK && k < r; k++) {
+        /* P DP rank remote_dp_rank; TP rank d*r + k (P tp = r x D tp), or
+         * d / q (D tp = q x P tp), or d. */
+        peers[k] = kvc_write_target(eng, p, &addr, field, p->remote_dp_rank,
+                                    r > 1 ? eng->cfg.tp_rank * r + k
+                                          : kvc_write_peer_rank(eng, rtp),
+                                    &st);
+        *n_p += st == KVX_OK;
+    }
+    pthread_mutex_unlock(&eng->lock);
+    if (st != KVX_OK) {
+        kvc_params_fini(p);
+    }
+    return st;
+}
+
+kvx_status_t kvc_consumer_abort(struct kvx_engine *eng, const char *req_id,
+                                const char *params_json,
+                                void (*on_xfer)(struct kvx_engine *eng,
+                                                kvc_xfer_t *x))
+{
+    kvc_xfer_params_t p;
+    kvc_peer_t       *peers[KVC_RANKMAP_MAX];
+    uint32_t          npeers = 0;
+    kvc_xfer_t       *x;
+    kvc_msg_t         m;
+    kvx_status_t      st;
+
+    st = kvc_consumer_targets(eng, req_id, params_json, &p, peers, &npeers);
+    if (st != KVX_OK) {
+        return st;
+    }
+    memset(&m, 0, sizeof(m));
+    m.type             = KVC_MSG_RELEASE;
+    m.consumer_tp_size = (int32_t)eng->cfg.tp_size;
+    m.consumer_rank    = (int32_t)eng->cfg.tp_rank;
+    snprintf(m.transfer_id, sizeof(m.transfer_id), "%s", p.transfer_id);
+    pthread_mutex_lock(&eng->lock);
+    x = kvc_xfer_find(eng, p.transfer_id);
+    if (x != NULL && on_xfer != NULL) {
+        on_xfer(eng, x);
+    }
+    kvc_idset_add(&eng->terminal, p.transfer_id);
+    for (uint32_t k = 0; k < npeers; k++) {
+        kvc_peer_send_msg(peers[k], &m, "release");
+    }
+    pthread_mutex_unlock(&eng->lock);
+    kvc_params_fini(&p);
+    return KVX_OK;
 }
 
 /* --- connecting ahead ---------------------------------------------------- */
@@ -265,11 +350,8 @@ kvx_status_t kvc_engine_connect(struct kvx_engine *eng,
     if (st == KVX_OK && !eng->started) {
         st = kvc_error(KVX_ERR_BAD_STATE, "connect_peer: call start() first");
     }
-    if (st == KVX_OK && eng->cfg.read_mode) {
-        n = kvc_read_connect_targets(eng, &p, &addr, field, peers, &st);
-    } else if (st == KVX_OK) {
-        peers[0] = kvc_write_connect_target(eng, &p, &addr, field, &st);
-        n        = peers[0] != NULL;
+    if (st == KVX_OK) {
+        n = eng->mode->connect_targets(eng, &p, &addr, field, peers, &st);
     }
     for (size_t k = 0; k < n; k++) {
         kvc_peer_want_handshake(peers[k]); /* a failed peer is tried afresh */

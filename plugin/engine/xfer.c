@@ -13,7 +13,10 @@
 #include <json-c/json.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stddef.h>
 #include <string.h>
+
+static void kvc_xfer_disarm(kvc_xfer_t *x);
 
 /* --- transfers and events ----------------------------------------------- */
 
@@ -49,7 +52,43 @@ kvx_status_t kvc_xfer_insert(struct kvx_engine *eng, kvc_xfer_t *x)
     x->hnext        = eng->xfers[b];
     eng->xfers[b]   = x;
     eng->nxfers++;
+    /* Deadlines set before x was visible start counting in the queue. */
+    x->tq = &eng->timers;
+    kvc_xfer_arm(eng, x, x->deadline_us);
+    for (uint32_t k = 0; k < x->nsubs; k++) {
+        x->subs[k]->tq = &eng->timers;
+        kvc_xfer_arm(eng, x->subs[k], x->subs[k]->deadline_us);
+    }
     return KVX_OK;
+}
+
+void kvc_xfer_arm(struct kvx_engine *eng, kvc_xfer_t *x, uint64_t deadline_us)
+{
+    x->deadline_us = deadline_us;
+    if (x->tq != NULL && deadline_us != 0 &&
+        kvc_timerq_set(x->tq, &x->timer, deadline_us) != KVX_OK) {
+        /* No memory for the queue: fail it now rather than never. */
+        kvc_log_error("KVX-TIMER", "transfer %s: %s", x->transfer_id,
+                      kvc_last_error());
+        (void)eng;
+    }
+}
+
+kvc_xfer_t *kvc_xfer_of_timer(kvc_timer_t *t)
+{
+    return (kvc_xfer_t *)(void *)((char *)t - offsetof(kvc_xfer_t, timer));
+}
+
+/* kvc_xfer_disarm takes x and its subs out of the timer queue. */
+static void kvc_xfer_disarm(kvc_xfer_t *x)
+{
+    for (uint32_t k = 0; k < x->nsubs; k++) {
+        kvc_xfer_disarm(x->subs[k]);
+    }
+    if (x->tq != NULL) {
+        kvc_timerq_cancel(x->tq, &x->timer);
+        x->tq = NULL;
+    }
 }
 
 void kvc_xfer_remove(struct kvx_engine *eng, kvc_xfer_t *x)
@@ -59,6 +98,7 @@ void kvc_xfer_remove(struct kvx_engine *eng, kvc_xfer_t *x)
         if (*pp == x) {
             *pp = x->hnext;
             eng->nxfers--;
+            kvc_xfer_disarm(x);
             return;
         }
     }
@@ -69,6 +109,7 @@ void kvc_xfer_free(kvc_xfer_t *x)
     if (x == NULL) {
         return;
     }
+    kvc_xfer_disarm(x);
     for (size_t i = 0; i < x->nplans; i++) {
         free(x->plans[i]);
     }
@@ -136,7 +177,7 @@ kvx_status_t kvc_xfer_check_ids(struct kvx_engine *eng, const uint64_t *ids,
     return KVX_OK;
 }
 
-char *kvc_read_response(struct kvx_engine *eng, const kvc_xfer_t *x)
+char *kvc_xfer_response(struct kvx_engine *eng, const kvc_xfer_t *x)
 {
     json_object *o = json_object_new_object(), *ids, *hosts;
     char        *out;
@@ -184,11 +225,8 @@ kvx_status_t kvc_xfer_publish(struct kvx_engine *eng, kvc_xfer_t *x,
     snprintf(tid, sizeof(tid), "%s", x->transfer_id);
     pthread_mutex_lock(&eng->lock);
     st = kvc_xfer_insert(eng, x);
-    if (st == KVX_OK && x->write) {
-        kvc_write_early_apply(eng, x); /* may finish and free x */
-    }
-    if (st == KVX_OK && kvc_xfer_find(eng, tid) == x) {
-        kvc_early_apply(eng, x);
+    if (st == KVX_OK) {
+        kvc_early_replay(eng, tid); /* may finish and free x */
     }
     pthread_mutex_unlock(&eng->lock);
     if (st != KVX_OK) {

@@ -238,10 +238,15 @@ void kvn_server_destroy(kvn_server_t *srv)
     if (srv == NULL) {
         return;
     }
-    nng_close(srv->sock);
+    /* Stop the aios first (see kvn_client_close), then close. */
     for (int i = 0; i < srv->nctx; i++) {
         if (srv->ctxs[i].aio != NULL) {
             nng_aio_stop(srv->ctxs[i].aio);
+        }
+    }
+    nng_close(srv->sock);
+    for (int i = 0; i < srv->nctx; i++) {
+        if (srv->ctxs[i].aio != NULL) {
             nng_aio_free(srv->ctxs[i].aio);
         }
     }
@@ -482,8 +487,15 @@ void kvn_client_close(kvn_client_t *cli)
     if (cli == NULL) {
         return;
     }
-    /* Closing the socket completes every pending aio (ECLOSED: the
-     * callbacks report KVX_ERR_CANCELED); nng_aio_free waits for them. */
+    /* Stop every context's aio before the socket closes: a pending
+     * operation completes canceled (its callback reports
+     * KVX_ERR_CANCELED), a running callback is waited for, and one that
+     * re-arms a receive on a stopped aio gets no operation. Closing the
+     * socket first let such a re-arm reach a context being torn down
+     * (nng panics: pthread_mutex_lock: Invalid argument). */
+    for (int i = 0; i < cli->nctx; i++) {
+        nng_aio_stop(cli->ctxs[i].aio);
+    }
     nng_close(cli->sock);
     for (int i = 0; i < cli->nctx; i++) {
         nng_aio_free(cli->ctxs[i].aio);

@@ -1,0 +1,119 @@
+/*
+ * report.c - what an engine tells about itself: stats (counters, control
+ * round trips, the last handshake, queue sizes) and transports (each peer's
+ * state and lanes), as JSON.
+ */
+#define _GNU_SOURCE
+#include "engine.h"
+
+#include <json-c/json.h>
+#include <stdlib.h>
+#include <string.h>
+
+kvx_status_t kvc_report_stats(struct kvx_engine *eng, char **json_p)
+{
+    json_object *o, *rx;
+
+    if (eng == NULL || json_p == NULL) {
+        return kvc_error(KVX_ERR_INVALID_PARAM, "stats: NULL argument");
+    }
+    o  = json_object_new_object();
+    rx = json_object_new_object();
+    pthread_mutex_lock(&eng->lock);
+    for (int t = 1; t <= KVC_MSG_NTYPES; t++) {
+        json_object_object_add(rx, kvc_msg_desc((kvc_msg_type_t)t)->stats_name,
+                               json_object_new_int64(
+                                   (int64_t)eng->stats.rx_msgs[t]));
+    }
+    json_object_object_add(o, "rx", rx);
+#define KVC_STAT(name) \
+    json_object_object_add(o, #name, \
+                           json_object_new_int64((int64_t)eng->stats.name))
+    KVC_STAT(rx_bad);
+    KVC_STAT(rx_refused);
+    KVC_STAT(early_kept);
+    KVC_STAT(early_dropped);
+    KVC_STAT(tx_msgs);
+    KVC_STAT(tx_fail);
+    KVC_STAT(reg_sent);
+    KVC_STAT(reg_failed);
+    KVC_STAT(handshakes_ok);
+    KVC_STAT(handshakes_failed);
+    KVC_STAT(bytes_read);
+    KVC_STAT(bytes_written);
+#undef KVC_STAT
+    {
+        const kvc_lat_t *l = &eng->stats.ctl_rtt;
+        json_object     *r = json_object_new_object();
+        json_object     *h = json_object_new_object();
+        const char *hk[4]  = {"metadata_us", "endpoint_us", "rkeys_us",
+                              "total_us"};
+
+        /* Round trip of the control messages this engine sent (queued ->
+         * reply), over the last KVC_LAT_WINDOW replies. */
+        json_object_object_add(r, "count", json_object_new_int64(
+                                               (int64_t)l->count));
+        json_object_object_add(r, "avg_us", json_object_new_double(
+            l->count ? (double)l->sum_us / (double)l->count : 0.0));
+        json_object_object_add(r, "p50_us", json_object_new_int64(
+            (int64_t)kvc_lat_quantile(l, 0.5)));
+        json_object_object_add(r, "p99_us", json_object_new_int64(
+            (int64_t)kvc_lat_quantile(l, 0.99)));
+        json_object_object_add(r, "max_us", json_object_new_int64(
+                                                (int64_t)l->max_us));
+        json_object_object_add(o, "ctl_rtt", r);
+        for (int i = 0; i < 4; i++) {
+            json_object_object_add(h, hk[i], json_object_new_int64(
+                (int64_t)eng->stats.hs_last_us[i]));
+        }
+        json_object_object_add(o, "last_handshake", h);
+    }
+    json_object_object_add(o, "transfers",
+                           json_object_new_int64((int64_t)eng->nxfers));
+    json_object_object_add(o, "events",
+                           json_object_new_int64((int64_t)eng->nevents));
+    json_object_object_add(o, "timers", json_object_new_int64(
+                               (int64_t)kvc_timerq_size(&eng->timers)));
+    json_object_object_add(o, "early", json_object_new_int64(
+                               (int64_t)eng->nearly));
+    pthread_mutex_unlock(&eng->lock);
+    *json_p = strdup(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
+    json_object_put(o);
+    return *json_p ? KVX_OK : kvc_error(KVX_ERR_NO_MEMORY, "out of memory");
+}
+
+kvx_status_t kvc_report_transports(struct kvx_engine *eng, char **json_p)
+{
+    static const char *states[] = {"new", "handshaking", "ready", "failed"};
+    json_object       *arr;
+
+    if (eng == NULL || json_p == NULL) {
+        return kvc_error(KVX_ERR_INVALID_PARAM, "transports: NULL");
+    }
+    arr = json_object_new_array();
+    pthread_mutex_lock(&eng->lock);
+    for (kvc_peer_t *p = eng->peers; p != NULL; p = p->next) {
+        json_object *o = json_object_new_object();
+
+        json_object_object_add(o, "peer", json_object_new_string(p->name));
+        json_object_object_add(o, "state",
+                               json_object_new_string(states[p->state]));
+        if (p->state == KVC_PEER_READY) {
+            json_object_object_add(o, "transports", json_object_new_string(
+                                       KVD(eng)->ep_transports(p->ep)));
+            json_object_object_add(o, "rma", json_object_new_string(
+                                       p->rma_mode));
+            json_object_object_add(o, "rma_emulated", json_object_new_boolean(
+                                       strcmp(p->rma_mode, "emulated") == 0));
+        } else if (p->state == KVC_PEER_FAILED) {
+            json_object_object_add(o, "error",
+                                   json_object_new_string(p->fail_reason));
+        }
+        json_object_array_add(arr, o);
+    }
+    pthread_mutex_unlock(&eng->lock);
+    *json_p = strdup(json_object_to_json_string_ext(arr,
+                                                    JSON_C_TO_STRING_PLAIN));
+    json_object_put(arr);
+    return *json_p ? KVX_OK : kvc_error(KVX_ERR_NO_MEMORY, "out of memory");
+}
