@@ -377,21 +377,16 @@ kvx_status_t kvc_read_targets(struct kvx_engine *eng,
                               const kvc_xfer_params_t *p,
                               const kvc_peer_addr_t *addr,
                               const char *field, kvc_xfer_t *x);
-kvx_status_t kvc_read_check_hosts(struct kvx_engine *eng,
-                                  const kvc_xfer_params_t *p,
-                                  const kvc_peer_addr_t *addr,
-                                  const char *field);
-kvx_status_t kvc_write_check_hosts(struct kvx_engine *eng,
-                                   const kvc_xfer_params_t *p,
+kvx_status_t kvc_target_check_host(struct kvx_engine *eng,
                                    const kvc_peer_addr_t *addr,
                                    const char *field);
 kvx_status_t kvc_write_same_tp(struct kvx_engine *eng, uint32_t rtp);
 uint32_t     kvc_write_peer_rank(const struct kvx_engine *eng, uint32_t rtp);
-kvc_peer_t  *kvc_write_target(struct kvx_engine *eng,
-                              const kvc_xfer_params_t *p,
-                              const kvc_peer_addr_t *addr, const char *field,
-                              uint32_t dp_rank, uint32_t tp_rank,
-                              kvx_status_t *st_p);
+/* kvc_target: resolve -> trust -> ports -> peer, for one remote rank. */
+kvc_peer_t  *kvc_target(struct kvx_engine *eng, const kvc_xfer_params_t *p,
+                        const kvc_peer_addr_t *addr, const char *field,
+                        uint32_t dp_rank, uint32_t tp_rank,
+                        kvx_status_t *st_p);
 /* The peer ranks this engine issues one-sided operations to for an
  * instance (READ consumer: the P rank it reads from, or every P rank it
  * gathers heads from, into peers[KVC_RANKMAP_MAX], returning the count;

@@ -195,7 +195,7 @@ kvx_status_t kvc_read_consumer(struct kvx_engine *eng, const char *req_id,
     }
     st = kvc_params_peer_addr(&p, req_id, 1, &addr, &field);
     if (st == KVX_OK) {
-        st = kvc_read_check_hosts(eng, &p, &addr, field);
+        st = kvc_target_check_host(eng, &addr, field);
     }
     if (st == KVX_OK && n > 0 && !p.has_remote_block_ids) {
         st = kvc_error(KVX_ERR_INVALID_PARAM,

@@ -74,7 +74,7 @@ kvx_status_t kvc_write_producer(struct kvx_engine *eng, const char *req_id,
         st = kvc_params_peer_addr(&p, req_id, 0, &addr, &field);
     }
     if (st == KVX_OK) {
-        st = kvc_write_check_hosts(eng, &p, &addr, field);
+        st = kvc_target_check_host(eng, &addr, field);
     }
     if (st == KVX_OK) {
         st = kvc_write_same_tp(eng, p.remote_tp_size ? p.remote_tp_size

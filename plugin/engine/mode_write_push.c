@@ -15,14 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static void kvc_write_fail(kvc_xfer_t *x, kvx_status_t st, const char *why)
-{
-    if (x->status == KVX_OK) {
-        x->status = st;
-        snprintf(x->reason, sizeof(x->reason), "%s", why);
-    }
-}
-
 /* P: the transfer is over (sent, failed or released); report and forget. */
 static void kvc_write_p_finish(struct kvx_engine *eng, kvc_xfer_t *x,
                                int released)
@@ -81,7 +73,7 @@ static void kvc_write_flush_done(kvt_op_t *op)
         snprintf(m.transfer_id, sizeof(m.transfer_id), "%s", x->transfer_id);
         kvc_peer_send_msg(x->src, &m, "write_done");
     } else {
-        kvc_write_fail(x, st != KVX_OK ? st : KVX_ERR_TRANSFER_TIMEOUT,
+        kvc_xfer_fail(x, st != KVX_OK ? st : KVX_ERR_TRANSFER_TIMEOUT,
                        "final flush of the puts failed");
     }
     kvc_write_p_finish(eng, x, 0);
@@ -112,7 +104,7 @@ void kvc_write_check(struct kvx_engine *eng, kvc_xfer_t *x)
     x->flush_op.arg     = x;
     if (KVD(eng)->flush(x->src->ep, &x->flush_op) != KVX_OK) {
         x->flushing = 0;
-        kvc_write_fail(x, KVX_ERR_ENDPOINT, kvc_last_error());
+        kvc_xfer_fail(x, KVX_ERR_ENDPOINT, kvc_last_error());
         kvc_write_p_finish(eng, x, 0);
     }
 }
@@ -135,7 +127,7 @@ static void kvc_write_op_done(kvt_op_t *op)
 
         snprintf(why, sizeof(why), "layer %u puts to %s failed: %s",
                  lop->index, x->src->name, kvc_status_string(st));
-        kvc_write_fail(x, x->timed_out ? KVX_ERR_TRANSFER_TIMEOUT : st, why);
+        kvc_xfer_fail(x, x->timed_out ? KVX_ERR_TRANSFER_TIMEOUT : st, why);
     }
     kvc_write_check(eng, x);
     pthread_mutex_unlock(&eng->lock);
@@ -157,7 +149,7 @@ void kvc_write_pump(struct kvx_engine *eng, kvc_xfer_t *x)
                                           x->nlocal - skip);
 
         if (st != KVX_OK) {
-            kvc_write_fail(x, st, kvc_last_error());
+            kvc_xfer_fail(x, st, kvc_last_error());
             kvc_write_check(eng, x);
             return;
         }
@@ -179,7 +171,7 @@ void kvc_write_pump(struct kvx_engine *eng, kvc_xfer_t *x)
                       x->ops[i].runs, x->ops[i].nruns, &x->ops[i].op);
         if (st != KVX_OK) {
             x->ncompleted++;
-            kvc_write_fail(x, st, kvc_last_error());
+            kvc_xfer_fail(x, st, kvc_last_error());
         }
     }
     kvc_write_check(eng, x);
@@ -203,7 +195,7 @@ static void kvc_write_blocks(struct kvx_engine *eng, kvc_xfer_t *x,
                                                           : eng->cfg.tp_size;
 
         /* A sub serves D rank tp_rank * q + sub_index (D tp = q x P tp). */
-        peer = kvc_write_target(eng, dp, &o->daddr,
+        peer = kvc_target(eng, dp, &o->daddr,
                                 dp->has_remote_addr ? "remote_host"
                                                     : "request_id",
                                 (uint32_t)m->decode_rank,
@@ -216,7 +208,7 @@ static void kvc_write_blocks(struct kvx_engine *eng, kvc_xfer_t *x,
         *ok_p = 0;
         snprintf(reason, len, "remote_blocks for %s: %s", m->transfer_id,
                  kvc_last_error());
-        kvc_write_fail(x, st, reason);
+        kvc_xfer_fail(x, st, reason);
         kvc_write_check(eng, x);
         return;
     }
@@ -308,7 +300,7 @@ void kvc_write_peer_failed(struct kvx_engine *eng, kvc_peer_t *peer)
 
             if (x->write && x->is_producer && x->src == peer &&
                 x->state == KVC_XFER_PUSHING) {
-                kvc_write_fail(x, peer->fail_status, peer->fail_reason);
+                kvc_xfer_fail(x, peer->fail_status, peer->fail_reason);
                 kvc_write_check(eng, x);
             } else if (x->write && x->is_producer && x->nsubs > 0) {
                 x->fanout = 1;
@@ -317,7 +309,7 @@ void kvc_write_peer_failed(struct kvx_engine *eng, kvc_peer_t *peer)
 
                     if (sub->src == peer && !sub->sub_finished &&
                         sub->state == KVC_XFER_PUSHING) {
-                        kvc_write_fail(sub, peer->fail_status,
+                        kvc_xfer_fail(sub, peer->fail_status,
                                        peer->fail_reason);
                         kvc_write_check(eng, sub);
                     }
@@ -361,7 +353,7 @@ static void kvc_write_tick_xfer(struct kvx_engine *eng, kvc_xfer_t *x)
              : "no remote_blocks from the consumer within defer_timeout "
                "%.3f s", x->have_blocks ? eng->cfg.transfer_timeout
                                         : eng->cfg.defer_timeout);
-    kvc_write_fail(x, x->have_blocks ? KVX_ERR_TRANSFER_TIMEOUT
+    kvc_xfer_fail(x, x->have_blocks ? KVX_ERR_TRANSFER_TIMEOUT
                                      : KVX_ERR_TIMEOUT, why);
     if ((x->ncompleted != x->nposted || x->flushing) && x->src != NULL &&
         x->src->ep != NULL) {

@@ -37,38 +37,11 @@ kvx_status_t kvc_read_targets(struct kvx_engine *eng,
     }
     for (uint32_t i = 0; i <= map.num_release; i++) {
         uint32_t    rank = i == 0 ? map.read_rank : map.release[i - 1];
-        const char *host;
-        int         idx;
-        kvc_peer_t *peer;
-        char        fld[64];
+        kvc_peer_t *peer = kvc_target(eng, p, addr, field, p->remote_dp_rank,
+                                      rank, &st);
 
-        st = kvc_host_resolve(addr->host, p->remote_hosts, p->num_remote_hosts,
-                              rdp, rtp, p->remote_dp_rank, rank, &host, &idx);
-        if (st != KVX_OK) {
-            return st;
-        }
-        snprintf(fld, sizeof(fld), "%s", field);
-        if (idx >= 0) {
-            snprintf(fld, sizeof(fld), "remote_hosts[%d]", idx);
-        }
-        st = kvc_trust_check(&eng->trust, host, fld);
-        if (st == KVX_OK) {
-            st = kvc_port_check(addr->handshake_port +
-                                p->remote_dp_rank * rtp + rank,
-                                "remote_handshake_port");
-        }
-        if (st == KVX_OK) {
-            st = kvc_port_check(addr->notify_port +
-                                p->remote_dp_rank * rtp + rank,
-                                "remote_notify_port");
-        }
-        if (st != KVX_OK) {
-            return st;
-        }
-        peer = kvc_peer_get(eng, host, addr, p->remote_dp_rank, rank, rdp,
-                            rtp);
         if (peer == NULL) {
-            return KVX_ERR_NO_MEMORY;
+            return st;
         }
         if (i == 0) {
             x->src = peer;
@@ -90,7 +63,7 @@ size_t kvc_read_connect_targets(struct kvx_engine *eng,
     kvc_xfer_t x;
 
     memset(&x, 0, sizeof(x));
-    *st_p = kvc_trust_check(&eng->trust, addr->host, field);
+    *st_p = kvc_target_check_host(eng, addr, field);
     if (*st_p == KVX_OK) {
         *st_p = kvc_read_targets(eng, p, addr, field, &x);
     }
@@ -103,31 +76,18 @@ size_t kvc_read_connect_targets(struct kvx_engine *eng,
     return kvc_xfer_nsrc(&x);
 }
 
-/* kvc_read_check_hosts: the advertised host is validated up front; each
- * remote_hosts entry is validated when a rank resolves to it (in
- * kvc_read_targets), so an allow-list that excludes one host of a
- * multi-host peer fails exactly the ranks that would dial it (SPEC §4). */
-kvx_status_t kvc_read_check_hosts(struct kvx_engine *eng,
-                                         const kvc_xfer_params_t *p,
-                                         const kvc_peer_addr_t *addr,
-                                         const char *field)
+/* kvc_target_check_host: the advertised host is validated up front;
+ * each remote_hosts entry is validated when a rank resolves to it (in
+ * kvc_target), so an allow-list that excludes one host of a multi-host
+ * peer fails exactly the ranks that would dial it (SPEC §4). */
+kvx_status_t kvc_target_check_host(struct kvx_engine *eng,
+                                   const kvc_peer_addr_t *addr,
+                                   const char *field)
 {
-    (void)p;
     return kvc_trust_check(&eng->trust, addr->host, field);
 }
 
 /* --- producer (P) ------------------------------------------------------- */
-
-/* kvc_write_check_hosts: as kvc_read_check_hosts - remote_hosts entries are
- * validated when a rank resolves to them (kvc_write_target). */
-kvx_status_t kvc_write_check_hosts(struct kvx_engine *eng,
-                                          const kvc_xfer_params_t *p,
-                                          const kvc_peer_addr_t *addr,
-                                          const char *field)
-{
-    (void)p;
-    return kvc_trust_check(&eng->trust, addr->host, field);
-}
 
 /* kvc_write_same_tp: WRITE needs equal TP, or one TP size a multiple of
  * the other (SPEC §4): P tp = r x D tp, each P rank puts its heads as its
@@ -161,11 +121,13 @@ uint32_t kvc_write_peer_rank(const struct kvx_engine *eng,
     return eng->cfg.tp_rank;
 }
 
-kvc_peer_t *kvc_write_target(struct kvx_engine *eng,
-                                    const kvc_xfer_params_t *p,
-                                    const kvc_peer_addr_t *addr,
-                                    const char *field, uint32_t dp_rank,
-                                    uint32_t tp_rank, kvx_status_t *st_p)
+/* kvc_target: the one path from request input to a peer rank (SPEC §4):
+ * resolve the rank's host from remote_hosts, check it against the trust
+ * rule (naming the field it came from), check both ports, find or create
+ * the peer. */
+kvc_peer_t *kvc_target(struct kvx_engine *eng, const kvc_xfer_params_t *p,
+                       const kvc_peer_addr_t *addr, const char *field,
+                       uint32_t dp_rank, uint32_t tp_rank, kvx_status_t *st_p)
 {
     uint32_t    rtp = p->remote_tp_size ? p->remote_tp_size : eng->cfg.tp_size;
     uint32_t    rdp = p->remote_dp_size ? p->remote_dp_size : 1;
@@ -214,13 +176,13 @@ size_t kvc_write_connect_targets(struct kvx_engine *eng,
 {
     uint32_t rtp = p->remote_tp_size ? p->remote_tp_size : eng->cfg.tp_size;
 
-    *st_p = kvc_write_check_hosts(eng, p, addr, field);
+    *st_p = kvc_target_check_host(eng, addr, field);
     if (*st_p == KVX_OK) {
         *st_p = kvc_write_same_tp(eng, rtp);
     }
     peers[0] = *st_p != KVX_OK
                    ? NULL
-                   : kvc_write_target(eng, p, addr, field, p->remote_dp_rank,
+                   : kvc_target(eng, p, addr, field, p->remote_dp_rank,
                                       kvc_write_peer_rank(eng, rtp), st_p);
     return peers[0] != NULL;
 }
@@ -251,7 +213,7 @@ kvx_status_t kvc_consumer_targets(struct kvx_engine *eng, const char *req_id,
         st = kvc_params_peer_addr(p, req_id, 1, &addr, &field);
     }
     if (st == KVX_OK) {
-        st = kvc_write_check_hosts(eng, p, &addr, field);
+        st = kvc_target_check_host(eng, &addr, field);
     }
     rtp = p->remote_tp_size ? p->remote_tp_size : eng->cfg.tp_size;
     if (st == KVX_OK) {
@@ -262,7 +224,7 @@ kvx_status_t kvc_consumer_targets(struct kvx_engine *eng, const char *req_id,
     for (uint32_t k = 0; st == KVX_OK && k < r; k++) {
         /* P DP rank remote_dp_rank; TP rank d*r + k (P tp = r x D tp), or
          * d / q (D tp = q x P tp), or d. */
-        peers[k] = kvc_write_target(eng, p, &addr, field, p->remote_dp_rank,
+        peers[k] = kvc_target(eng, p, &addr, field, p->remote_dp_rank,
                                     r > 1 ? eng->cfg.tp_rank * r + k
                                           : kvc_write_peer_rank(eng, rtp),
                                     &st);
