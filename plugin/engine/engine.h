@@ -1,12 +1,15 @@
 /*
- * engine.h - the connector core: one engine per rank (SPEC §1-§11).
+ * engine.h - the connector core: one engine per rank (SPEC §1-§11). The
+ * objects, their owners and threads are described in README.md beside this
+ * file.
  *
  * Locking: one engine lock (eng->lock) guards every field below that is not
- * marked otherwise. Lock order is engine lock -> kvu context lock; kvu
- * delivers completions and endpoint errors without its lock held, so the
- * callbacks here may take the engine lock. Each peer rank has a control
- * thread that performs its handshake and sends its control messages with
- * deadlines, outside the engine lock, so a dead peer delays only itself.
+ * marked otherwise. Lock order is engine lock -> a transport's own locks;
+ * transports deliver completions, endpoint errors, replies, requests, ticks
+ * and deferred jobs without their locks held and never inside the call that
+ * submitted the work (kvt.h), so the callbacks here take the engine lock.
+ * The engine has no thread of its own: a peer's work (dialling, handshakes,
+ * queued control messages) runs as jobs on the data plane's progress owner.
  *
  * Ownership: the engine owns layers, peers, transfers and events; transfers
  * are named by transfer_id and looked up under the lock (a late call gets
