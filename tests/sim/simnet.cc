@@ -187,14 +187,24 @@ bool World::StepLimit(uint64_t limit_us)
             timer = &e;
         }
     }
-    if (ready.empty() && timer == nullptr) {
+    uint64_t aw = action_weight ? action_weight() : 0;
+
+    if (ready.empty() && timer == nullptr && aw == 0) {
         return false;
     }
     uint64_t total = ready.size() * kWeightReady +
-                     (timer != nullptr ? kWeightAdvance : 0);
+                     (timer != nullptr ? kWeightAdvance : 0) + aw;
     uint64_t r     = rng_.Below(total);
     uint64_t seq;
 
+    if (r >= total - aw) {
+        steps_++;
+        action();
+        if (after_step) {
+            after_step();
+        }
+        return true;
+    }
     if (r < ready.size() * kWeightReady) {
         seq = ready[r / kWeightReady];
     } else {
@@ -213,7 +223,7 @@ bool World::StepLimit(uint64_t limit_us)
         Enqueue(ev);
     } else {
         if (ev.kind == EvKind::kCtlRequest && (net_faults_ & kFaultDup) &&
-            rng_.Percent(3)) {
+            rng_.Percent(10)) {
             Trace("duplicate %s", Describe(ev).c_str());
             Enqueue(ev);
         }

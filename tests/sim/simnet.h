@@ -156,6 +156,11 @@ public:
     std::function<bool(const CopyInfo &)> copy_check; // before each copy:
                                                       // false = refused
     std::function<void()>                 after_step; // after every step
+    // Scenario actions compete with events at every step (nested ones
+    // too): action_weight() is their total weight now (0: none), action()
+    // runs one of them when the scheduler picks it.
+    std::function<uint64_t()>             action_weight;
+    std::function<void()>                 action;
 
     // --- used by the ops implementations (sim_data.cc, sim_ctl.cc) ---------
     uint64_t NewId() { return ++next_id_; }
