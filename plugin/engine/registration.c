@@ -18,27 +18,33 @@
  * The proxy address passes the same trust rule as any peer. */
 kvx_status_t kvc_reg_setup(struct kvx_engine *eng)
 {
-    kvx_status_t st;
+    kvt_client_t *cli     = NULL;
+    char         *payload = NULL;
+    kvx_status_t  st;
 
     if (eng->cfg.proxy_ip[0] == '\0' || kvc_config_rank(&eng->cfg) != 0) {
         return KVX_OK;
     }
     st = kvc_trust_check(&eng->trust, eng->cfg.proxy_ip, "proxy_ip");
     if (st == KVX_OK) {
-        st = kvc_registration_build(&eng->cfg, &eng->reg_payload);
+        st = kvc_registration_build(&eng->cfg, &payload);
     }
     if (st == KVX_OK) {
-        eng->reg_len = strlen(eng->reg_payload);
         st = KVN(eng)->client_open(eng->cfg.proxy_ip, eng->cfg.proxy_ping_port,
-                                   1, &eng->proxy_cli);
+                                   1, &cli);
     }
     if (st != KVX_OK) {
-        free(eng->reg_payload);
-        eng->reg_payload = NULL;
+        free(payload);
         return kvc_error(st == KVX_ERR_UNTRUSTED_PEER ? KVX_ERR_CONFIG : st,
                          "proxy registration: %s", kvc_last_error());
     }
+    /* The tick reads these under the lock: publish them under it. */
+    pthread_mutex_lock(&eng->lock);
+    eng->reg_payload = payload;
+    eng->reg_len     = strlen(payload);
+    eng->proxy_cli   = cli;
     eng->reg_next_us = kvc_now_us(eng);
+    pthread_mutex_unlock(&eng->lock);
     KVD(eng)->kick(eng->ucx);
     return KVX_OK;
 }
