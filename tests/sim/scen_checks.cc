@@ -295,8 +295,10 @@ bool Scenario::CopyCheck(const CopyInfo &ci)
         std::string why;
         if (!Expected(dx, d.layer, db, dkv, &key, &why)) {
             Fail(Fmt("%s writes %s layer %u block %" PRIu64 " of %s before "
-                     "its data exists: %s", op, d.r->name().c_str(), d.layer,
-                     db, dx->t->tid.c_str(), why.c_str()));
+                     "its data exists (%s); it copies %s block %" PRIu64
+                     " held for %s", op, d.r->name().c_str(), d.layer, db,
+                     dx->t->tid.c_str(), why.c_str(), s.r->name().c_str(), sb,
+                     px->t->tid.c_str()));
             return false;
         }
         const uint8_t *src = static_cast<const uint8_t *>(ci.src) + done;

@@ -198,34 +198,7 @@ static void CtxDestroy(kvt_ctx_t *handle)
     }
     // Completions still pending for this context are delivered now (the
     // real one lets its progress thread finish them before it returns).
-    int saved = w->Current();
-    for (;;) {
-        SimOp *op = nullptr;
-        for (auto &kv : w->ops) {
-            if (kv.second->ctx == c->id) {
-                op = kv.second;
-                break;
-            }
-        }
-        if (op == nullptr) {
-            break;
-        }
-        for (size_t i = 0; i < op->n; i++) {
-            if (op->state[i] == 0) {
-                op->state[i] = 2;
-                op->pending--;
-                w->Cancel(EvKind::kRunCopy, op->id, (int)i);
-                op->status = op->status ? op->status : KVX_ERR_CANCELED;
-            }
-        }
-        Event ev;
-        ev.kind = EvKind::kOpDone;
-        ev.node = op->node;
-        ev.obj  = op->id;
-        w->Cancel(EvKind::kOpDone, op->id);
-        w->DataDeliver(ev);
-    }
-    w->SetCurrent(saved);
+    DeliverPendingOps(c->id);
     w->Cancel(EvKind::kTick, c->id);
     w->Cancel(EvKind::kJob, c->id);
     // Peers in error mode "peer" learn that this context is gone.

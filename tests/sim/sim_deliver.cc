@@ -212,6 +212,42 @@ void World::DataDeliver(const Event &ev)
     }
 }
 
+// DeliverPendingOps: ctx_destroy completes every op of the context still
+// pending (runs not copied are canceled), inside the call.
+void DeliverPendingOps(uint64_t ctx)
+{
+    World *w     = W();
+    int    saved = w->Current();
+
+    for (;;) {
+        SimOp *op = nullptr;
+        for (auto &kv : w->ops) {
+            if (kv.second->ctx == ctx) {
+                op = kv.second;
+                break;
+            }
+        }
+        if (op == nullptr) {
+            break;
+        }
+        for (size_t i = 0; i < op->n; i++) {
+            if (op->state[i] == 0) {
+                op->state[i] = 2;
+                op->pending--;
+                w->Cancel(EvKind::kRunCopy, op->id, (int)i);
+                op->status = op->status ? op->status : KVX_ERR_CANCELED;
+            }
+        }
+        Event ev;
+        ev.kind = EvKind::kOpDone;
+        ev.node = op->node;
+        ev.obj  = op->id;
+        w->Cancel(EvKind::kOpDone, op->id);
+        DeliverDone(w, ev);
+    }
+    w->SetCurrent(saved);
+}
+
 // DataCrash: endpoints (elsewhere) to the node's contexts fail after a
 // keep-alive delay, when their context asked for peer failures.
 void World::DataCrash(int node)

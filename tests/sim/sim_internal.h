@@ -94,6 +94,7 @@ void   CheckFlushes(uint64_t ep);
 void   CancelEpOps(SimEp *ep, kvx_status_t st);
 void   ScheduleEpError(SimEp *ep, kvx_status_t st, const char *why,
                        uint64_t delay_us);
+void   DeliverPendingOps(uint64_t ctx);
 
 } // namespace sim
 
