@@ -12,11 +12,361 @@ extern "C" {
 #include <thread>
 #include <unistd.h>
 
+#if KVT_SIM_TRANSPORTS
+// The real declarations of the client calls harness.h redirects (the shims
+// below hand clients they did not open to them).
+#undef kvn_client_open
+#undef kvn_client_request
+#undef kvn_client_close
+extern "C" {
+#include "error.h"
+#include "nng/kvn.h"
+}
+#include "simnet.h"
+
+#include <gtest/gtest.h>
+
+#include <cinttypes>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <set>
+#endif
+
+#if KVT_SIM_TRANSPORTS
+// ---- the simulated environment ----------------------------------------------
+//
+// One sim::World per test: created when the test starts (seed: FNV-1a of
+// "Suite.Name", xor KVT_SIM_SEED if set - the seed is printed), destroyed when
+// it ends (every Rank of the test is gone by then). KVT_SIM_TRACE=1 traces
+// every step. The engines' calls that create transport objects (engine_create,
+// start, requests dialling a peer ...) run with the engine's node current;
+// the engines' own waits run the world through the simulated clock.
+namespace {
+
+struct SimState {
+    std::unique_ptr<sim::World>   world;
+    uint64_t                      seed = 0;
+    std::map<kvx_engine_t *, int> nodes;   // engine -> its node
+    int                           driver = -1; // node of the raw clients
+    std::set<kvt_client_t *>      clients; // raw clients open on the sim
+    int                           next_port = 0;
+    int                           engines   = 0;
+    bool                          violation_reported = false;
+};
+
+SimState &S()
+{
+    static SimState s;
+    return s;
+}
+
+uint64_t Fnv1a(const std::string &s)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (unsigned char c : s) {
+        h = (h ^ c) * 1099511628211ull;
+    }
+    return h;
+}
+
+void NewWorld(const std::string &test)
+{
+    SimState   &s   = S();
+    const char *env = getenv("KVT_SIM_SEED");
+
+    s.nodes.clear();
+    s.clients.clear();
+    s.world.reset();
+    s.seed      = Fnv1a(test) ^ (env != nullptr ? strtoull(env, nullptr, 0) : 0);
+    s.world.reset(new sim::World(s.seed));
+    s.driver    = -1;
+    s.next_port = 0;
+    s.engines   = 0;
+    s.violation_reported = false;
+    const char *tr = getenv("KVT_SIM_TRACE");
+    s.world->set_trace(tr != nullptr && *tr != '\0' && *tr != '0');
+}
+
+sim::World *SimWorld()
+{
+    if (!S().world) {
+        NewWorld("(outside a test)");
+    }
+    return S().world.get();
+}
+
+// CheckWorld reports the simulator's first invariant violation (a copy
+// outside live registrations, a transport contract broken ...) once, as a
+// failure of the running test.
+void CheckWorld()
+{
+    SimState &s = S();
+    if (s.world && s.world->Violated() && !s.violation_reported) {
+        s.violation_reported = true;
+        ADD_FAILURE() << "simulator invariant violated at step "
+                      << s.world->ViolationStep() << ": "
+                      << s.world->Violation() << " (seed " << s.seed << ")";
+    }
+}
+
+class SimListener : public ::testing::EmptyTestEventListener {
+    void OnTestStart(const ::testing::TestInfo &t) override
+    {
+        NewWorld(std::string(t.test_suite_name()) + "." + t.name());
+        printf("[ sim      ] seed %" PRIu64 "\n", S().seed);
+        fflush(stdout);
+    }
+    void OnTestEnd(const ::testing::TestInfo &t) override
+    {
+        SimState &s = S();
+        if (!s.nodes.empty()) {
+            printf("[ sim      ] %s.%s left %zu engines undestroyed\n",
+                   t.test_suite_name(), t.name(), s.nodes.size());
+        }
+        printf("[ sim      ] %" PRIu64 " steps, %.3f s virtual\n",
+               s.world->Steps(), (double)s.world->Now() / 1e6);
+        s.clients.clear();
+        s.nodes.clear();
+        s.world.reset();
+    }
+};
+
+const bool kListenerAdded = [] {
+    ::testing::UnitTest::GetInstance()->listeners().Append(new SimListener);
+    return true;
+}();
+
+// NodeScope: the world's current node is the engine's for its lifetime.
+class NodeScope {
+  public:
+    explicit NodeScope(int node) : w_(SimWorld()), saved_(w_->Current())
+    {
+        if (node >= 0) {
+            w_->SetCurrent(node);
+        }
+    }
+    explicit NodeScope(kvx_engine_t *eng) : NodeScope(NodeOf(eng)) {}
+    ~NodeScope() { w_->SetCurrent(saved_); }
+    NodeScope(const NodeScope &)            = delete;
+    NodeScope &operator=(const NodeScope &) = delete;
+
+  private:
+    static int NodeOf(kvx_engine_t *eng)
+    {
+        auto it = S().nodes.find(eng);
+        return it == S().nodes.end() ? -1 : it->second;
+    }
+    sim::World *w_;
+    int         saved_;
+};
+
+// JsonString: the string value of "key" in json (first occurrence), or def.
+std::string JsonString(const char *json, const char *key,
+                       const std::string &def)
+{
+    std::string s(json), k = std::string("\"") + key + "\"";
+    size_t      p = s.find(k);
+    if (p == std::string::npos) {
+        return def;
+    }
+    p = s.find('"', s.find(':', p + k.size()));
+    size_t e = p == std::string::npos ? p : s.find('"', p + 1);
+    return e == std::string::npos ? def : s.substr(p + 1, e - p - 1);
+}
+
+kvx_status_t SimEngineCreate(const char *json, kvx_engine_t **eng_p)
+{
+    if (json == nullptr || eng_p == nullptr) {
+        return kvc_api_table()->engine_create(json, eng_p);
+    }
+    sim::World *w    = SimWorld();
+    std::string host = JsonString(json, "host_ip", "127.0.0.1");
+    int         node = w->AddNode(host, "engine" +
+                                            std::to_string(S().engines++) +
+                                            "@" + host);
+    kvt_env_t   env  = w->Env();
+    NodeScope   scope(node);
+    kvx_status_t st = kvc_engine_create_env(&env, json, eng_p);
+    if (st == KVX_OK) {
+        S().nodes[*eng_p] = node;
+    }
+    return st;
+}
+
+void SimEngineDestroy(kvx_engine_t *eng)
+{
+    {
+        NodeScope scope(eng);
+        kvc_api_table()->engine_destroy(eng);
+    }
+    S().nodes.erase(eng);
+}
+
+const kvx_api_t *SimApi()
+{
+    static const kvx_api_t table = [] {
+        kvx_api_t t = *kvc_api_table();
+        t.engine_create  = SimEngineCreate;
+        t.engine_destroy = SimEngineDestroy;
+#define KVT_SIM_AS_NODE(fn)                                                    \
+    t.fn = [](kvx_engine_t *e, auto... a) {                                    \
+        NodeScope scope(e);                                                    \
+        return kvc_api_table()->fn(e, a...);                                   \
+    }
+        KVT_SIM_AS_NODE(config_dump);
+        KVT_SIM_AS_NODE(alloc_region);
+        KVT_SIM_AS_NODE(free_region);
+        KVT_SIM_AS_NODE(register_layer);
+        KVT_SIM_AS_NODE(start);
+        KVT_SIM_AS_NODE(registration_payload);
+        KVT_SIM_AS_NODE(producer_request);
+        KVT_SIM_AS_NODE(consumer_request);
+        KVT_SIM_AS_NODE(wait_layer);
+        KVT_SIM_AS_NODE(wait_transfer);
+        KVT_SIM_AS_NODE(poll_events);
+        KVT_SIM_AS_NODE(transports);
+        KVT_SIM_AS_NODE(layer_ready);
+        KVT_SIM_AS_NODE(seal_transfer);
+        KVT_SIM_AS_NODE(consumer_abort);
+        KVT_SIM_AS_NODE(stats);
+        KVT_SIM_AS_NODE(connect_peer);
+        KVT_SIM_AS_NODE(wait_events);
+#undef KVT_SIM_AS_NODE
+        return t;
+    }();
+    return &table;
+}
+
+// ---- raw control clients on the simulated control plane ---------------------
+
+struct SimReply {
+    bool         done = false;
+    kvx_status_t st   = KVX_ERR_INTERNAL;
+    std::string  data; // reply, or the reason of a failure
+};
+
+void SimReplyFn(void *arg, kvx_status_t st, const char *reply, size_t len,
+                const char *err)
+{
+    SimReply *r = static_cast<SimReply *>(arg);
+    r->done     = true;
+    r->st       = st;
+    if (st == KVX_OK) {
+        r->data.assign(reply, len);
+    } else {
+        r->data = err != nullptr ? err : "";
+    }
+}
+
+kvt_client_t *SimClient(kvn_client *cli)
+{
+    kvt_client_t *c = reinterpret_cast<kvt_client_t *>(cli);
+    return S().clients.count(c) != 0 ? c : nullptr;
+}
+
+} // namespace
+
+extern "C" kvx_status_t kvt_sim_kvn_client_open(const char *host,
+                                                uint32_t port,
+                                                kvn_client **cli_p)
+{
+    SimState   &s = S();
+    sim::World *w = SimWorld();
+    if (s.driver < 0) {
+        s.driver = w->AddNode("127.0.0.1", "test-client");
+    }
+    NodeScope     scope(s.driver);
+    kvt_client_t *c  = nullptr;
+    kvx_status_t  st = sim::World::CtlOps()->client_open(host, port, 1, &c);
+    if (st == KVX_OK) {
+        s.clients.insert(c);
+        *cli_p = reinterpret_cast<kvn_client *>(c);
+    }
+    return st;
+}
+
+extern "C" kvx_status_t kvt_sim_kvn_client_request(kvn_client *cli,
+                                                   const void *msg, size_t len,
+                                                   int timeout_ms,
+                                                   char **reply_p,
+                                                   size_t *reply_len_p)
+{
+    kvt_client_t *c = SimClient(cli);
+    if (c == nullptr) {
+        return kvn_client_request(cli, msg, len, timeout_ms, reply_p,
+                                  reply_len_p);
+    }
+    sim::World *w = SimWorld();
+    // Heap: a reply that could still come after we gave up must not land
+    // on this stack frame (the simulated request has its own deadline, so
+    // it always completes; the bound below is a safety net).
+    SimReply   *r = new SimReply;
+    kvx_status_t st;
+    {
+        NodeScope scope(S().driver);
+        st = sim::World::CtlOps()->client_post(c, msg, len, timeout_ms,
+                                               SimReplyFn, r);
+    }
+    if (st != KVX_OK) {
+        delete r;
+        return st;
+    }
+    uint64_t end = w->Now() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 1) *
+                                  1000u + 1000000u;
+    while (!r->done && w->Now() < end) {
+        w->WaitUntil(end);
+    }
+    CheckWorld();
+    if (!r->done) {
+        return kvc_error(KVX_ERR_INTERNAL, "sim: request never completed");
+    }
+    std::unique_ptr<SimReply> own(r);
+    if (r->st != KVX_OK) {
+        return kvc_error(r->st, "sim request: %s", r->data.c_str());
+    }
+    *reply_len_p = r->data.size();
+    *reply_p     = static_cast<char *>(malloc(r->data.size() + 1));
+    if (*reply_p == nullptr) {
+        return kvc_error(KVX_ERR_NO_MEMORY, "reply: out of memory");
+    }
+    memcpy(*reply_p, r->data.data(), r->data.size());
+    (*reply_p)[r->data.size()] = '\0';
+    return KVX_OK;
+}
+
+extern "C" void kvt_sim_kvn_client_close(kvn_client *cli)
+{
+    kvt_client_t *c = SimClient(cli);
+    if (c == nullptr) {
+        kvn_client_close(cli);
+        return;
+    }
+    S().clients.erase(c);
+    NodeScope scope(S().driver);
+    sim::World::CtlOps()->client_close(c);
+}
+#endif // KVT_SIM_TRANSPORTS
+
 namespace kvt {
 
 const kvx_api_t *Api()
 {
+#if KVT_SIM_TRANSPORTS
+    return SimApi();
+#else
     return kvc_api_table();
+#endif
+}
+
+TestClock::time_point TestClock::now()
+{
+#if KVT_SIM_TRANSPORTS
+    return time_point(duration((rep)SimWorld()->Now()));
+#else
+    return time_point(std::chrono::duration_cast<duration>(
+        std::chrono::steady_clock::now().time_since_epoch()));
+#endif
 }
 
 ModelSpec ThreeLayerModel()
@@ -67,10 +417,20 @@ long long StatCount(kvx_engine_t *eng, const std::string &key)
 Rank::~Rank()
 {
     Api()->engine_destroy(eng);
+#if KVT_SIM_TRANSPORTS
+    CheckWorld();
+#endif
 }
 
 uint16_t PortBase(int span)
 {
+#if KVT_SIM_TRANSPORTS
+    // One world per test: ports need only be unique within it, and the same
+    // in every run (they appear in messages and reasons).
+    int off = S().next_port;
+    S().next_port += span + 1;
+    return (uint16_t)(2000 + off % 10400);
+#else
     // Handshake ports come from [2000, 12500); the matching notify port is
     // +20000. Both stay below Linux's ephemeral range (32768+), so outgoing
     // connections never hold them. Each process starts at a pid-dependent
@@ -78,6 +438,7 @@ uint16_t PortBase(int span)
     static std::atomic<int> next{(int)(getpid() % 200) * 50};
     int off = next.fetch_add(span + 1);
     return (uint16_t)(2000 + off % 10400);
+#endif
 }
 
 std::string RankConfig(const RankOpts &o)
@@ -319,6 +680,21 @@ std::string VerifyPullHeads(const ModelSpec &m, uint32_t p_heads,
 
 bool WaitFor(const std::function<bool()> &cond, int timeout_ms)
 {
+#if KVT_SIM_TRANSPORTS
+    sim::World *w   = SimWorld();
+    uint64_t    end = w->Now() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0) *
+                                     1000u;
+    bool        ok  = true;
+    while (!cond()) {
+        if (w->Now() >= end) {
+            ok = cond();
+            break;
+        }
+        w->WaitUntil(end); // one step, or the deadline when nothing is due
+    }
+    CheckWorld();
+    return ok;
+#else
     auto end = std::chrono::steady_clock::now() +
                std::chrono::milliseconds(timeout_ms);
     while (!cond()) {
@@ -328,6 +704,7 @@ bool WaitFor(const std::function<bool()> &cond, int timeout_ms)
         std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
     return true;
+#endif
 }
 
 int DrainEvents(kvx_engine_t *eng, std::vector<kvx_event_t> *out)

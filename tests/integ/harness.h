@@ -1,19 +1,63 @@
 // harness.h - helpers for integration tests: real engines (UCX + nng) in
 // this process, a 3-layer model with mixed layouts, byte patterns keyed by
 // (rank, layer, block), and condition waits with deadlines.
+//
+// Built with -DKVT_SIM_TRANSPORTS=1 (integ_sim_tests) the same helpers run
+// the engines on the deterministic simulator (tests/sim): one simulated node
+// per engine, one sim::World per test (seeded from the test's name; the
+// seed is printed, KVT_SIM_SEED=N varies it, KVT_SIM_TRACE=1 prints every
+// step), waits and clocks in the world's virtual time. The raw control
+// clients of the tests (kvn_client_open / _request / _close) are then
+// clients of the simulated control plane, on a node of their own.
 #ifndef KVT_HARNESS_H
 #define KVT_HARNESS_H
 
 #include <kvxfer/kvxfer.h>
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
 
+#if KVT_SIM_TRANSPORTS
+#include <cstddef>
+extern "C" {
+struct kvn_client;
+kvx_status_t kvt_sim_kvn_client_open(const char *host, uint32_t port,
+                                     struct kvn_client **cli_p);
+kvx_status_t kvt_sim_kvn_client_request(struct kvn_client *cli,
+                                        const void *msg, size_t len,
+                                        int timeout_ms, char **reply_p,
+                                        size_t *reply_len_p);
+void         kvt_sim_kvn_client_close(struct kvn_client *cli);
+}
+// Included before nng/kvn.h by every test file: the synchronous client calls
+// of the tests reach the simulated control plane (other kvn_* calls stay the
+// real nng ones; the tests using them are not run on the simulator).
+#define kvn_client_open    kvt_sim_kvn_client_open
+#define kvn_client_request kvt_sim_kvn_client_request
+#define kvn_client_close   kvt_sim_kvn_client_close
+#endif
+
 namespace kvt {
 
+// Api: the library's function table. On the simulator, engine_create puts
+// the engine on a new simulated node (host: its host_ip) and every call
+// taking an engine runs as that node.
 const kvx_api_t *Api();
+
+// TestClock: the clock the engines under test run on - std::chrono::
+// steady_clock with the real transports, the world's virtual clock on the
+// simulator. Durations the tests measure around engine calls use it.
+struct TestClock {
+    using duration   = std::chrono::microseconds;
+    using rep        = duration::rep;
+    using period     = duration::period;
+    using time_point = std::chrono::time_point<TestClock, duration>;
+    static constexpr bool is_steady = true;
+    static time_point     now();
+};
 
 // A layer of the test model. kind: "split", "interleaved", "key_only".
 struct LayerSpec {
@@ -67,7 +111,9 @@ struct RankOpts {
     double      defer_timeout     = 60.0;
 };
 
-// PortBase returns a base port unique to this process and call (>= 20000).
+// PortBase returns a base port unique to this process and call (< 12500;
+// notify ports at +20000). On the simulator: unique within the test, the same
+// sequence in every run.
 uint16_t PortBase(int span);
 
 std::string RankConfig(const RankOpts &o);
@@ -110,7 +156,9 @@ std::string VerifyPullHeads(const ModelSpec &m, uint32_t p_heads,
                             uint32_t slice, const std::vector<uint64_t> &local,
                             const std::vector<uint64_t> &remote);
 
-// WaitFor polls cond every 2 ms until true or timeout_ms passed.
+// WaitFor polls cond every 2 ms until true or timeout_ms passed (on the
+// simulator: runs the world step by step, cond checked after each, until
+// true or timeout_ms of virtual time passed).
 bool WaitFor(const std::function<bool()> &cond, int timeout_ms);
 
 // DrainEvents polls events of an engine into out; returns count.

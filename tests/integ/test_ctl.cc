@@ -33,7 +33,8 @@ using namespace kvt;
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+// The clock the engines run on (harness.h): durations around engine calls.
+using Clock = TestClock;
 
 double SecondsSince(Clock::time_point t0)
 {
@@ -238,14 +239,16 @@ class TcpListener {
         }
     }
     bool ok() const { return fd_ >= 0; }
-    // Accepted waits up to timeout_ms for one incoming connection.
+    // Accepted waits up to timeout_ms (real time: a real socket) for one
+    // incoming connection.
     bool Accepted(int timeout_ms)
     {
+        using Real = std::chrono::steady_clock;
         pollfd p{fd_, POLLIN, 0};
-        auto   end = Clock::now() + std::chrono::milliseconds(timeout_ms);
+        auto   end = Real::now() + std::chrono::milliseconds(timeout_ms);
         for (;;) {
             int left = (int)std::chrono::duration_cast<std::chrono::milliseconds>(
-                           end - Clock::now()).count();
+                           end - Real::now()).count();
             if (left < 0) {
                 left = 0;
             }
@@ -1463,10 +1466,7 @@ TEST(CtlClient, EngineReportsReleaseRoundTripsAndHandshakeParts)
     Events pev;
     ASSERT_TRUE(pev.WaitN(pr.p->eng, n, 10000));
     // The replies reach D just after P applied the releases.
-    auto t0 = Clock::now();
-    while (StatCount(pr.d->eng, "ctl_rtt.count") < n && SecondsSince(t0) < 5) {
-        std::this_thread::yield();
-    }
+    WaitFor([&] { return StatCount(pr.d->eng, "ctl_rtt.count") >= n; }, 5000);
     EXPECT_EQ(n, StatCount(pr.d->eng, "ctl_rtt.count"));
     EXPECT_EQ(0, StatCount(pr.d->eng, "tx_fail"));
     EXPECT_GT(StatCount(pr.d->eng, "ctl_rtt.max_us"), 0);
@@ -1622,14 +1622,8 @@ void ProxyHandler(void *arg, const char *, const char *msg, size_t len, char **r
 bool WaitStat(kvx_engine_t *eng, const std::string &key, long long at_least,
               double seconds)
 {
-    auto t0 = Clock::now();
-    while (StatCount(eng, key) < at_least) {
-        if (SecondsSince(t0) > seconds) {
-            return false;
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(5)); // poll
-    }
-    return true;
+    return WaitFor([&] { return StatCount(eng, key) >= at_least; },
+                   (int)(seconds * 1000));
 }
 
 std::string ProxyExtra(uint16_t port)
