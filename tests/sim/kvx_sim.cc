@@ -91,8 +91,8 @@ int Usage()
             "[--scenario read|write|any]\n"
             "               [--faults LIST|all|ci|none] [--trace] [--quiet] "
             "[--max-fail K] [--seed-timeout S]\n"
-            "faults: abort crash restart destroy junk forge dup delay "
-            "(ci = crash,junk,dup,delay)\n");
+            "faults: abort preabort crash restart destroy junk forge dup delay "
+            "(ci = crash,preabort,junk,dup,delay)\n");
     return 2;
 }
 

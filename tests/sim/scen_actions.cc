@@ -166,8 +166,10 @@ void Scenario::ListActions(std::vector<Action> *out)
                                 [this, t, tp] { DRequest(t, tp); }});
             }
             if (abort_budget_ > 0 && can_d && !dx->aborted &&
-                (dx->live || !dx->requested)) {
-                out->push_back({1, "consumer_abort" + sfx,
+                (dx->live ? (o_.faults & kFAbort) != 0
+                          : !dx->requested && (o_.faults & kFPreAbort))) {
+                // before the request it races with: as likely as it
+                out->push_back({dx->requested ? 1u : 10u, "consumer_abort" + sfx,
                                 [this, t, tp] { Abort(t, tp); }});
             }
             if (dx->live) {

@@ -15,12 +15,12 @@ extern "C" {
 namespace sim {
 
 const uint32_t kAllFaults = kFAbort | kFCrash | kFRestart | kFDestroy |
-                            kFJunk | kFForge | kFDup | kFDelay;
-const uint32_t kCiFaults  = kFCrash | kFJunk | kFDup | kFDelay;
+                            kFJunk | kFForge | kFDup | kFDelay | kFPreAbort;
+const uint32_t kCiFaults  = kFCrash | kFPreAbort | kFJunk | kFDup | kFDelay;
 
 static const char *const kFaultNames[] = {"abort", "crash", "restart",
                                           "destroy", "junk", "forge", "dup",
-                                          "delay"};
+                                          "delay", "preabort"};
 static const size_t kNumFaults = sizeof(kFaultNames) / sizeof(kFaultNames[0]);
 
 static const char *kPHost = "10.0.1.1";
@@ -55,8 +55,8 @@ bool ParseFaults(const std::string &s, uint32_t *out, std::string *err)
             i++;
         }
         if (i == kNumFaults) {
-            *err = "unknown fault '" + name + "' (abort, crash, restart, "
-                   "destroy, junk, forge, dup, delay, all, ci, none)";
+            *err = "unknown fault '" + name + "' (abort, preabort, crash, "
+                   "restart, destroy, junk, forge, dup, delay, all, ci, none)";
             return false;
         }
         f |= 1u << i;
@@ -249,7 +249,8 @@ void Scenario::Configure()
     target_ = 1 + (uint32_t)rng_.Below(6);
     crash_budget_    = (o_.faults & kFCrash) ? (uint32_t)rng_.Below(3) : 0;
     destroy_budget_  = (o_.faults & kFDestroy) ? 1 : 0;
-    abort_budget_    = (o_.faults & kFAbort) ? 1 + (uint32_t)rng_.Below(2) : 0;
+    abort_budget_    = (o_.faults & (kFAbort | kFPreAbort))
+                           ? 1 + (uint32_t)rng_.Below(2) : 0;
     stranger_budget_ = (o_.faults & (kFJunk | kFForge))
                            ? 1 + (uint32_t)rng_.Below(4) : 0;
     w_.set_net_faults(((o_.faults & kFDup) ? (uint32_t)kFaultDup : 0u) |

@@ -12,7 +12,7 @@ namespace sim {
 
 // Fault classes, each enabled by a flag (--faults a,b,...).
 enum Fault : uint32_t {
-    kFAbort   = 1u << 0, // consumer_abort of a live request
+    kFAbort   = 1u << 0, // consumer_abort of a requested, live D transfer
     kFCrash   = 1u << 1, // a rank's node crashes (frozen, network gone)
     kFRestart = 1u << 2, // a crashed or destroyed rank restarts (new engine,
                          // same address)
@@ -22,6 +22,7 @@ enum Fault : uint32_t {
                          // an untrusted host
     kFDup     = 1u << 6, // control requests delivered twice
     kFDelay   = 1u << 7, // control requests held up to 3 virtual seconds
+    kFPreAbort = 1u << 8, // consumer_abort before D's request (never made)
 };
 
 // The faults of the CI seed run: every class that does not hit a known,

@@ -112,8 +112,10 @@ void World::Violate(const std::string &what)
     if (violation_.empty()) {
         violation_      = what;
         violation_step_ = steps_;
+        Trace("VIOLATION: %s", what.c_str());
+    } else {
+        Trace("(after the first violation) %s", what.c_str());
     }
-    Trace("VIOLATION: %s", what.c_str());
 }
 
 void World::Trace(const char *fmt, ...)
