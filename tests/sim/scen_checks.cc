@@ -161,9 +161,13 @@ bool Scenario::Expected(const RankX *dx, uint32_t layer, uint64_t db, int kv,
     }
     const RankX *px = t->p[dx->tp].get();
     size_t       j  = np - nd + i; // shorter D list: P's last blocks
-    if (i == nd || px == nullptr) {
-        *why = "D block " + std::to_string(db) + " of " + t->tid +
-               " has no P block";
+    if (i == nd) {
+        *why = "D block " + std::to_string(db) + " is not in " + t->tid;
+        return false;
+    }
+    if (px == nullptr) {
+        *why = "its P rank (tp" + std::to_string(dx->tp) + ") was down when "
+               "the transfer was created: no P data exists";
         return false;
     }
     if (!px->ready[layer]) {
