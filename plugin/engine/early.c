@@ -23,7 +23,7 @@ static size_t kvc_early_size(const kvc_msg_t *m)
 static void kvc_early_drop(struct kvx_engine *eng, kvc_early_t *e)
 {
     eng->nearly--;
-    eng->early_bytes -= kvc_early_size(&e->msg);
+    eng->early_bytes -= e->size;
     kvc_msg_fini(&e->msg);
     free(e);
 }
@@ -68,6 +68,7 @@ void kvc_early_keep(struct kvx_engine *eng, kvc_msg_t *m)
         return;
     }
     e->msg           = *m; /* takes the owned block list */
+    e->size          = size;
     m->block_ids     = NULL;
     m->num_block_ids = 0;
     e->expires_us    = kvc_deadline_us(eng, eng->cfg.defer_timeout);

@@ -103,6 +103,7 @@ static void kvc_engine_tick(void *arg)
         }
         kvc_early_expire(eng, now);
         kvc_reg_tick(eng);
+        kvc_peers_prefault(eng);
     }
     pthread_mutex_unlock(&eng->lock);
 }
@@ -282,16 +283,21 @@ void kvx_engine_destroy(struct kvx_engine *eng)
     free(eng->reg_payload);
     kvc_server_close(eng, &eng->hs_srv);
     kvc_server_close(eng, &eng->notify_srv);
-    /* Queued control messages go out (bounded); then no new connection.
-     * Peers close their endpoints (force-close in peer mode): in-flight
-     * gets complete as canceled before transfers and peers are freed. */
-    kvc_peers_flush(eng);
+    /* No new connection or handshake from here. Peers close their
+     * endpoints (force-close in peer mode): in-flight gets complete as
+     * canceled before transfers and peers are freed; the releases those
+     * completions produce, and everything queued before, go out (each
+     * within its deadline) before the control channels close. */
+    pthread_mutex_lock(&eng->lock);
+    eng->closing = 1;
+    pthread_mutex_unlock(&eng->lock);
     kvc_peers_disconnect(eng);
     kvc_engine_quiesce(eng);
-    kvc_peers_free(eng);
+    kvc_peers_flush(eng);
     pthread_mutex_lock(&eng->lock);
-    eng->stopping = 1;
+    eng->stopping = 1; /* no tick work, no new peer jobs */
     pthread_mutex_unlock(&eng->lock);
+    kvc_peers_free(eng);
     for (size_t i = 0; i < eng->nlayers; i++) {
         if (eng->layers[i].mem_owned) {
             KVD(eng)->mem_release(eng->layers[i].mem);

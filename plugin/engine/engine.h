@@ -95,6 +95,9 @@ typedef struct kvc_peer {
     char              hs_err[KVX_REASON_MAX];
     uint64_t          hs_t0;
     int               drop_out;     /* stopping and the peer is unreachable */
+    int               prefault;     /* direct-shm segments to map in */
+    uint32_t          pf_layer;     /* prefault cursor */
+    uint64_t          pf_off;
     int               notify_failed; /* the notify client cannot be opened */
     kvt_client_t     *hs_cli;       /* handshake requests */
     kvt_client_t     *notify_cli;   /* control messages (engine lock) */
@@ -193,6 +196,8 @@ typedef struct kvc_event_node {
 /* kvc_early_t: a control message that overtook its transfer (early.c). */
 typedef struct kvc_early {
     kvc_msg_t         msg;       /* owned */
+    size_t            size;      /* counted in early_bytes when kept (a
+                                    handler may move msg's lists out) */
     uint64_t          expires_us;
     struct kvc_early *next;
 } kvc_early_t;
@@ -344,6 +349,8 @@ void        kvc_peers_free(struct kvx_engine *eng);
 /* handshake.c */
 kvx_status_t kvc_meta_build(struct kvx_engine *eng);
 void         kvc_peer_hs_start(kvc_peer_t *peer);
+#define KVC_PREFAULT_CHUNK (32u << 20) /* bytes per tick */
+void         kvc_peers_prefault(struct kvx_engine *eng);
 void         kvc_peer_hs_finish(kvt_job_t *job);
 void         kvc_hs_handler(void *arg, const char *from, const char *msg,
                             size_t len, char **reply_p, size_t *len_p);

@@ -267,6 +267,13 @@ static void kvc_hs_reply(void *arg, kvx_status_t st, const char *reply,
         copy[len] = '\0';
     }
     pthread_mutex_lock(&eng->lock);
+    if (peer->hs_job_queued) { /* a transport bug: one reply per request */
+        pthread_mutex_unlock(&eng->lock);
+        free(copy);
+        kvc_log_error("KVX-HANDSHAKE", "peer %s: duplicate reply ignored",
+                      peer->name);
+        return;
+    }
     peer->hs_reply     = copy;
     peer->hs_reply_len = len;
     peer->hs_status    = st;
@@ -363,29 +370,39 @@ static kvx_status_t kvc_peer_hs_check(kvc_peer_t *peer, kvc_hs_meta_t *m,
     return KVX_OK;
 }
 
-/* kvc_peer_prefault maps the peer's directly attached segments into our
- * page tables after the handshake (not inside it, and outside the lock):
- * the first transfer then does not pay a page fault per page. Called and
- * returns with the engine lock held. */
-static void kvc_peer_prefault(kvc_peer_t *peer)
+/* kvc_peers_prefault (tick, lock held) maps the directly attached segments
+ * of peers that just connected into our page tables, KVC_PREFAULT_CHUNK
+ * bytes per tick: the first transfer then does not pay a page fault per
+ * page, and the progress owner never stalls for a whole region. */
+void kvc_peers_prefault(struct kvx_engine *eng)
 {
-    struct kvx_engine *eng = peer->eng;
-    size_t  n   = peer->meta.num_layers;
-    void  **ptr = calloc(n ? n : 1, sizeof(*ptr));
-    size_t *len = calloc(n ? n : 1, sizeof(*len));
+    uint64_t budget = KVC_PREFAULT_CHUNK;
 
-    for (size_t j = 0; ptr != NULL && len != NULL && j < n; j++) {
-        ptr[j] = KVD(eng)->rkey_local(peer->rkeys[j],
-                                      peer->meta.layers[j].base);
-        len[j] = peer->meta.layers[j].length;
+    for (kvc_peer_t *p = eng->peers; p != NULL && budget > 0; p = p->next) {
+        while (p->prefault && p->state == KVC_PEER_READY && budget > 0) {
+            const kvc_hs_layer_t *l;
+            char                 *base;
+            uint64_t              len;
+
+            if (p->pf_layer >= p->meta.num_layers) {
+                p->prefault = 0;
+                break;
+            }
+            l    = &p->meta.layers[p->pf_layer];
+            base = KVD(eng)->rkey_local(p->rkeys[p->pf_layer], l->base);
+            len  = l->length - p->pf_off < budget ? l->length - p->pf_off
+                                                   : budget;
+            if (base != NULL && len > 0) {
+                KVD(eng)->prefault(base + p->pf_off, len);
+            }
+            budget    -= len;
+            p->pf_off += len;
+            if (base == NULL || p->pf_off >= l->length) {
+                p->pf_layer++;
+                p->pf_off = 0;
+            }
+        }
     }
-    pthread_mutex_unlock(&eng->lock);
-    for (size_t j = 0; ptr != NULL && len != NULL && j < n; j++) {
-        KVD(eng)->prefault(ptr[j], len[j]);
-    }
-    free(ptr);
-    free(len);
-    pthread_mutex_lock(&eng->lock);
 }
 
 /* kvc_peer_hs_finish (job, progress owner): the handshake's outcome. */
@@ -443,7 +460,9 @@ void kvc_peer_hs_finish(kvt_job_t *job)
     eng->mode->peer_ready(eng, peer);
     pthread_cond_broadcast(&eng->cond); /* kvc_engine_connect waiters */
     if (strcmp(peer->rma_mode, "direct-shm") == 0) {
-        kvc_peer_prefault(peer);
+        peer->prefault = 1; /* by the tick, in chunks */
+        peer->pf_layer = 0;
+        peer->pf_off   = 0;
     }
     pthread_mutex_unlock(&eng->lock);
 }

@@ -87,7 +87,7 @@ static void kvc_peer_schedule(kvc_peer_t *peer)
 {
     struct kvx_engine *eng = peer->eng;
 
-    if (peer->job_queued) {
+    if (peer->job_queued || eng->stopping) {
         return;
     }
     peer->job_queued = 1;
@@ -237,6 +237,7 @@ static void kvc_peer_service(kvt_job_t *job)
         kvc_peer_drop_queue(peer, peer->notify_failed
                                       ? "cannot open the control channel"
                                       : "engine destroyed");
+        peer->notify_failed = 0; /* the next message dials again */
     }
     if (!eng->closing && peer->want_handshake &&
         peer->state != KVC_PEER_READY && peer->state != KVC_PEER_HANDSHAKING) {
@@ -407,6 +408,17 @@ void kvc_peers_free(struct kvx_engine *eng)
     while (eng->jobs_queued > 0 && kvc_now_us(eng) < deadline) {
         KVD(eng)->kick(eng->ucx);
         kvc_wait_until(eng, kvc_now_us(eng) + 10000u);
+    }
+    if (eng->jobs_queued > 0) {
+        /* A job still queued would run on a freed peer: keep the peers
+         * (a bounded leak at shutdown) rather than risk it. */
+        kvc_log_error("KVX-DESTROY", "engine %s: %u peer jobs still queued "
+                      "after 5 s; peers not freed", eng->engine_id,
+                      eng->jobs_queued);
+        pthread_mutex_unlock(&eng->lock);
+        kvc_peers_disconnect(eng);
+        eng->peers = NULL;
+        return;
     }
     pthread_mutex_unlock(&eng->lock);
     kvc_peers_disconnect(eng); /* none can connect any more */
