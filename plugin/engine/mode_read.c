@@ -391,13 +391,50 @@ static void kvc_read_on_timer(struct kvx_engine *eng, kvc_xfer_t *x)
     }
 }
 
-/* kvc_read_abort (D): releases the P ranks at once. Known defect, kept
- * until the integrity work lands: gets already in flight are neither
- * canceled nor awaited first, so P may reuse blocks they still read (the
- * simulator reproduces it; tests/sim/README.md). */
+/* kvc_read_abort_xfer (D): the framework gives up on x. Its blocks may be
+ * reported free, and P's released, only when no get can touch them any
+ * more (SPEC §14): gets in flight are awaited (bounded by
+ * transfer_timeout, which force-closes the endpoint) and x then ends
+ * CANCELED, never OK; a transfer still waiting for its handshake ends at
+ * once. */
+static void kvc_read_abort_xfer(struct kvx_engine *eng, kvc_xfer_t *x)
+{
+    if (x->is_producer || x->write) {
+        return;
+    }
+    if (x->state == KVC_XFER_INFLIGHT) {
+        kvc_xfer_fail(x, KVX_ERR_CANCELED, "aborted by the framework");
+    } else if (x->state == KVC_XFER_WAIT_PEER) {
+        kvc_xfer_fail(x, KVX_ERR_CANCELED, "aborted by the framework");
+        kvc_read_finish(eng, x);
+    }
+}
+
+/* kvc_read_abort (D): a live transfer releases its P ranks when its gets
+ * are over (kvc_read_finish); one this rank does not hold (aborted before
+ * its request, or already over) releases the mapped P ranks at once. */
 static kvx_status_t kvc_read_abort(struct kvx_engine *eng, const char *req_id,
                                    const char *params_json)
 {
+    kvc_xfer_params_t p;
+    kvc_xfer_t       *x;
+    int               live;
+
+    if (kvc_params_parse(params_json, &p) == KVX_OK) {
+        pthread_mutex_lock(&eng->lock);
+        x    = p.transfer_id[0] ? kvc_xfer_find(eng, p.transfer_id) : NULL;
+        live = x != NULL && !x->is_producer &&
+               (x->state == KVC_XFER_INFLIGHT ||
+                x->state == KVC_XFER_WAIT_PEER);
+        if (live) {
+            kvc_read_abort_xfer(eng, x);
+        }
+        pthread_mutex_unlock(&eng->lock);
+        kvc_params_fini(&p);
+        if (live) {
+            return KVX_OK;
+        }
+    }
     return kvc_consumer_abort(eng, req_id, params_json, NULL);
 }
 
