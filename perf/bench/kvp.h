@@ -84,6 +84,9 @@ typedef struct kvp_opts {
     char        extra[1024];   /* extra members of kv_connector_extra_config */
     uint32_t    kv_port;       /* 0 = auto */
     double      timeout_s;     /* per point */
+    uint32_t    hold;          /* --hold: idle transfers P holds during the
+                                  measured points (0 = none) */
+    double      hold_timeout_s; /* their defer_timeout (3600) */
     double      accept_timeout_s;
 
     kvp_format_t format;

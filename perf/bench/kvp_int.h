@@ -166,6 +166,7 @@ typedef struct kvp_side_cfg {
     uint64_t     max_inflight;
     const char  *extra;
     double       defer_timeout_s;
+    double       transfer_timeout_s; /* 0: defer_timeout_s */
     int          fill_pattern; /* P with --check: pattern, else constant */
 } kvp_side_cfg_t;
 
@@ -221,6 +222,13 @@ typedef struct kvp_blob_hdr {
     int64_t  hwm_kb[2];
     int32_t  rma_emulated;
     uint64_t xfers_done;   /* transfers this pair finished so far */
+    uint32_t hold;         /* --hold: idle transfers P created before the
+                              points of this setup */
+    int64_t  p_xfers_end;  /* P's engine "transfers" (api->stats) at the
+                              end of the point (-1 unknown): the holds
+                              still held */
+    double   hold_create_s; /* P: time to create the holds */
+    int64_t  hold_rss_kb;  /* P: RSS growth while creating them */
     char     rma_mode[16]; /* api->transports "rma": rma|direct-shm|emulated */
     char     transports[512];
     char     geom_desc[160];
@@ -237,6 +245,12 @@ typedef struct kvp_row {
     double   bw_gbs, aggr_bw_gbs, avg_lat_us;
     double   prep_avg, prep_p99, post_avg, post_p99, tx_avg, tx_p99;
     double   ntfy_avg, ntfy_p99, post_per_run_us;
+    double   xfer_rate, aggr_xfer_rate; /* timed transfers / (last end -
+                                           first start), per pair / sum */
+    uint32_t hold;
+    int64_t  p_xfers_end;
+    double   hold_create_s;
+    int64_t  hold_rss_kb;
     double   memcpy_bw_gbs, memcpy_tx_avg; /* < 0: not measured */
     double   handshake_us, first_xfer_us;
     double   ctl_rtt[3], hs_parts[3];

@@ -75,6 +75,8 @@ void kvp_opts_defaults(kvp_opts_t *o)
     o->depth          = 1;
     o->pool_bytes     = 256ull << 20;
     o->timeout_s      = 120.0;
+    o->hold           = 0;
+    o->hold_timeout_s = 3600.0;
     o->accept_timeout_s = 600.0;
     o->format         = KVP_FMT_TABLE;
 }
@@ -131,6 +133,13 @@ void kvp_usage(FILE *f, const char *prog)
 "      --inject-error     (tests) flip one received byte: --check must fail\n"
 "      --clock-sync       estimate the P-D clock offset by ping-pong even on\n"
 "                         one host (done automatically across hosts)\n"
+"      --hold N           before the measured points P creates N idle transfers\n"
+"                         (producer_request, 1 block each, never read by D;\n"
+"                         WRITE: never given remote_blocks) and holds them\n"
+"                         until the setup ends: the cost of idle transfers on\n"
+"                         new ones. Rows then carry the hold count (0)\n"
+"      --hold-timeout S   engine defer_timeout with --hold, so the idle\n"
+"                         transfers do not expire during the run (3600)\n"
 "\n"
 "Output:\n"
 "  -f, --format table|csv|json   stdout format (table)\n"
@@ -148,7 +157,8 @@ void kvp_usage(FILE *f, const char *prog)
 "to D's FINISHED_RECVING (final flush and completion notification\n"
 "included). Extra: Runs/Xfer (contiguous runs after merging), Post/Run, and\n"
 "Ntfy = release (READ: D done -> P freed) or write_done (WRITE: P flushed ->\n"
-"D notified) latency.\n",
+"D notified) latency; Xfer/s = timed transfers / (end of the last - start of\n"
+"the first), per pair.\n",
             prog, kvp_have_mpi() ? "" : " (not built: no MPI)",
             KVP_DEFAULT_PORT, KVX_SO_PATH);
 }
@@ -218,7 +228,7 @@ enum {
     OPT_TOKENS, OPT_HEADS, OPT_HEAD_DIM, OPT_ELEM, OPT_CONTIG, OPT_SCATTER,
     OPT_POOL, OPT_MEM, OPT_TLS, OPT_INFLIGHT, OPT_EXTRA, OPT_KVPORT,
     OPT_CHECK, OPT_CONNECT_AHEAD, OPT_MEMCPY, OPT_TIMEOUT, OPT_CSV, OPT_JSON, OPT_ACCEPT,
-    OPT_INJECT, OPT_CLOCK,
+    OPT_INJECT, OPT_CLOCK, OPT_HOLD, OPT_HOLD_TIMEOUT,
 };
 
 static const struct option kvp_longopts[] = {
@@ -255,6 +265,8 @@ static const struct option kvp_longopts[] = {
     {"inject-error", no_argument, NULL, OPT_INJECT},
     {"clock-sync", no_argument, NULL, OPT_CLOCK},
     {"timeout", required_argument, NULL, OPT_TIMEOUT},
+    {"hold", required_argument, NULL, OPT_HOLD},
+    {"hold-timeout", required_argument, NULL, OPT_HOLD_TIMEOUT},
     {"accept-timeout", required_argument, NULL, OPT_ACCEPT},
     {"format", required_argument, NULL, 'f'},
     {"csv", required_argument, NULL, OPT_CSV},
@@ -505,6 +517,13 @@ int kvp_opts_parse(int argc, char **argv, kvp_opts_t *o, char *err,
         case OPT_CLOCK:
             o->clock_sync = 1;
             break;
+        case OPT_HOLD:
+            if (kvp_parse_u32(optarg, 0, 10000000u, &o->hold) != 0) {
+                return kvp_fail(err, errlen, "--hold %s: 0..10M idle "
+                                "transfers", optarg);
+            }
+            break;
+        case OPT_HOLD_TIMEOUT:
         case OPT_TIMEOUT:
         case OPT_ACCEPT: {
             char  *end;
@@ -513,10 +532,14 @@ int kvp_opts_parse(int argc, char **argv, kvp_opts_t *o, char *err,
             if (*end != '\0' || !(v > 0) || v > 86400) {
                 return kvp_fail(err, errlen, "--%s %s: seconds > 0",
                                 c == OPT_TIMEOUT ? "timeout"
-                                                 : "accept-timeout", optarg);
+                                : c == OPT_HOLD_TIMEOUT ? "hold-timeout"
+                                                        : "accept-timeout",
+                                optarg);
             }
             if (c == OPT_TIMEOUT) {
                 o->timeout_s = v;
+            } else if (c == OPT_HOLD_TIMEOUT) {
+                o->hold_timeout_s = v;
             } else {
                 o->accept_timeout_s = v;
             }

@@ -59,6 +59,7 @@ int kvp_rows_from_blobs(void **bufs, size_t *lens, int n, kvp_row_t *row,
     double   *prep = NULL, *post = NULL, *tx = NULL, *ntfy = NULL;
     kvp_iv_t *mine = NULL;
     double    bw_sum = 0, lat_sum = 0, mc_bytes = 0, mc_time = 0, mc_tx = 0;
+    double    rate_sum = 0;
     const kvp_blob_hdr_t *first = NULL;
     int       rc = -1;
 
@@ -104,6 +105,10 @@ int kvp_rows_from_blobs(void **bufs, size_t *lens, int n, kvp_row_t *row,
     row->pairs         = (uint32_t)pairs;
     row->runs_per_xfer = first->runs_per_xfer;
     row->rma_emulated  = first->rma_emulated;
+    row->hold          = first->hold;
+    row->p_xfers_end   = first->p_xfers_end;
+    row->hold_create_s = first->hold_create_s;
+    row->hold_rss_kb   = first->hold_rss_kb;
     row->handshake_us  = -1;
     row->first_xfer_us = -1;
     for (int k = 0; k < 3; k++) {
@@ -117,7 +122,7 @@ int kvp_rows_from_blobs(void **bufs, size_t *lens, int n, kvp_row_t *row,
         const kvp_blob_hdr_t *h = bufs[i];
         const kvp_rec_t      *r;
         const double         *m;
-        double                u;
+        double                u, t_first = 0, t_last = 0;
 
         if (lens[i] == 0) {
             continue;
@@ -131,7 +136,18 @@ int kvp_rows_from_blobs(void **bufs, size_t *lens, int n, kvp_row_t *row,
             ntfy[k] = r[j].notify_us;
             mine[j].s = r[j].start_us;
             mine[j].e = r[j].end_us;
+            if (j == 0 || r[j].start_us < t_first) {
+                t_first = r[j].start_us;
+            }
+            if (j == 0 || r[j].end_us > t_last) {
+                t_last = r[j].end_us;
+            }
             k++;
+        }
+        /* Completion rate: timed transfers over the wall time from the
+         * first start to the last end (gaps between transfers count). */
+        if (t_last > t_first) {
+            rate_sum += (double)h->n * 1e6 / (t_last - t_first);
         }
         u = kvp_union(mine, h->n);
         if (u > 0) {
@@ -166,11 +182,22 @@ int kvp_rows_from_blobs(void **bufs, size_t *lens, int n, kvp_row_t *row,
         if (h->xfers_done > row->xfers_done) {
             row->xfers_done = h->xfers_done;
         }
+        if (h->p_xfers_end < row->p_xfers_end) { /* fewest held */
+            row->p_xfers_end = h->p_xfers_end;
+        }
+        if (h->hold_create_s > row->hold_create_s) { /* slowest pair */
+            row->hold_create_s = h->hold_create_s;
+        }
+        if (h->hold_rss_kb > row->hold_rss_kb) {
+            row->hold_rss_kb = h->hold_rss_kb;
+        }
     }
     mc_tx = km ? mc_time / (double)km : 0;
     row->bw_gbs      = bw_sum / pairs;
     row->aggr_bw_gbs = bw_sum; /* nixlbench: sum of the ranks' B/W */
     row->avg_lat_us  = lat_sum / pairs;
+    row->xfer_rate      = rate_sum / pairs;
+    row->aggr_xfer_rate = rate_sum;
     kvp_stats(prep, total, &row->prep_avg, &row->prep_p99);
     kvp_stats(post, total, &row->post_avg, &row->post_p99);
     kvp_stats(tx, total, &row->tx_avg, &row->tx_p99);
@@ -200,6 +227,7 @@ struct kvp_report {
     kvp_row_t last;
     int     have_last;
     kvp_row_t setup;      /* probe row of the current setup */
+    int     hold_line_done; /* --hold line printed for this setup */
 };
 
 static const char *kvp_mode_name(kvp_mode_t m)
@@ -236,7 +264,8 @@ static const char *kvp_csv_header =
     "ctl_tx_avg_us,transports,rma_mode,rma_emulated,rss_p_kb,rss_d_kb,"
     "hwm_p_kb,hwm_d_kb,rss_growth_p_kb,rss_growth_d_kb,xfers_done,"
     "ctl_rtt_avg_us,ctl_rtt_p50_us,ctl_rtt_p99_us,hs_metadata_us,"
-    "hs_endpoint_us,hs_rkeys_us\n";
+    "hs_endpoint_us,hs_rkeys_us,xfers_per_s,aggr_xfers_per_s,hold,"
+    "hold_create_s,hold_rss_p_kb,p_transfers_end\n";
 
 static void kvp_csv_row(FILE *f, const kvp_opts_t *o, const kvp_row_t *r,
                         const kvp_row_t *su)
@@ -246,7 +275,8 @@ static void kvp_csv_row(FILE *f, const kvp_opts_t *o, const kvp_row_t *r,
                "%.3f,%.3f,%.6f,%.3f,%.1f,%.1f,%.1f,%.1f,%.1f,\"%s\",%s,%d,"
                "%" PRId64 ",%" PRId64
                ",%" PRId64 ",%" PRId64 ",%" PRId64 ",%" PRId64 ",%" PRIu64
-               ",%.1f,%.1f,%.1f,%.1f,%.1f,%.1f\n",
+               ",%.1f,%.1f,%.1f,%.1f,%.1f,%.1f,%.1f,%.1f,%u,%.3f,%" PRId64
+               ",%" PRId64 "\n",
             kvp_mode_name(r->mode), kvp_mem_name(r->mem), o->model.name,
             o->tls[0] ? o->tls : "default",
             o->contiguous ? "contiguous" : "scattered", o->depth, r->pairs,
@@ -261,7 +291,8 @@ static void kvp_csv_row(FILE *f, const kvp_opts_t *o, const kvp_row_t *r,
             r->rss_kb[0][2] - r->rss_kb[0][1],
             r->rss_kb[1][2] - r->rss_kb[1][1], r->xfers_done, su->ctl_rtt[0],
             su->ctl_rtt[1], su->ctl_rtt[2], su->hs_parts[0], su->hs_parts[1],
-            su->hs_parts[2]);
+            su->hs_parts[2], r->xfer_rate, r->aggr_xfer_rate, r->hold,
+            r->hold_create_s, r->hold_rss_kb, r->p_xfers_end);
     fflush(f);
 }
 
@@ -302,11 +333,17 @@ static void kvp_json_row(FILE *f, const kvp_opts_t *o, const kvp_row_t *r,
                "], \"d\": [%" PRId64 ", %" PRId64 ", %" PRId64 "]}, "
                "\"hwm_kb\": {\"p\": %" PRId64 ", \"d\": %" PRId64 "}, "
                "\"xfers_done\": %" PRIu64 ", \"ctl_rtt_us\": [%.1f, %.1f, "
-               "%.1f], \"hs_parts_us\": [%.1f, %.1f, %.1f]}",
+               "%.1f], \"hs_parts_us\": [%.1f, %.1f, %.1f], "
+               "\"xfers_per_s\": %.1f, \"aggr_xfers_per_s\": %.1f, "
+               "\"hold\": %u, \"hold_create_s\": %.3f, "
+               "\"hold_rss_p_kb\": %" PRId64 ", \"p_transfers_end\": %"
+               PRId64 "}",
             r->rss_kb[0][0], r->rss_kb[0][1], r->rss_kb[0][2], r->rss_kb[1][0],
             r->rss_kb[1][1], r->rss_kb[1][2], r->hwm_kb[0], r->hwm_kb[1],
             r->xfers_done, su->ctl_rtt[0], su->ctl_rtt[1], su->ctl_rtt[2],
-            su->hs_parts[0], su->hs_parts[1], su->hs_parts[2]);
+            su->hs_parts[0], su->hs_parts[1], su->hs_parts[2], r->xfer_rate,
+            r->aggr_xfer_rate, r->hold, r->hold_create_s, r->hold_rss_kb,
+            r->p_xfers_end);
     fflush(f);
 }
 
@@ -370,11 +407,11 @@ static void kvp_table_setup(const kvp_report_t *r, const kvp_row_t *su)
     const kvp_opts_t *o = r->o;
 
     printf("\n# kvxfer_perf %s | %s | mem %s | tls %s | %s ids | depth %u | "
-           "pairs %u (TP%u -> TP%u)\n",
+           "pairs %u (TP%u -> TP%u) | hold %u\n",
            kvp_mode_name(su->mode), su->geom_desc, kvp_mem_name(su->mem),
            o->tls[0] ? o->tls : "default",
            o->contiguous ? "contiguous" : "scattered", o->depth, su->pairs,
-           su->pairs, su->pairs);
+           su->pairs, su->pairs, o->hold);
     printf("# transports (%s): %s  [RMA: %s]\n",
            su->mode == KVP_READ ? "D gets from P" : "P puts to D",
            su->transports[0] ? su->transports : "?",
@@ -409,11 +446,24 @@ static void kvp_table_setup(const kvp_report_t *r, const kvp_row_t *su)
            "Avg Lat. (us)", "Avg Prep (us)", "P99 Prep (us)", "Avg Post (us)",
            "P99 Post (us)", "Avg Tx (us)", "P99 Tx (us)", "Runs/Xfer",
            "Post/Run (us)", "Avg Ntfy (us)", "P99 Ntfy (us)");
+    printf("%-12s", "Xfer/s");
     if (o->memcpy_rows) {
         printf("%-16s", "memcpy (GB/s)");
     }
     printf("\n");
     fflush(stdout);
+}
+
+/* --hold: the idle transfers next to which the rows of this setup ran. */
+static void kvp_table_hold(const kvp_row_t *x)
+{
+    printf("# hold: %u idle transfers on P (producer_request, 1 block each, "
+           "%s), created after the probe in %.2f s (%.1f us each), P RSS "
+           "%+.1f MiB; P engine transfers after the point: %" PRId64 "\n",
+           x->hold, x->mode == KVP_READ ? "never read by D"
+                                        : "no remote_blocks from D",
+           x->hold_create_s, x->hold_create_s * 1e6 / x->hold,
+           (double)x->hold_rss_kb / 1024, x->p_xfers_end);
 }
 
 static void kvp_table_row(const kvp_report_t *r, const kvp_row_t *x)
@@ -427,6 +477,7 @@ static void kvp_table_row(const kvp_report_t *r, const kvp_row_t *x)
            x->avg_lat_us, x->prep_avg, x->prep_p99, x->post_avg, x->post_p99,
            x->tx_avg, x->tx_p99, x->runs_per_xfer, x->post_per_run_us,
            x->ntfy_avg, x->ntfy_p99);
+    printf("%-12.1f", x->xfer_rate);
     if (r->o->memcpy_rows) {
         printf("%-16.6f", x->memcpy_bw_gbs);
     }
@@ -439,7 +490,8 @@ void kvp_report_row(kvp_report_t *r, const kvp_row_t *row)
     const kvp_opts_t *o = r->o;
 
     if (row->point == UINT32_MAX) { /* probe: setup header */
-        r->setup = *row;
+        r->setup          = *row;
+        r->hold_line_done = 0;
         if (o->format == KVP_FMT_TABLE) {
             kvp_table_setup(r, row);
         }
@@ -449,6 +501,10 @@ void kvp_report_row(kvp_report_t *r, const kvp_row_t *row)
     r->have_last = 1;
     switch (o->format) {
     case KVP_FMT_TABLE:
+        if (row->hold > 0 && !r->hold_line_done) {
+            kvp_table_hold(row);
+            r->hold_line_done = 1;
+        }
         kvp_table_row(r, row);
         break;
     case KVP_FMT_CSV:

@@ -66,6 +66,10 @@ typedef struct {
     double   handshake_us;
     double   ctl_rtt[3], hs_parts[3]; /* WRITE: P's (kvp_ctl_stats) */
     int64_t  rss_kb[3], hwm_kb;
+    uint32_t hold;          /* --hold: idle transfers held on P */
+    int64_t  p_xfers_end;   /* P's engine "transfers" after the point */
+    double   hold_create_s;
+    int64_t  hold_rss_kb;
     char     rma_mode[16];
     char     transports[512];
     /* followed by 3 x total doubles: a, b, c (see kvp_p_point) */
@@ -97,6 +101,9 @@ typedef struct {
     int               rma_emulated;
     char              rma_mode[16];
     char              geom_desc[160];
+    uint32_t          held;          /* P: idle transfers created (--hold) */
+    double            hold_create_s; /* P: their creation time */
+    int64_t           hold_rss_kb;   /* P: RSS growth while creating them */
 } kvp_sess_t;
 
 /* --- helpers ------------------------------------------------------------ */
@@ -688,6 +695,19 @@ static int kvp_p_point(kvp_sess_t *s, const kvp_point_msg_t *pm)
     }
     s->xfers_done += total;
     kvp_rss_kb(&pr->rss_kb[2], &pr->hwm_kb);
+    pr->hold          = s->held;
+    pr->hold_create_s = s->hold_create_s;
+    pr->hold_rss_kb   = s->hold_rss_kb;
+    /* The holds must still be there (none expired or was lost): the
+     * engine's active transfers once every transfer of the point ended. */
+    pr->p_xfers_end   = kvp_stat(s, "transfers");
+    if (pm->point != KVP_PROBE && s->held > 0 &&
+        pr->p_xfers_end >= 0 && pr->p_xfers_end < (int64_t)s->held) {
+        kvp_fatal(s, "--hold: P's engine holds %lld transfers after the "
+                  "point, fewer than the %u idle ones created",
+                  (long long)pr->p_xfers_end, s->held);
+        goto out;
+    }
     if (st.write && pm->point == KVP_PROBE) {
         double hs = kvp_logger_last_handshake_us();
 
@@ -1079,6 +1099,10 @@ static int kvp_d_point(kvp_sess_t *s, const kvp_point_msg_t *pm)
     blob->hwm_kb[1]    = hwm;
     blob->rma_emulated = s->rma_emulated;
     blob->xfers_done   = s->xfers_done;
+    blob->hold          = pr->hold;
+    blob->p_xfers_end   = pr->p_xfers_end;
+    blob->hold_create_s = pr->hold_create_s;
+    blob->hold_rss_kb   = pr->hold_rss_kb;
     snprintf(blob->transports, sizeof(blob->transports), "%s", s->transports);
     snprintf(blob->rma_mode, sizeof(blob->rma_mode), "%s", s->rma_mode);
     snprintf(blob->geom_desc, sizeof(blob->geom_desc), "%s", s->geom_desc);
@@ -1101,6 +1125,65 @@ out:
     free(pr);
     free(blob);
     return rc;
+}
+
+/* --- idle transfers (--hold) --------------------------------------------- */
+
+/* kvp_hold (P): o->hold idle transfers, one block each, that no D ever
+ * reads (READ) or sends remote_blocks for (WRITE). They stay held by the
+ * engine until the setup's engine is destroyed (defer_timeout is
+ * --hold-timeout), so every measured point of the setup runs next to them.
+ * Block ids walk the pool: the engine does not refuse a block shared by
+ * two transfers (it checks bounds only), so N needs no pool of N blocks. */
+static int kvp_hold(kvp_sess_t *s)
+{
+    const kvp_opts_t *o = s->o;
+    uint32_t          hs = kvp_hs_base(s->peer_base, s->setup, s->npairs);
+    int64_t           rss0, rss1, hwm;
+    double            t0 = kvp_now_us();
+
+    kvp_rss_kb(&rss0, &hwm);
+    for (uint32_t i = 0; i < o->hold; i++) {
+        char         tid[KVX_ID_MAX], rid[KVX_ID_MAX + 8], params[1024];
+        char        *resp = NULL;
+        uint64_t     id;
+        kvx_status_t st;
+
+        snprintf(tid, sizeof(tid), "tx-kvp-%s-s%u-hold-%u", s->sess,
+                 s->setup, i);
+        snprintf(rid, sizeof(rid), "req-%s", tid);
+        if (s->mode == KVP_READ) {
+            snprintf(params, sizeof(params),
+                     "{\"transfer_id\":\"%s\",\"do_remote_decode\":true}",
+                     tid);
+        } else {
+            snprintf(params, sizeof(params),
+                     "{\"transfer_id\":\"%s\",\"do_remote_decode\":true,"
+                     "\"remote_host\":\"%s\",\"remote_handshake_port\":%u,"
+                     "\"remote_notify_port\":%u,\"remote_tp_size\":%u}",
+                     tid, s->peer_host, hs, hs + s->npairs, s->npairs);
+        }
+        kvp_block_ids(&s->ig, 1, i, 1, &id);
+        st = s->api->producer_request(s->side.eng, rid, params, &id, 1,
+                                      &resp);
+        if (st != KVX_OK) {
+            return kvp_fatal(s, "--hold: producer_request %s (%u of %u): "
+                             "%s: %s", tid, i + 1, o->hold,
+                             s->api->status_name(st), s->api->last_error());
+        }
+        s->api->free(resp);
+        s->held = i + 1;
+        if (kvp_verbose && (i + 1) % 10000 == 0) {
+            kvp_info("--hold: %u of %u idle transfers created (%.1f s)",
+                     i + 1, o->hold, (kvp_now_us() - t0) / 1e6);
+        }
+    }
+    s->hold_create_s = (kvp_now_us() - t0) / 1e6;
+    kvp_rss_kb(&rss1, &hwm);
+    s->hold_rss_kb = rss0 >= 0 && rss1 >= 0 ? rss1 - rss0 : -1;
+    kvp_info("--hold: %u idle transfers created in %.2f s, RSS %+lld KiB",
+             s->held, s->hold_create_s, (long long)s->hold_rss_kb);
+    return 0;
 }
 
 /* --- setups and the session ----------------------------------------------- */
@@ -1172,6 +1255,11 @@ static int kvp_setup(kvp_sess_t *s)
     cfg.max_inflight    = o->max_inflight;
     cfg.extra           = o->extra;
     cfg.defer_timeout_s = o->timeout_s + 60;
+    cfg.transfer_timeout_s = o->timeout_s + 60;
+    if (o->hold > 0 && o->hold_timeout_s > cfg.defer_timeout_s) {
+        /* The idle transfers must outlive the whole setup. */
+        cfg.defer_timeout_s = o->hold_timeout_s;
+    }
     cfg.fill_pattern    = o->check;
     if (kvp_side_open(s->api, &cfg, &g, &s->side, err, sizeof(err)) != 0) {
         return kvp_fatal(s, "%s", err);
@@ -1191,6 +1279,9 @@ static int kvp_setup(kvp_sess_t *s)
     s->transports[0] = '\0';
     s->rma_emulated = 0;
     snprintf(s->rma_mode, sizeof(s->rma_mode), "?");
+    s->held          = 0;
+    s->hold_create_s = 0;
+    s->hold_rss_kb   = 0;
     if (s->c->ops->barrier(s->c, 120) != 0) {
         kvp_err("%s", s->c->errmsg);
         rc = -1;
@@ -1204,6 +1295,19 @@ static int kvp_setup(kvp_sess_t *s)
 
         rc   = kvp_point(s, &pm);
         base = pm.iters;
+    }
+    /* --hold: after the probe (the setup header's handshake and control
+     * plane stay comparable), before the measured points. D waits. */
+    if (rc == 0 && o->hold > 0) {
+        if (s->c->producer) {
+            rc = kvp_hold(s);
+        }
+        if (rc == 0 && s->c->ops->barrier(s->c, o->timeout_s * 10 > 600
+                                                    ? o->timeout_s * 10
+                                                    : 600) != 0) {
+            kvp_err("%s", s->c->errmsg);
+            rc = -1;
+        }
     }
     for (int b = 0; rc == 0 && b < o->nbatches; b++) {
         kvp_point_msg_t pm = {.setup = s->setup, .point = (uint32_t)b,

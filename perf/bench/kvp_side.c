@@ -289,7 +289,9 @@ int kvp_side_open(const kvx_api_t *api, const kvp_side_cfg_t *cfg,
              "\"defer_timeout\":%.0f%s%s%s%s}}",
              cfg->producer ? "kv_producer" : "kv_consumer", cfg->tp_rank,
              cfg->tp_size, cfg->host, cfg->hs_base, cfg->nt_base,
-             cfg->mode == KVP_READ ? "true" : "false", cfg->defer_timeout_s,
+             cfg->mode == KVP_READ ? "true" : "false",
+             cfg->transfer_timeout_s > 0 ? cfg->transfer_timeout_s
+                                         : cfg->defer_timeout_s,
              cfg->defer_timeout_s, tls, infl,
              cfg->extra && cfg->extra[0] ? "," : "",
              cfg->extra ? cfg->extra : "");
