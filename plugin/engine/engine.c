@@ -179,6 +179,10 @@ kvx_status_t kvx_engine_create(const kvt_env_t *env, const char *json,
     if (st != KVX_OK) {
         goto err_trust;
     }
+    st = kvc_xfers_init(eng);
+    if (st != KVX_OK) {
+        goto err_idset;
+    }
     eng->epoch = eng->env.clock.random64(eng->env.clock.arg);
     eng->mode  = eng->cfg.read_mode ? &kvc_mode_read : &kvc_mode_write;
     kvc_timerq_init(&eng->timers);
@@ -206,6 +210,7 @@ kvx_status_t kvx_engine_create(const kvt_env_t *env, const char *json,
     return KVX_OK;
 
 err_idset:
+    free(eng->xfers);
     kvc_idset_fini(&eng->terminal);
 err_trust:
     kvc_trust_fini(&eng->trust);
@@ -220,7 +225,7 @@ err_free:
 
 static void kvc_engine_free_state(struct kvx_engine *eng)
 {
-    for (size_t b = 0; b < KVC_XFER_BUCKETS; b++) {
+    for (size_t b = 0; b < eng->nbuckets; b++) {
         while (eng->xfers[b] != NULL) {
             kvc_xfer_t *x = eng->xfers[b];
 
@@ -248,7 +253,7 @@ static void kvc_engine_quiesce(struct kvx_engine *eng)
     for (;;) {
         int busy = 0;
 
-        for (size_t b = 0; b < KVC_XFER_BUCKETS && !busy; b++) {
+        for (size_t b = 0; b < eng->nbuckets && !busy; b++) {
             for (kvc_xfer_t *x = eng->xfers[b]; x != NULL; x = x->hnext) {
                 if ((x->state == KVC_XFER_INFLIGHT && x->layers_pending > 0) ||
                     (x->write && (x->ncompleted != x->nposted ||
@@ -313,6 +318,7 @@ void kvx_engine_destroy(struct kvx_engine *eng)
     KVD(eng)->ctx_destroy(eng->ucx);
     kvc_engine_free_state(eng);
     free(eng->layers);
+    free(eng->xfers);
     free(eng->meta_json);
     kvc_idset_fini(&eng->terminal);
     kvc_timerq_fini(&eng->timers);

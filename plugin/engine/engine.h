@@ -202,7 +202,7 @@ typedef struct kvc_early {
     struct kvc_early *next;
 } kvc_early_t;
 
-#define KVC_XFER_BUCKETS    1024
+#define KVC_XFER_BUCKETS    1024 /* initial; doubles as it fills */
 #define KVC_EARLY_MAX       4096
 #define KVC_EARLY_MAX_BYTES (16u << 20)
 #define KVC_TERMINAL_MAX    4096
@@ -232,7 +232,8 @@ struct kvx_engine {
     uint64_t          epoch;
     char              engine_id[KVX_ID_MAX + 16];
     kvc_peer_t       *peers;
-    kvc_xfer_t       *xfers[KVC_XFER_BUCKETS];
+    kvc_xfer_t      **xfers;         /* hash table, nbuckets chains */
+    size_t            nbuckets;
     size_t            nxfers;
     kvc_event_node_t *ev_head, *ev_tail;
     size_t            nevents;
@@ -279,6 +280,7 @@ uint64_t kvc_deadline_us(const struct kvx_engine *eng, double seconds);
 void     kvc_wait_until(struct kvx_engine *eng, uint64_t deadline_us);
 
 /* xfer.c: the transfer table, lifecycle, events and waits */
+kvx_status_t kvc_xfers_init(struct kvx_engine *eng);
 kvc_xfer_t  *kvc_xfer_find(struct kvx_engine *eng, const char *tid);
 kvx_status_t kvc_xfer_insert(struct kvx_engine *eng, kvc_xfer_t *x);
 void         kvc_xfer_remove(struct kvx_engine *eng, kvc_xfer_t *x);

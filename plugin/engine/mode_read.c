@@ -233,7 +233,7 @@ out:
 
 void kvc_read_peer_ready(struct kvx_engine *eng, kvc_peer_t *peer)
 {
-    for (size_t b = 0; b < KVC_XFER_BUCKETS; b++) {
+    for (size_t b = 0; b < eng->nbuckets; b++) {
         for (kvc_xfer_t *x = eng->xfers[b]; x != NULL; x = x->hnext) {
             if (x->state == KVC_XFER_WAIT_PEER &&
                 kvc_read_has_source(x, peer) && kvc_read_sources_ready(x)) {
@@ -245,7 +245,7 @@ void kvc_read_peer_ready(struct kvx_engine *eng, kvc_peer_t *peer)
 
 void kvc_read_peer_failed(struct kvx_engine *eng, kvc_peer_t *peer)
 {
-    for (size_t b = 0; b < KVC_XFER_BUCKETS; b++) {
+    for (size_t b = 0; b < eng->nbuckets; b++) {
         for (kvc_xfer_t *x = eng->xfers[b]; x != NULL; x = x->hnext) {
             if (x->state == KVC_XFER_WAIT_PEER &&
                 kvc_read_has_source(x, peer)) {

@@ -267,7 +267,7 @@ int kvc_write_fanout_end(struct kvx_engine *eng, kvc_xfer_t *x)
 
 void kvc_write_peer_ready(struct kvx_engine *eng, kvc_peer_t *peer)
 {
-    for (size_t b = 0; b < KVC_XFER_BUCKETS; b++) {
+    for (size_t b = 0; b < eng->nbuckets; b++) {
         kvc_xfer_t *x = eng->xfers[b];
 
         while (x != NULL) {
@@ -292,7 +292,7 @@ void kvc_write_peer_ready(struct kvx_engine *eng, kvc_peer_t *peer)
 
 void kvc_write_peer_failed(struct kvx_engine *eng, kvc_peer_t *peer)
 {
-    for (size_t b = 0; b < KVC_XFER_BUCKETS; b++) {
+    for (size_t b = 0; b < eng->nbuckets; b++) {
         kvc_xfer_t *x = eng->xfers[b];
 
         while (x != NULL) {

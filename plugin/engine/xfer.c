@@ -20,19 +20,60 @@ static void kvc_xfer_disarm(kvc_xfer_t *x);
 
 /* --- transfers and events ----------------------------------------------- */
 
-static size_t kvc_xfer_bucket(const char *tid)
+static size_t kvc_xfer_hash(const char *tid, size_t nbuckets)
 {
     uint64_t h = 1469598103934665603ull;
 
     for (const unsigned char *p = (const unsigned char *)tid; *p; p++) {
         h = (h ^ *p) * 1099511628211ull;
     }
-    return (size_t)(h % KVC_XFER_BUCKETS);
+    return (size_t)(h % nbuckets);
+}
+
+static size_t kvc_xfer_bucket(const struct kvx_engine *eng, const char *tid)
+{
+    return kvc_xfer_hash(tid, eng->nbuckets);
+}
+
+kvx_status_t kvc_xfers_init(struct kvx_engine *eng)
+{
+    eng->nbuckets = KVC_XFER_BUCKETS;
+    eng->xfers    = calloc(eng->nbuckets, sizeof(*eng->xfers));
+    return eng->xfers != NULL
+               ? KVX_OK
+               : kvc_error(KVX_ERR_NO_MEMORY, "transfer table: out of memory");
+}
+
+/* kvc_xfers_grow doubles the table when chains average more than two
+ * transfers, so lookups stay O(1) however many transfers are held (a P
+ * holding 100,000 idle ones). Without memory it keeps the old table. */
+static void kvc_xfers_grow(struct kvx_engine *eng)
+{
+    size_t       n = eng->nbuckets * 2;
+    kvc_xfer_t **t = calloc(n, sizeof(*t));
+
+    if (t == NULL) {
+        return;
+    }
+    for (size_t b = 0; b < eng->nbuckets; b++) {
+        while (eng->xfers[b] != NULL) {
+            kvc_xfer_t *x = eng->xfers[b];
+            size_t      nb = kvc_xfer_hash(x->transfer_id, n);
+
+            eng->xfers[b] = x->hnext;
+            x->hnext      = t[nb];
+            t[nb]         = x;
+        }
+    }
+    free(eng->xfers);
+    eng->xfers    = t;
+    eng->nbuckets = n;
 }
 
 kvc_xfer_t *kvc_xfer_find(struct kvx_engine *eng, const char *tid)
 {
-    for (kvc_xfer_t *x = eng->xfers[kvc_xfer_bucket(tid)]; x; x = x->hnext) {
+    for (kvc_xfer_t *x = eng->xfers[kvc_xfer_bucket(eng, tid)]; x;
+         x = x->hnext) {
         if (strcmp(x->transfer_id, tid) == 0) {
             return x;
         }
@@ -42,13 +83,17 @@ kvc_xfer_t *kvc_xfer_find(struct kvx_engine *eng, const char *tid)
 
 kvx_status_t kvc_xfer_insert(struct kvx_engine *eng, kvc_xfer_t *x)
 {
-    size_t b = kvc_xfer_bucket(x->transfer_id);
+    size_t b;
 
     if (kvc_xfer_find(eng, x->transfer_id) != NULL) {
         return kvc_error(KVX_ERR_EXISTS,
                          "transfer_id '%s': a transfer with this id is "
                          "already active on this rank", x->transfer_id);
     }
+    if (eng->nxfers >= eng->nbuckets * 2) {
+        kvc_xfers_grow(eng);
+    }
+    b = kvc_xfer_bucket(eng, x->transfer_id);
     x->hnext        = eng->xfers[b];
     eng->xfers[b]   = x;
     eng->nxfers++;
@@ -93,7 +138,7 @@ static void kvc_xfer_disarm(kvc_xfer_t *x)
 
 void kvc_xfer_remove(struct kvx_engine *eng, kvc_xfer_t *x)
 {
-    for (kvc_xfer_t **pp = &eng->xfers[kvc_xfer_bucket(x->transfer_id)];
+    for (kvc_xfer_t **pp = &eng->xfers[kvc_xfer_bucket(eng, x->transfer_id)];
          *pp != NULL; pp = &(*pp)->hnext) {
         if (*pp == x) {
             *pp = x->hnext;
