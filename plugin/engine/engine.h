@@ -336,6 +336,9 @@ kvc_peer_t *kvc_peer_get(struct kvx_engine *eng, const char *host,
 void        kvc_peer_send(kvc_peer_t *peer, char *buf, size_t len,
                           const char *what);
 void        kvc_peer_want_handshake(kvc_peer_t *peer);
+/* kvc_release_msg fills m as this D rank's release of tid. */
+void        kvc_release_msg(const struct kvx_engine *eng, const char *tid,
+                            kvc_msg_t *m);
 /* kvc_peer_send_msg encodes m and queues it to peer. */
 void        kvc_peer_send_msg(kvc_peer_t *peer, const kvc_msg_t *m,
                               const char *what);

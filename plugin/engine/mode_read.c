@@ -20,8 +20,6 @@ static void kvc_read_send_releases(struct kvx_engine *eng, kvc_xfer_t *x)
 {
     for (uint32_t i = 0; i < x->nrel; i++) {
         kvc_msg_t m;
-        size_t    len;
-        char     *buf;
 
         if (x->rel[i]->state == KVC_PEER_FAILED &&
             (x->rel[i]->fail_status == KVX_ERR_HANDSHAKE_TIMEOUT ||
@@ -29,15 +27,8 @@ static void kvc_read_send_releases(struct kvx_engine *eng, kvc_xfer_t *x)
             /* Unreachable: a release would only wait for its deadline. */
             continue;
         }
-        memset(&m, 0, sizeof(m));
-        m.type             = KVC_MSG_RELEASE;
-        m.consumer_tp_size = (int32_t)eng->cfg.tp_size;
-        m.consumer_rank    = (int32_t)eng->cfg.tp_rank;
-        snprintf(m.transfer_id, sizeof(m.transfer_id), "%s", x->transfer_id);
-        buf = kvc_msg_encode(&m, &len);
-        if (buf != NULL) {
-            kvc_peer_send(x->rel[i], buf, len, "release");
-        }
+        kvc_release_msg(eng, x->transfer_id, &m);
+        kvc_peer_send_msg(x->rel[i], &m, "release");
     }
 }
 

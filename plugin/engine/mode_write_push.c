@@ -339,11 +339,7 @@ static void kvc_write_tick_xfer(struct kvx_engine *eng, kvc_xfer_t *x)
         snprintf(x->reason, sizeof(x->reason), "%s", why);
         kvc_event_push(eng, KVX_EVENT_FAILED, x->status, x, why, 1);
         kvc_idset_add(&eng->terminal, x->transfer_id);
-        memset(&m, 0, sizeof(m));
-        m.type             = KVC_MSG_RELEASE;
-        m.consumer_tp_size = (int32_t)eng->cfg.tp_size;
-        m.consumer_rank    = (int32_t)eng->cfg.tp_rank;
-        snprintf(m.transfer_id, sizeof(m.transfer_id), "%s", x->transfer_id);
+        kvc_release_msg(eng, x->transfer_id, &m);
         kvc_write_d_send(x, &m, "release");
         return;
     }

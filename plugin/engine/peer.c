@@ -430,6 +430,16 @@ void kvc_peers_free(struct kvx_engine *eng)
     }
 }
 
+void kvc_release_msg(const struct kvx_engine *eng, const char *tid,
+                     kvc_msg_t *m)
+{
+    memset(m, 0, sizeof(*m));
+    m->type             = KVC_MSG_RELEASE;
+    m->consumer_tp_size = (int32_t)eng->cfg.tp_size;
+    m->consumer_rank    = (int32_t)eng->cfg.tp_rank;
+    snprintf(m->transfer_id, sizeof(m->transfer_id), "%s", tid);
+}
+
 void kvc_peer_send_msg(kvc_peer_t *peer, const kvc_msg_t *m, const char *what)
 {
     size_t len;

@@ -253,11 +253,7 @@ kvx_status_t kvc_consumer_abort(struct kvx_engine *eng, const char *req_id,
     if (st != KVX_OK) {
         return st;
     }
-    memset(&m, 0, sizeof(m));
-    m.type             = KVC_MSG_RELEASE;
-    m.consumer_tp_size = (int32_t)eng->cfg.tp_size;
-    m.consumer_rank    = (int32_t)eng->cfg.tp_rank;
-    snprintf(m.transfer_id, sizeof(m.transfer_id), "%s", p.transfer_id);
+    kvc_release_msg(eng, p.transfer_id, &m);
     pthread_mutex_lock(&eng->lock);
     x = kvc_xfer_find(eng, p.transfer_id);
     if (x != NULL && on_xfer != NULL) {
