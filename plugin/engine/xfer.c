@@ -112,9 +112,10 @@ void kvc_xfer_arm(struct kvx_engine *eng, kvc_xfer_t *x, uint64_t deadline_us)
     x->deadline_us = deadline_us;
     if (x->tq != NULL && deadline_us != 0 &&
         kvc_timerq_set(x->tq, &x->timer, deadline_us) != KVX_OK) {
-        /* No memory for the queue: fail it now rather than never. */
-        kvc_log_error("KVX-TIMER", "transfer %s: %s", x->transfer_id,
-                      kvc_last_error());
+        /* No memory to grow the queue: the transfer has no deadline
+         * (known limit; said loudly). */
+        kvc_log_error("KVX-TIMER", "transfer %s: no deadline: %s",
+                      x->transfer_id, kvc_last_error());
         (void)eng;
     }
 }
