@@ -181,6 +181,7 @@ typedef struct kvt_data_ops {
 
 typedef struct kvt_server kvt_server_t;
 typedef struct kvt_client kvt_client_t;
+typedef void (*kvt_conn_fn)(void *arg, int up);
 
 /* kvt_handler_fn: one request (len bytes, not NUL-terminated) from `from`
  * ("ip:port" of the sender's connection, "" when unknown); set *reply_p to
@@ -219,6 +220,12 @@ typedef struct kvt_ctl_ops {
     /* client_close: pending requests complete (canceled) before it
      * returns; not from a callback. */
     void         (*client_close)(kvt_client_t *cli);
+    /* client_watch (NULL if the transport cannot tell): fn(arg, up) runs
+     * on a control-plane thread each time the client's connection comes up
+     * (1) or is lost (0), never after client_close began; fn must not
+     * block nor call back into the transport. */
+    void         (*client_watch)(kvt_client_t *cli, kvt_conn_fn fn,
+                                 void *arg);
 } kvt_ctl_ops_t;
 
 /* The environment an engine runs in: its transports and clock. */

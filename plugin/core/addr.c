@@ -273,6 +273,49 @@ static int kvc_ip_parse(const char *s, uint8_t a[16])
     return 0;
 }
 
+/* kvc_ip_loopback: 127.0.0.0/8 or ::1 (a[] from kvc_ip_parse). */
+static int kvc_ip_loopback(int fam, const uint8_t a[16])
+{
+    static const uint8_t one6[16] = {[15] = 1};
+
+    return (fam == 4 && a[0] == 127) ||
+           (fam == 6 && memcmp(a, one6, 16) == 0);
+}
+
+int kvc_from_matches(const char *from, const char *host)
+{
+    char        ip[64];
+    const char *end;
+    size_t      len;
+    uint8_t     a[16], b[16];
+    int         fa, fb;
+
+    if (from == NULL || host == NULL || from[0] == '\0') {
+        return -1;
+    }
+    if (from[0] == '[') {
+        from++;
+        end = strchr(from, ']');
+    } else {
+        end = strrchr(from, ':');
+    }
+    len = end != NULL ? (size_t)(end - from) : strlen(from);
+    if (len == 0 || len >= sizeof(ip)) {
+        return -1;
+    }
+    memcpy(ip, from, len);
+    ip[len] = '\0';
+    fa = kvc_ip_parse(ip, a);
+    fb = kvc_ip_parse(host, b);
+    if (fa == 0 || fb == 0) {
+        return -1; /* a host name: not resolved here */
+    }
+    if (kvc_ip_loopback(fa, a) && kvc_ip_loopback(fb, b)) {
+        return 1; /* a loopback dial leaves from 127.0.0.1 whatever host */
+    }
+    return fa == fb && memcmp(a, b, 16) == 0;
+}
+
 static int kvc_bytes_are(const uint8_t *a, size_t n, uint8_t v)
 {
     for (size_t i = 0; i < n; i++) {

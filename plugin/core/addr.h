@@ -87,6 +87,15 @@ kvx_status_t kvc_trust_check(const kvc_trust_t *trust, const char *host,
                              const char *field);
 
 /*
+ * kvc_from_matches: is the sender address `from` ("ip:port", "[v6]:port",
+ * as the control plane reports it) the peer host `host`? 1 yes, 0 no, -1
+ * cannot tell (either is not an IP literal, e.g. a host name). Loopback
+ * addresses match each other (a dial over loopback leaves from 127.0.0.1
+ * whichever 127.x the peer listens on).
+ */
+int kvc_from_matches(const char *from, const char *host);
+
+/*
  * kvc_host_resolve (SPEC §4): n <= 1 → advertised; else world =
  * remote_dp_size*remote_tp_size, world % n != 0 → KVX_ERR_CONFIG ("world W
  * is not a multiple of N remote_hosts"); index = (remote_dp_rank *

@@ -329,6 +329,17 @@ static kvx_status_t kvc_fld_dec(const char *what, json_object *obj,
     return KVX_OK;
 }
 
+/* kvc_fld_dec_opt: as kvc_fld_dec, but an absent member leaves *out_p 0. */
+static kvx_status_t kvc_fld_dec_opt(const char *what, json_object *obj,
+                                    const char *key, uint64_t *out_p)
+{
+    if (!json_object_object_get_ex(obj, key, NULL)) {
+        *out_p = 0;
+        return KVX_OK;
+    }
+    return kvc_fld_dec(what, obj, key, key, out_p);
+}
+
 /* ------------------------------------------------------------------------ */
 /* encoding helpers                                                         */
 /* ------------------------------------------------------------------------ */
@@ -651,6 +662,14 @@ static kvx_status_t kvc_msg_decode_object(const char *buf, size_t len,
                              !desc->id_optional, msg->transfer_id, KVX_ID_MAX,
                              1);
     }
+    if (status == KVX_OK) {
+        status = kvc_fld_dec_opt(kvc_what_msg, obj, "instance",
+                                 &msg->instance);
+    }
+    if (status == KVX_OK) {
+        status = kvc_fld_dec_opt(kvc_what_msg, obj, "to_instance",
+                                 &msg->to_instance);
+    }
     if (status == KVX_OK && desc->decode_fields != NULL) {
         status = desc->decode_fields(obj, msg);
     }
@@ -754,6 +773,12 @@ char *kvc_msg_encode(const kvc_msg_t *msg, size_t *len_p)
     if (rc == 0 && (!desc->id_optional || msg->transfer_id[0])) {
         rc = kvc_jadd_str(obj, "transfer_id", msg->transfer_id);
     }
+    if (rc == 0 && msg->instance != 0) {
+        rc = kvc_jadd_dec(obj, "instance", msg->instance);
+    }
+    if (rc == 0 && msg->to_instance != 0) {
+        rc = kvc_jadd_dec(obj, "to_instance", msg->to_instance);
+    }
     if (rc == 0 && desc->encode_fields != NULL) {
         rc = desc->encode_fields(obj, msg);
     }
@@ -776,14 +801,28 @@ void kvc_msg_fini(kvc_msg_t *msg)
 
 char *kvc_reply_encode(int ok, const char *reason, size_t *len_p)
 {
+    kvc_reply_info_t info = {.ok = ok};
+
+    return kvc_reply_encode_info(&info, reason, len_p);
+}
+
+char *kvc_reply_encode_info(const kvc_reply_info_t *info, const char *reason,
+                            size_t *len_p)
+{
     json_object *obj = json_object_new_object();
     int          rc  = -1;
 
     if (obj != NULL) {
-        rc = kvc_jadd(obj, "ok", json_object_new_boolean(ok != 0));
+        rc = kvc_jadd(obj, "ok", json_object_new_boolean(info->ok != 0));
     }
-    if (rc == 0 && !ok) {
+    if (rc == 0 && !info->ok) {
         rc = kvc_jadd_str(obj, "error", reason != NULL ? reason : "");
+    }
+    if (rc == 0 && info->instance != 0) {
+        rc = kvc_jadd_dec(obj, "instance", info->instance);
+    }
+    if (rc == 0 && info->fenced) {
+        rc = kvc_jadd(obj, "fenced", json_object_new_boolean(1));
     }
     return kvc_json_finish(obj, rc, len_p);
 }
@@ -807,9 +846,25 @@ static void kvc_reason_copy(const char *s, size_t len, char *dst, size_t max)
 kvx_status_t kvc_reply_decode(const char *buf, size_t len, int *ok_p,
                               char *reason_buf, size_t reason_len)
 {
-    json_object *obj, *ok_val, *err_val = NULL;
+    kvc_reply_info_t info;
+    kvx_status_t     status;
+
+    status = kvc_reply_decode_info(buf, len, &info, reason_buf, reason_len);
+    if (status == KVX_OK && ok_p != NULL) {
+        *ok_p = info.ok;
+    }
+    return status;
+}
+
+kvx_status_t kvc_reply_decode_info(const char *buf, size_t len,
+                                   kvc_reply_info_t *info, char *reason_buf,
+                                   size_t reason_len)
+{
+    json_object *obj, *ok_val, *err_val = NULL, *fenced = NULL;
     int          ok;
     kvx_status_t status;
+
+    memset(info, 0, sizeof(*info));
 
     status = kvc_json_object(kvc_what_reply, buf, len, &obj);
     if (status != KVX_OK) {
@@ -828,9 +883,16 @@ kvx_status_t kvc_reply_decode(const char *buf, size_t len, int *ok_p,
                             ? (size_t)json_object_get_string_len(err_val)
                             : 0,
                         reason_buf, reason_len);
-        if (ok_p != NULL) {
-            *ok_p = ok;
-        }
+        status = kvc_fld_dec_opt(kvc_what_reply, obj, "instance",
+                                 &info->instance);
+    }
+    if (status == KVX_OK) {
+        status = kvc_fld_get(kvc_what_reply, obj, "fenced", "fenced",
+                             json_type_boolean, 0, &fenced);
+    }
+    if (status == KVX_OK) {
+        info->ok     = ok;
+        info->fenced = fenced != NULL && json_object_get_boolean(fenced);
     }
     json_object_put(obj);
     return status;

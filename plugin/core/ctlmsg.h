@@ -48,6 +48,13 @@ typedef struct kvc_msg {
                                          duplicate detection; -1 absent
                                          (encoded when >= 0) */
     int       legacy;                 /* decoded from a plain string */
+    uint64_t  instance;               /* sender's instance id (0: absent,
+                                         legacy peer) */
+    uint64_t  to_instance;            /* receiver's instance the sender
+                                         addresses (0: not known) */
+    /* Receiver side, set by the engine (not on the wire): */
+    const char *from;                 /* sender's "ip:port", or "" */
+    int       reply_fenced;           /* the handler's reply says "fenced" */
 } kvc_msg_t;
 
 /* Receiving roles, bits of kvc_msg_desc_t.roles. */
@@ -105,8 +112,22 @@ kvx_status_t kvc_msg_decode(const char *buf, size_t len, int is_producer,
 char *kvc_msg_encode(const kvc_msg_t *msg, size_t *len_p);
 void  kvc_msg_fini(kvc_msg_t *msg);
 
-/* Replies: {"ok":true} or {"ok":false,"error":"<reason>"}. */
+/* Replies: {"ok":true} or {"ok":false,"error":"<reason>"}, optionally with
+ * "instance" (the replier's instance id, decimal string) and "fenced":true
+ * (a release's reply: no operation of the replier can touch the blocks of
+ * that transfer any more). */
+typedef struct kvc_reply_info {
+    int      ok;
+    uint64_t instance; /* 0: absent */
+    int      fenced;
+} kvc_reply_info_t;
+
 char        *kvc_reply_encode(int ok, const char *reason, size_t *len_p);
+char        *kvc_reply_encode_info(const kvc_reply_info_t *info,
+                                   const char *reason, size_t *len_p);
+kvx_status_t kvc_reply_decode_info(const char *buf, size_t len,
+                                   kvc_reply_info_t *info, char *reason_buf,
+                                   size_t reason_len);
 /* kvc_reply_decode: *ok_p, and reason copied into reason_buf. A reply that
  * is not such an object is KVX_ERR_BAD_MESSAGE. */
 kvx_status_t kvc_reply_decode(const char *buf, size_t len, int *ok_p,

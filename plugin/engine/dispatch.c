@@ -34,12 +34,12 @@ void kvc_reply(int ok, const char *reason, char **reply_p, size_t *len_p)
 }
 
 void kvc_notify_handler(void *arg, const char *from, const char *msg,
-                               size_t len, char **reply_p, size_t *len_p)
+                        size_t len, char **reply_p, size_t *len_p)
 {
     struct kvx_engine *eng = arg;
     char               reason[KVX_REASON_MAX] = "";
+    kvc_reply_info_t   info = {.ok = 1};
     kvc_msg_t          m;
-    int                ok = 1;
 
     if (kvc_msg_decode(msg, len, eng->cfg.is_producer, &m) != KVX_OK) {
         kvc_log_warn("KVX-BAD-MESSAGE", "%s notify listener: from %s: %s",
@@ -50,12 +50,24 @@ void kvc_notify_handler(void *arg, const char *from, const char *msg,
         kvc_reply(0, kvc_last_error(), reply_p, len_p);
         return;
     }
+    m.from = from != NULL ? from : "";
     pthread_mutex_lock(&eng->lock);
     eng->stats.rx_msgs[m.type]++;
-    if (eng->mode->on_msg[m.type] != NULL) {
-        eng->mode->on_msg[m.type](eng, &m, reason, sizeof(reason), &ok);
+    if (m.to_instance != 0 && m.to_instance != eng->epoch) {
+        /* Meant for an earlier instance of this engine (it restarted):
+         * nothing here is bound to it. */
+        info.ok = 0;
+        eng->stats.rx_refused++;
+        snprintf(reason, sizeof(reason), "%s for '%s': addressed to instance "
+                 "%llu, this engine is instance %llu (restarted)",
+                 kvc_msg_desc(m.type)->name, m.transfer_id,
+                 (unsigned long long)m.to_instance,
+                 (unsigned long long)eng->epoch);
+    } else if (eng->mode->on_msg[m.type] != NULL) {
+        eng->mode->on_msg[m.type](eng, &m, reason, sizeof(reason), &info.ok);
+        eng->stats.rx_refused += !info.ok;
     } else {
-        ok = 0;
+        info.ok = 0;
         eng->stats.rx_refused++;
         snprintf(reason, sizeof(reason), "%s for '%s': not accepted by a %s "
                  "in %s mode", kvc_msg_desc(m.type)->name, m.transfer_id,
@@ -63,9 +75,15 @@ void kvc_notify_handler(void *arg, const char *from, const char *msg,
                  eng->mode->name);
     }
     pthread_mutex_unlock(&eng->lock);
-    if (!ok) {
-        kvc_log_warn("KVX-CTL-REJECT", "%s: %s", eng->engine_id, reason);
+    if (!info.ok) {
+        kvc_log_warn("KVX-CTL-REJECT", "%s: from %s: %s", eng->engine_id,
+                     m.from, reason);
     }
+    info.instance = eng->epoch;
+    info.fenced   = info.ok && m.reply_fenced;
     kvc_msg_fini(&m);
-    kvc_reply(ok, reason, reply_p, len_p);
+    *reply_p = kvc_reply_encode_info(&info, reason, len_p);
+    if (*reply_p == NULL) {
+        *len_p = 0;
+    }
 }

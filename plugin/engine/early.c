@@ -68,6 +68,8 @@ void kvc_early_keep(struct kvx_engine *eng, kvc_msg_t *m)
         return;
     }
     e->msg           = *m; /* takes the owned block list */
+    snprintf(e->from, sizeof(e->from), "%s", m->from != NULL ? m->from : "");
+    e->msg.from      = e->from;
     e->size          = size;
     m->block_ids     = NULL;
     m->num_block_ids = 0;

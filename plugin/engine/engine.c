@@ -104,6 +104,7 @@ static void kvc_engine_tick(void *arg)
         kvc_early_expire(eng, now);
         kvc_reg_tick(eng);
         kvc_peers_prefault(eng);
+        kvc_peers_check_conn(eng);
     }
     pthread_mutex_unlock(&eng->lock);
 }

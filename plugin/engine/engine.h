@@ -28,6 +28,7 @@
 #include "kvt.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 
 typedef struct kvc_layer {
     char       name[KVC_LAYER_NAME_MAX];
@@ -58,6 +59,8 @@ typedef struct kvc_ctlout {
     uint64_t           t_queued;
     size_t             len;
     char               what[64];
+    kvc_msg_type_t     type;            /* of the message, 0 if unknown */
+    char               tid[KVX_ID_MAX]; /* its transfer id */
     struct kvc_ctlout *next;
 } kvc_ctlout_t;
 
@@ -77,6 +80,16 @@ typedef struct kvc_peer {
     kvx_status_t      fail_status;
     char              fail_reason[KVX_REASON_MAX];
     kvc_hs_meta_t     meta;         /* valid when READY */
+    uint64_t          inst;         /* the peer's instance id as last seen
+                                       (handshake, replies); 0 unknown */
+    /* Written by the control plane's watch callback (no engine lock). */
+    _Atomic uint64_t  conn_down_us; /* control connection lost at (0: up
+                                       or never connected) */
+    _Atomic int       conn_up_evt;  /* it came back up: verify instance */
+    _Atomic int       conn_ups;     /* connections seen (the first is no
+                                     * reconnect) */
+    int               conn_gone;    /* lost for longer than the grace:
+                                       reported, until it comes back */
     kvt_ep_t         *ep;           /* owned, READY */
     kvt_rkey_t      **rkeys;        /* per remote layer, READY */
     int              *layer_map;    /* local layer -> remote layer */
@@ -152,6 +165,12 @@ typedef struct kvc_xfer {
                                       ops[layer * nsrc + k] */
     kvc_peer_t       *rel[KVC_RANKMAP_MAX]; /* P ranks to release */
     uint32_t          nrel;
+    /* D WRITE: rel[k]'s instance (from its reply to remote_blocks; 0 not
+     * yet known), which of rel[] sent write_done, and, once aborting, which
+     * confirmed that none of its puts can land any more (fenced). */
+    uint64_t          rel_inst[KVC_RANKMAP_MAX];
+    uint64_t          rel_done, rel_fenced;
+    int               aborting;
     kvc_layer_op_t   *ops;         /* one per local layer, owned */
     kvc_run_t       **plans;       /* distinct plans, owned */
     size_t            nplans;
@@ -165,6 +184,8 @@ typedef struct kvc_xfer {
     int               sealed;
     int               have_blocks; /* P: remote_blocks arrived */
     int32_t           decode_rank; /* P: D DP rank to write to */
+    uint64_t          peer_inst;   /* P WRITE: instance of the D rank that
+                                      sent remote_blocks (0: legacy) */
     kvc_xfer_params_t dparams;     /* P: D's instance from the request */
     kvc_peer_addr_t   daddr;       /* P: D's base address */
     kvt_op_t          flush_op;    /* P: final ep flush */
@@ -199,6 +220,7 @@ typedef struct kvc_early {
     size_t            size;      /* counted in early_bytes when kept (a
                                     handler may move msg's lists out) */
     uint64_t          expires_us;
+    char              from[64];  /* msg.from points here */
     struct kvc_early *next;
 } kvc_early_t;
 
@@ -347,6 +369,23 @@ void        kvc_rkeys_destroy(struct kvx_engine *eng, kvt_rkey_t **rkeys,
 void        kvc_peer_conn_free(struct kvx_engine *eng, kvc_peer_conn_t *c);
 void        kvc_peer_ep_error(void *arg, kvt_ep_t *ep, kvx_status_t status,
                               const char *reason);
+/* kvc_peer_lost: peer died or restarted (its endpoint failed, its control
+ * connection stayed lost past the grace, or it answered as another
+ * instance): it becomes FAILED, the transfers bound to it fail
+ * (mode->peer_failed) and the next request handshakes again. Its data-plane
+ * connection is detached into *c (return 1: the caller frees it, outside
+ * the lock unless on the progress owner). */
+int         kvc_peer_lost(kvc_peer_t *peer, kvx_status_t status,
+                          const char *reason, kvc_peer_conn_t *c);
+/* kvc_peer_saw_instance: peer answered as instance inst (0: unknown);
+ * a change of a known instance is a restart (kvc_peer_lost). Returns as
+ * kvc_peer_lost. */
+int         kvc_peer_saw_instance(kvc_peer_t *peer, uint64_t inst,
+                                  kvc_peer_conn_t *c);
+#define KVC_CONN_GRACE_S 1.0 /* control connection lost this long: gone */
+/* kvc_peers_check_conn (tick): peers whose control connection stayed lost
+ * past KVC_CONN_GRACE_S are lost. */
+void        kvc_peers_check_conn(struct kvx_engine *eng);
 void        kvc_peers_flush(struct kvx_engine *eng);
 void        kvc_peers_disconnect(struct kvx_engine *eng);
 void        kvc_peers_free(struct kvx_engine *eng);
@@ -476,7 +515,14 @@ kvx_status_t kvc_write_consumer(struct kvx_engine *eng, const char *req_id,
                                 size_t n);
 void         kvc_write_d_send(kvc_xfer_t *x, kvc_msg_t *m, const char *what);
 void         kvc_write_on_write_done(struct kvx_engine *eng,
-                                     const kvc_msg_t *m);
+                                     const kvc_msg_t *m, char *reason,
+                                     size_t len, int *ok_p);
+void         kvc_write_d_on_reply(struct kvx_engine *eng, kvc_peer_t *peer,
+                                  kvc_msg_type_t type, const char *tid,
+                                  const kvc_reply_info_t *info);
+void         kvc_write_d_peer_failed(struct kvx_engine *eng,
+                                     kvc_peer_t *peer);
+void         kvc_write_d_deadline(struct kvx_engine *eng, kvc_xfer_t *x);
 kvx_status_t kvc_write_abort(struct kvx_engine *eng, const char *req_id,
                              const char *params_json);
 

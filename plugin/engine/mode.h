@@ -48,6 +48,12 @@ typedef struct kvc_mode {
     /* A peer's handshake finished (ready) or failed / its endpoint died. */
     void (*peer_ready)(struct kvx_engine *eng, struct kvc_peer *peer);
     void (*peer_failed)(struct kvx_engine *eng, struct kvc_peer *peer);
+    /* on_reply (may be NULL): the reply to a control message of type
+     * about transfer tid that this engine sent to peer (info NULL: it was
+     * not delivered). */
+    void (*on_reply)(struct kvx_engine *eng, struct kvc_peer *peer,
+                     kvc_msg_type_t type, const char *tid,
+                     const kvc_reply_info_t *info);
     /* Inbound control messages by type; NULL: refused in this mode. */
     kvc_msg_fn on_msg[KVC_MSG_NTYPES + 1];
     /* on_timer: x's deadline passed (its timer fired). */

@@ -86,10 +86,67 @@ kvx_status_t kvc_write_consumer(struct kvx_engine *eng, const char *req_id,
     return st;
 }
 
-void kvc_write_on_write_done(struct kvx_engine *eng, const kvc_msg_t *m)
+/* kvc_write_d_all: the mask of x's nrel P ranks. */
+static uint64_t kvc_write_d_all(const kvc_xfer_t *x)
+{
+    return x->nrel >= 64 ? ~0ull : (1ull << x->nrel) - 1;
+}
+
+/* kvc_write_d_abort_check: an aborted D transfer reports CANCELED once
+ * every P rank confirmed that none of its puts can land any more (its
+ * write_done, a fenced release reply, or it is gone). */
+static void kvc_write_d_abort_check(struct kvx_engine *eng, kvc_xfer_t *x,
+                                    const char *why)
+{
+    if (!x->aborting || x->state != KVC_XFER_WAIT_WRITE ||
+        (why == NULL &&
+         ((x->rel_fenced | x->rel_done) & kvc_write_d_all(x)) !=
+             kvc_write_d_all(x))) {
+        return;
+    }
+    x->state = KVC_XFER_FAILED;
+    if (why != NULL) {
+        snprintf(x->reason, sizeof(x->reason), "%s", why);
+    }
+    kvc_event_push(eng, KVX_EVENT_FAILED, KVX_ERR_CANCELED, x, x->reason, 1);
+    kvc_idset_add(&eng->terminal, x->transfer_id);
+}
+
+/* kvc_write_d_rank: which of x's P ranks sent m, or -1 (reason set). */
+static int kvc_write_d_rank(const kvc_xfer_t *x, const kvc_msg_t *m,
+                            char *reason, size_t len)
+{
+    int k = -1;
+
+    for (uint32_t i = 0; i < x->nrel && k < 0; i++) {
+        if (m->instance != 0 ? x->rel_inst[i] == m->instance ||
+                                   (x->rel_inst[i] == 0 &&
+                                    x->rel[i]->inst == m->instance)
+                             : !(x->rel_done >> i & 1)) {
+            k = (int)i;
+        }
+    }
+    if (k >= 0 && kvc_from_matches(m->from, x->rel[k]->host) == 0) {
+        snprintf(reason, len, "write_done for '%s' from %s: the P rank of "
+                 "this transfer is %s", x->transfer_id, m->from,
+                 x->rel[k]->name);
+        return -1;
+    }
+    if (k < 0) {
+        snprintf(reason, len, "write_done for '%s' from %s (instance %llu): "
+                 "not from a P rank instance this transfer is bound to",
+                 x->transfer_id, m->from, (unsigned long long)m->instance);
+    }
+    return k;
+}
+
+void kvc_write_on_write_done(struct kvx_engine *eng, const kvc_msg_t *m,
+                             char *reason, size_t len, int *ok_p)
 {
     kvc_xfer_t *x = kvc_xfer_find(eng, m->transfer_id);
+    int         k;
 
+    *ok_p = 1;
     if (x == NULL || !x->write || x->is_producer ||
         x->state != KVC_XFER_WAIT_WRITE) {
         /* Finished, failed or unknown: ignore (SPEC §9). */
@@ -97,23 +154,113 @@ void kvc_write_on_write_done(struct kvx_engine *eng, const kvc_msg_t *m)
                       m->transfer_id);
         return;
     }
-    if (--x->waiting_done == 0) {
+    k = kvc_write_d_rank(x, m, reason, len);
+    if (k < 0) {
+        *ok_p = 0; /* changes nothing */
+        return;
+    }
+    x->rel_done |= 1ull << k;
+    if (x->aborting) {
+        kvc_write_d_abort_check(eng, x, NULL);
+    } else if ((x->rel_done & kvc_write_d_all(x)) == kvc_write_d_all(x)) {
         x->state = KVC_XFER_DONE;
         kvc_event_push(eng, KVX_EVENT_FINISHED_RECVING, KVX_OK, x, "", 0);
         kvc_idset_add(&eng->terminal, x->transfer_id);
     }
 }
 
-/* kvc_write_abort_xfer: D aborts a transfer still waiting for its
- * writes. */
+/* kvc_write_d_on_reply: P rank peer answered remote_blocks (its instance
+ * binds the transfer) or, while aborting, a release (fenced: none of its
+ * puts can land any more). */
+void kvc_write_d_on_reply(struct kvx_engine *eng, kvc_peer_t *peer,
+                          kvc_msg_type_t type, const char *tid,
+                          const kvc_reply_info_t *info)
+{
+    kvc_xfer_t *x = kvc_xfer_find(eng, tid);
+
+    if (x == NULL || x->is_producer || !x->write || info == NULL ||
+        !info->ok || x->state != KVC_XFER_WAIT_WRITE) {
+        return;
+    }
+    for (uint32_t k = 0; k < x->nrel; k++) {
+        if (x->rel[k] != peer) {
+            continue;
+        }
+        if (type == KVC_MSG_REMOTE_BLOCKS && x->rel_inst[k] == 0) {
+            x->rel_inst[k] = info->instance;
+        } else if (type == KVC_MSG_RELEASE && info->fenced) {
+            x->rel_fenced |= 1ull << k;
+        }
+    }
+    kvc_write_d_abort_check(eng, x, NULL);
+}
+
+/* kvc_write_d_peer_failed: P rank peer died or restarted: the D transfers
+ * waiting for its writes fail (an aborted one counts it as fenced: nothing
+ * of that instance can land any more). */
+void kvc_write_d_peer_failed(struct kvx_engine *eng, kvc_peer_t *peer)
+{
+    for (size_t b = 0; b < eng->nbuckets; b++) {
+        for (kvc_xfer_t *x = eng->xfers[b]; x != NULL; x = x->hnext) {
+            uint32_t k;
+
+            if (x->is_producer || !x->write ||
+                x->state != KVC_XFER_WAIT_WRITE) {
+                continue;
+            }
+            for (k = 0; k < x->nrel && x->rel[k] != peer; k++) {
+            }
+            if (k == x->nrel || (x->rel_done >> k & 1)) {
+                continue;
+            }
+            if (x->aborting) {
+                x->rel_fenced |= 1ull << k;
+                kvc_write_d_abort_check(eng, x, NULL);
+                continue;
+            }
+            {
+                kvc_msg_t m;
+
+                x->state  = KVC_XFER_FAILED;
+                x->status = peer->fail_status;
+                snprintf(x->reason, sizeof(x->reason), "P rank %s: %s",
+                         peer->name, peer->fail_reason);
+                kvc_event_push(eng, KVX_EVENT_FAILED, x->status, x,
+                               x->reason, 1);
+                kvc_idset_add(&eng->terminal, x->transfer_id);
+                kvc_release_msg(eng, x->transfer_id, &m);
+                for (uint32_t i = 0; i < x->nrel; i++) {
+                    if (x->rel[i] != peer) {
+                        kvc_peer_send_msg(x->rel[i], &m, "release");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* kvc_write_d_deadline: an aborted transfer's deadline passed before every
+ * P rank confirmed. */
+void kvc_write_d_deadline(struct kvx_engine *eng, kvc_xfer_t *x)
+{
+    char why[KVX_REASON_MAX];
+
+    snprintf(why, sizeof(why), "aborted by the framework; not every P rank "
+             "confirmed its puts fenced before the deadline");
+    kvc_write_d_abort_check(eng, x, why);
+}
+
+/* kvc_write_abort_xfer: D aborts a transfer still waiting for its writes:
+ * the release to every P rank (kvc_consumer_abort) asks them to stop; the
+ * blocks are reported free (CANCELED) only once each confirmed. */
 static void kvc_write_abort_xfer(struct kvx_engine *eng, kvc_xfer_t *x)
 {
-    if (!x->is_producer && x->write && x->state == KVC_XFER_WAIT_WRITE) {
-        x->state  = KVC_XFER_FAILED;
-        x->status = KVX_ERR_CANCELED;
+    if (!x->is_producer && x->write && x->state == KVC_XFER_WAIT_WRITE &&
+        !x->aborting) {
+        x->aborting = 1;
+        x->status   = KVX_ERR_CANCELED;
         snprintf(x->reason, sizeof(x->reason), "aborted by the framework");
-        kvc_event_push(eng, KVX_EVENT_FAILED, KVX_ERR_CANCELED, x, x->reason,
-                       1);
+        kvc_write_d_abort_check(eng, x, NULL);
     }
 }
 

@@ -268,15 +268,27 @@ static void kvc_write_on_release_msg(struct kvx_engine *eng, kvc_msg_t *m,
 {
     kvc_xfer_t *x = kvc_xfer_find(eng, m->transfer_id);
 
-    (void)reason;
-    (void)len;
     *ok_p = 1;
     if (x == NULL || !x->is_producer) {
         if (!kvc_idset_contains(&eng->terminal, m->transfer_id)) {
             kvc_early_keep(eng, m); /* it overtook producer_request */
         }
+        m->reply_fenced = 1; /* nothing of it was ever posted, or all of it
+                                completed */
         return;
     }
+    if (x->nsubs == 0 && x->have_blocks && x->src != NULL &&
+        (kvc_from_matches(m->from, x->src->host) == 0 ||
+         (m->instance != 0 && x->peer_inst != 0 &&
+          m->instance != x->peer_inst))) {
+        *ok_p = 0; /* changes nothing */
+        snprintf(reason, len, "release for '%s' from %s (instance %llu): "
+                 "this transfer is bound to %s (instance %llu)",
+                 m->transfer_id, m->from, (unsigned long long)m->instance,
+                 x->src->name, (unsigned long long)x->peer_inst);
+        return;
+    }
+    m->reply_fenced = x->nposted == 0 && x->nsubs == 0;
     kvc_write_on_release(eng, x);
 }
 
@@ -284,10 +296,7 @@ static void kvc_write_on_release_msg(struct kvx_engine *eng, kvc_msg_t *m,
 static void kvc_write_on_write_done_msg(struct kvx_engine *eng, kvc_msg_t *m,
                                         char *reason, size_t len, int *ok_p)
 {
-    (void)reason;
-    (void)len;
-    *ok_p = 1;
-    kvc_write_on_write_done(eng, m);
+    kvc_write_on_write_done(eng, m, reason, len, ok_p);
 }
 
 const kvc_mode_t kvc_mode_write = {
@@ -300,6 +309,7 @@ const kvc_mode_t kvc_mode_write = {
     .connect_targets  = kvc_write_connect_targets,
     .peer_ready       = kvc_write_peer_ready,
     .peer_failed      = kvc_write_peer_failed,
+    .on_reply         = kvc_write_d_on_reply,
     .on_msg = {
         [KVC_MSG_REMOTE_BLOCKS] = kvc_write_on_remote_blocks,
         [KVC_MSG_WRITE_DONE]    = kvc_write_on_write_done_msg,

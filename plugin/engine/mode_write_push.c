@@ -62,9 +62,13 @@ static void kvc_write_flush_done(kvt_op_t *op)
     kvc_xfer_t        *x   = op->arg;
     struct kvx_engine *eng = x->src->eng;
     kvx_status_t       st  = (kvx_status_t)atomic_load(&op->status);
+    int                released = x->state == KVC_XFER_DONE;
 
     pthread_mutex_lock(&eng->lock);
-    if (st == KVX_OK && x->status == KVX_OK && !x->timed_out) {
+    if (released || (st == KVX_OK && x->status == KVX_OK && !x->timed_out)) {
+        /* Written, or released by D after some puts: either way none of
+         * this transfer's puts can land any more (flushed, or the endpoint
+         * failed), which is what D waits for before it reuses the blocks. */
         kvc_msg_t m;
 
         memset(&m, 0, sizeof(m));
@@ -76,8 +80,27 @@ static void kvc_write_flush_done(kvt_op_t *op)
         kvc_xfer_fail(x, st != KVX_OK ? st : KVX_ERR_TRANSFER_TIMEOUT,
                        "final flush of the puts failed");
     }
-    kvc_write_p_finish(eng, x, 0);
+    kvc_write_p_finish(eng, x, released);
     pthread_mutex_unlock(&eng->lock);
+}
+
+/* kvc_write_fence: x was released by D after puts were posted: flush the
+ * endpoint, then tell D (write_done) that nothing more can land. Returns 0
+ * when x was finished instead. */
+static int kvc_write_fence(struct kvx_engine *eng, kvc_xfer_t *x)
+{
+    if (x->src == NULL || x->src->state != KVC_PEER_READY ||
+        x->src->ep == NULL) {
+        return 0; /* endpoint gone: nothing of it can land */
+    }
+    x->flushing      = 1;
+    x->flush_op.done = kvc_write_flush_done;
+    x->flush_op.arg  = x;
+    if (KVD(eng)->flush(x->src->ep, &x->flush_op) != KVX_OK) {
+        x->flushing = 0;
+        return 0;
+    }
+    return 1;
 }
 
 /* kvc_write_check finalises x when nothing is in flight and it is either
@@ -88,7 +111,9 @@ void kvc_write_check(struct kvx_engine *eng, kvc_xfer_t *x)
         return;
     }
     if (x->state == KVC_XFER_DONE) { /* released by D */
-        kvc_write_p_finish(eng, x, 1);
+        if (x->nposted == 0 || !kvc_write_fence(eng, x)) {
+            kvc_write_p_finish(eng, x, 1);
+        }
         return;
     }
     if (x->status != KVX_OK) {
@@ -141,6 +166,17 @@ void kvc_write_pump(struct kvx_engine *eng, kvc_xfer_t *x)
 
     if (!x->have_blocks || peer == NULL || peer->state != KVC_PEER_READY ||
         x->status != KVX_OK || x->state != KVC_XFER_PUSHING) {
+        return;
+    }
+    if (x->peer_inst != 0 && peer->inst != 0 && peer->inst != x->peer_inst) {
+        char why[KVX_REASON_MAX];
+
+        snprintf(why, sizeof(why), "decode rank %s restarted: this transfer "
+                 "belongs to its instance %llu, it is now %llu", peer->name,
+                 (unsigned long long)x->peer_inst,
+                 (unsigned long long)peer->inst);
+        kvc_xfer_fail(x, KVX_ERR_ENDPOINT, why);
+        kvc_write_check(eng, x);
         return;
     }
     if (x->ops == NULL) {
@@ -212,6 +248,14 @@ static void kvc_write_blocks(struct kvx_engine *eng, kvc_xfer_t *x,
         kvc_write_check(eng, x);
         return;
     }
+    if (kvc_from_matches(m->from, peer->host) == 0) {
+        *ok_p = 0; /* not from the D rank it names: changes nothing */
+        snprintf(reason, len, "remote_blocks for '%s' from %s: the decode "
+                 "rank of this transfer is %s", m->transfer_id, m->from,
+                 peer->name);
+        return;
+    }
+    x->peer_inst      = m->instance;
     x->have_blocks    = 1;
     x->decode_rank    = m->decode_rank;
     x->remote_ids     = m->block_ids;
@@ -292,6 +336,10 @@ void kvc_write_peer_ready(struct kvx_engine *eng, kvc_peer_t *peer)
 
 void kvc_write_peer_failed(struct kvx_engine *eng, kvc_peer_t *peer)
 {
+    if (!eng->cfg.is_producer) {
+        kvc_write_d_peer_failed(eng, peer);
+        return;
+    }
     for (size_t b = 0; b < eng->nbuckets; b++) {
         kvc_xfer_t *x = eng->xfers[b];
 
@@ -328,6 +376,10 @@ static void kvc_write_tick_xfer(struct kvx_engine *eng, kvc_xfer_t *x)
     char why[KVX_REASON_MAX];
 
     x->timed_out = 1;
+    if (!x->is_producer && x->aborting) {
+        kvc_write_d_deadline(eng, x);
+        return;
+    }
     if (!x->is_producer) {
         kvc_msg_t m;
 

@@ -58,27 +58,80 @@ void kvc_peer_conn_free(struct kvx_engine *eng, kvc_peer_conn_t *c)
     kvc_hs_fini(&c->meta);
 }
 
+int kvc_peer_lost(kvc_peer_t *peer, kvx_status_t status, const char *reason,
+                  kvc_peer_conn_t *c)
+{
+    struct kvx_engine *eng  = peer->eng;
+    int                have = 0;
+
+    if (eng->stopping) {
+        return 0;
+    }
+    kvc_log_warn("KVX-PEER-FAILED", "peer %s: %s", peer->name, reason);
+    peer->fail_status = status;
+    snprintf(peer->fail_reason, sizeof(peer->fail_reason), "%s", reason);
+    if (peer->state == KVC_PEER_READY) {
+        /* In-flight ops complete with errors once the endpoint is closed;
+         * a later transfer handshakes afresh (new instance, new rkeys). */
+        peer->state = KVC_PEER_FAILED;
+        kvc_peer_detach(peer, c);
+        have = 1;
+    }
+    eng->mode->peer_failed(eng, peer);
+    return have;
+}
+
+int kvc_peer_saw_instance(kvc_peer_t *peer, uint64_t inst, kvc_peer_conn_t *c)
+{
+    char why[KVX_REASON_MAX];
+
+    if (inst == 0 || inst == peer->inst) {
+        return 0;
+    }
+    if (peer->inst == 0) {
+        peer->inst = inst;
+        return 0;
+    }
+    snprintf(why, sizeof(why), "restarted: instance %llu answered where "
+             "instance %llu was bound", (unsigned long long)inst,
+             (unsigned long long)peer->inst);
+    peer->inst = inst;
+    return kvc_peer_lost(peer, KVX_ERR_ENDPOINT, why, c);
+}
+
 void kvc_peer_ep_error(void *arg, kvt_ep_t *ep, kvx_status_t status,
-                              const char *reason)
+                       const char *reason)
 {
     kvc_peer_t        *peer = arg;
     struct kvx_engine *eng  = peer->eng;
+    kvc_peer_conn_t    c;
 
     pthread_mutex_lock(&eng->lock);
-    if (peer->ep == ep && peer->state == KVC_PEER_READY) {
-        kvc_log_warn("KVX-PEER-FAILED", "peer %s: %s", peer->name, reason);
-        peer->state       = KVC_PEER_FAILED;
-        peer->fail_status = status;
-        snprintf(peer->fail_reason, sizeof(peer->fail_reason), "%s", reason);
-        /* In-flight ops complete with errors once the endpoint is closed;
-         * a later transfer handshakes afresh (new epoch, new rkeys). This
-         * runs on the progress thread, where kvu_ep_close never waits. */
-        kvc_peer_conn_t c;
-
-        kvc_peer_detach(peer, &c);
+    /* This runs on the progress owner, where ep_close never waits. */
+    if (peer->ep == ep && peer->state == KVC_PEER_READY &&
+        kvc_peer_lost(peer, status, reason, &c)) {
         kvc_peer_conn_free(eng, &c);
     }
     pthread_mutex_unlock(&eng->lock);
+}
+
+/* kvc_peer_conn_event (control-plane thread, no engine lock): the notify
+ * connection came up or was lost; the tick acts on it. */
+static void kvc_peer_conn_event(void *arg, int up)
+{
+    kvc_peer_t *peer = arg;
+
+    if (up) {
+        atomic_store(&peer->conn_down_us, 0);
+        if (atomic_fetch_add(&peer->conn_ups, 1) > 0) {
+            atomic_store(&peer->conn_up_evt, 1); /* a reconnect */
+        }
+    } else {
+        uint64_t zero = 0;
+
+        atomic_compare_exchange_strong(&peer->conn_down_us, &zero,
+                                       kvc_now_us(peer->eng) | 1u);
+    }
 }
 
 /* kvc_peer_schedule hands the peer's service job to the progress owner
@@ -119,13 +172,15 @@ static void kvc_ctl_done(void *arg, kvx_status_t st, const char *reply,
     kvc_peer_t        *peer = out->peer;
     struct kvx_engine *eng  = peer->eng;
     char               reason[KVX_REASON_MAX] = "";
-    int                ok = 0;
+    kvc_reply_info_t   info = {0};
+    kvc_peer_conn_t    c;
+    int                lost = 0;
 
     if (st == KVX_OK) {
-        st = kvc_reply_decode(reply, rlen, &ok, reason, sizeof(reason));
+        st = kvc_reply_decode_info(reply, rlen, &info, reason, sizeof(reason));
         if (st != KVX_OK) {
             err = kvc_last_error();
-        } else if (!ok) {
+        } else if (!info.ok) {
             kvc_log_warn("KVX-CTL-REFUSED", "%s to %s: refused: %s",
                          out->what, peer->name, reason);
         }
@@ -136,9 +191,14 @@ static void kvc_ctl_done(void *arg, kvx_status_t st, const char *reply,
     }
     pthread_mutex_lock(&eng->lock);
     eng->stats.tx_msgs++;
-    eng->stats.tx_fail += st != KVX_OK || !ok;
+    eng->stats.tx_fail += st != KVX_OK || !info.ok;
     if (st == KVX_OK) {
         kvc_lat_add(&eng->stats.ctl_rtt, kvc_now_us(eng) - out->t_queued);
+        lost = kvc_peer_saw_instance(peer, info.instance, &c);
+    }
+    if (eng->mode->on_reply != NULL && out->type != 0 && !eng->stopping) {
+        eng->mode->on_reply(eng, peer, out->type, out->tid,
+                            st == KVX_OK ? &info : NULL);
     }
     peer->ctl_inflight--;
     if (st != KVX_OK && eng->stopping_sends) {
@@ -149,6 +209,9 @@ static void kvc_ctl_done(void *arg, kvx_status_t st, const char *reply,
     }
     pthread_cond_broadcast(&eng->cond);
     pthread_mutex_unlock(&eng->lock);
+    if (lost) {
+        kvc_peer_conn_free(eng, &c); /* outside the lock: may wait */
+    }
     kvc_ctlout_free(out);
 }
 
@@ -231,6 +294,9 @@ static void kvc_peer_service(kvt_job_t *job)
             KVX_OK) {
             peer->notify_failed = 1;
             peer->notify_cli    = NULL;
+        } else if (KVN(eng)->client_watch != NULL) {
+            KVN(eng)->client_watch(peer->notify_cli, kvc_peer_conn_event,
+                                   peer);
         }
     }
     if (peer->notify_cli == NULL) {
@@ -293,7 +359,11 @@ kvc_peer_t *kvc_peer_get(struct kvx_engine *eng, const char *host,
     return p;
 }
 
-void kvc_peer_send(kvc_peer_t *peer, char *buf, size_t len, const char *what)
+/* kvc_peer_queue queues buf (owned) to peer; type and tid name the
+ * message for mode->on_reply (0 / NULL: nobody wants the reply). */
+static void kvc_peer_queue(kvc_peer_t *peer, char *buf, size_t len,
+                           const char *what, kvc_msg_type_t type,
+                           const char *tid)
 {
     struct kvx_engine *eng = peer->eng;
     kvc_ctlout_t      *out = calloc(1, sizeof(*out));
@@ -307,6 +377,8 @@ void kvc_peer_send(kvc_peer_t *peer, char *buf, size_t len, const char *what)
     out->buf      = buf;
     out->len      = len;
     out->t_queued = kvc_now_us(eng);
+    out->type     = type;
+    snprintf(out->tid, sizeof(out->tid), "%s", tid != NULL ? tid : "");
     snprintf(out->what, sizeof(out->what), "%s", what);
     if (peer->out_tail != NULL) {
         peer->out_tail->next = out;
@@ -324,6 +396,11 @@ void kvc_peer_send(kvc_peer_t *peer, char *buf, size_t len, const char *what)
         }
     }
     kvc_peer_schedule(peer);
+}
+
+void kvc_peer_send(kvc_peer_t *peer, char *buf, size_t len, const char *what)
+{
+    kvc_peer_queue(peer, buf, len, what, 0, NULL);
 }
 
 void kvc_peer_want_handshake(kvc_peer_t *peer)
@@ -442,10 +519,53 @@ void kvc_release_msg(const struct kvx_engine *eng, const char *tid,
 
 void kvc_peer_send_msg(kvc_peer_t *peer, const kvc_msg_t *m, const char *what)
 {
-    size_t len;
-    char  *buf = kvc_msg_encode(m, &len);
+    kvc_msg_t mm = *m;
+    size_t    len;
+    char     *buf;
 
+    /* Every message names this engine's instance and, once known, the
+     * instance it is meant for (a restarted peer refuses it). */
+    mm.instance    = peer->eng->epoch;
+    mm.to_instance = peer->inst;
+    buf            = kvc_msg_encode(&mm, &len);
     if (buf != NULL) {
-        kvc_peer_send(peer, buf, len, what);
+        kvc_peer_queue(peer, buf, len, what, m->type, m->transfer_id);
+    }
+}
+
+/* kvc_peers_check_conn (tick): a peer whose control connection stayed lost
+ * past the grace is gone (its process died: a stopped process keeps its
+ * connections); one that came back answers a heartbeat with its instance
+ * (a restart shows as a new one). */
+void kvc_peers_check_conn(struct kvx_engine *eng)
+{
+    uint64_t now = kvc_now_us(eng);
+
+    for (kvc_peer_t *p = eng->peers; p != NULL; p = p->next) {
+        uint64_t        down = atomic_load(&p->conn_down_us);
+        kvc_peer_conn_t c;
+
+        if (down == 0) {
+            p->conn_gone = 0;
+        } else if (!p->conn_gone &&
+                   now - down >= (uint64_t)(KVC_CONN_GRACE_S * 1e6)) {
+            char why[KVX_REASON_MAX];
+
+            p->conn_gone = 1;
+            snprintf(why, sizeof(why), "gone: its control connection was "
+                     "lost and did not come back within %.1f s",
+                     KVC_CONN_GRACE_S);
+            if (kvc_peer_lost(p, KVX_ERR_ENDPOINT, why, &c)) {
+                kvc_peer_conn_free(eng, &c); /* progress owner */
+            }
+        }
+        if (atomic_exchange(&p->conn_up_evt, 0) && p->inst != 0) {
+            kvc_msg_t m;
+
+            memset(&m, 0, sizeof(m));
+            m.type          = KVC_MSG_HEARTBEAT;
+            m.consumer_rank = -1;
+            kvc_peer_send_msg(p, &m, "heartbeat");
+        }
     }
 }

@@ -52,6 +52,9 @@ struct kvn_client {
     int             nctx;
     kvn_cctx_t     *ctxs;       /* nctx, asynchronous requests */
     pthread_mutex_t lock;       /* busy flags */
+    pthread_mutex_t wlock;      /* watch_fn, watch_arg */
+    kvt_conn_fn     watch_fn;   /* connection up/lost, or NULL */
+    void           *watch_arg;
 };
 
 static void kvn_pin_once(void)
@@ -266,9 +269,11 @@ kvx_status_t kvn_client_open_async(const char *host, uint32_t port, int nctx,
     }
     nctx = nctx < 0 ? 0 : (nctx > KVN_MAX_CTX ? KVN_MAX_CTX : nctx);
     pthread_mutex_init(&cli->lock, NULL);
+    pthread_mutex_init(&cli->wlock, NULL);
     kvn_url(host, port, cli->url, sizeof(cli->url));
     if ((rv = nng_req0_open(&cli->sock)) != 0) {
         pthread_mutex_destroy(&cli->lock);
+        pthread_mutex_destroy(&cli->wlock);
         free(cli);
         return kvc_error(KVX_ERR_CONTROL, "nng_req0_open: %s",
                          nng_strerror(rv));
@@ -496,6 +501,11 @@ void kvn_client_close(kvn_client_t *cli)
     for (int i = 0; i < cli->nctx; i++) {
         nng_aio_stop(cli->ctxs[i].aio);
     }
+    /* No watch callback reaches the owner from here on; nng_close returns
+     * only after the pipes' callbacks ran, so cli outlives them. */
+    pthread_mutex_lock(&cli->wlock);
+    cli->watch_fn = NULL;
+    pthread_mutex_unlock(&cli->wlock);
     nng_close(cli->sock);
     for (int i = 0; i < cli->nctx; i++) {
         nng_aio_free(cli->ctxs[i].aio);
@@ -510,7 +520,31 @@ void kvn_client_close(kvn_client_t *cli)
     }
     free(cli->ctxs);
     pthread_mutex_destroy(&cli->lock);
+    pthread_mutex_destroy(&cli->wlock);
     free(cli);
+}
+
+/* kvn_pipe_cb: a connection of a watched client came up or went away. */
+static void kvn_pipe_cb(nng_pipe pipe, nng_pipe_ev ev, void *arg)
+{
+    kvn_client_t *cli = arg;
+
+    (void)pipe;
+    pthread_mutex_lock(&cli->wlock);
+    if (cli->watch_fn != NULL) {
+        cli->watch_fn(cli->watch_arg, ev == NNG_PIPE_EV_ADD_POST);
+    }
+    pthread_mutex_unlock(&cli->wlock);
+}
+
+void kvn_client_watch(kvn_client_t *cli, kvt_conn_fn fn, void *arg)
+{
+    pthread_mutex_lock(&cli->wlock);
+    cli->watch_fn  = fn;
+    cli->watch_arg = arg;
+    pthread_mutex_unlock(&cli->wlock);
+    nng_pipe_notify(cli->sock, NNG_PIPE_EV_ADD_POST, kvn_pipe_cb, cli);
+    nng_pipe_notify(cli->sock, NNG_PIPE_EV_REM_POST, kvn_pipe_cb, cli);
 }
 
 const char *kvn_client_url(const kvn_client_t *cli)
@@ -553,6 +587,12 @@ static void kvn_ops_client_close(kvt_client_t *cli)
     kvn_client_close((kvn_client_t *)cli);
 }
 
+static void kvn_ops_client_watch(kvt_client_t *cli, kvt_conn_fn fn,
+                                 void *arg)
+{
+    kvn_client_watch((kvn_client_t *)cli, fn, arg);
+}
+
 const kvt_ctl_ops_t *kvt_nng_ops(void)
 {
     static const kvt_ctl_ops_t ops = {
@@ -562,6 +602,7 @@ const kvt_ctl_ops_t *kvt_nng_ops(void)
         .client_open    = kvn_ops_client_open,
         .client_post    = kvn_ops_client_post,
         .client_close   = kvn_ops_client_close,
+        .client_watch   = kvn_ops_client_watch,
     };
 
     kvn_pin_library();
