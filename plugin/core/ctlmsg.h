@@ -101,13 +101,16 @@ const kvc_msg_desc_t *kvc_msg_desc_by_name(const char *name, size_t len);
 kvx_status_t kvc_msg_decode(const char *buf, size_t len, int is_producer,
                             kvc_msg_t *msg);
 /* kvc_msg_encode returns a malloc'd NUL-terminated JSON text (len in
- * *len_p, may be NULL). */
+ * *len_p, may be NULL); a legacy message is its plain id, as a JSON string
+ * when the id starts with '{' or '"' (raw, it would read as JSON). */
 char *kvc_msg_encode(const kvc_msg_t *msg, size_t *len_p);
 void  kvc_msg_fini(kvc_msg_t *msg);
 
-/* Replies: {"ok":true} or {"ok":false,"error":"<reason>"}. */
+/* Replies: {"ok":true} or {"ok":false,"error":"<reason>"}. The encoder
+ * replaces bytes of reason that are not well-formed UTF-8 by '?'. */
 char        *kvc_reply_encode(int ok, const char *reason, size_t *len_p);
-/* kvc_reply_decode: *ok_p, and reason copied into reason_buf. A reply that
+/* kvc_reply_decode: *ok_p, and reason copied into reason_buf (control bytes
+ * and malformed UTF-8 as '?', cut on a character boundary). A reply that
  * is not such an object is KVX_ERR_BAD_MESSAGE. */
 kvx_status_t kvc_reply_decode(const char *buf, size_t len, int *ok_p,
                               char *reason_buf, size_t reason_len);
