@@ -11,8 +11,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+static kvx_status_t kvc_reg_parse(json_object *reg, kvc_peer_addr_t *addr,
+                                  uint32_t *tp, uint32_t *dp,
+                                  json_object **hosts_p);
+
 kvx_status_t kvc_registration_build(const kvc_config_t *c, char **out_p)
 {
+    kvc_peer_addr_t addr;
+    uint32_t        tp, dp;
+    json_object    *reg_hosts;
+    kvx_status_t    st;
+
     json_object *o     = json_object_new_object();
     json_object *hosts = json_object_new_array();
     char         buf[KVC_HOST_MAX + 64];
@@ -38,6 +47,16 @@ kvx_status_t kvc_registration_build(const kvc_config_t *c, char **out_p)
         json_object_array_add(hosts, json_object_new_string(c->node_hosts[i]));
     }
     json_object_object_add(o, "node_hosts", hosts);
+    /* what the proxy helper cannot read is not sent: a host_ip that the
+     * zmq_address cannot carry (a ',' in it), a node_hosts entry too long
+     * for the params (the config does not check these) */
+    st = kvc_reg_parse(o, &addr, &tp, &dp, &reg_hosts);
+    if (st != KVX_OK) {
+        json_object_put(o);
+        return kvc_error(KVX_ERR_CONFIG, "registration of this instance "
+                         "would not be readable by the proxy: %s",
+                         kvc_last_error());
+    }
     *out_p = strdup(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
     json_object_put(o);
     return *out_p != NULL ? KVX_OK

@@ -12,8 +12,8 @@
  *    fields with do_remote_prefill set, and building again from the output
  *    gives the same text;
  *  - address: an accepted address formats to text the parser accepts with
- *    the same host and ports (and that is what the proxy's request_id
- *    embeds: both sides of a request_id built from it parse back to it);
+ *    the same host and ports; with a well-formed host (kvc_trust_check),
+ *    both sides of a proxy request_id embedding it parse back to it;
  *  - request_id: an accepted address is re-embedded in a request_id and
  *    parsed back the same, through kvc_params_peer_addr too;
  *  - trust: a host the check accepts is 1..253 characters.
@@ -31,12 +31,14 @@ static void fz_same_addr(const kvc_peer_addr_t *a, const kvc_peer_addr_t *b)
              a->notify_port, b->host, b->handshake_port, b->notify_port);
 }
 
-/* fz_addr_travels: addr formatted, and embedded in a request_id, parses
- * back to addr. */
+/* fz_addr_travels: addr formatted parses back to addr; with a host that
+ * passes the trust check (one a peer can have), so does a request_id
+ * embedding it. */
 static void fz_addr_travels(const kvc_peer_addr_t *addr)
 {
     char            text[KVC_HOST_MAX + 64], rid[2 * sizeof(text) + 128];
     kvc_peer_addr_t back;
+    kvc_trust_t     trust = {0};
     int             n = kvc_zmq_addr_format(addr, text, sizeof(text));
 
     FZ_CHECK(n > 0 && (size_t)n < sizeof(text), "format %d", n);
@@ -44,6 +46,9 @@ static void fz_addr_travels(const kvc_peer_addr_t *addr)
                  KVX_OK,
              "formatted '%s' rejected: %s", text, kvc_last_error());
     fz_same_addr(addr, &back);
+    if (kvc_trust_check(&trust, addr->host, "host") != KVX_OK) {
+        return;
+    }
     snprintf(rid, sizeof(rid),
              "cmpl-___prefill_addr_%s___decode_addr_%s_"
              "0123456789abcdef0123456789abcdef-0",

@@ -11,7 +11,7 @@
  *    text (up to the buffer);
  *  - the input through kvc_msg_decode (both roles), kvc_hs_request_decode
  *    and kvc_hs_decode: each error text is valid UTF-8 and its reply
- *    decodes to exactly that text.
+ *    decodes to that text (control bytes shown as '?').
  */
 #include "fuzz.h"
 #include "fuzz_utf8.h"
@@ -57,13 +57,18 @@ static void fz_error_arrives(void)
     len = strlen(err);
     FZ_CHECK(len > 0, "no error text");
     FZ_CHECK(fz_utf8_valid(err, len), "error text not UTF-8: %s", err);
-    FZ_CHECK(fz_plain(err), "control byte in error text: %s", err);
     fz_send_reason(err, got);
-    if (len < FZ_REASON_MAX) {
-        FZ_CHECK(strcmp(got, err) == 0, "sent '%s' got '%s'", err, got);
-    } else {
-        FZ_CHECK(strncmp(got, err, strlen(got)) == 0, "prefix");
+    /* what arrives: the text, control bytes shown as '?' (kvc_reply_decode),
+     * cut to the buffer on a character boundary */
+    for (size_t i = 0; i < len; i++) {
+        if ((unsigned char)err[i] < 0x20 || err[i] == 0x7f) {
+            err[i] = '?';
+        }
     }
+    FZ_CHECK(strncmp(got, err, strlen(got)) == 0 &&
+                 (strlen(got) == len ||
+                  (len > FZ_REASON_MAX - 1 && strlen(got) + 4 > FZ_REASON_MAX - 1)),
+             "sent '%s' got '%s'", err, got);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

@@ -176,3 +176,30 @@ TEST(ProxyRegistration, PayloadFromConfigRoundTripsThroughTheProxyHelper)
 }
 
 } // namespace
+
+namespace {
+
+// Found by fuzz_proxy (tests/fuzz/corpus/proxy/finding-config-host-comma):
+// the config accepts a host_ip with a ',' which the zmq_address of the
+// registration cannot carry; the registration is refused (KVX_ERR_CONFIG,
+// naming the reason) instead of being sent unreadable to the proxy.
+TEST(ProxyRegistration, ConfigHostTheProxyCannotReadIsRefused)
+{
+    const char cfg_json[] =
+        "{\"role\":\"kv_consumer\",\"tp_rank\":0,\"tp_size\":1,"
+        "\"kv_connector_extra_config\":{\"host_ip\":\"rc,x\","
+        "\"node_hosts\":[\"10.2.0.5\"]}}";
+    kvc_config_t cfg;
+    ASSERT_EQ(KVX_OK, kvc_config_parse(cfg_json, &cfg, nullptr, nullptr))
+        << kvc_last_error();
+    char *reg = nullptr;
+    EXPECT_EQ(KVX_ERR_CONFIG, kvc_registration_build(&cfg, &reg));
+    EXPECT_EQ(nullptr, reg);
+    const std::string err = kvc_last_error();
+    EXPECT_NE(std::string::npos, err.find("not be readable by the proxy"))
+        << err;
+    EXPECT_NE(std::string::npos, err.find("host:rc,x")) << err;
+    kvc_config_fini(&cfg);
+}
+
+} // namespace
