@@ -9,7 +9,8 @@
 #   tests/fuzz/fuzz.sh long OUT [RUNS] [TARGET...]
 #                                          build, fuzz each target (niced) for
 #                                          RUNS executions (default 10000000);
-#                                          prints executions and coverage
+#                                          prints executions and coverage;
+#                                          FUZZ_MAX_SECONDS caps each target
 #
 # New inputs go to OUT/work/<target> (the committed corpus is only read);
 # a finding is saved as OUT/finding-<target>-* and its output is printed.
@@ -20,7 +21,7 @@ root=$PWD
 mode=${1:-}
 out=${2:-}
 if [ -z "$mode" ] || [ -z "$out" ]; then
-    sed -n '2,19p' "$0"
+    sed -n '2,17p' "$0"
     exit 2
 fi
 shift 2
@@ -69,7 +70,7 @@ run() {
     shift
     mkdir -p "$out/work/$t"
     $nice "$out/fuzz_$t" -print_final_stats=1 -timeout=10 -rss_limit_mb=2048 \
-        -max_len=8192 -artifact_prefix="$out/finding-$t-" "$@" \
+        -max_len=4096 -artifact_prefix="$out/finding-$t-" "$@" \
         "$out/work/$t" "tests/fuzz/corpus/$t" >"$out/$t.log" 2>&1
     local rc=$?
     local execs cov
@@ -107,7 +108,9 @@ long)
     nice="nice -n 10"
     rc=0
     for t in "${targets[@]}"; do
-        run "$t" -runs="$runs" || rc=1
+        cap=()
+        [ -n "${FUZZ_MAX_SECONDS:-}" ] && cap=(-max_total_time="$FUZZ_MAX_SECONDS")
+        run "$t" -runs="$runs" "${cap[@]}" || rc=1
     done
     exit $rc
     ;;

@@ -27,7 +27,7 @@
 
 #include <kvxfer/kvxfer.h>
 
-#define FZ_MAX_IDS 64
+#define FZ_MAX_IDS 16
 
 static void fz_desc(fz_reader_t *r, kvx_layer_desc_t *d)
 {
@@ -55,7 +55,9 @@ static void fz_desc(fz_reader_t *r, kvx_layer_desc_t *d)
         }
     }
     d->elem_size    = (uint32_t)fz_take(r, 1);
-    d->block_size   = (uint32_t)fz_take(r, 2);
+    /* up to 255 tokens a block unless asked (a heads-inner sliced plan has
+     * a run per token: large blocks make slow units, not new paths) */
+    d->block_size   = (uint32_t)fz_take(r, (flags & 64u) ? 2 : 1);
     d->num_kv_heads = (uint32_t)fz_take(r, 2);
     d->head_size    = (uint32_t)fz_take(r, 2);
     d->head_size_v  = (uint32_t)fz_take(r, 2);

@@ -89,7 +89,7 @@ def main():
     # each, sizes), remote num_blocks u16, region slack, slice a, b,
     # nlocal, extra remote, ids (u8 each).
     def desc(ndim_flag, shape, elem, bs, heads, hd, hdv, key_only=0):
-        b = bytes([ndim_flag | (key_only << 2)])
+        b = bytes([ndim_flag | (key_only << 2) | 64])  # u16 block_size
         for x in shape:
             b += struct.pack(">H", x)
         b += bytes([elem]) + struct.pack(">HHHH", bs, heads, hd, hdv)
