@@ -2,8 +2,9 @@
  * ctlmsg.c - JSON codecs of the control plane (SPEC §5, §9).
  *
  * Every decoder goes through kvc_json_parse(), which checks the size limit,
- * rejects embedded NUL bytes, parses exactly len bytes with json-c in strict
- * mode (UTF-8 validated, depth limited) and rejects trailing data. Field
+ * rejects embedded NUL bytes and malformed UTF-8 (RFC 3629), parses exactly
+ * len bytes with json-c in strict mode (depth limited) and rejects trailing
+ * data. Field
  * access goes through the kvc_fld_* helpers, which type- and range-check
  * each value and name the field, the value and the rule in the error text.
  *
@@ -39,11 +40,53 @@ static int kvc_is_ws(char c)
     return c == ' ' || c == '\t' || c == '\r' || c == '\n';
 }
 
-/* kvc_buf_check: size limit, non-empty, no NUL byte. */
+/* kvc_utf8_seq: the length (1..4) of the well-formed UTF-8 sequence at
+ * s[0..len) (RFC 3629: no overlong forms, no surrogates, at most
+ * U+10FFFF), or 0 when the bytes there are not one. */
+static size_t kvc_utf8_seq(const unsigned char *s, size_t len)
+{
+    size_t   n, i;
+    uint32_t cp;
+
+    if (len == 0) {
+        return 0;
+    }
+    if (s[0] < 0x80) {
+        return 1;
+    }
+    if (s[0] >= 0xc2 && s[0] <= 0xdf) {
+        n = 2, cp = s[0] & 0x1fu;
+    } else if (s[0] >= 0xe0 && s[0] <= 0xef) {
+        n = 3, cp = s[0] & 0x0fu;
+    } else if (s[0] >= 0xf0 && s[0] <= 0xf4) {
+        n = 4, cp = s[0] & 0x07u;
+    } else {
+        return 0;
+    }
+    if (len < n) {
+        return 0;
+    }
+    for (i = 1; i < n; i++) {
+        if ((s[i] & 0xc0) != 0x80) {
+            return 0;
+        }
+        cp = (cp << 6) | (s[i] & 0x3fu);
+    }
+    if ((n == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) ||
+        (n == 4 && (cp < 0x10000 || cp > 0x10ffff))) {
+        return 0;
+    }
+    return n;
+}
+
+/* kvc_buf_check: size limit, non-empty, no NUL byte, well-formed UTF-8
+ * (json-c's own check lets overlong forms such as C1 87 through, which
+ * then reach error texts and replies). */
 static kvx_status_t kvc_buf_check(const char *what, const char *buf,
                                   size_t len)
 {
     const char *nul;
+    size_t      pos, n;
 
     if (len > KVC_MSG_MAX_BYTES) {
         return kvc_error(KVX_ERR_BAD_MESSAGE, "%s: %zu bytes exceeds limit %u",
@@ -57,6 +100,14 @@ static kvx_status_t kvc_buf_check(const char *what, const char *buf,
         return kvc_error(KVX_ERR_BAD_MESSAGE,
                          "%s: embedded NUL byte at offset %zu", what,
                          (size_t)(nul - buf));
+    }
+    for (pos = 0; pos < len; pos += n) {
+        n = kvc_utf8_seq((const unsigned char *)buf + pos, len - pos);
+        if (n == 0) {
+            return kvc_error(KVX_ERR_BAD_MESSAGE,
+                             "%s: byte 0x%02x at offset %zu: not well-formed "
+                             "UTF-8", what, (unsigned char)buf[pos], pos);
+        }
     }
     return KVX_OK;
 }
@@ -133,45 +184,6 @@ static const char *kvc_val_text(json_object *val)
     const char *text = json_object_to_json_string_ext(val,
                                                       JSON_C_TO_STRING_PLAIN);
     return text != NULL ? text : "?";
-}
-
-/* kvc_utf8_seq: the length (1..4) of the well-formed UTF-8 sequence at
- * s[0..len) (RFC 3629: no overlong forms, no surrogates, at most
- * U+10FFFF), or 0 when the bytes there are not one. */
-static size_t kvc_utf8_seq(const unsigned char *s, size_t len)
-{
-    size_t   n, i;
-    uint32_t cp;
-
-    if (len == 0) {
-        return 0;
-    }
-    if (s[0] < 0x80) {
-        return 1;
-    }
-    if (s[0] >= 0xc2 && s[0] <= 0xdf) {
-        n = 2, cp = s[0] & 0x1fu;
-    } else if (s[0] >= 0xe0 && s[0] <= 0xef) {
-        n = 3, cp = s[0] & 0x0fu;
-    } else if (s[0] >= 0xf0 && s[0] <= 0xf4) {
-        n = 4, cp = s[0] & 0x07u;
-    } else {
-        return 0;
-    }
-    if (len < n) {
-        return 0;
-    }
-    for (i = 1; i < n; i++) {
-        if ((s[i] & 0xc0) != 0x80) {
-            return 0;
-        }
-        cp = (cp << 6) | (s[i] & 0x3fu);
-    }
-    if ((n == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) ||
-        (n == 4 && (cp < 0x10000 || cp > 0x10ffff))) {
-        return 0;
-    }
-    return n;
 }
 
 /* kvc_val_shown: how many bytes of text an error quotes: at most

@@ -555,7 +555,14 @@ const RejectCase kRejects[] = {
     {"TwoObjects", "{\"type\":\"heartbeat\"}{}", 1, "invalid JSON"},
     {"BadJson", "{\"type\":}", 1, "invalid JSON at offset 8"},
     {"InvalidUtf8", "{\"type\":\"heartbeat\",\"x\":\"\xff\xfe\"}", 1,
-     "invalid JSON"},
+     "byte 0xff at offset 25: not well-formed UTF-8"},
+    // found by fuzz_ctlmsg (corpus/ctlmsg/finding-overlong-utf8): json-c
+    // lets the overlong C1 87 through; quoted in an error it made the text
+    // (and the reply carrying it) invalid UTF-8
+    {"OverlongUtf8", "{\"type\":\"heartbeat\",\"x\":\"A\xc1\x87\"}", 1,
+     "byte 0xc1 at offset 26: not well-formed UTF-8"},
+    {"SurrogateUtf8", "\"tx\xed\xa0\x80\"", 0,
+     "byte 0xed at offset 3: not well-formed UTF-8"},
     {"TooDeep",
      "{\"type\":\"heartbeat\",\"x\":" + std::string(40, '[') +
          std::string(40, ']') + "}",
