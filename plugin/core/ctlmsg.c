@@ -193,7 +193,8 @@ static const char *kvc_val_text(json_object *val)
 static int kvc_val_shown(const char *text)
 {
     const unsigned char *s   = (const unsigned char *)text;
-    size_t               len = strnlen(text, KVC_VAL_SHOWN + 1);
+    /* +4: a character starting before the limit is seen whole */
+    size_t               len = strnlen(text, KVC_VAL_SHOWN + 4);
     size_t               pos = 0, n;
 
     while (pos < len) {

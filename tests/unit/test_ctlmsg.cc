@@ -707,6 +707,17 @@ TEST(CtlReply, ErrorQuotingMultiByteValueStaysDecodable)
     EXPECT_NE(err.find("[\"a" + value.substr(1, 60) + ": must"), std::string::npos)
         << err;
 
+    // found by fuzz_ctlmsg (corpus/ctlmsg/finding-cut-at-window-edge): a
+    // character starting at byte 63 of the quote was cut too
+    const std::string edge = "{\"type\":\"" + std::string(62, 'x') +
+                             "\xee\xa2\xa2yz\"}";
+    ASSERT_EQ(kvc_msg_decode(edge.data(), edge.size(), 1, &msg),
+              KVX_ERR_BAD_MESSAGE);
+    const std::string edge_err = kvc_last_error();
+    EXPECT_EQ(edge_err.substr(edge_err.size() - 76),
+              "unknown type \"" + std::string(62, 'x'))
+        << edge_err;
+
     size_t      len = 0;
     std::string reply = Take(kvc_reply_encode(0, err.c_str(), &len));
     int         flag  = -1;
