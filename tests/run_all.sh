@@ -17,6 +17,12 @@ rc=0
 meson test -C build-ci --print-errorlogs --num-processes 1 || rc=1
 meson test -C build-ci-asan --print-errorlogs --num-processes 1 \
     --no-suite netns --timeout-multiplier 3 || rc=1
+# Coverage-guided fuzzing (tests/fuzz/README.md): every target 10 s with
+# libFuzzer + ASan + UBSan from its corpus (the meson suite "fuzz" above
+# replays the corpus in both builds, with or without clang).
+if command -v clang-14 >/dev/null || command -v clang >/dev/null; then
+    tests/fuzz/fuzz.sh ci "$root/build-ci-fuzz" 10 || rc=1
+fi
 
 python3 - "$root/build-ci" "$root/build-ci-asan" <<'PY'
 import sys, xml.etree.ElementTree as ET, os

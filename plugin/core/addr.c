@@ -118,6 +118,13 @@ static kvx_status_t kvc_zmq_addr_segment(const char *seg, size_t n,
                                      "host must be 1..255 characters, got",
                                      val, vlen);
         }
+        if (memchr(val, '\0', vlen) != NULL) {
+            /* the host would end early and its formatted address no
+             * longer parse */
+            return kvc_zmq_addr_fail(field, s, len,
+                                     "host must not contain a NUL byte, got",
+                                     val, vlen);
+        }
         memcpy(addr->host, val, vlen);
         addr->host[vlen] = '\0';
     } else if (kvc_addr_span_is(seg, klen, "handshake") ||

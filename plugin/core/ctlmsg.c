@@ -2,8 +2,9 @@
  * ctlmsg.c - JSON codecs of the control plane (SPEC §5, §9).
  *
  * Every decoder goes through kvc_json_parse(), which checks the size limit,
- * rejects embedded NUL bytes, parses exactly len bytes with json-c in strict
- * mode (UTF-8 validated, depth limited) and rejects trailing data. Field
+ * rejects embedded NUL bytes and malformed UTF-8 (RFC 3629), parses exactly
+ * len bytes with json-c in strict mode (depth limited) and rejects trailing
+ * data. Field
  * access goes through the kvc_fld_* helpers, which type- and range-check
  * each value and name the field, the value and the rule in the error text.
  *
@@ -39,11 +40,53 @@ static int kvc_is_ws(char c)
     return c == ' ' || c == '\t' || c == '\r' || c == '\n';
 }
 
-/* kvc_buf_check: size limit, non-empty, no NUL byte. */
+/* kvc_utf8_seq: the length (1..4) of the well-formed UTF-8 sequence at
+ * s[0..len) (RFC 3629: no overlong forms, no surrogates, at most
+ * U+10FFFF), or 0 when the bytes there are not one. */
+static size_t kvc_utf8_seq(const unsigned char *s, size_t len)
+{
+    size_t   n, i;
+    uint32_t cp;
+
+    if (len == 0) {
+        return 0;
+    }
+    if (s[0] < 0x80) {
+        return 1;
+    }
+    if (s[0] >= 0xc2 && s[0] <= 0xdf) {
+        n = 2, cp = s[0] & 0x1fu;
+    } else if (s[0] >= 0xe0 && s[0] <= 0xef) {
+        n = 3, cp = s[0] & 0x0fu;
+    } else if (s[0] >= 0xf0 && s[0] <= 0xf4) {
+        n = 4, cp = s[0] & 0x07u;
+    } else {
+        return 0;
+    }
+    if (len < n) {
+        return 0;
+    }
+    for (i = 1; i < n; i++) {
+        if ((s[i] & 0xc0) != 0x80) {
+            return 0;
+        }
+        cp = (cp << 6) | (s[i] & 0x3fu);
+    }
+    if ((n == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) ||
+        (n == 4 && (cp < 0x10000 || cp > 0x10ffff))) {
+        return 0;
+    }
+    return n;
+}
+
+/* kvc_buf_check: size limit, non-empty, no NUL byte, well-formed UTF-8
+ * (json-c's own check lets overlong forms such as C1 87 through, which
+ * then reach error texts and replies). */
 static kvx_status_t kvc_buf_check(const char *what, const char *buf,
                                   size_t len)
 {
     const char *nul;
+    size_t      pos, n;
 
     if (len > KVC_MSG_MAX_BYTES) {
         return kvc_error(KVX_ERR_BAD_MESSAGE, "%s: %zu bytes exceeds limit %u",
@@ -57,6 +100,14 @@ static kvx_status_t kvc_buf_check(const char *what, const char *buf,
         return kvc_error(KVX_ERR_BAD_MESSAGE,
                          "%s: embedded NUL byte at offset %zu", what,
                          (size_t)(nul - buf));
+    }
+    for (pos = 0; pos < len; pos += n) {
+        n = kvc_utf8_seq((const unsigned char *)buf + pos, len - pos);
+        if (n == 0) {
+            return kvc_error(KVX_ERR_BAD_MESSAGE,
+                             "%s: byte 0x%02x at offset %zu: not well-formed "
+                             "UTF-8", what, (unsigned char)buf[pos], pos);
+        }
     }
     return KVX_OK;
 }
@@ -135,6 +186,33 @@ static const char *kvc_val_text(json_object *val)
     return text != NULL ? text : "?";
 }
 
+/* kvc_val_shown: how many bytes of text an error quotes: at most
+ * KVC_VAL_SHOWN, never ending inside a multi-byte character (a cut
+ * character would make the error text, and a reply carrying it, invalid
+ * UTF-8). */
+static int kvc_val_shown(const char *text)
+{
+    const unsigned char *s   = (const unsigned char *)text;
+    /* +4: a character starting before the limit is seen whole */
+    size_t               len = strnlen(text, KVC_VAL_SHOWN + 4);
+    size_t               pos = 0, n;
+
+    while (pos < len) {
+        n = kvc_utf8_seq(s + pos, len - pos);
+        if (n == 0) {
+            n = 1; /* not UTF-8: quoted byte by byte */
+        }
+        if (pos + n > KVC_VAL_SHOWN) {
+            break;
+        }
+        pos += n;
+    }
+    return (int)pos;
+}
+
+/* KVC_VAL: the "%.*s" arguments quoting a JSON value in an error. */
+#define KVC_VAL(val) kvc_val_shown(kvc_val_text(val)), kvc_val_text(val)
+
 static const char *kvc_type_name(json_type type)
 {
     switch (type) {
@@ -173,7 +251,7 @@ static kvx_status_t kvc_fld_get(const char *what, json_object *obj,
     if (!json_object_is_type(val, type)) {
         return kvc_error(KVX_ERR_BAD_MESSAGE,
                          "%s: field %s: value %.*s: must be %s", what, field,
-                         KVC_VAL_SHOWN, kvc_val_text(val),
+                         KVC_VAL(val),
                          kvc_type_name(type));
     }
     *val_p = val;
@@ -197,7 +275,7 @@ static kvx_status_t kvc_int_check(const char *what, const char *field,
         return kvc_error(KVX_ERR_BAD_MESSAGE,
                          "%s: field %s: value %.*s: must be an integer in "
                          "%" PRIu64 "..%" PRIu64 "%s",
-                         what, field, KVC_VAL_SHOWN, kvc_val_text(val), min,
+                         what, field, KVC_VAL(val), min,
                          max,
                          max == KVC_JSON_SAFE_MAX
                              ? " (larger JSON integers are not exact)"
@@ -322,7 +400,7 @@ static kvx_status_t kvc_fld_dec(const char *what, json_object *obj,
         return kvc_error(KVX_ERR_BAD_MESSAGE,
                          "%s: field %s: value %.*s: must be a decimal string "
                          "of an integer in 0..%" PRIu64,
-                         what, field, KVC_VAL_SHOWN, kvc_val_text(val),
+                         what, field, KVC_VAL(val),
                          UINT64_MAX);
     }
     *out_p = v;
@@ -629,8 +707,7 @@ static kvx_status_t kvc_msg_type_of(json_object *obj,
                                    (size_t)json_object_get_string_len(val));
     if (*desc_p == NULL) {
         return kvc_error(KVX_ERR_BAD_MESSAGE,
-                         "control message: unknown type %.*s", KVC_VAL_SHOWN,
-                         kvc_val_text(val));
+                         "control message: unknown type %.*s", KVC_VAL(val));
     }
     return KVX_OK;
 }
@@ -753,13 +830,21 @@ char *kvc_msg_encode(const kvc_msg_t *msg, size_t *len_p)
     json_object          *obj;
     int                   rc;
 
-    if (msg != NULL && msg->legacy) {
+    if (msg != NULL && msg->legacy && msg->transfer_id[0] != '{' &&
+        msg->transfer_id[0] != '"') {
         char *text = strdup(msg->transfer_id);
 
         if (text != NULL && len_p != NULL) {
             *len_p = strlen(text);
         }
         return text;
+    }
+    if (msg != NULL && msg->legacy) {
+        /* raw text starting with '{' or '"' reads as JSON: such an id
+         * travels as a JSON string, the other plain form the decoder
+         * accepts */
+        return kvc_json_finish(json_object_new_string(msg->transfer_id), 0,
+                               len_p);
     }
     if (desc == NULL) {
         kvc_error(KVX_ERR_INVALID_PARAM, "control message: no valid type");
@@ -799,6 +884,31 @@ void kvc_msg_fini(kvc_msg_t *msg)
 /* replies and the handshake request                                        */
 /* ------------------------------------------------------------------------ */
 
+/* kvc_utf8_clean: a malloc'd copy of s with every byte that does not begin
+ * a well-formed UTF-8 sequence replaced by '?' (NULL on no memory). */
+static char *kvc_utf8_clean(const char *s)
+{
+    size_t len = strlen(s), pos = 0, n;
+    char  *out = malloc(len + 1);
+
+    while (out != NULL && pos < len) {
+        n = kvc_utf8_seq((const unsigned char *)s + pos, len - pos);
+        if (n == 0) {
+            out[pos++] = '?';
+            continue;
+        }
+        memcpy(out + pos, s + pos, n);
+        pos += n;
+    }
+    if (out != NULL) {
+        out[len] = '\0';
+    }
+    return out;
+}
+
+/* kvc_reply_encode: the reason is made valid UTF-8 first (it may quote
+ * hostile bytes or end in a cut character), since kvc_reply_decode
+ * validates UTF-8 and would otherwise lose the whole reply. */
 char *kvc_reply_encode(int ok, const char *reason, size_t *len_p)
 {
     kvc_reply_info_t info = {.ok = ok};
@@ -811,12 +921,15 @@ char *kvc_reply_encode_info(const kvc_reply_info_t *info, const char *reason,
 {
     json_object *obj = json_object_new_object();
     int          rc  = -1;
+    char        *text;
 
     if (obj != NULL) {
         rc = kvc_jadd(obj, "ok", json_object_new_boolean(info->ok != 0));
     }
     if (rc == 0 && !info->ok) {
-        rc = kvc_jadd_str(obj, "error", reason != NULL ? reason : "");
+        text = kvc_utf8_clean(reason != NULL ? reason : "");
+        rc   = text != NULL ? kvc_jadd_str(obj, "error", text) : -1;
+        free(text);
     }
     if (rc == 0 && info->instance != 0) {
         rc = kvc_jadd_dec(obj, "instance", info->instance);
@@ -827,18 +940,34 @@ char *kvc_reply_encode_info(const kvc_reply_info_t *info, const char *reason,
     return kvc_json_finish(obj, rc, len_p);
 }
 
-/* kvc_reason_copy copies a peer's reason, replacing control bytes by '?'. */
+/* kvc_reason_copy copies a peer's reason, replacing control bytes and
+ * bytes that do not begin a well-formed UTF-8 sequence by '?', and cut to
+ * max on a character boundary: the text is valid UTF-8, and encoding it in
+ * a reply gives the same text back. */
 static void kvc_reason_copy(const char *s, size_t len, char *dst, size_t max)
 {
-    size_t i;
+    size_t i = 0, n;
 
     if (dst == NULL || max == 0) {
         return;
     }
-    for (i = 0; i < len && i + 1 < max; i++) {
+    while (i < len) {
         unsigned char c = (unsigned char)s[i];
 
-        dst[i] = (c < 0x20 || c == 0x7f) ? '?' : (char)c;
+        n = kvc_utf8_seq((const unsigned char *)s + i, len - i);
+        if (n == 0 || c < 0x20 || c == 0x7f) {
+            n = 1;
+            c = '?';
+        }
+        if (i + n + 1 > max) {
+            break;
+        }
+        if (n == 1) {
+            dst[i] = (char)c;
+        } else {
+            memcpy(dst + i, s + i, n);
+        }
+        i += n;
     }
     dst[i] = '\0';
 }
@@ -930,7 +1059,7 @@ kvx_status_t kvc_hs_request_decode(const char *buf, size_t len,
         status = kvc_error(KVX_ERR_BAD_MESSAGE,
                            "handshake request: field type: value %.*s: must "
                            "be \"get_meta\"",
-                           KVC_VAL_SHOWN, kvc_val_text(type));
+                           KVC_VAL(type));
     }
     if (status == KVX_OK) {
         status = kvc_fld_int(kvc_what_hsreq, obj, "version", "version", 0,
@@ -1262,7 +1391,7 @@ static kvx_status_t kvc_hs_layer_decode(json_object *obj, size_t idx,
         return kvc_error(KVX_ERR_BAD_MESSAGE,
                          "handshake metadata: field layers[%zu]: value %.*s: "
                          "must be an object",
-                         idx, KVC_VAL_SHOWN, kvc_val_text(obj));
+                         idx, KVC_VAL(obj));
     }
     status = kvc_fld_get(kvc_what_meta, obj, "name",
                          kvc_hs_layer_field(f, idx, "name"), json_type_string,

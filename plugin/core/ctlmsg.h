@@ -108,14 +108,16 @@ const kvc_msg_desc_t *kvc_msg_desc_by_name(const char *name, size_t len);
 kvx_status_t kvc_msg_decode(const char *buf, size_t len, int is_producer,
                             kvc_msg_t *msg);
 /* kvc_msg_encode returns a malloc'd NUL-terminated JSON text (len in
- * *len_p, may be NULL). */
+ * *len_p, may be NULL); a legacy message is its plain id, as a JSON string
+ * when the id starts with '{' or '"' (raw, it would read as JSON). */
 char *kvc_msg_encode(const kvc_msg_t *msg, size_t *len_p);
 void  kvc_msg_fini(kvc_msg_t *msg);
 
 /* Replies: {"ok":true} or {"ok":false,"error":"<reason>"}, optionally with
  * "instance" (the replier's instance id, decimal string) and "fenced":true
  * (a release's reply: no operation of the replier can touch the blocks of
- * that transfer any more). */
+ * that transfer any more). The encoder replaces bytes of reason that are not
+ * well-formed UTF-8 by '?'. */
 typedef struct kvc_reply_info {
     int      ok;
     uint64_t instance; /* 0: absent */
@@ -128,7 +130,8 @@ char        *kvc_reply_encode_info(const kvc_reply_info_t *info,
 kvx_status_t kvc_reply_decode_info(const char *buf, size_t len,
                                    kvc_reply_info_t *info, char *reason_buf,
                                    size_t reason_len);
-/* kvc_reply_decode: *ok_p, and reason copied into reason_buf. A reply that
+/* kvc_reply_decode: *ok_p, and reason copied into reason_buf (control bytes
+ * and malformed UTF-8 as '?', cut on a character boundary). A reply that
  * is not such an object is KVX_ERR_BAD_MESSAGE. */
 kvx_status_t kvc_reply_decode(const char *buf, size_t len, int *ok_p,
                               char *reason_buf, size_t reason_len);

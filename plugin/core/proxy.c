@@ -11,8 +11,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+static kvx_status_t kvc_reg_parse(json_object *reg, kvc_peer_addr_t *addr,
+                                  uint32_t *tp, uint32_t *dp,
+                                  json_object **hosts_p);
+
 kvx_status_t kvc_registration_build(const kvc_config_t *c, char **out_p)
 {
+    kvc_peer_addr_t addr;
+    uint32_t        tp, dp;
+    json_object    *reg_hosts;
+    kvx_status_t    st;
+
     json_object *o     = json_object_new_object();
     json_object *hosts = json_object_new_array();
     char         buf[KVC_HOST_MAX + 64];
@@ -38,6 +47,16 @@ kvx_status_t kvc_registration_build(const kvc_config_t *c, char **out_p)
         json_object_array_add(hosts, json_object_new_string(c->node_hosts[i]));
     }
     json_object_object_add(o, "node_hosts", hosts);
+    /* what the proxy helper cannot read is not sent: a host_ip that the
+     * zmq_address cannot carry (a ',' in it), a node_hosts entry too long
+     * for the params (the config does not check these) */
+    st = kvc_reg_parse(o, &addr, &tp, &dp, &reg_hosts);
+    if (st != KVX_OK) {
+        json_object_put(o);
+        return kvc_error(KVX_ERR_CONFIG, "registration of this instance "
+                         "would not be readable by the proxy: %s",
+                         kvc_last_error());
+    }
     *out_p = strdup(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
     json_object_put(o);
     return *out_p != NULL ? KVX_OK
@@ -65,6 +84,16 @@ static kvx_status_t kvc_reg_int(json_object *reg, const char *key,
     return KVX_OK;
 }
 
+static kvx_status_t kvc_reg_port(uint32_t port, const char *key)
+{
+    if (port < 1024) {
+        return kvc_error(KVX_ERR_INVALID_PARAM, "registration.zmq_address: "
+                         "%s port %u: must be in 1024..65535", key,
+                         (unsigned)port);
+    }
+    return KVX_OK;
+}
+
 static kvx_status_t kvc_reg_parse(json_object *reg, kvc_peer_addr_t *addr,
                                   uint32_t *tp, uint32_t *dp,
                                   json_object **hosts_p)
@@ -79,7 +108,16 @@ static kvx_status_t kvc_reg_parse(json_object *reg, kvc_peer_addr_t *addr,
                          "registration.zmq_address: missing or not a string");
     }
     z  = json_object_get_string(v);
-    st = kvc_zmq_addr_parse(z, strlen(z), "registration.zmq_address", addr);
+    st = kvc_zmq_addr_parse(z, (size_t)json_object_get_string_len(v),
+                            "registration.zmq_address", addr);
+    if (st == KVX_OK) {
+        /* the params built here must pass kvc_params_parse, whose ports
+         * are 1024..65535 (kvc_port_check) */
+        st = kvc_reg_port(addr->handshake_port, "handshake");
+    }
+    if (st == KVX_OK) {
+        st = kvc_reg_port(addr->notify_port, "notify");
+    }
     if (st == KVX_OK) {
         st = kvc_reg_int(reg, "tp_size", tp);
     }
@@ -93,11 +131,20 @@ static kvx_status_t kvc_reg_parse(json_object *reg, kvc_peer_addr_t *addr,
                              "registration.node_hosts: not a list");
         }
         for (size_t i = 0; i < json_object_array_length(v); i++) {
-            if (!json_object_is_type(json_object_array_get_idx(v, i),
-                                     json_type_string)) {
+            json_object *e = json_object_array_get_idx(v, i);
+
+            if (!json_object_is_type(e, json_type_string)) {
                 return kvc_error(KVX_ERR_INVALID_PARAM,
                                  "registration.node_hosts[%zu]: not a string",
                                  i);
+            }
+            /* copied into remote_hosts, whose entries kvc_params_parse
+             * limits to KVC_HOST_MAX - 1 */
+            if (json_object_get_string_len(e) >= KVC_HOST_MAX) {
+                return kvc_error(KVX_ERR_INVALID_PARAM,
+                                 "registration.node_hosts[%zu]: length %d: "
+                                 "must be below %d", i,
+                                 json_object_get_string_len(e), KVC_HOST_MAX);
             }
         }
         *hosts_p = v;

@@ -196,6 +196,28 @@ TEST(AddrZmq, IgnoresUnknownKeys)
     EXPECT_EQ(a.handshake_port, 2000u);
 }
 
+// Issue 15, defect 1 (reproducer tests/fuzz/corpus/params/defect1-host-nul):
+// the length-taking parser took "host:\0" as host "", whose formatted
+// address the same parser then rejected. A NUL anywhere in the host is
+// rejected, and everything it accepts formats to an address it accepts.
+TEST(AddrZmq, HostWithNulByteIsRejected)
+{
+    using namespace std::string_literals;
+    const std::string bad[] = {
+        "host:\0,handshake:2000,notify:3000"s,
+        "host:h\0x,handshake:2000,notify:3000"s,
+        "handshake:2000,notify:3000,host:h1\0"s,
+    };
+    for (const std::string &s : bad) {
+        kvc_peer_addr_t a;
+
+        EXPECT_EQ(kvc_zmq_addr_parse(s.data(), s.size(), "zmq_address", &a),
+                  KVX_ERR_INVALID_PARAM);
+        EXPECT_TRUE(ErrorHas("zmq_address")) << LastError();
+        EXPECT_TRUE(ErrorHas("NUL byte")) << LastError();
+    }
+}
+
 TEST(AddrZmq, ErrorsNameTheField)
 {
     const char *bad[] = {

@@ -555,7 +555,14 @@ const RejectCase kRejects[] = {
     {"TwoObjects", "{\"type\":\"heartbeat\"}{}", 1, "invalid JSON"},
     {"BadJson", "{\"type\":}", 1, "invalid JSON at offset 8"},
     {"InvalidUtf8", "{\"type\":\"heartbeat\",\"x\":\"\xff\xfe\"}", 1,
-     "invalid JSON"},
+     "byte 0xff at offset 25: not well-formed UTF-8"},
+    // found by fuzz_ctlmsg (corpus/ctlmsg/finding-overlong-utf8): json-c
+    // lets the overlong C1 87 through; quoted in an error it made the text
+    // (and the reply carrying it) invalid UTF-8
+    {"OverlongUtf8", "{\"type\":\"heartbeat\",\"x\":\"A\xc1\x87\"}", 1,
+     "byte 0xc1 at offset 26: not well-formed UTF-8"},
+    {"SurrogateUtf8", "\"tx\xed\xa0\x80\"", 0,
+     "byte 0xed at offset 3: not well-formed UTF-8"},
     {"TooDeep",
      "{\"type\":\"heartbeat\",\"x\":" + std::string(40, '[') +
          std::string(40, ']') + "}",
@@ -649,6 +656,87 @@ TEST(CtlReply, RoundTrip)
                                sizeof(small)),
               KVX_OK);
     EXPECT_STREQ(small, "line1?l");
+}
+
+// Issue 15, defect 2 (reproducer tests/fuzz/corpus/ctlmsg/defect2-*): the
+// JSON string "{" decoded to write_done with id "{", re-encoded as raw "{",
+// which decodes as truncated JSON. An id that raw text would misread ('{'
+// or '"' first) is encoded as a JSON string; every legacy id round-trips.
+TEST(CtlMsg, LegacyIdThatReadsAsJsonRoundTripsAsJsonString)
+{
+    const char *inputs[] = {"\"{\"", "\"{tx\"", "\"\\\"q\"", "\"x{\""};
+    for (const char *in : inputs) {
+        for (int prod = 0; prod <= 1; prod++) {
+            kvc_msg_t msg, back;
+            ASSERT_EQ(kvc_msg_decode(in, strlen(in), prod, &msg), KVX_OK)
+                << in << ": " << kvc_last_error();
+            std::string text = EncodeMsg(msg);
+            ASSERT_EQ(kvc_msg_decode(text.data(), text.size(), prod, &back),
+                      KVX_OK)
+                << in << " -> " << text << ": " << kvc_last_error();
+            EXPECT_EQ(back.type, msg.type);
+            EXPECT_EQ(back.legacy, 1);
+            EXPECT_STREQ(back.transfer_id, msg.transfer_id);
+            EXPECT_EQ(EncodeMsg(back), text);
+        }
+    }
+    kvc_msg_t msg;
+    ASSERT_EQ(kvc_msg_decode("\"{\"", 3, 0, &msg), KVX_OK);
+    EXPECT_STREQ(msg.transfer_id, "{");
+    EXPECT_EQ(EncodeMsg(msg), "\"{\"");
+}
+
+// Issue 15, defect 3 (reproducer tests/fuzz/corpus/reply/defect3-*): a
+// decoder error quoted a value cut at 64 bytes inside a multi-byte
+// character, and the reply carrying it was invalid UTF-8, so the peer lost
+// the reason. The quote ends on a character boundary, and the reply encoder
+// makes any reason valid UTF-8.
+TEST(CtlReply, ErrorQuotingMultiByteValueStaysDecodable)
+{
+    std::string value = "a";
+    for (int i = 0; i < 40; i++) {
+        value += "\xc3\xa9"; // é
+    }
+    const std::string in =
+        "{\"type\":\"release\",\"transfer_id\":[\"" + value + "\"]}";
+    kvc_msg_t msg;
+    ASSERT_EQ(kvc_msg_decode(in.data(), in.size(), 1, &msg),
+              KVX_ERR_BAD_MESSAGE);
+    const std::string err = kvc_last_error();
+    // ["a then 30 whole é: 63 bytes, not 64 ending in half a character
+    EXPECT_NE(err.find("[\"a" + value.substr(1, 60) + ": must"), std::string::npos)
+        << err;
+
+    // found by fuzz_ctlmsg (corpus/ctlmsg/finding-cut-at-window-edge): a
+    // character starting at byte 63 of the quote was cut too
+    const std::string edge = "{\"type\":\"" + std::string(62, 'x') +
+                             "\xee\xa2\xa2yz\"}";
+    ASSERT_EQ(kvc_msg_decode(edge.data(), edge.size(), 1, &msg),
+              KVX_ERR_BAD_MESSAGE);
+    const std::string edge_err = kvc_last_error();
+    EXPECT_EQ(edge_err.substr(edge_err.size() - 76),
+              "unknown type \"" + std::string(62, 'x'))
+        << edge_err;
+
+    size_t      len = 0;
+    std::string reply = Take(kvc_reply_encode(0, err.c_str(), &len));
+    int         flag  = -1;
+    char        reason[512];
+    ASSERT_EQ(kvc_reply_decode(reply.data(), reply.size(), &flag, reason,
+                               sizeof(reason)),
+              KVX_OK)
+        << kvc_last_error();
+    EXPECT_EQ(flag, 0);
+    EXPECT_EQ(std::string(reason), err);
+
+    // invalid UTF-8 of any kind: replaced byte by byte with '?'
+    const std::string bad = "x\xc3" "y\xff\xed\xa0\x80z\xf0\x9f\x98\x80";
+    reply = Take(kvc_reply_encode(0, bad.c_str(), &len));
+    ASSERT_EQ(kvc_reply_decode(reply.data(), reply.size(), &flag, reason,
+                               sizeof(reason)),
+              KVX_OK)
+        << kvc_last_error();
+    EXPECT_STREQ(reason, "x?y????z\xf0\x9f\x98\x80");
 }
 
 TEST(CtlReply, RejectsGarbage)

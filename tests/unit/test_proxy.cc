@@ -7,6 +7,7 @@ extern "C" {
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 namespace {
@@ -50,11 +51,11 @@ TEST(ProxyParams, RejectsBrokenRegistrations)
         {"{\"tp_size\":1,\"dp_size\":1}", "zmq_address"},
         {"{\"zmq_address\":\"host:a,handshake:1\",\"tp_size\":1,\"dp_size\":1}",
          "zmq_address"},
-        {"{\"zmq_address\":\"host:a,handshake:7,notify:8\",\"dp_size\":1}",
+        {"{\"zmq_address\":\"host:a,handshake:7301,notify:7501\",\"dp_size\":1}",
          "tp_size"},
-        {"{\"zmq_address\":\"host:a,handshake:7,notify:8\",\"tp_size\":0,"
+        {"{\"zmq_address\":\"host:a,handshake:7301,notify:7501\",\"tp_size\":0,"
          "\"dp_size\":1}", "tp_size"},
-        {"{\"zmq_address\":\"host:a,handshake:7,notify:8\",\"tp_size\":1,"
+        {"{\"zmq_address\":\"host:a,handshake:7301,notify:7501\",\"tp_size\":1,"
          "\"dp_size\":1,\"node_hosts\":[1]}", "node_hosts[0]"},
     };
     for (const Row &r : rows) {
@@ -67,6 +68,48 @@ TEST(ProxyParams, RejectsBrokenRegistrations)
     }
     char *out = nullptr;
     EXPECT_EQ(KVX_ERR_INVALID_PARAM, kvc_params_build_prefill(kDecodeReg, "", &out));
+}
+
+// Issue 15, defects 4 and 5 (reproducers in tests/fuzz/corpus/proxy/): the
+// helper passed ports below 1024 and node_hosts entries of 256+ characters
+// into params that kvc_params_parse (producer_request) then rejected. Now the
+// registration is rejected, naming the field; at the limits it still builds
+// params that parse.
+TEST(ProxyParams, RegistrationValuesTheParamsWouldRejectAreRejected)
+{
+    const std::string long_host(KVC_HOST_MAX, 'h');
+    const std::string rows[][2] = {
+        {"{\"zmq_address\":\"host:a,handshake:80,notify:7501\",\"tp_size\":1,"
+         "\"dp_size\":1}", "handshake port 80"},
+        {"{\"zmq_address\":\"host:a,handshake:7301,notify:1023\",\"tp_size\":1,"
+         "\"dp_size\":1}", "notify port 1023"},
+        {"{\"zmq_address\":\"host:a,handshake:7301,notify:7501\",\"tp_size\":1,"
+         "\"dp_size\":1,\"node_hosts\":[\"b\",\"" + long_host + "\"]}",
+         "node_hosts[1]: length 256"},
+    };
+    for (const auto &r : rows) {
+        char *out = nullptr;
+        EXPECT_EQ(KVX_ERR_INVALID_PARAM,
+                  kvc_params_build_prefill(r[0].c_str(), "tx", &out))
+            << r[0];
+        EXPECT_NE(std::string(kvc_last_error()).find(r[1]), std::string::npos)
+            << kvc_last_error();
+        EXPECT_EQ(nullptr, out);
+    }
+    const std::string ok_reg =
+        "{\"zmq_address\":\"host:a,handshake:1024,notify:65535\",\"tp_size\":1,"
+        "\"dp_size\":1,\"node_hosts\":[\"" + long_host.substr(1) + "\"]}";
+    char *out = nullptr;
+    ASSERT_EQ(KVX_OK, kvc_params_build_prefill(ok_reg.c_str(), "tx", &out))
+        << kvc_last_error();
+    kvc_xfer_params_t p;
+    EXPECT_EQ(KVX_OK, kvc_params_parse(out, &p)) << kvc_last_error();
+    EXPECT_EQ(1024u, p.remote.handshake_port);
+    EXPECT_EQ(65535u, p.remote.notify_port);
+    ASSERT_EQ(1u, p.num_remote_hosts);
+    EXPECT_EQ(KVC_HOST_MAX - 1u, strlen(p.remote_hosts[0]));
+    kvc_params_fini(&p);
+    free(out);
 }
 
 TEST(ProxyParams, FullRoundTripThroughBothHelpers)
@@ -129,6 +172,33 @@ TEST(ProxyRegistration, PayloadFromConfigRoundTripsThroughTheProxyHelper)
     kvc_params_fini(&p);
     free(out);
     free(reg);
+    kvc_config_fini(&cfg);
+}
+
+} // namespace
+
+namespace {
+
+// Found by fuzz_proxy (tests/fuzz/corpus/proxy/finding-config-host-comma):
+// the config accepts a host_ip with a ',' which the zmq_address of the
+// registration cannot carry; the registration is refused (KVX_ERR_CONFIG,
+// naming the reason) instead of being sent unreadable to the proxy.
+TEST(ProxyRegistration, ConfigHostTheProxyCannotReadIsRefused)
+{
+    const char cfg_json[] =
+        "{\"role\":\"kv_consumer\",\"tp_rank\":0,\"tp_size\":1,"
+        "\"kv_connector_extra_config\":{\"host_ip\":\"rc,x\","
+        "\"node_hosts\":[\"10.2.0.5\"]}}";
+    kvc_config_t cfg;
+    ASSERT_EQ(KVX_OK, kvc_config_parse(cfg_json, &cfg, nullptr, nullptr))
+        << kvc_last_error();
+    char *reg = nullptr;
+    EXPECT_EQ(KVX_ERR_CONFIG, kvc_registration_build(&cfg, &reg));
+    EXPECT_EQ(nullptr, reg);
+    const std::string err = kvc_last_error();
+    EXPECT_NE(std::string::npos, err.find("not be readable by the proxy"))
+        << err;
+    EXPECT_NE(std::string::npos, err.find("host:rc,x")) << err;
     kvc_config_fini(&cfg);
 }
 
