@@ -61,7 +61,9 @@ static kvx_status_t kvc_xfer_plan_one(struct kvx_engine *eng, kvc_xfer_t *x,
     kvc_peer_parts(eng, peer, &part, &nparts, &gather);
     parted = nparts > 1 && !l->geom.key_only;
     x->plans[x->nplans] = malloc(
-        ((parted ? kvc_plan_max_runs_sliced(&l->geom, nl)
+        ((parted ? kvc_plan_max_runs_sliced(&l->geom,
+                                            gather == 1 ? &l->geom : &rl->geom,
+                                            nl)
                  : kvc_plan_max_runs(&l->geom, nl)) + 1) * sizeof(kvc_run_t));
     if (x->plans[x->nplans] == NULL) {
         return kvc_error(KVX_ERR_NO_MEMORY, "plan: out of memory");

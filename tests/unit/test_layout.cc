@@ -541,37 +541,59 @@ TEST(LayoutRejectArgs, NullDescIsInvalid)
 
 namespace {
 
-TEST(LayoutHeads, HeadOrderIsRecordedWhereTheShapeTellsIt)
+TEST(LayoutHeads, UnitOrderAndHeadRepsComeFromTheStrides)
 {
+    // FlashAttention HND as torch describes it: logical [2, NB, BS, H, D]
+    // with strides in the order 0,1,3,2,4 (heads outside tokens in memory).
+    const DescSpec fa_hnd = {{2, 8, 4, 2, 3}, {192, 24, 3, 12, 1}, 4, 2, 3,
+                             0, 0, 0};
+    // FlashInfer HND: logical [NB, 2, BS, H, D], memory [NB, 2, H, BS, D].
+    const DescSpec fi_hnd = {{8, 2, 4, 2, 3}, {48, 24, 3, 12, 1}, 4, 2, 3,
+                             0, 0, 0};
+    // Content-packed described [NB, H, BS, C] with tokens outside heads.
+    const DescSpec packed_nhd = {{8, 2, 4, 5}, {40, 5, 10, 1}, 4, 2, 3, 2,
+                                 0, 0};
     struct Row {
         const char *name;
         DescSpec    d;
-        uint32_t    head_major;
+        uint32_t    order, reps;
     } rows[] = {
-        {"split NHD", kSplit, KVC_HEADS_INNER},
-        {"split HND", kSplitHnd, KVC_HEADS_OUTER},
-        {"interleaved NHD", kInterleaved, KVC_HEADS_INNER},
-        {"interleaved HND", kInterHnd, KVC_HEADS_OUTER},
-        {"packed", kPacked, KVC_HEADS_OUTER},
-        {"mla", kMla, KVC_HEADS_UNKNOWN},
-        {"kernel split", kKernelSplit, KVC_HEADS_UNKNOWN},
-        // block_size == num_kv_heads: the shape cannot tell the order.
-        {"bs == heads", {{2, 8, 4, 4, 3}, {}, 4, 4, 3, 0, 0, 0},
-         KVC_HEADS_UNKNOWN},
+        {"split NHD", kSplit, 234, 4},
+        {"split HND (shape)", kSplitHnd, 324, 1},
+        {"split HND (strides)", fa_hnd, 324, 1},
+        {"interleaved NHD", kInterleaved, 234, 4},
+        {"interleaved HND (shape)", kInterHnd, 324, 1},
+        {"interleaved HND (strides)", fi_hnd, 324, 1},
+        {"packed", kPacked, 324, 1},
+        {"packed NHD (strides)", packed_nhd, 234, 4},
+        {"mla", kMla, 24, 0},
+        // [2, NB*8, H=8, kbs=2, D]: 8 kernel blocks, heads outside tokens.
+        {"kernel split", kKernelSplit, 324, 8},
+        {"interleaved kernel", kInterKernel, 1234, 0},
+        // block_size == num_kv_heads: the shape cannot tell the head axis.
+        {"bs == heads", {{2, 8, 4, 4, 3}, {}, 4, 4, 3, 0, 0, 0}, 234, 0},
     };
     for (const Row &r : rows) {
         kvx_layer_desc_t d = MakeDesc(r.d);
         kvc_geom_t       g;
-        ASSERT_EQ(KVX_OK, kvc_geom_from_desc(&d, &g)) << r.name;
-        EXPECT_EQ(r.head_major, g.head_major) << r.name;
+        ASSERT_EQ(KVX_OK, kvc_geom_from_desc(&d, &g))
+            << r.name << ": " << kvc_last_error();
+        EXPECT_EQ(r.order, g.unit_order) << r.name;
+        EXPECT_EQ(r.reps, g.head_reps) << r.name;
     }
-    // Equal TP: a peer with the other head order is incompatible.
-    kvx_layer_desc_t a = MakeDesc(kSplit), b = MakeDesc(kSplitHnd);
-    kvc_geom_t       ga, gb;
+    // Equal TP: a peer with the other head order is incompatible, the same
+    // memory described by shape or by strides is the same geometry.
+    kvx_layer_desc_t a = MakeDesc(kSplit), b = MakeDesc(kSplitHnd),
+                     c = MakeDesc(fa_hnd);
+    kvc_geom_t       ga, gb, gc;
     ASSERT_EQ(KVX_OK, kvc_geom_from_desc(&a, &ga));
     ASSERT_EQ(KVX_OK, kvc_geom_from_desc(&b, &gb));
+    ASSERT_EQ(KVX_OK, kvc_geom_from_desc(&c, &gc));
     EXPECT_EQ(KVX_ERR_PEER_INCOMPATIBLE, kvc_geom_compatible(&ga, &gb));
-    EXPECT_TRUE(HasText("head_major")) << kvc_last_error();
+    EXPECT_TRUE(HasText("unit_order")) << kvc_last_error();
+    EXPECT_EQ(KVX_ERR_PEER_INCOMPATIBLE, kvc_geom_compatible(&ga, &gc));
+    EXPECT_EQ(KVX_OK, kvc_geom_compatible(&gb, &gc)) << kvc_last_error();
+    EXPECT_TRUE(kvc_geom_same(&gb, &gc));
 }
 
 // A tensor of nb blocks x (K,V) x bs tokens x h heads x d elements, filled
@@ -659,7 +681,7 @@ TEST(LayoutHeads, SlicedPlanCopiesExactlyTheSliceOfEveryHeadOrder)
                 for (uint32_t s = 0; s < q; s++) {
                     local.assign(lm.Bytes(), 0xEE);
                     const uint64_t lid[] = {4, 0, 2}, rid[] = {1, 5, 3};
-                    std::vector<kvc_run_t> runs(kvc_plan_max_runs_sliced(&lg, 3));
+                    std::vector<kvc_run_t> runs(kvc_plan_max_runs_sliced(&lg, &rg, 3));
                     size_t n = 0;
                     ASSERT_EQ(KVX_OK, kvc_plan_build_sliced(
                                           &lg, lm.Bytes(), &rg, rm.Bytes(), s,
@@ -723,7 +745,7 @@ TEST(LayoutHeads, GatheredPlanAssemblesEveryHeadFromItsPart)
                 const uint64_t lid[] = {4, 0, 2}, rid[] = {1, 5, 3};
                 for (uint32_t k = 0; k < r; k++) {
                     Fill(rm, &parts[k], k * (8 / r)); // global head numbers
-                    std::vector<kvc_run_t> runs(kvc_plan_max_runs_sliced(&lg, 3));
+                    std::vector<kvc_run_t> runs(kvc_plan_max_runs_sliced(&lg, &lg, 3));
                     size_t n = 0;
                     ASSERT_EQ(KVX_OK, kvc_plan_build_gathered(
                                           &lg, lm.Bytes(), &rg, rm.Bytes(), k,
@@ -778,12 +800,20 @@ TEST(LayoutHeads, SliceChecksNameTheRule)
     EXPECT_EQ(KVX_ERR_INVALID_PARAM,
               kvc_plan_build_sliced(&lg, lm.Bytes(), &rg, rm.Bytes(), 2, 2, lid,
                                     1, rid_ok, 1, runs, &n));
-    // Kernel-block and MLA layers cannot be sliced.
-    kvx_layer_desc_t kd = MakeDesc(kKernelSplit);
+    // Interleaved kernel-block and MLA layers cannot be sliced.
+    kvx_layer_desc_t kd = MakeDesc(kInterKernel);
     kvc_geom_t       kg;
     ASSERT_EQ(KVX_OK, kvc_geom_from_desc(&kd, &kg));
     EXPECT_EQ(KVX_ERR_NOT_SUPPORTED, kvc_geom_sliceable(&kg, &kg, 2));
     EXPECT_TRUE(HasText("not supported")) << kvc_last_error();
+    kvx_layer_desc_t md = MakeDesc(kMla);
+    ASSERT_EQ(KVX_OK, kvc_geom_from_desc(&md, &kg));
+    EXPECT_EQ(KVX_ERR_NOT_SUPPORTED, kvc_geom_sliceable(&kg, &kg, 2));
+    // block_size == num_kv_heads: the head axis is unknown, refused.
+    Model am = {false, true, 6, 4, 4, 3}, bm = {false, true, 6, 4, 2, 3};
+    kvc_geom_t ag = GeomOf(am), bg = GeomOf(bm);
+    EXPECT_EQ(KVX_ERR_NOT_SUPPORTED, kvc_geom_sliceable(&bg, &ag, 2));
+    EXPECT_TRUE(HasText("cannot tell the token axis")) << kvc_last_error();
     // Remote region too short for the remote unit.
     EXPECT_EQ(KVX_ERR_OUT_OF_BOUNDS,
               kvc_plan_build_sliced(&lg, lm.Bytes(), &rg, rm.Bytes() / 2, 0, 2,
