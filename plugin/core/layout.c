@@ -381,14 +381,13 @@ static int kvc_match_kv(kvc_match_t *m, int kv_axis, kvc_geom_t *g)
         g->transfers_per_block = 2;
     } else {
         /* [NB*k, 2, kbs, H, D]: one unit of k kernel blocks, each holding
-         * K and V; its inside must be dense so that the same unit_order
-         * means the same bytes on both sides. */
-        if (!kvc_dense(d, 1, 4)) {
-            return kvc_match_fail(m, "axes 1..4 of a kernel block are not "
-                                  "dense");
-        }
+         * K and V (axes 2..4 dense, checked above). The order of the axes
+         * and the K-to-V stride (kept in kv_stride, which a one-unit
+         * layout does not otherwise use) say where every byte is, so two
+         * sides agreeing on both hold the same bytes at the same place. */
         g->unit_order = kvc_order(d, 1, 4, roles);
         g->head_reps  = 0;
+        g->kv_stride  = kvc_mul(kvc_str(d, 1), E, &m->ovf);
         if (kvc_reach(d, 1, 4, &m->ovf) > kvc_str(d, 0)) {
             return kvc_match_fail(m, "a kernel block does not fit in "
                                   "stride[0] %" PRIu64, kvc_str(d, 0));
@@ -656,6 +655,7 @@ static kvx_status_t kvc_geom_fields(const kvc_geom_t *local,
 kvx_status_t kvc_geom_compatible(const kvc_geom_t *local,
                                  const kvc_geom_t *remote)
 {
+    int ik = local->kind == KVC_LAYOUT_INTERLEAVED_KERNEL;
     const kvc_geom_field_t f[] = {
         {"transfers_per_block", local->transfers_per_block,
          remote->transfers_per_block},
@@ -672,6 +672,8 @@ kvx_status_t kvc_geom_compatible(const kvc_geom_t *local,
         {"unit_order (axis order in memory)", local->unit_order,
          remote->unit_order},
         {"head_reps", local->head_reps, remote->head_reps},
+        /* inside an interleaved kernel block, V's place next to K */
+        {"kv_stride", ik ? local->kv_stride : 0, ik ? remote->kv_stride : 0},
     };
 
     return kvc_geom_fields(local, remote, f, sizeof(f) / sizeof(f[0]), "");

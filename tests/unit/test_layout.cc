@@ -145,14 +145,15 @@ const GeomRow kGeomRows[] = {
     {"Mla", kMla, KVC_LAYOUT_KEY_ONLY, 8, 24, 24, 0, 1, 4, 16, 0},
     {"KernelSplit", kKernelSplit, KVC_LAYOUT_SPLIT_KERNEL, 4, 768, 384 * 2,
      1536 * 2, 2, 2, 8, 3072 * 2},
+    // Interleaved kernel blocks keep the K-to-V stride in kv_stride (bytes).
     {"InterleavedKernel", kInterKernel, KVC_LAYOUT_INTERLEAVED_KERNEL, 4,
-     96 * 8 * 2, 96 * 8 * 2, 0, 1, 2, 8, 0},
+     96 * 8 * 2, 96 * 8 * 2, 48 * 2, 1, 2, 8, 48 * 2},
     {"ContentPacked", kPacked, KVC_LAYOUT_PACKED, 8, 4 * 2 * 5 * 2, 80, 0, 1, 4,
      16, 0},
     {"KeyOnlyKernel", kKeyKernel, KVC_LAYOUT_KEY_ONLY, 8, 48, 48, 0, 1, 2, 16,
      0},
     {"DoubleTwoResolved", kDoubleTwo, KVC_LAYOUT_INTERLEAVED_KERNEL, 1, 160,
-     160, 0, 1, 2, 4, 0},
+     160, 20 * 2, 1, 2, 4, 20 * 2},
     {"SplitNumBlocksOuter", kSplitNbOuter, KVC_LAYOUT_SPLIT, 8, 48, 96, 48, 2,
      4, 16, 48},
 };
