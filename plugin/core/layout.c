@@ -645,8 +645,8 @@ static kvx_status_t kvc_geom_fields(const kvc_geom_t *local,
     for (size_t i = 0; i < n; i++) {
         if (f[i].l != f[i].r) {
             return kvc_error(KVX_ERR_PEER_INCOMPATIBLE, "peer layer geometry "
-                             "differs%s: %s local %" PRIu64 " remote %" PRIu64,
-                             what, f[i].name, f[i].l, f[i].r);
+                             "differs%s: %s: local %" PRIu64 ", remote %"
+                             PRIu64, what, f[i].name, f[i].l, f[i].r);
         }
     }
     return KVX_OK;
@@ -737,13 +737,8 @@ static kvx_status_t kvc_geom_parts(const kvc_geom_t *local,
         {"head_reps", part->num_kv_heads > 1 ? part->head_reps
                                              : whole->head_reps,
          whole->head_reps},
-        /* part x n against the whole, printed as (part x n, whole) */
-        {gather ? "num_kv_heads: remote x parts, local"
-                : "num_kv_heads x slices", ovf ? UINT64_MAX : heads,
-         whole->num_kv_heads},
-        {gather ? "block_len: remote x parts, local" : "block_len x slices",
-         ovf ? UINT64_MAX : len, whole->block_len},
     };
+    kvx_status_t st;
 
     if (n < 2) {
         return kvc_error(KVX_ERR_INVALID_PARAM, "head %s: %u: must be >= 2",
@@ -771,7 +766,22 @@ static kvx_status_t kvc_geom_parts(const kvc_geom_t *local,
     }
     snprintf(what, sizeof(what), " for %u head %s", n,
              gather ? "parts" : "slices");
-    return kvc_geom_fields(local, remote, f, sizeof(f) / sizeof(f[0]), what);
+    st = kvc_geom_fields(local, remote, f, sizeof(f) / sizeof(f[0]), what);
+    if (st == KVX_OK && (ovf || heads != whole->num_kv_heads ||
+                         len != whole->block_len)) {
+        /* the part x n against the whole, each under its own label */
+        int h = ovf || heads != whole->num_kv_heads;
+
+        st = kvc_error(KVX_ERR_PEER_INCOMPATIBLE, "peer layer geometry "
+                       "differs%s: %s: %s %s x %u = %" PRIu64 ", %s %"
+                       PRIu64, what, h ? "num_kv_heads" : "block_len",
+                       gather ? "remote" : "local",
+                       h ? "num_kv_heads" : "block_len", n,
+                       ovf ? UINT64_MAX : h ? heads : len,
+                       gather ? "local" : "remote",
+                       h ? (uint64_t)whole->num_kv_heads : whole->block_len);
+    }
+    return st;
 }
 
 kvx_status_t kvc_geom_sliceable(const kvc_geom_t *local,

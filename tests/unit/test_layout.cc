@@ -354,7 +354,7 @@ TEST(LayoutPlanBounds, IncompatiblePeerGeometryRejected)
     EXPECT_EQ(KVX_ERR_PEER_INCOMPATIBLE,
               kvc_plan_build(&local, d.length, &remote, d6.length, ids, 1, ids,
                              1, runs, &n));
-    EXPECT_LAST_ERROR_HAS("block_len local 48 remote 96");
+    EXPECT_LAST_ERROR_HAS("block_len: local 48, remote 96");
 }
 
 TEST(LayoutPlanBounds, MaxRunsFollowsTransfersPerBlock)
@@ -403,7 +403,7 @@ TEST(LayoutPeer, CompatibleNamesFirstDifferingField)
     ASSERT_EQ(KVX_OK, kvc_geom_from_desc(&b, &gb));
     ASSERT_EQ(KVX_OK, kvc_geom_from_desc(&c, &gc));
     EXPECT_EQ(KVX_ERR_PEER_INCOMPATIBLE, kvc_geom_compatible(&ga, &gb));
-    EXPECT_LAST_ERROR_HAS("peer layer geometry differs: block_len local 48 "
+    EXPECT_LAST_ERROR_HAS("peer layer geometry differs: block_len: local 48, "
                           "remote 96");
     EXPECT_EQ(KVX_ERR_PEER_INCOMPATIBLE, kvc_geom_compatible(&ga, &gc));
     EXPECT_LAST_ERROR_HAS("layout local split remote interleaved");
@@ -777,7 +777,7 @@ TEST(LayoutHeads, GatheredPlanAssemblesEveryHeadFromItsPart)
     Model lm = {false, true, 5, 3, 8, 3}, rm = {false, true, 6, 3, 4, 3};
     kvc_geom_t lg = GeomOf(lm), rg = GeomOf(rm);
     EXPECT_EQ(KVX_ERR_PEER_INCOMPATIBLE, kvc_geom_gatherable(&lg, &rg, 4));
-    EXPECT_TRUE(HasText("remote x parts")) << kvc_last_error();
+    EXPECT_TRUE(HasText("num_kv_heads: remote num_kv_heads x 4 = 16, local 8")) << kvc_last_error();
     EXPECT_EQ(KVX_OK, kvc_geom_gatherable(&lg, &rg, 2)) << kvc_last_error();
 }
 
@@ -790,7 +790,7 @@ TEST(LayoutHeads, SliceChecksNameTheRule)
     size_t         n = 0;
     // Wrong slice count for the heads: 4 x 4 != 8.
     EXPECT_EQ(KVX_ERR_PEER_INCOMPATIBLE, kvc_geom_sliceable(&lg, &rg, 4));
-    EXPECT_TRUE(HasText("num_kv_heads x slices")) << kvc_last_error();
+    EXPECT_TRUE(HasText("num_kv_heads: local num_kv_heads x 4 = 16, remote 8")) << kvc_last_error();
     // Remote id past its num_blocks.
     EXPECT_EQ(KVX_ERR_OUT_OF_BOUNDS,
               kvc_plan_build_sliced(&lg, lm.Bytes(), &rg, rm.Bytes(), 0, 2, lid,
