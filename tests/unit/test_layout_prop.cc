@@ -1,0 +1,694 @@
+// test_layout_prop.cc - property test of KV geometry, the rank map and
+// offset plans against an oracle written here from first principles.
+//
+// The oracle knows nothing of kvc_geom_t: a cache is a torch tensor (its
+// logical shape, as a framework passes it, and strides in elements for a
+// chosen physical order of the axes); the byte of element idx is
+// sum(idx[i] * stride[i]) * elem_size. Every element's value is a function
+// of (P block, K/V, logical token, global KV head, dim, byte), so a D rank's
+// expected buffer is written from the heads it holds (vLLM: at TP t with H
+// KV heads, rank r holds H/t heads from r*H/t, or with t > H the one head
+// r*H/t, replicated) and the P blocks paired with its block ids (a shorter
+// D list is a prefix hit: it takes the last P blocks).
+//
+// The library side is what the engine does with pure functions:
+// kvc_geom_from_desc on each rank's tensor, kvc_rankmap_heads for the
+// pairing, kvc_plan_build / _sliced / _gathered, and the runs copied as gets
+// (READ: D plans, remote -> local) or puts (WRITE: P plans, local ->
+// remote). A case the library refuses must be one the oracle marks as
+// possibly refused (axes in an order no plan can express, a shape that
+// cannot tell tokens from heads, a layout that cannot be sliced); every
+// accepted case must leave every D byte exactly as the oracle says.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+extern "C" {
+#include "addr.h"
+#include "error.h"
+#include "layout.h"
+}
+
+namespace {
+
+enum Kind { kSplit, kInter, kPacked, kKeyOnly, kSplitK, kInterK, kNumKinds };
+const char *const kKindName[] = {"split", "interleaved", "packed", "key-only",
+                                 "split-kernel", "interleaved-kernel"};
+
+// Axis roles of the oracle's tensors.
+enum Role { rKV, rBlk, rTok, rHead, rDim };
+
+struct Model {
+    Kind     kind;
+    uint32_t heads;     // total KV heads (ignored for key-only)
+    uint32_t bs, k;     // tokens per block, kernel blocks per block
+    uint32_t d, dv;     // head dims (dv: packed V dim)
+    uint32_t elem;      // bytes per element
+    bool     hnd_shape; // shape [.., H, BS, D] instead of [.., BS, H, D]
+    // physical order of the axes, outermost first, as logical axis indices
+    std::vector<int> phys;
+    std::vector<int> d_phys; // D's own order (empty: the same as P's)
+    bool     free_perm; // phys drawn from all permutations (may be refused)
+    uint32_t p_tp, d_tp;
+    uint32_t p_nb, d_nb;
+    std::vector<uint64_t> p_ids, d_ids;
+    bool     write;
+};
+
+// One rank's tensor: logical axes (role, size) and element strides.
+struct Tensor {
+    std::vector<Role>    role;
+    std::vector<int64_t> size, stride;
+    uint64_t             elems = 0;
+};
+
+uint32_t RankHeads(const Model &m, uint32_t tp)
+{
+    return tp <= m.heads ? m.heads / tp : 1;
+}
+
+uint32_t RankHead0(const Model &m, uint32_t tp, uint32_t rank)
+{
+    return tp <= m.heads ? rank * (m.heads / tp) : rank * m.heads / tp;
+}
+
+// Logical shape of one rank's cache, exactly as a framework passes it.
+Tensor MakeTensor(const Model &m, uint32_t nb, uint32_t heads,
+                  const std::vector<int> &phys)
+{
+    Tensor   t;
+    uint32_t kbs = m.bs / m.k;
+    auto     add = [&](Role r, int64_t n) {
+        t.role.push_back(r);
+        t.size.push_back(n);
+    };
+    auto tok_head = [&](uint32_t tok) {
+        if (m.hnd_shape) {
+            add(rHead, heads);
+            add(rTok, tok);
+        } else {
+            add(rTok, tok);
+            add(rHead, heads);
+        }
+    };
+    switch (m.kind) {
+    case kSplit:
+    case kSplitK:
+        add(rKV, 2);
+        add(rBlk, (int64_t)nb * m.k);
+        tok_head(kbs);
+        add(rDim, m.d);
+        break;
+    case kInter:
+    case kInterK:
+        add(rBlk, (int64_t)nb * m.k);
+        add(rKV, 2);
+        tok_head(kbs);
+        add(rDim, m.d);
+        break;
+    case kPacked:
+        add(rBlk, nb);
+        add(rHead, heads);
+        add(rTok, m.bs);
+        add(rDim, m.d + m.dv);
+        break;
+    case kKeyOnly:
+        add(rBlk, (int64_t)nb * m.k);
+        add(rTok, kbs);
+        add(rDim, m.d);
+        break;
+    default:
+        break;
+    }
+    // Strides: contiguous in the physical order m.phys.
+    t.stride.assign(t.size.size(), 0);
+    int64_t s = 1;
+    for (size_t i = phys.size(); i-- > 0;) {
+        t.stride[phys[i]] = s;
+        s *= t.size[phys[i]];
+    }
+    t.elems = (uint64_t)s;
+    return t;
+}
+
+uint8_t Value(uint64_t pblock, uint32_t kv, uint32_t tok, uint32_t head,
+              uint32_t dim, uint32_t byte, uint64_t salt)
+{
+    uint64_t z = salt ^ (pblock * 0x9E3779B97F4A7C15ull) ^
+                 ((uint64_t)kv << 60) ^ ((uint64_t)tok << 40) ^
+                 ((uint64_t)head << 28) ^ ((uint64_t)dim << 8) ^ byte;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return (uint8_t)(z ^ (z >> 31));
+}
+
+// Writes into buf every element of `block` of tensor t with the values of
+// P block `pblock`, local head j being global head head0 + j.
+void WriteBlock(const Model &m, const Tensor &t, std::vector<uint8_t> *buf,
+                uint64_t block, uint64_t pblock, uint32_t head0,
+                uint64_t salt)
+{
+    size_t              n = t.size.size();
+    std::vector<int64_t> idx(n, 0);
+    uint32_t            kbs = m.bs / m.k;
+    int                 blk = -1;
+
+    for (size_t i = 0; i < n; i++) {
+        if (t.role[i] == rBlk) {
+            blk = (int)i;
+        }
+    }
+    for (;;) {
+        // this element, when its block axis lies in `block`
+        uint32_t kv = 0, tok = 0, head = 0, dim = 0, kb = 0;
+        uint64_t off = 0;
+        for (size_t i = 0; i < n; i++) {
+            int64_t v = idx[i];
+            switch (t.role[i]) {
+            case rKV: kv = (uint32_t)v; break;
+            case rBlk: kb = (uint32_t)v; break;
+            case rTok: tok = (uint32_t)v; break;
+            case rHead: head = (uint32_t)v; break;
+            case rDim: dim = (uint32_t)v; break;
+            }
+        }
+        uint64_t abs_blk = block * m.k + kb;
+        for (size_t i = 0; i < n; i++) {
+            off += (uint64_t)(t.role[i] == rBlk ? (int64_t)abs_blk : idx[i]) *
+                   (uint64_t)t.stride[i];
+        }
+        uint32_t logical_tok = kb * kbs + tok;
+        uint32_t g = m.kind == kKeyOnly ? 0 : head0 + head;
+        for (uint32_t b = 0; b < m.elem; b++) {
+            (*buf)[off * m.elem + b] =
+                Value(pblock, kv, logical_tok, g, dim, b, salt);
+        }
+        // next index, the block axis running over k kernel blocks only
+        size_t i = n;
+        while (i-- > 0) {
+            int64_t lim = (int)i == blk ? m.k : t.size[i];
+            if (++idx[i] < lim) {
+                break;
+            }
+            idx[i] = 0;
+        }
+        if (i == (size_t)-1) {
+            return;
+        }
+    }
+}
+
+kvx_layer_desc_t Desc(const Model &m, const Tensor &t, std::vector<uint8_t> *buf,
+                      uint32_t heads)
+{
+    kvx_layer_desc_t d = {};
+    d.struct_size  = sizeof(d);
+    d.name         = "layer";
+    d.base         = buf->data();
+    d.length       = buf->size();
+    d.ndim         = (uint32_t)t.size.size();
+    for (size_t i = 0; i < t.size.size(); i++) {
+        d.shape[i]  = t.size[i];
+        d.stride[i] = t.stride[i];
+    }
+    d.elem_size    = m.elem;
+    d.block_size   = m.bs;
+    d.num_kv_heads = m.kind == kKeyOnly ? 0 : heads;
+    d.head_size    = m.d;
+    d.head_size_v  = m.kind == kPacked ? m.dv : 0;
+    d.key_only     = m.kind == kKeyOnly;
+    return d;
+}
+
+struct Side {
+    Tensor                            t;
+    uint32_t                          heads;
+    std::vector<std::vector<uint8_t>> bufs; // per rank
+    std::vector<kvc_geom_t>           geom;
+};
+
+// Copies runs; false if a run leaves either buffer.
+bool Copy(const kvc_run_t *r, size_t n, std::vector<uint8_t> *dst, bool dst_local,
+          const std::vector<uint8_t> &src)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint64_t doff = dst_local ? r[i].local_off : r[i].remote_off;
+        uint64_t soff = dst_local ? r[i].remote_off : r[i].local_off;
+        if (doff + r[i].len > dst->size() || soff + r[i].len > src.size()) {
+            return false;
+        }
+        memcpy(dst->data() + doff, src.data() + soff, r[i].len);
+    }
+    return true;
+}
+
+// Plans and copies one (local, remote) pairing: n == 1 whole blocks, else
+// slice (gather 0: local is slice idx of remote) or part (gather 1: remote
+// is part idx of local). Returns "" or the library's refusal.
+std::string PlanCopy(const kvc_geom_t &lg, std::vector<uint8_t> *lbuf,
+                     const kvc_geom_t &rg, std::vector<uint8_t> *rbuf,
+                     uint32_t idx, uint32_t n, int gather,
+                     const std::vector<uint64_t> &lids,
+                     const std::vector<uint64_t> &rids, bool get)
+{
+    const kvc_geom_t *whole = gather ? &lg : &rg;
+    std::vector<kvc_run_t> runs(
+        (n > 1 ? kvc_plan_max_runs_sliced(&lg, whole, lids.size())
+               : kvc_plan_max_runs(&lg, lids.size())) + 1);
+    size_t       nr = 0;
+    kvx_status_t st;
+
+    if (n <= 1) {
+        st = kvc_plan_build(&lg, lbuf->size(), &rg, rbuf->size(), lids.data(),
+                            lids.size(), rids.data(), rids.size(), runs.data(),
+                            &nr);
+    } else if (gather) {
+        st = kvc_plan_build_gathered(&lg, lbuf->size(), &rg, rbuf->size(), idx,
+                                     n, lids.data(), lids.size(), rids.data(),
+                                     rids.size(), runs.data(), &nr);
+    } else {
+        st = kvc_plan_build_sliced(&lg, lbuf->size(), &rg, rbuf->size(), idx, n,
+                                   lids.data(), lids.size(), rids.data(),
+                                   rids.size(), runs.data(), &nr);
+    }
+    if (st != KVX_OK) {
+        return std::string(kvc_status_name(st)) + ": " + kvc_last_error();
+    }
+    if (nr > runs.size() - 1) {
+        return "BUG: plan wrote more runs than its capacity";
+    }
+    bool ok = get ? Copy(runs.data(), nr, lbuf, true, *rbuf)
+                  : Copy(runs.data(), nr, rbuf, false, *lbuf);
+    return ok ? "" : "BUG: a run leaves a buffer";
+}
+
+struct Outcome {
+    std::string refused; // library refusal ("" = accepted)
+    std::string wrong;   // byte mismatch or bug ("" = exact)
+};
+
+// Runs one case. salt makes P's values differ per case.
+Outcome RunCase(const Model &m, uint64_t salt)
+{
+    Outcome o;
+    Side    p, d;
+    p.heads = RankHeads(m, m.p_tp);
+    d.heads = RankHeads(m, m.d_tp);
+    p.t     = MakeTensor(m, m.p_nb, p.heads, m.phys);
+    d.t     = MakeTensor(m, m.d_nb, d.heads,
+                         m.d_phys.empty() ? m.phys : m.d_phys);
+    // Fill P ranks, sentinel D ranks.
+    for (uint32_t r = 0; r < m.p_tp; r++) {
+        p.bufs.emplace_back(p.t.elems * m.elem, 0xA5);
+        for (uint64_t b = 0; b < m.p_nb; b++) {
+            WriteBlock(m, p.t, &p.bufs[r], b, b, RankHead0(m, m.p_tp, r), salt);
+        }
+    }
+    for (uint32_t r = 0; r < m.d_tp; r++) {
+        d.bufs.emplace_back(d.t.elems * m.elem, 0xEE);
+    }
+    // Geometry of every rank (the library).
+    for (Side *s : {&p, &d}) {
+        for (auto &buf : s->bufs) {
+            kvx_layer_desc_t desc = Desc(m, s->t, &buf, s->heads);
+            kvc_geom_t       g;
+            kvx_status_t     st = kvc_geom_from_desc(&desc, &g);
+            if (st != KVX_OK) {
+                o.refused = std::string("geometry: ") + kvc_status_name(st) +
+                            ": " + kvc_last_error();
+                return o;
+            }
+            s->geom.push_back(g);
+        }
+    }
+    uint32_t ph = m.kind == kKeyOnly ? 0 : p.heads;
+    uint32_t dh = m.kind == kKeyOnly ? 0 : d.heads;
+    // P's list trimmed to D's length (a prefix hit): WRITE puts only those.
+    std::vector<uint64_t> p_tail(m.p_ids.end() - (long)m.d_ids.size(),
+                                 m.p_ids.end());
+    for (uint32_t dr = 0; dr < m.d_tp && o.refused.empty(); dr++) {
+        kvc_rankmap_t map;
+        kvx_status_t  st = kvc_rankmap_heads(m.d_tp, m.p_tp, dh, ph, dr, &map);
+        if (st != KVX_OK) {
+            o.refused = std::string("rankmap: ") + kvc_last_error();
+            break;
+        }
+        if (!m.write) {
+            // READ: D rank dr plans against each source.
+            uint32_t nsrc = map.gather ? map.num_slices : 1;
+            for (uint32_t k = 0; k < nsrc && o.refused.empty(); k++) {
+                uint32_t src = map.gather ? map.release[k] : map.read_rank;
+                o.refused = PlanCopy(d.geom[dr], &d.bufs[dr], p.geom[src],
+                                     &p.bufs[src], map.gather ? k : map.head_slice,
+                                     map.num_slices, (int)map.gather, m.d_ids,
+                                     m.p_ids, true);
+            }
+            continue;
+        }
+        // WRITE: each P rank serving dr plans its puts.
+        if (m.p_tp > m.d_tp) {
+            for (uint32_t k = 0; k < map.num_slices && o.refused.empty(); k++) {
+                uint32_t pr = map.release[k];
+                o.refused = PlanCopy(p.geom[pr], &p.bufs[pr], d.geom[dr],
+                                     &d.bufs[dr], k, map.num_slices, 0, p_tail,
+                                     m.d_ids, false);
+            }
+        } else {
+            uint32_t pr = map.read_rank;
+            o.refused = PlanCopy(p.geom[pr], &p.bufs[pr], d.geom[dr],
+                                 &d.bufs[dr], map.head_slice, map.num_slices, 1,
+                                 p_tail, m.d_ids, false);
+        }
+    }
+    if (o.refused.rfind("BUG", 0) == 0) {
+        o.wrong   = o.refused;
+        o.refused = "";
+        return o;
+    }
+    if (!o.refused.empty()) {
+        return o;
+    }
+    // The oracle's D buffers.
+    size_t skip = m.p_ids.size() - m.d_ids.size();
+    for (uint32_t dr = 0; dr < m.d_tp; dr++) {
+        std::vector<uint8_t> exp(d.t.elems * m.elem, 0xEE);
+        for (size_t i = 0; i < m.d_ids.size(); i++) {
+            WriteBlock(m, d.t, &exp, m.d_ids[i], m.p_ids[skip + i],
+                       RankHead0(m, m.d_tp, dr), salt);
+        }
+        if (exp != d.bufs[dr]) {
+            size_t at = 0;
+            while (exp[at] == d.bufs[dr][at]) {
+                at++;
+            }
+            size_t bad = 0;
+            for (size_t j = 0; j < exp.size(); j++) {
+                bad += exp[j] != d.bufs[dr][j];
+            }
+            std::ostringstream os;
+            os << "D rank " << dr << ": " << bad << " of " << exp.size()
+               << " bytes wrong, first at byte " << at;
+            o.wrong = os.str();
+            return o;
+        }
+    }
+    return o;
+}
+
+std::string Describe(const Model &m, const Side *unused = nullptr)
+{
+    (void)unused;
+    std::ostringstream os;
+    Tensor t = MakeTensor(m, m.p_nb, RankHeads(m, m.p_tp), m.phys);
+    os << (m.write ? "WRITE " : "READ ") << kKindName[m.kind] << " heads "
+       << m.heads << " P tp" << m.p_tp << " -> D tp" << m.d_tp << " bs "
+       << m.bs << " k " << m.k << " d " << m.d << " dv " << m.dv << " elem "
+       << m.elem << " P shape [";
+    for (size_t i = 0; i < t.size.size(); i++) {
+        os << (i ? "," : "") << t.size[i];
+    }
+    os << "] strides [";
+    for (size_t i = 0; i < t.stride.size(); i++) {
+        os << (i ? "," : "") << t.stride[i];
+    }
+    if (!m.d_phys.empty()) {
+        os << "] D order [";
+        for (size_t i = 0; i < m.d_phys.size(); i++) {
+            os << (i ? "," : "") << m.d_phys[i];
+        }
+    }
+    os << "] P blocks " << m.p_ids.size() << " D blocks " << m.d_ids.size()
+       << (m.free_perm ? " (free permutation)" : "");
+    return os.str();
+}
+
+// DrawModel: a random case. Supported physical orders keep the block axes
+// (K/V and blocks; kernel split: K/V then blocks) outside a unit whose own
+// axes come in any order; with free_perm any order at all.
+Model DrawModel(std::mt19937_64 &rng)
+{
+    auto pick = [&](std::initializer_list<uint32_t> v) {
+        return *(v.begin() + rng() % v.size());
+    };
+    Model m;
+    m.kind      = (Kind)(rng() % kNumKinds);
+    m.heads     = pick({1, 2, 4, 8});
+    m.elem      = pick({1, 2, 4});
+    m.d         = 1 + rng() % 6;
+    m.dv        = 1 + rng() % 6;
+    m.hnd_shape = rng() % 2;
+    m.k         = 1;
+    m.bs        = pick({1, 2, 3, 4, 5, 6, 8});
+    if (m.kind == kSplitK || m.kind == kInterK ||
+        (m.kind == kKeyOnly && rng() % 2)) {
+        m.bs = pick({4, 6, 8, 12, 16});
+        std::vector<uint32_t> ks;
+        for (uint32_t k = 2; k <= m.bs; k++) {
+            if (m.bs % k == 0 && k < m.bs) {
+                ks.push_back(k);
+            }
+        }
+        m.k = ks[rng() % ks.size()];
+    }
+    m.p_tp  = pick({1, 2, 4, 8});
+    m.d_tp  = pick({1, 2, 4, 8});
+    m.write = rng() % 2;
+    // physical order
+    size_t ndim = m.kind == kKeyOnly ? 3 : m.kind == kPacked ? 4 : 5;
+    m.free_perm = rng() % 6 == 0;
+    m.phys.resize(ndim);
+    for (size_t i = 0; i < ndim; i++) {
+        m.phys[i] = (int)i;
+    }
+    auto order = [&](std::vector<int> *ph) {
+        if (m.free_perm) {
+            std::shuffle(ph->begin(), ph->end(), rng);
+            return;
+        }
+        size_t inner = ndim == 5 ? 2 : 1; // unit axes start here
+        if (ndim == 5 && m.kind != kSplitK && m.kind != kInterK && rng() % 2) {
+            std::swap((*ph)[0], (*ph)[1]); // K/V plane inside or outside
+        }
+        std::shuffle(ph->begin() + (long)inner, ph->end(), rng);
+    };
+    order(&m.phys);
+    if (rng() % 6 == 0) {
+        // D on another backend: its own order of the same axes
+        m.d_phys.resize(ndim);
+        for (size_t i = 0; i < ndim; i++) {
+            m.d_phys[i] = (int)i;
+        }
+        order(&m.d_phys);
+        if (m.d_phys == m.phys) {
+            m.d_phys.clear();
+        }
+    }
+    // blocks and ids (distinct, random order), a prefix hit on D
+    // (num_blocks 2 with a K/V axis of 2 is ambiguous: drawn rarely)
+    m.p_nb = rng() % 16 == 0 ? 2 : 3 + rng() % 6;
+    m.d_nb = rng() % 16 == 0 ? 2 : 1 + rng() % 8;
+    if (m.d_nb == 2 && rng() % 2) {
+        m.d_nb = 1;
+    }
+    size_t np = 1 + rng() % std::min<uint32_t>(m.p_nb, m.d_nb);
+    size_t nd = 1 + rng() % np;
+    std::vector<uint64_t> pa(m.p_nb), da(m.d_nb);
+    for (uint64_t i = 0; i < m.p_nb; i++) pa[i] = i;
+    for (uint64_t i = 0; i < m.d_nb; i++) da[i] = i;
+    std::shuffle(pa.begin(), pa.end(), rng);
+    std::shuffle(da.begin(), da.end(), rng);
+    m.p_ids.assign(pa.begin(), pa.begin() + (long)np);
+    m.d_ids.assign(da.begin(), da.begin() + (long)nd);
+    return m;
+}
+
+// MayRefuse: the oracle's list of cases the library may refuse; any other
+// refusal fails the test.
+bool MayRefuse(const Model &m)
+{
+    bool hetero = m.p_tp != m.d_tp &&
+                  RankHeads(m, m.p_tp) != RankHeads(m, m.d_tp);
+    uint32_t hp = RankHeads(m, m.p_tp), hd = RankHeads(m, m.d_tp);
+    if (m.free_perm) {
+        return true; // an arbitrary axis order may have no plan
+    }
+    if (!m.d_phys.empty()) {
+        return true; // P and D keep the axes in another order: bytes move
+                     // as they are, so it must be refused (or be equal)
+    }
+    bool five = m.kind != kKeyOnly && m.kind != kPacked;
+    if (five && (m.p_nb * m.k == 2 || m.d_nb * m.k == 2)) {
+        return true; // [2, 2, ...]: split or interleaved, both fit
+    }
+    if (m.k > 1 && m.kind != kKeyOnly &&
+        (m.bs / m.k == hp || m.bs / m.k == hd)) {
+        return true; // kernel block size == heads: which axis is which?
+    }
+    if (!hetero || m.kind == kKeyOnly) {
+        return false;
+    }
+    if (m.kind == kInterK) {
+        return true; // K and V interleaved per kernel block: no slices
+    }
+    // Sliced: both sides must tell tokens from heads (a 5-D shape with
+    // block_size == heads cannot).
+    return m.kind != kPacked && m.k == 1 && (m.bs == hp || m.bs == hd);
+}
+
+constexpr int kCases = 10000;
+
+TEST(LayoutProperty, EveryLayoutPermutationAndTpPairingIsExactOrRefused)
+{
+    std::mt19937_64 rng(0x5EEDC0DEull);
+    int             accepted = 0, refused = 0, hetero_ok = 0, replicated_ok = 0,
+        free_ok = 0, free_refused = 0, order_refused = 0;
+    int             kind_ok[kNumKinds] = {};
+
+    for (int c = 0; c < kCases; c++) {
+        Model   m = DrawModel(rng);
+        Outcome o = RunCase(m, (uint64_t)c * 0x2545F4914F6CDD1Dull);
+        ASSERT_EQ("", o.wrong) << "case " << c << ": " << Describe(m);
+        if (!o.refused.empty()) {
+            ASSERT_TRUE(MayRefuse(m)) << "case " << c << " refused: "
+                                      << o.refused << "\n  " << Describe(m);
+            refused++;
+            free_refused += m.free_perm;
+            order_refused += !m.d_phys.empty();
+            if (getenv("LP_DEBUG")) { // LP_DEBUG=1: list every refusal
+                printf("%d %s\n", m.free_perm, o.refused.c_str());
+            }
+            continue;
+        }
+        accepted++;
+        kind_ok[m.kind]++;
+        free_ok += m.free_perm;
+        hetero_ok += m.p_tp != m.d_tp;
+        replicated_ok += m.kind != kKeyOnly &&
+                         (m.p_tp > m.heads || m.d_tp > m.heads) &&
+                         m.p_tp != m.d_tp;
+    }
+    // The property must not hold vacuously: most cases move bytes, every
+    // layout and replicated GQA pairings among them.
+    EXPECT_GT(accepted, kCases * 3 / 5);
+    EXPECT_GT(hetero_ok, kCases / 3);
+    EXPECT_GT(replicated_ok, kCases / 20);
+    EXPECT_GT(free_ok, 100);
+    EXPECT_GT(free_refused, 100);
+    EXPECT_GT(order_refused, 300);
+    for (int k = 0; k < kNumKinds; k++) {
+        EXPECT_GT(kind_ok[k], kCases / 20) << kKindName[k];
+    }
+    RecordProperty("accepted", accepted);
+    RecordProperty("refused", refused);
+}
+
+// The case: FlashAttention HND as torch describes it, P tp2 -> D
+// tp4 READ with 4 KV heads (sharded) and with 2 (replicated on D).
+// SplitModel: a split-layout case of one block list pairing, its physical
+// axis order given.
+Model SplitModel(uint32_t heads, uint32_t bs, uint32_t d, std::vector<int> phys,
+                 uint32_t p_tp, uint32_t d_tp, bool write)
+{
+    Model m;
+    m.kind      = kSplit;
+    m.heads     = heads;
+    m.bs        = bs;
+    m.k         = 1;
+    m.d         = d;
+    m.dv        = d;
+    m.elem      = 2;
+    m.hnd_shape = false; // [2, NB, BS, H, D]
+    m.phys      = std::move(phys);
+    m.free_perm = false;
+    m.p_tp      = p_tp;
+    m.d_tp      = d_tp;
+    m.p_nb      = 6;
+    m.d_nb      = 5;
+    m.p_ids     = {5, 1, 3};
+    m.d_ids     = {4, 0};
+    m.write     = write;
+    return m;
+}
+
+TEST(LayoutProperty, FlashAttentionHndDescribedByStrides)
+{
+    for (uint32_t heads : {4u, 2u}) {
+        for (bool write : {false, true}) {
+            for (auto tps : {std::make_pair(2u, 4u), std::make_pair(4u, 2u)}) {
+                // memory [2, NB, H, BS, D]: stride order 0,1,3,2,4
+                Model   m = SplitModel(heads, 16, 8, {0, 1, 3, 2, 4},
+                                       tps.first, tps.second, write);
+                Outcome o = RunCase(m, 7);
+                EXPECT_EQ("", o.refused) << Describe(m);
+                EXPECT_EQ("", o.wrong) << Describe(m);
+            }
+        }
+    }
+}
+
+// An order with the block axis inside a unit is refused, never misread.
+TEST(LayoutProperty, BlockAxisInsideAUnitIsRefused)
+{
+    Model m     = SplitModel(2, 4, 3, {0, 2, 1, 3, 4}, 1, 1, false);
+    m.free_perm = true; // tokens outside blocks
+    Outcome o   = RunCase(m, 3);
+    EXPECT_NE(std::string::npos, o.refused.find("KV layout")) << o.refused;
+}
+
+// The rank map with replicated heads: who reads what, and the release
+// quorum that follows from the same function.
+TEST(LayoutProperty, RankMapReplicatedHeads)
+{
+    kvc_rankmap_t m;
+    // 2 KV heads, P tp2 (1 head each) -> D tp4 (1 head, replicated): D rank
+    // d reads the whole block of P rank d/2.
+    for (uint32_t dr = 0; dr < 4; dr++) {
+        ASSERT_EQ(KVX_OK, kvc_rankmap_heads(4, 2, 1, 1, dr, &m));
+        EXPECT_EQ(dr / 2, m.read_rank);
+        EXPECT_EQ(1u, m.num_slices);
+        EXPECT_EQ(0u, m.gather);
+    }
+    // P tp4 (replicated) -> D tp2: D rank d reads P rank 2d whole, releases
+    // 2d and 2d+1.
+    ASSERT_EQ(KVX_OK, kvc_rankmap_heads(2, 4, 1, 1, 1, &m));
+    EXPECT_EQ(2u, m.read_rank);
+    EXPECT_EQ(0u, m.gather);
+    ASSERT_EQ(2u, m.num_release);
+    EXPECT_EQ(2u, m.release[0]);
+    EXPECT_EQ(3u, m.release[1]);
+    // 4 heads, P tp8 (replicated, 1 head) -> D tp1 (4 heads): parts from
+    // P ranks 0, 2, 4, 6; all 8 released.
+    ASSERT_EQ(KVX_OK, kvc_rankmap_heads(1, 8, 4, 1, 0, &m));
+    EXPECT_EQ(1u, m.gather);
+    ASSERT_EQ(4u, m.num_slices);
+    ASSERT_EQ(8u, m.num_release);
+    for (uint32_t k = 0; k < 4; k++) {
+        EXPECT_EQ(2 * k, m.release[k]);
+    }
+    // 2 heads, P tp1 (2 heads) -> D tp4: slices 0,0,1,1.
+    for (uint32_t dr = 0; dr < 4; dr++) {
+        ASSERT_EQ(KVX_OK, kvc_rankmap_heads(4, 1, 1, 2, dr, &m));
+        EXPECT_EQ(2u, m.num_slices);
+        EXPECT_EQ(dr / 2, m.head_slice);
+    }
+    // A head count that does not share: 3 heads over 2 ranks.
+    EXPECT_EQ(KVX_ERR_PEER_INCOMPATIBLE, kvc_rankmap_heads(1, 2, 3, 1, 0, &m));
+    EXPECT_NE(nullptr, strstr(kvc_last_error(), "decode num_kv_heads 3"))
+        << kvc_last_error();
+    // Quorum: the release sets do not depend on heads.
+    uint32_t q = 0;
+    ASSERT_EQ(KVX_OK, kvc_ack_quorum(4, 2, 0, 1, &q));
+    EXPECT_EQ(2u, q);
+    ASSERT_EQ(KVX_OK, kvc_ack_quorum(2, 4, 0, 3, &q));
+    EXPECT_EQ(1u, q);
+}
+
+} // namespace
