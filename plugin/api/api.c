@@ -278,12 +278,24 @@ static kvx_status_t api_check_request(kvx_engine_t *eng, int producer,
     return KVX_OK;
 }
 
+/* api_check_rid: a request id must fit the events' request_id field
+ * whole; a longer one is refused, never truncated. */
+static kvx_status_t api_check_rid(kvx_status_t st, const char *rid)
+{
+    if (st == KVX_OK && rid != NULL && strlen(rid) >= KVX_ID_MAX) {
+        st = kvc_error(KVX_ERR_INVALID_PARAM, "request_id: %zu characters: "
+                       "must be at most %d (KVX_ID_MAX - 1)", strlen(rid),
+                       KVX_ID_MAX - 1);
+    }
+    return st;
+}
+
 static kvx_status_t api_producer_request(kvx_engine_t *eng, const char *rid,
                                          const char *params,
                                          const uint64_t *ids, size_t n,
                                          char **resp_p)
 {
-    kvx_status_t st = api_check_request(eng, 1, ids, n);
+    kvx_status_t st = api_check_rid(api_check_request(eng, 1, ids, n), rid);
 
     if (st == KVX_OK && resp_p == NULL) {
         st = kvc_error(KVX_ERR_INVALID_PARAM, "response_params_p: NULL");
@@ -298,7 +310,7 @@ static kvx_status_t api_consumer_request(kvx_engine_t *eng, const char *rid,
                                          const char *params,
                                          const uint64_t *ids, size_t n)
 {
-    kvx_status_t st = api_check_request(eng, 0, ids, n);
+    kvx_status_t st = api_check_rid(api_check_request(eng, 0, ids, n), rid);
 
     if (st != KVX_OK) {
         return st;
@@ -406,7 +418,7 @@ static kvx_status_t api_seal_transfer(kvx_engine_t *eng, const char *tid)
 static kvx_status_t api_consumer_abort(kvx_engine_t *eng, const char *rid,
                                        const char *params)
 {
-    kvx_status_t st = api_check_request(eng, 0, NULL, 0);
+    kvx_status_t st = api_check_rid(api_check_request(eng, 0, NULL, 0), rid);
 
     return st != KVX_OK ? st : eng->mode->abort(eng, rid, params);
 }
