@@ -1023,6 +1023,49 @@ TEST(Dlopen, HwlocXmlTopologyLoadsUnderRtldLocal)
     lib.api->engine_destroy(eng);
 }
 
+// log_level in an engine's config is applied: it sets the process-wide
+// threshold (the logger is process-wide) for the lines that follow.
+std::vector<std::pair<int, std::string>> g_log_lines;
+
+void CaptureLog(void *, int level, const char *id, const char *)
+{
+    g_log_lines.emplace_back(level, id != nullptr ? id : "");
+}
+
+int CountLog(const std::string &id)
+{
+    int n = 0;
+    for (const auto &l : g_log_lines) {
+        n += l.second == id;
+    }
+    return n;
+}
+
+TEST(Dlopen, LogLevelOfTheConfigIsApplied)
+{
+    Lib lib;
+    ASSERT_NE(nullptr, lib.api) << lib.error;
+    const kvx_api_t *api = lib.api;
+    std::vector<uint8_t> buf(2 * 8 * kUnit, 0);
+    for (int level : {2, 0}) {
+        g_log_lines.clear();
+        api->set_logger(CaptureLog, nullptr, 1); // warn, then the config
+        uint16_t      hs  = NextPorts(2);
+        std::string   cfg = Config(false, hs, (uint16_t)(hs + 1));
+        kvx_engine_t *eng = nullptr;
+        cfg.insert(1, "\"log_level\":" + std::to_string(level) + ",");
+        ASSERT_EQ(KVX_OK, api->engine_create(cfg.c_str(), &eng))
+            << api->last_error();
+        kvx_layer_desc_t d = Desc("model.layers.0.attn", buf.data(), 8);
+        ASSERT_EQ(KVX_OK, api->register_layer(eng, &d)) << api->last_error();
+        ASSERT_EQ(KVX_OK, api->start(eng)) << api->last_error();
+        // start() logs KVX-STARTED at info (2): seen only at log_level 2.
+        EXPECT_EQ(level >= 2 ? 1 : 0, CountLog("KVX-STARTED")) << level;
+        api->engine_destroy(eng);
+    }
+    api->set_logger(nullptr, nullptr, 1);
+}
+
 TEST(Dlopen, RegistrationPayloadHasTheProxyFields)
 {
     Lib lib;
