@@ -12,6 +12,7 @@
 // prefix hit: D asks for the last 4 of P's 5 blocks. Exit status 0 when
 // every rank succeeded; a failing rank prints why on stderr.
 #include "harness.h"
+#include "layout_run.h"
 #include "../unit/layout_oracle.h"
 
 #include <sys/types.h>
@@ -62,21 +63,6 @@ oracle::Model LayerModel(const Args &a, int layer)
     return m;
 }
 
-std::string PeerParams(bool for_p, uint16_t port, uint32_t rtp,
-                       const std::vector<uint64_t> &remote_ids, bool write)
-{
-    if (!write) {
-        return Params(kTid, "127.0.0.1", port, (uint16_t)(port + 20000),
-                      remote_ids, rtp);
-    }
-    return "{\"transfer_id\":\"" + std::string(kTid) + "\",\"" +
-           (for_p ? "do_remote_decode" : "do_remote_prefill") +
-           "\":true,\"remote_host\":\"127.0.0.1\",\"remote_handshake_port\":" +
-           std::to_string(port) + ",\"remote_notify_port\":" +
-           std::to_string(port + 20000) + ",\"remote_tp_size\":" +
-           std::to_string(rtp) + "}";
-}
-
 int Fail(const char *who, uint32_t rank, const std::string &why)
 {
     fprintf(stderr, "%s rank %u: %s\n", who, rank, why.c_str());
@@ -89,15 +75,8 @@ int RunRank(const Args &a, bool producer, uint32_t rank, uint16_t p_port,
 {
     const char *who = producer ? "P" : "D";
     uint32_t    tp  = producer ? a.p_tp : a.d_tp;
-    RankOpts    o;
-    o.producer          = producer;
-    o.tp_rank           = rank;
-    o.tp_size           = tp;
-    o.hs_port           = producer ? p_port : d_port;
-    o.notify_port       = (uint16_t)(o.hs_port + 20000);
-    o.read_mode         = !a.write;
-    o.handshake_timeout = 30.0;
-    o.transfer_timeout  = 60.0;
+    RankOpts    o   = LayoutRankOpts(producer, rank, tp,
+                                     producer ? p_port : d_port, a.write, 60.0);
     std::string cfg     = RankConfig(o);
 
     std::vector<oracle::Tensor>       t(2);
@@ -128,9 +107,7 @@ int RunRank(const Args &a, bool producer, uint32_t rank, uint16_t p_port,
     int rc = 0;
     if (producer) {
         char       *resp = nullptr;
-        std::string pp   = a.write ? PeerParams(true, d_port, a.d_tp, {}, true)
-                                   : "{\"transfer_id\":\"" + std::string(kTid) +
-                                       "\",\"do_remote_decode\":true}";
+        std::string pp   = LayoutParams(kTid, a.write, true, d_port, a.d_tp, {});
         if (Api()->producer_request(eng, "req-hnd", pp.c_str(), kPIds.data(),
                                     kPIds.size(), &resp) != KVX_OK) {
             return Fail(who, rank, Api()->last_error());
@@ -155,7 +132,7 @@ int RunRank(const Args &a, bool producer, uint32_t rank, uint16_t p_port,
         }
         FreeEvents(&ev);
     } else {
-        std::string dp = PeerParams(false, p_port, a.p_tp, kPIds, a.write);
+        std::string dp = LayoutParams(kTid, a.write, false, p_port, a.p_tp, kPIds);
         if (Api()->consumer_request(eng, "req-hnd", dp.c_str(), kDIds.data(),
                                     kDIds.size()) != KVX_OK) {
             return Fail(who, rank, Api()->last_error());

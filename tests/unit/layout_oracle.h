@@ -12,7 +12,11 @@
 
 #include <kvxfer/kvxfer.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <random>
+#include <sstream>
+#include <string>
 #include <vector>
 
 namespace oracle {
@@ -204,6 +208,145 @@ inline kvx_layer_desc_t Desc(const Model &m, const Tensor &t, std::vector<uint8_
     d.head_size_v  = m.kind == kPacked ? m.dv : 0;
     d.key_only     = m.kind == kKeyOnly;
     return d;
+}
+
+// DrawModel: a random case. Supported physical orders keep the block axes
+// (K/V and blocks; kernel split: K/V then blocks) outside a unit whose own
+// axes come in any order; with free_perm any order at all.
+inline Model DrawModel(std::mt19937_64 &rng)
+{
+    auto pick = [&](std::initializer_list<uint32_t> v) {
+        return *(v.begin() + rng() % v.size());
+    };
+    Model m;
+    m.kind      = (Kind)(rng() % kNumKinds);
+    m.heads     = pick({1, 2, 4, 8});
+    m.elem      = pick({1, 2, 4});
+    m.d         = 1 + rng() % 6;
+    m.dv        = 1 + rng() % 6;
+    m.hnd_shape = rng() % 2;
+    m.k         = 1;
+    m.bs        = pick({1, 2, 3, 4, 5, 6, 8});
+    if (m.kind == kSplitK || m.kind == kInterK ||
+        (m.kind == kKeyOnly && rng() % 2)) {
+        m.bs = pick({4, 6, 8, 12, 16});
+        std::vector<uint32_t> ks;
+        for (uint32_t k = 2; k <= m.bs; k++) {
+            if (m.bs % k == 0 && k < m.bs) {
+                ks.push_back(k);
+            }
+        }
+        m.k = ks[rng() % ks.size()];
+    }
+    m.p_tp  = pick({1, 2, 4, 8});
+    m.d_tp  = pick({1, 2, 4, 8});
+    m.write = rng() % 2;
+    // physical order
+    size_t ndim = m.kind == kKeyOnly ? 3 : m.kind == kPacked ? 4 : 5;
+    m.free_perm = rng() % 6 == 0;
+    m.phys.resize(ndim);
+    for (size_t i = 0; i < ndim; i++) {
+        m.phys[i] = (int)i;
+    }
+    auto order = [&](std::vector<int> *ph) {
+        if (m.free_perm) {
+            std::shuffle(ph->begin(), ph->end(), rng);
+            return;
+        }
+        size_t inner = ndim == 5 ? 2 : 1; // unit axes start here
+        if (ndim == 5 && m.kind != kSplitK && m.kind != kInterK && rng() % 2) {
+            std::swap((*ph)[0], (*ph)[1]); // K/V plane inside or outside
+        }
+        std::shuffle(ph->begin() + (long)inner, ph->end(), rng);
+    };
+    order(&m.phys);
+    if (rng() % 6 == 0) {
+        // D on another backend: its own order of the same axes
+        m.d_phys.resize(ndim);
+        for (size_t i = 0; i < ndim; i++) {
+            m.d_phys[i] = (int)i;
+        }
+        order(&m.d_phys);
+        if (m.d_phys == m.phys) {
+            m.d_phys.clear();
+        }
+    }
+    // blocks and ids (distinct, random order), a prefix hit on D
+    // (num_blocks 2 with a K/V axis of 2 is ambiguous: drawn rarely)
+    m.p_nb = rng() % 16 == 0 ? 2 : 3 + rng() % 6;
+    m.d_nb = rng() % 16 == 0 ? 2 : 1 + rng() % 8;
+    if (m.d_nb == 2 && rng() % 2) {
+        m.d_nb = 1;
+    }
+    size_t np = 1 + rng() % std::min<uint32_t>(m.p_nb, m.d_nb);
+    size_t nd = 1 + rng() % np;
+    std::vector<uint64_t> pa(m.p_nb), da(m.d_nb);
+    for (uint64_t i = 0; i < m.p_nb; i++) pa[i] = i;
+    for (uint64_t i = 0; i < m.d_nb; i++) da[i] = i;
+    std::shuffle(pa.begin(), pa.end(), rng);
+    std::shuffle(da.begin(), da.end(), rng);
+    m.p_ids.assign(pa.begin(), pa.begin() + (long)np);
+    m.d_ids.assign(da.begin(), da.begin() + (long)nd);
+    return m;
+}
+
+// MayRefuse: the oracle's list of cases the library may refuse; any other
+// refusal fails the test.
+inline bool MayRefuse(const Model &m)
+{
+    bool hetero = m.p_tp != m.d_tp &&
+                  RankHeads(m, m.p_tp) != RankHeads(m, m.d_tp);
+    uint32_t hp = RankHeads(m, m.p_tp), hd = RankHeads(m, m.d_tp);
+    if (m.free_perm) {
+        return true; // an arbitrary axis order may have no plan
+    }
+    if (!m.d_phys.empty()) {
+        return true; // P and D keep the axes in another order: bytes move
+                     // as they are, so it must be refused (or be equal)
+    }
+    bool five = m.kind != kKeyOnly && m.kind != kPacked;
+    if (five && (m.p_nb * m.k == 2 || m.d_nb * m.k == 2)) {
+        return true; // [2, 2, ...]: split or interleaved, both fit
+    }
+    if (m.k > 1 && m.kind != kKeyOnly &&
+        (m.bs / m.k == hp || m.bs / m.k == hd)) {
+        return true; // kernel block size == heads: which axis is which?
+    }
+    if (!hetero || m.kind == kKeyOnly) {
+        return false;
+    }
+    if (m.kind == kInterK) {
+        return true; // K and V interleaved per kernel block: no slices
+    }
+    // Sliced: both sides must tell tokens from heads (a 5-D shape with
+    // block_size == heads cannot).
+    return m.kind != kPacked && m.k == 1 && (m.bs == hp || m.bs == hd);
+}
+
+inline std::string Describe(const Model &m)
+{
+    std::ostringstream os;
+    Tensor t = MakeTensor(m, m.p_nb, RankHeads(m, m.p_tp), m.phys);
+    os << (m.write ? "WRITE " : "READ ") << kKindName[m.kind] << " heads "
+       << m.heads << " P tp" << m.p_tp << " -> D tp" << m.d_tp << " bs "
+       << m.bs << " k " << m.k << " d " << m.d << " dv " << m.dv << " elem "
+       << m.elem << " P shape [";
+    for (size_t i = 0; i < t.size.size(); i++) {
+        os << (i ? "," : "") << t.size[i];
+    }
+    os << "] strides [";
+    for (size_t i = 0; i < t.stride.size(); i++) {
+        os << (i ? "," : "") << t.stride[i];
+    }
+    if (!m.d_phys.empty()) {
+        os << "] D order [";
+        for (size_t i = 0; i < m.d_phys.size(); i++) {
+            os << (i ? "," : "") << m.d_phys[i];
+        }
+    }
+    os << "] P blocks " << m.p_ids.size() << " D blocks " << m.d_ids.size()
+       << (m.free_perm ? " (free permutation)" : "");
+    return os.str();
 }
 
 } // namespace oracle
