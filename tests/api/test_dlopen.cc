@@ -1056,7 +1056,8 @@ TEST(Dlopen, LogLevelOfTheConfigIsApplied)
         cfg.insert(1, "\"log_level\":" + std::to_string(level) + ",");
         ASSERT_EQ(KVX_OK, api->engine_create(cfg.c_str(), &eng))
             << api->last_error();
-        kvx_layer_desc_t d = Desc("model.layers.0.attn", buf.data(), 8);
+        const std::string name = "model.layers.0.attn"; // d.name borrows it
+        kvx_layer_desc_t  d    = Desc(name, buf.data(), 8);
         ASSERT_EQ(KVX_OK, api->register_layer(eng, &d)) << api->last_error();
         ASSERT_EQ(KVX_OK, api->start(eng)) << api->last_error();
         // start() logs KVX-STARTED at info (2): seen only at log_level 2.
