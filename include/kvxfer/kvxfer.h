@@ -42,7 +42,9 @@ extern "C" {
 
 #define KVX_ENTRY_POINT_NAME "kvx_get_api"
 
-/* Sizes of the fixed strings carried by events. */
+/* Sizes of the fixed strings carried by events. A request_id or
+ * transfer_id of KVX_ID_MAX characters or more is refused
+ * (KVX_ERR_INVALID_PARAM naming the limit), never truncated. */
 #define KVX_ID_MAX     256
 #define KVX_REASON_MAX 512
 
@@ -214,7 +216,12 @@ typedef struct kvx_api {
                                      size_t num_blocks);
     /* wait_layer blocks until layer `layer` of the transfer has landed
      * (KVX_OK), failed (its error), or timeout_ms passed (KVX_ERR_TIMEOUT).
-     * timeout_ms < 0 means the transfer's own deadline. */
+     * timeout_ms < 0 means the transfer's own deadline. READ mode: D's gets
+     * of that layer completed. WRITE mode on D: D cannot see P's puts
+     * land one layer at a time; it learns of them all at once from
+     * write_done, so wait_layer returns when the whole transfer has landed
+     * (as wait_transfer). Waits are for D: on P they return
+     * KVX_ERR_BAD_STATE. */
     kvx_status_t (*wait_layer)(kvx_engine_t *engine, const char *transfer_id,
                                uint32_t layer, int64_t timeout_ms);
     /* wait_transfer is wait_layer for every layer of the transfer. */

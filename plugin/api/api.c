@@ -20,6 +20,26 @@ kvx_status_t kvx_engine_create(const kvt_env_t *env, const char *json,
 void         kvx_engine_destroy(struct kvx_engine *eng);
 kvx_status_t kvx_engine_start(struct kvx_engine *eng);
 
+/* api_apply_log_level: a top-level "log_level" in the config of an engine
+ * just created (validated by its config parse, 0..3) becomes the
+ * process-wide log threshold, as set_logger's max_level does (the sink is
+ * kept); without the key the threshold is left as it is. The logger is
+ * process-wide, so the last engine created with the key decides. */
+static kvx_status_t api_apply_log_level(kvx_status_t st, const char *json)
+{
+    json_object *o = st == KVX_OK ? json_tokener_parse(json) : NULL;
+    json_object *v = NULL;
+
+    if (o != NULL && json_object_is_type(o, json_type_object) &&
+        json_object_object_get_ex(o, "log_level", &v) &&
+        json_object_is_type(v, json_type_int)) {
+        __atomic_store_n(&kvc_log_level, json_object_get_int(v),
+                         __ATOMIC_RELAXED);
+    }
+    json_object_put(o);
+    return st;
+}
+
 kvx_status_t kvc_engine_create_env(const kvt_env_t *env, const char *json,
                                    kvx_engine_t **eng_p)
 {
@@ -29,7 +49,7 @@ kvx_status_t kvc_engine_create_env(const kvt_env_t *env, const char *json,
                          "engine_create: env, config_json and engine_p "
                          "required");
     }
-    return kvx_engine_create(env, json, eng_p);
+    return api_apply_log_level(kvx_engine_create(env, json, eng_p), json);
 }
 
 static const char *api_last_error(void)
@@ -57,7 +77,7 @@ static kvx_status_t api_engine_create(const char *json, kvx_engine_t **eng_p)
     /* A real process: UCX data plane, nng control plane, the host clock. */
     kvt_env_t env = {kvt_ucx_ops(), kvt_nng_ops(), *kvt_real_clock()};
 
-    return kvx_engine_create(&env, json, eng_p);
+    return api_apply_log_level(kvx_engine_create(&env, json, eng_p), json);
 }
 
 static kvx_status_t api_config_dump(kvx_engine_t *eng, char **json_p)
@@ -278,12 +298,24 @@ static kvx_status_t api_check_request(kvx_engine_t *eng, int producer,
     return KVX_OK;
 }
 
+/* api_check_rid: a request id must fit the events' request_id field
+ * whole; a longer one is refused, never truncated. */
+static kvx_status_t api_check_rid(kvx_status_t st, const char *rid)
+{
+    if (st == KVX_OK && rid != NULL && strlen(rid) >= KVX_ID_MAX) {
+        st = kvc_error(KVX_ERR_INVALID_PARAM, "request_id: %zu characters: "
+                       "must be at most %d (KVX_ID_MAX - 1)", strlen(rid),
+                       KVX_ID_MAX - 1);
+    }
+    return st;
+}
+
 static kvx_status_t api_producer_request(kvx_engine_t *eng, const char *rid,
                                          const char *params,
                                          const uint64_t *ids, size_t n,
                                          char **resp_p)
 {
-    kvx_status_t st = api_check_request(eng, 1, ids, n);
+    kvx_status_t st = api_check_rid(api_check_request(eng, 1, ids, n), rid);
 
     if (st == KVX_OK && resp_p == NULL) {
         st = kvc_error(KVX_ERR_INVALID_PARAM, "response_params_p: NULL");
@@ -298,7 +330,7 @@ static kvx_status_t api_consumer_request(kvx_engine_t *eng, const char *rid,
                                          const char *params,
                                          const uint64_t *ids, size_t n)
 {
-    kvx_status_t st = api_check_request(eng, 0, ids, n);
+    kvx_status_t st = api_check_rid(api_check_request(eng, 0, ids, n), rid);
 
     if (st != KVX_OK) {
         return st;
@@ -406,7 +438,7 @@ static kvx_status_t api_seal_transfer(kvx_engine_t *eng, const char *tid)
 static kvx_status_t api_consumer_abort(kvx_engine_t *eng, const char *rid,
                                        const char *params)
 {
-    kvx_status_t st = api_check_request(eng, 0, NULL, 0);
+    kvx_status_t st = api_check_rid(api_check_request(eng, 0, NULL, 0), rid);
 
     return st != KVX_OK ? st : eng->mode->abort(eng, rid, params);
 }

@@ -648,8 +648,32 @@ static kvx_status_t kvc_rankmap_sizes(uint32_t d_tp, uint32_t p_tp)
     return KVX_OK;
 }
 
-kvx_status_t kvc_rankmap(uint32_t d_tp, uint32_t p_tp, int replicated,
-                         uint32_t d_rank, kvc_rankmap_t *map)
+/* kvc_heads_split: n heads per rank cut into at most `ways` equal pieces
+ * (ways ranks of the other side share them): min(n, ways), 1 for a
+ * key-only model (n == 0). The count must divide `ways` and n evenly. */
+static kvx_status_t kvc_heads_split(uint32_t n, uint32_t ways,
+                                    const char *side, uint32_t *out)
+{
+    uint32_t k = n == 0 ? 1 : n < ways ? n : ways;
+
+    if (n == KVC_HEADS_SHARDED) {
+        *out = ways;
+        return KVX_OK;
+    }
+
+    if ((n != 0 && n % k != 0) || ways % k != 0) {
+        return kvc_error(KVX_ERR_PEER_INCOMPATIBLE,
+                         "%s num_kv_heads %u per rank cannot be shared by "
+                         "%u ranks of the other side: the smaller of the two "
+                         "must divide the larger", side, n, ways);
+    }
+    *out = k;
+    return KVX_OK;
+}
+
+kvx_status_t kvc_rankmap_heads(uint32_t d_tp, uint32_t p_tp, uint32_t d_heads,
+                               uint32_t p_heads, uint32_t d_rank,
+                               kvc_rankmap_t *map)
 {
     kvc_rankmap_t m;
     kvx_status_t  st = kvc_rankmap_sizes(d_tp, p_tp);
@@ -666,31 +690,54 @@ kvx_status_t kvc_rankmap(uint32_t d_tp, uint32_t p_tp, int replicated,
     m.num_slices  = 1;
     m.num_release = 1;
     if (d_tp >= p_tp) {
-        m.read_rank = d_rank / (d_tp / p_tp);
-        m.release[0] = m.read_rank;
-        if (d_tp > p_tp && !replicated) {
-            /* Sharded heads: D rank d holds slice d % q of the heads of
-             * P rank d / q (SPEC §4). */
-            m.num_slices = d_tp / p_tp;
-            m.head_slice = d_rank % m.num_slices;
-        }
-    } else {
-        uint32_t r = p_tp / d_tp;
+        uint32_t q = d_tp / p_tp, n;
 
+        /* The q D ranks d/q*q .. +q-1 share P rank d/q. Its p_heads are
+         * cut into n = min(p_heads, q) slices; with fewer heads than D
+         * ranks each slice is held by q/n consecutive D ranks (replicated
+         * GQA heads), as the rank holding head h at tp t is h*t/heads. */
+        st = kvc_heads_split(p_heads, q, "prefill", &n);
+        if (st != KVX_OK) {
+            return st;
+        }
+        m.read_rank  = d_rank / q;
+        m.release[0] = m.read_rank;
+        m.num_slices = n;
+        m.head_slice = (d_rank % q) / (q / n);
+    } else {
+        uint32_t r = p_tp / d_tp, n, step;
+
+        /* The r P ranks d*r .. d*r+r-1 hold this rank's heads and are all
+         * released. d_heads are assembled from n = min(d_heads, r) parts;
+         * with fewer heads than P ranks each part is held by step = r/n
+         * consecutive P ranks (replicated), and the first of them is read.
+         * release[0..n-1] are the sources (part k), then the replicas. */
+        st = kvc_heads_split(d_heads, r, "decode", &n);
+        if (st != KVX_OK) {
+            return st;
+        }
+        step          = r / n;
         m.read_rank   = d_rank * r;
         m.num_release = r;
         for (uint32_t k = 0; k < r; k++) {
-            m.release[k] = d_rank * r + k;
+            uint32_t part = k < n ? k : (k - n) / (step - 1);
+            uint32_t rep  = k < n ? 0 : (k - n) % (step - 1) + 1;
+
+            m.release[k] = d_rank * r + part * step + rep;
         }
-        if (!replicated) {
-            /* Sharded heads: part k of this rank's heads lives on P rank
-             * d*r + k (SPEC §4). */
-            m.gather     = 1;
-            m.num_slices = r;
-        }
+        m.gather     = n > 1;
+        m.num_slices = n;
     }
     *map = m;
     return KVX_OK;
+}
+
+kvx_status_t kvc_rankmap(uint32_t d_tp, uint32_t p_tp, int replicated,
+                         uint32_t d_rank, kvc_rankmap_t *map)
+{
+    uint32_t heads = replicated ? 0 : KVC_HEADS_SHARDED;
+
+    return kvc_rankmap_heads(d_tp, p_tp, heads, heads, d_rank, map);
 }
 
 kvx_status_t kvc_ack_quorum(uint32_t d_tp, uint32_t p_tp, int replicated,

@@ -138,6 +138,30 @@ typedef struct kvc_rankmap {
 kvx_status_t kvc_rankmap(uint32_t d_tp, uint32_t p_tp, int replicated,
                          uint32_t d_rank, kvc_rankmap_t *map);
 
+/* KVC_HEADS_SHARDED: heads per rank "as many as the other side needs"
+ * (kvc_rankmap's sharded reading, no side replicating heads). */
+#define KVC_HEADS_SHARDED UINT32_MAX
+
+/*
+ * kvc_rankmap_heads is the rank map with the KV heads each rank holds
+ * (d_heads on D, p_heads on P; of the layers that are not key-only; 0 for
+ * a model of key-only layers only, held whole by every rank). Release sets
+ * are those of kvc_rankmap (they do not depend on heads). D tp = q x P tp:
+ * P's p_heads are cut into num_slices = min(p_heads, q) slices, D rank d
+ * reads slice (d % q) / (q / num_slices): with p_heads < q the heads are
+ * replicated on D (vLLM: KV heads < TP). P tp = r x D tp: D's heads come
+ * in num_slices = min(d_heads, r) parts (gather when > 1) from
+ * release[0..num_slices-1] (part k from P rank d*r + k*r/num_slices); the
+ * other release ranks hold replicas and are only released. A count that
+ * does not divide the other → KVX_ERR_PEER_INCOMPATIBLE naming it. The
+ * heads that matter are known before the handshake on the side that needs
+ * them most: d_heads for the gather direction, p_heads only for the slice
+ * index (one source either way).
+ */
+kvx_status_t kvc_rankmap_heads(uint32_t d_tp, uint32_t p_tp, uint32_t d_heads,
+                               uint32_t p_heads, uint32_t d_rank,
+                               kvc_rankmap_t *map);
+
 /* kvc_ack_quorum: number of D ranks whose kvc_rankmap().release contains
  * p_rank, computed by calling kvc_rankmap for every d (the same function,
  * SPEC §4). */

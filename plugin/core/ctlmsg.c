@@ -1114,7 +1114,8 @@ static const kvc_int_field_t kvc_geom_ints[] = {
     KVC_GEOM_INT(head_size, 4, 0, INT32_MAX),
     KVC_GEOM_INT(head_size_v, 4, 0, INT32_MAX),
     KVC_GEOM_INT(key_only, 4, 0, 1),
-    KVC_GEOM_INT(head_major, 4, 0, 2),
+    KVC_GEOM_INT(unit_order, 4, 0, 4321),
+    KVC_GEOM_INT(head_reps, 4, 0, INT32_MAX),
 };
 
 

@@ -22,10 +22,15 @@ typedef struct kvc_match {
     int                     ovf; /* a multiplication or sum overflowed */
 } kvc_match_t;
 
-/* kvc_axes_t: where a 5-D tensor keeps its token axis (SPEC §6). */
+/* kvc_axes_t: where a 5-D tensor keeps its token and head axes (SPEC §6).
+ * The shape names the axes (torch keeps the logical order when a cache is
+ * permuted); the strides say where they are in memory. */
 typedef struct kvc_axes {
-    uint64_t kbs; /* tokens per (kernel) block on the token axis */
-    uint64_t k;   /* kernel blocks per logical block */
+    uint64_t kbs;       /* tokens per (kernel) block on the token axis */
+    uint64_t k;         /* kernel blocks per logical block */
+    int      tok, head; /* shape axes of tokens and heads (2 or 3) */
+    int      ambiguous; /* block_size == num_kv_heads: the shape cannot
+                           tell the token axis from the head axis */
 } kvc_axes_t;
 
 static int kvc_match_fail(kvc_match_t *m, const char *fmt, ...)
@@ -144,6 +149,51 @@ static int kvc_dense(const kvx_layer_desc_t *d, int first, int last)
     return 1;
 }
 
+/* kvc_order: the unit_order code of axes first..last (roles[a - first] is
+ * the KVC_ORDER_* role of axis a): digits outermost first, by stride;
+ * axes of size 1 left out. */
+static uint32_t kvc_order(const kvx_layer_desc_t *d, int first, int last,
+                          const uint32_t *roles)
+{
+    int      ax[8];
+    int      n    = 0;
+    uint32_t code = 0;
+
+    for (int a = first; a <= last; a++) {
+        if (kvc_dim(d, a) > 1) {
+            int j = n++;
+            while (j > 0 && kvc_str(d, ax[j - 1]) < kvc_str(d, a)) {
+                ax[j] = ax[j - 1];
+                j--;
+            }
+            ax[j] = a;
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        code = code * 10 + roles[ax[i] - first];
+    }
+    return code;
+}
+
+/* kvc_head_reps: how many times the head axis repeats inside a dense unit
+ * spanning axes first..last: the product of the sizes of the axes whose
+ * stride is larger than the head axis' stride (0 with one head). */
+static uint64_t kvc_head_reps(const kvx_layer_desc_t *d, int first, int last,
+                              int head)
+{
+    uint64_t r = 1;
+
+    if (kvc_dim(d, head) < 2) {
+        return 0;
+    }
+    for (int a = first; a <= last; a++) {
+        if (a != head && kvc_dim(d, a) > 1 && kvc_str(d, a) > kvc_str(d, head)) {
+            r *= kvc_dim(d, a);
+        }
+    }
+    return r;
+}
+
 /* kvc_reach: elements from the first to one past the last element spanned
  * by axes first..last. */
 static uint64_t kvc_reach(const kvx_layer_desc_t *d, int first, int last,
@@ -170,7 +220,6 @@ static void kvc_geom_base(const kvx_layer_desc_t *d, kvc_layout_kind_t kind,
     g->head_size           = d->head_size;
     g->head_size_v = d->head_size_v != 0 ? d->head_size_v : d->head_size;
     g->key_only    = d->key_only != 0;
-    g->head_major  = KVC_HEADS_UNKNOWN;
 }
 
 /* [NB, BS, L] or, with kernel blocks, [NB*k, kbs, L]. */
@@ -199,13 +248,18 @@ static int kvc_match_key_only(kvc_match_t *m, kvc_geom_t *g)
                               "the %" PRIu64 " kernel blocks per block",
                               kvc_dim(d, 0), k);
     }
+    if (!kvc_dense(d, 1, 2)) {
+        return kvc_match_fail(m, "axes 1..2 of a %sblock are not dense "
+                              "(stride[1] = %" PRIu64 ", stride[2] = %"
+                              PRIu64 ")", k > 1 ? "kernel " : "",
+                              kvc_str(d, 1), kvc_str(d, 2));
+    }
     kvc_geom_base(d, KVC_LAYOUT_KEY_ONLY, g);
     g->kernel_block_size = (uint32_t)kbs;
     g->num_blocks        = kvc_dim(d, 0) / k;
+    g->unit_order = kvc_order(d, 1, 2, (const uint32_t[]){KVC_ORDER_TOK,
+                                                          KVC_ORDER_DIM});
     if (k == 1) {
-        if (!kvc_dense(d, 1, 2)) {
-            return kvc_match_fail(m, "axes 1..2 of a block are not dense");
-        }
         g->block_len = kvc_mul(kvc_mul(kbs, kvc_dim(d, 2), &m->ovf), E,
                                &m->ovf);
         g->block_stride = kvc_mul(kvc_str(d, 0), E, &m->ovf);
@@ -236,8 +290,11 @@ static int kvc_match_axes(kvc_match_t *m, kvc_axes_t *ax)
                               "%u", kvc_dim(d, 4), d->head_size);
     }
     if ((s2 == bs && s3 == h) || (s3 == bs && s2 == h)) {
-        ax->kbs = bs;
-        ax->k   = 1;
+        ax->kbs       = bs;
+        ax->k         = 1;
+        ax->tok       = s2 == bs ? 2 : 3;
+        ax->head      = 5 - ax->tok;
+        ax->ambiguous = bs == h;
         return 0;
     }
     c2 = s3 == h && s2 < bs && bs % s2 == 0; /* axis 2 is the kernel block */
@@ -253,8 +310,10 @@ static int kvc_match_axes(kvc_match_t *m, kvc_axes_t *ax)
                               "divisor of it) and num_kv_heads %" PRIu64,
                               s2, s3, bs, h);
     }
-    ax->kbs = c2 ? s2 : s3;
-    ax->k   = bs / ax->kbs;
+    ax->kbs  = c2 ? s2 : s3;
+    ax->k    = bs / ax->kbs;
+    ax->tok  = c2 ? 2 : 3;
+    ax->head = 5 - ax->tok;
     return 0;
 }
 
@@ -277,7 +336,9 @@ static int kvc_match_kv(kvc_match_t *m, int kv_axis, kvc_geom_t *g)
                                                      kvc_dim(d, 3), &m->ovf),
                                              kvc_dim(d, 4), &m->ovf);
     uint64_t                unit   = kvc_mul(inner, E, &m->ovf);
-    kvc_axes_t              ax     = {0, 0};
+    kvc_axes_t              ax     = {0, 0, 2, 3, 0};
+    uint32_t                roles[4];
+    uint64_t                reps;
 
     if (kvc_match_axes(m, &ax) != 0) {
         return -1;
@@ -291,9 +352,14 @@ static int kvc_match_kv(kvc_match_t *m, int kv_axis, kvc_geom_t *g)
         return kvc_match_fail(m, "axes 2..4 of a block are not dense");
     }
     kvc_geom_base(d, kvc_kind_5d(kv_axis, ax.k), g);
-    if (ax.k == 1 && d->block_size != d->num_kv_heads) {
-        g->head_major = kvc_dim(d, 2) == d->num_kv_heads ? KVC_HEADS_OUTER
-                                                         : KVC_HEADS_INNER;
+    roles[0]                 = KVC_ORDER_KV;
+    roles[ax.tok - 1]        = KVC_ORDER_TOK;
+    roles[ax.head - 1]       = KVC_ORDER_HEAD;
+    roles[3]                 = KVC_ORDER_DIM;
+    g->unit_order            = kvc_order(d, 2, 4, roles + 1);
+    reps                     = kvc_head_reps(d, 2, 4, ax.head);
+    if (!ax.ambiguous && reps * ax.k <= UINT32_MAX) {
+        g->head_reps = (uint32_t)(reps * ax.k);
     }
     g->kernel_block_size = (uint32_t)ax.kbs;
     g->num_blocks        = kvc_dim(d, nb_ax) / ax.k;
@@ -314,6 +380,14 @@ static int kvc_match_kv(kvc_match_t *m, int kv_axis, kvc_geom_t *g)
         g->kv_stride    = kvc_mul(kvc_str(d, 1), E, &m->ovf);
         g->transfers_per_block = 2;
     } else {
+        /* [NB*k, 2, kbs, H, D]: one unit of k kernel blocks, each holding
+         * K and V (axes 2..4 dense, checked above). The order of the axes
+         * and the K-to-V stride (kept in kv_stride, which a one-unit
+         * layout does not otherwise use) say where every byte is, so two
+         * sides agreeing on both hold the same bytes at the same place. */
+        g->unit_order = kvc_order(d, 1, 4, roles);
+        g->head_reps  = 0;
+        g->kv_stride  = kvc_mul(kvc_str(d, 1), E, &m->ovf);
         if (kvc_reach(d, 1, 4, &m->ovf) > kvc_str(d, 0)) {
             return kvc_match_fail(m, "a kernel block does not fit in "
                                   "stride[0] %" PRIu64, kvc_str(d, 0));
@@ -390,7 +464,10 @@ static int kvc_match_packed(kvc_match_t *m, kvc_geom_t *g)
         return kvc_match_fail(m, "axes 1..3 of a block are not dense");
     }
     kvc_geom_base(d, KVC_LAYOUT_PACKED, g);
-    g->head_major   = KVC_HEADS_OUTER;
+    g->unit_order   = kvc_order(d, 1, 3, (const uint32_t[]){KVC_ORDER_HEAD,
+                                                            KVC_ORDER_TOK,
+                                                            KVC_ORDER_DIM});
+    g->head_reps    = (uint32_t)kvc_head_reps(d, 1, 3, 1);
     g->num_blocks   = kvc_dim(d, 0);
     g->block_len    = kvc_mul(kvc_mul(kvc_mul(kvc_dim(d, 1), kvc_dim(d, 2),
                                               &m->ovf), dd, &m->ovf),
@@ -568,8 +645,8 @@ static kvx_status_t kvc_geom_fields(const kvc_geom_t *local,
     for (size_t i = 0; i < n; i++) {
         if (f[i].l != f[i].r) {
             return kvc_error(KVX_ERR_PEER_INCOMPATIBLE, "peer layer geometry "
-                             "differs%s: %s local %" PRIu64 " remote %" PRIu64,
-                             what, f[i].name, f[i].l, f[i].r);
+                             "differs%s: %s: local %" PRIu64 ", remote %"
+                             PRIu64, what, f[i].name, f[i].l, f[i].r);
         }
     }
     return KVX_OK;
@@ -578,6 +655,7 @@ static kvx_status_t kvc_geom_fields(const kvc_geom_t *local,
 kvx_status_t kvc_geom_compatible(const kvc_geom_t *local,
                                  const kvc_geom_t *remote)
 {
+    int ik = local->kind == KVC_LAYOUT_INTERLEAVED_KERNEL;
     const kvc_geom_field_t f[] = {
         {"transfers_per_block", local->transfers_per_block,
          remote->transfers_per_block},
@@ -591,7 +669,11 @@ kvx_status_t kvc_geom_compatible(const kvc_geom_t *local,
         {"head_size", local->head_size, remote->head_size},
         {"head_size_v", local->head_size_v, remote->head_size_v},
         {"key_only", local->key_only, remote->key_only},
-        {"head_major", local->head_major, remote->head_major},
+        {"unit_order (axis order in memory)", local->unit_order,
+         remote->unit_order},
+        {"head_reps", local->head_reps, remote->head_reps},
+        /* inside an interleaved kernel block, V's place next to K */
+        {"kv_stride", ik ? local->kv_stride : 0, ik ? remote->kv_stride : 0},
     };
 
     return kvc_geom_fields(local, remote, f, sizeof(f) / sizeof(f[0]), "");
@@ -608,7 +690,23 @@ int kvc_geom_same(const kvc_geom_t *a, const kvc_geom_t *b)
            a->kernel_block_size == b->kernel_block_size &&
            a->num_kv_heads == b->num_kv_heads &&
            a->head_size == b->head_size && a->head_size_v == b->head_size_v &&
-           a->key_only == b->key_only && a->head_major == b->head_major;
+           a->key_only == b->key_only && a->unit_order == b->unit_order &&
+           a->head_reps == b->head_reps;
+}
+
+/* kvc_order_nohead: unit_order without the head digit (a side with one
+ * head has no head axis in its order). */
+static uint32_t kvc_order_nohead(uint32_t code)
+{
+    uint32_t out = 0, mul = 1;
+
+    for (; code != 0; code /= 10) {
+        if (code % 10 != KVC_ORDER_HEAD) {
+            out += (code % 10) * mul;
+            mul *= 10;
+        }
+    }
+    return out;
 }
 
 /* kvc_geom_parts: local holds head part `of n` of remote (slice) or remote
@@ -628,39 +726,62 @@ static kvx_status_t kvc_geom_parts(const kvc_geom_t *local,
          remote->transfers_per_block},
         {"elem_size", local->elem_size, remote->elem_size},
         {"block_size", local->block_size, remote->block_size},
+        {"kernel_block_size", local->kernel_block_size,
+         remote->kernel_block_size},
         {"head_size", local->head_size, remote->head_size},
         {"head_size_v", local->head_size_v, remote->head_size_v},
-        {"head_major", local->head_major, remote->head_major},
-        /* part x n against the whole, printed as (part x n, whole) */
-        {gather ? "num_kv_heads: remote x parts, local"
-                : "num_kv_heads x slices", ovf ? UINT64_MAX : heads,
-         whole->num_kv_heads},
-        {gather ? "block_len: remote x parts, local" : "block_len x slices",
-         ovf ? UINT64_MAX : len, whole->block_len},
+        {"unit_order without the head axis (axis order in memory)",
+         kvc_order_nohead(local->unit_order),
+         kvc_order_nohead(remote->unit_order)},
+        /* a part with several heads repeats them as the whole does */
+        {"head_reps", part->num_kv_heads > 1 ? part->head_reps
+                                             : whole->head_reps,
+         whole->head_reps},
     };
+    kvx_status_t st;
 
     if (n < 2) {
         return kvc_error(KVX_ERR_INVALID_PARAM, "head %s: %u: must be >= 2",
                          gather ? "parts" : "slices", n);
     }
     if ((local->kind != KVC_LAYOUT_SPLIT &&
+         local->kind != KVC_LAYOUT_SPLIT_KERNEL &&
          local->kind != KVC_LAYOUT_INTERLEAVED &&
-         local->kind != KVC_LAYOUT_PACKED) ||
-        local->head_major == KVC_HEADS_UNKNOWN || local->key_only) {
+         local->kind != KVC_LAYOUT_PACKED) || local->key_only) {
         return kvc_error(KVX_ERR_NOT_SUPPORTED, "reading head %s of a %s "
-                         "layer%s is not supported (sharded heterogeneous TP "
-                         "needs split, interleaved or content-packed blocks "
-                         "whose head axis is known)",
+                         "layer is not supported (sharded heterogeneous TP "
+                         "needs split, split-kernel, interleaved or "
+                         "content-packed blocks)",
                          gather ? "parts" : "slices",
-                         kvc_kind_name(local->kind),
-                         local->head_major == KVC_HEADS_UNKNOWN
-                             ? " with block_size == num_kv_heads (head axis "
-                               "unknown)"
-                             : "");
+                         kvc_kind_name(local->kind));
+    }
+    if (whole->head_reps == 0 || whole->block_len % whole->head_reps != 0) {
+        return kvc_error(KVX_ERR_NOT_SUPPORTED, "reading head %s of a %s "
+                         "layer with block_size %u == num_kv_heads %u is not "
+                         "supported: the shape cannot tell the token axis "
+                         "from the head axis (%s side)",
+                         gather ? "parts" : "slices",
+                         kvc_kind_name(local->kind), whole->block_size,
+                         whole->num_kv_heads, gather ? "local" : "remote");
     }
     snprintf(what, sizeof(what), " for %u head %s", n,
              gather ? "parts" : "slices");
-    return kvc_geom_fields(local, remote, f, sizeof(f) / sizeof(f[0]), what);
+    st = kvc_geom_fields(local, remote, f, sizeof(f) / sizeof(f[0]), what);
+    if (st == KVX_OK && (ovf || heads != whole->num_kv_heads ||
+                         len != whole->block_len)) {
+        /* the part x n against the whole, each under its own label */
+        int h = ovf || heads != whole->num_kv_heads;
+
+        st = kvc_error(KVX_ERR_PEER_INCOMPATIBLE, "peer layer geometry "
+                       "differs%s: %s: %s %s x %u = %" PRIu64 ", %s %"
+                       PRIu64, what, h ? "num_kv_heads" : "block_len",
+                       gather ? "remote" : "local",
+                       h ? "num_kv_heads" : "block_len", n,
+                       ovf ? UINT64_MAX : h ? heads : len,
+                       gather ? "local" : "remote",
+                       h ? (uint64_t)whole->num_kv_heads : whole->block_len);
+    }
+    return st;
 }
 
 kvx_status_t kvc_geom_sliceable(const kvc_geom_t *local,
@@ -675,11 +796,12 @@ kvx_status_t kvc_geom_gatherable(const kvc_geom_t *local,
     return kvc_geom_parts(local, remote, nparts, 1);
 }
 
-size_t kvc_plan_max_runs_sliced(const kvc_geom_t *local, size_t nlocal)
+size_t kvc_plan_max_runs_sliced(const kvc_geom_t *local,
+                                const kvc_geom_t *whole, size_t nlocal)
 {
-    size_t per = local->head_major == KVC_HEADS_OUTER ? 1 : local->block_size;
+    size_t per = whole != NULL && whole->head_reps ? whole->head_reps : 1;
 
-    return kvc_plan_max_runs(local, nlocal) * (per ? per : 1);
+    return kvc_plan_max_runs(local, nlocal) * per;
 }
 
 size_t kvc_plan_max_runs(const kvc_geom_t *local, size_t nlocal)
@@ -859,7 +981,7 @@ static kvx_status_t kvc_plan_parts(const kvc_geom_t *local,
     kvc_plan_side_t rs = {"remote", remote, remote_region_len, remote_ids};
     kvx_status_t    st;
     size_t          skip, m = 0;
-    uint64_t        row_l, row_r, part;
+    uint64_t        reps, wrep, prep;
 
     st = kvc_plan_lists(local, remote, local_ids, nlocal, remote_ids, nremote,
                         runs, nruns_p);
@@ -873,10 +995,12 @@ static kvx_status_t kvc_plan_parts(const kvc_geom_t *local,
         return kvc_error(KVX_ERR_INVALID_PARAM, "head %s %u: must be < %u",
                          gather ? "part" : "slice", idx, n);
     }
-    row_l = local->block_len / local->block_size;   /* one token, local */
-    row_r = remote->block_len / remote->block_size; /* one token, remote */
-    part  = gather ? row_r : row_l;                 /* one token, the part */
-    skip  = nremote - nlocal;
+    /* Both units are [reps][heads][B]: a part is prep bytes of each of the
+     * reps rows of wrep bytes of the whole. */
+    reps = gather ? local->head_reps : remote->head_reps;
+    wrep = (gather ? local->block_len : remote->block_len) / reps;
+    prep = (gather ? remote->block_len : local->block_len) / reps;
+    skip = nremote - nlocal;
     for (size_t i = 0; i < nlocal; i++) {
         for (uint32_t u = 0; u < local->transfers_per_block; u++) {
             uint64_t lo, ro;
@@ -888,20 +1012,12 @@ static kvx_status_t kvc_plan_parts(const kvc_geom_t *local,
             if (st != KVX_OK) {
                 return st;
             }
-            if (local->head_major == KVC_HEADS_OUTER) {
-                /* [H, BS, D]: a part is one contiguous slab of its unit */
-                uint64_t slab = gather ? remote->block_len : local->block_len;
-
-                runs[m].local_off  = lo + (gather ? idx * slab : 0);
-                runs[m].remote_off = ro + (gather ? 0 : idx * slab);
-                runs[m].len        = slab;
-                m++;
-                continue;
-            }
-            for (uint32_t t = 0; t < local->block_size; t++) { /* [BS,H,D] */
-                runs[m].local_off  = lo + t * row_l + (gather ? idx * part : 0);
-                runs[m].remote_off = ro + t * row_r + (gather ? 0 : idx * part);
-                runs[m].len        = part;
+            for (uint64_t a = 0; a < reps; a++) {
+                runs[m].local_off  = lo + (gather ? a * wrep + idx * prep
+                                                  : a * prep);
+                runs[m].remote_off = ro + (gather ? a * prep
+                                                  : a * wrep + idx * prep);
+                runs[m].len        = prep;
                 m++;
             }
         }

@@ -48,16 +48,29 @@ typedef struct kvc_geom {
     uint32_t head_size;
     uint32_t head_size_v;
     uint32_t key_only;
-    uint32_t head_major;          /* order inside a unit: KVC_HEADS_* */
+    uint32_t unit_order;          /* KVC_ORDER_*: physical order of a unit */
+    uint32_t head_reps;           /* runs of heads per unit, 0 = no head axis
+                                     usable for slicing (see below) */
 } kvc_geom_t;
 
-/* Order of heads and tokens inside one transfer unit (what slicing the
- * heads of a unit needs): tokens first [BS, H, D], heads first [H, BS, D]
- * (also content-packed), or not known (kernel-block and key-only layouts,
- * or block_size == num_kv_heads, where the shape cannot tell). */
-#define KVC_HEADS_INNER   0u /* [BS, H, D] */
-#define KVC_HEADS_OUTER   1u /* [H, BS, D] */
-#define KVC_HEADS_UNKNOWN 2u
+/* unit_order records, from the strides, the physical order (outermost
+ * first) of the axes inside one transfer unit as decimal digits of their
+ * roles; axes of size 1 are left out (their stride says nothing). Two sides
+ * whose units have the same sizes but a different unit_order hold the same
+ * numbers at different bytes, so they are incompatible. Example: an HND
+ * cache (heads outside tokens) is 324, NHD is 234. */
+#define KVC_ORDER_KV   1u /* the K/V axis (interleaved kernel blocks) */
+#define KVC_ORDER_TOK  2u /* tokens (block or kernel block) */
+#define KVC_ORDER_HEAD 3u /* KV heads */
+#define KVC_ORDER_DIM  4u /* head_size / latent / packed content */
+
+/* head_reps: a sliceable unit (split, split-kernel, interleaved,
+ * content-packed) is [A][H][B] in memory: A = head_reps repetitions of all
+ * H heads, each head B contiguous bytes (the axes physically inside the
+ * head axis). NHD [BS,H,D] has A = BS; HND [H,BS,D] has A = 1; a kernel
+ * HND unit [k,H,kbs,D] has A = k. 0 when the head axis cannot be told
+ * (block_size == num_kv_heads in a non-kernel shape), for key-only and
+ * interleaved-kernel layers, and when num_kv_heads is 1 (any A fits). */
 
 struct kvx_layer_desc;
 
@@ -91,8 +104,10 @@ kvx_status_t kvc_geom_compatible(const kvc_geom_t *local,
 
 /* kvc_geom_sliceable: KVX_OK when local (this rank's heads) can be read as
  * head slice `slice` of nslices from remote (a rank holding nslices times
- * the heads): same kind (split or interleaved, non-kernel, or
- * content-packed), known and equal head order, remote num_kv_heads =
+ * the heads): same kind (split, split-kernel, interleaved or
+ * content-packed), the head axis of the side with more heads known
+ * (head_reps != 0), the same head_reps on a side with more than one head,
+ * the same unit_order apart from the head axis, remote num_kv_heads =
  * nslices x local, equal token count, head sizes and element size, and
  * remote block_len = nslices x local block_len. Otherwise
  * KVX_ERR_PEER_INCOMPATIBLE (or KVX_ERR_NOT_SUPPORTED for a layout that
@@ -131,14 +146,16 @@ kvx_status_t kvc_plan_build(const kvc_geom_t *local, uint64_t local_region_len,
                             const uint64_t *remote_ids, size_t nremote,
                             kvc_run_t *runs, size_t *nruns_p);
 
-/* kvc_plan_max_runs_sliced: capacity kvc_plan_build_sliced needs. */
-size_t kvc_plan_max_runs_sliced(const kvc_geom_t *local, size_t nlocal);
+/* kvc_plan_max_runs_sliced: capacity kvc_plan_build_sliced and
+ * kvc_plan_build_gathered need (whole: the side holding more heads). */
+size_t kvc_plan_max_runs_sliced(const kvc_geom_t *local,
+                                const kvc_geom_t *whole, size_t nlocal);
 
 /*
  * kvc_plan_build_sliced is kvc_plan_build for sharded heterogeneous TP
  * (SPEC §4): each local unit receives head slice `slice` (of nslices) of
- * the paired remote unit. Heads-outer units give one run per unit (the
- * slice is contiguous), heads-inner units one run per token. Ids and both
+ * the paired remote unit: one run per head repetition (head_reps of the
+ * side holding more heads: 1 for HND, block_size for NHD). Ids and both
  * units are bounds-checked as in kvc_plan_build (a slice lies inside its
  * remote unit); local and remote must pass kvc_geom_sliceable and slice
  * must be < nslices.

@@ -405,9 +405,15 @@ void         kvc_hs_handler(void *arg, const char *from, const char *msg,
  * heads (*gather_p 0, D tp > P tp) or the peer holds part *idx_p of *n_p
  * of its heads (*gather_p 1, D tp < P tp). A WRITE producer with P tp = r x
  * D tp puts its heads as part *idx_p of *n_p of its D rank's (*gather_p 2:
- * local is a slice of the remote unit, as for 0). */
+ * local is a slice of the remote unit, as for 0), or holds a replica of
+ * that part and puts nothing (*gather_p 3: replicated KV heads). */
 void kvc_peer_parts(const struct kvx_engine *eng, const kvc_peer_t *peer,
                     uint32_t *idx_p, uint32_t *n_p, int *gather_p);
+/* plan.c: KV heads per rank for the rank map (kvc_rankmap_heads): of the
+ * first layer that is not key-only; 0 if every layer is key-only;
+ * KVC_HEADS_SHARDED for a peer whose metadata is not known yet. */
+uint32_t kvc_eng_heads(const struct kvx_engine *eng);
+uint32_t kvc_meta_heads(const kvc_hs_meta_t *m);
 
 /* early.c: control messages that overtook their transfer */
 /* kvc_early_keep stores m (its owned fields are moved out). */

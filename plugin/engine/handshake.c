@@ -15,48 +15,75 @@
 #include <stdlib.h>
 #include <string.h>
 
-void kvc_peer_parts(const struct kvx_engine *eng, const kvc_peer_t *peer,
-                    uint32_t *idx_p, uint32_t *n_p, int *gather_p)
+/* kvc_rank_pos: index of rank in m's release list (sources first). */
+static uint32_t kvc_rank_pos(const kvc_rankmap_t *m, uint32_t rank)
 {
+    uint32_t k = 0;
+
+    while (k < m->num_release && m->release[k] != rank) {
+        k++;
+    }
+    return k;
+}
+
+/* kvc_peer_parts_of: kvc_peer_parts with the peer's metadata pm (the
+ * handshake reply being checked, or the peer's stored one). The heads each
+ * side holds feed the one rank map (kvc_rankmap_heads). */
+static void kvc_peer_parts_of(const struct kvx_engine *eng,
+                              const kvc_peer_t *peer, const kvc_hs_meta_t *pm,
+                              uint32_t *idx_p, uint32_t *n_p, int *gather_p)
+{
+    uint32_t      mine = kvc_eng_heads(eng), theirs = kvc_meta_heads(pm);
     kvc_rankmap_t m;
 
     *idx_p    = 0;
     *n_p      = 1;
     *gather_p = 0;
     if (!eng->cfg.read_mode && eng->cfg.is_producer) {
-        /* WRITE, P tp = r x D tp, sharded: this P rank puts its heads into
-         * part (tp_rank - read_rank) of its D rank's blocks. */
-        if (kvc_rankmap(peer->tp_size, eng->cfg.tp_size, eng->replicated,
-                        peer->tp_rank, &m) == KVX_OK && m.gather) {
-            *n_p      = m.num_slices;
-            *idx_p    = eng->cfg.tp_rank - m.read_rank;
-            *gather_p = 2;
-        } else if (kvc_rankmap(peer->tp_size, eng->cfg.tp_size,
-                               eng->replicated, peer->tp_rank, &m) == KVX_OK &&
-                   m.num_slices > 1) {
+        /* WRITE P, the peer is a D rank. */
+        if (kvc_rankmap_heads(peer->tp_size, eng->cfg.tp_size, theirs, mine,
+                              peer->tp_rank, &m) != KVX_OK) {
+            return;
+        }
+        if (eng->cfg.tp_size > peer->tp_size) {
+            /* P tp = r x D tp: this rank puts part k of n of the D rank's
+             * heads, or holds a replica of part k - n.. and puts nothing
+             * (*gather_p 3). */
+            uint32_t k = kvc_rank_pos(&m, eng->cfg.tp_rank);
+
+            *n_p = m.num_slices;
+            if (k >= m.num_slices) {
+                uint32_t step = m.num_release / m.num_slices;
+
+                *idx_p    = (k - m.num_slices) / (step - 1);
+                *gather_p = 3;
+            } else if (m.num_slices > 1) {
+                *idx_p    = k;
+                *gather_p = 2;
+            }
+        } else if (m.num_slices > 1) {
             /* D tp = q x P tp: this P rank puts head slice head_slice of
              * its heads into the D rank's whole blocks. */
             *n_p      = m.num_slices;
             *idx_p    = m.head_slice;
             *gather_p = 1;
-        } else if (eng->replicated && peer->tp_size < eng->cfg.tp_size &&
-                   eng->cfg.tp_size % peer->tp_size == 0) {
-            /* Replicated heads, P tp = r x D tp: the r P ranks of a D rank
-             * hold the same cache; only the first one puts it. */
-            *n_p      = eng->cfg.tp_size / peer->tp_size;
-            *idx_p    = eng->cfg.tp_rank % *n_p;
-            *gather_p = 2;
         }
         return;
     }
     if (!eng->cfg.read_mode || eng->cfg.is_producer ||
-        kvc_rankmap(eng->cfg.tp_size, peer->tp_size, eng->replicated,
-                    eng->cfg.tp_rank, &m) != KVX_OK) {
+        kvc_rankmap_heads(eng->cfg.tp_size, peer->tp_size, mine, theirs,
+                          eng->cfg.tp_rank, &m) != KVX_OK) {
         return;
     }
     *n_p      = m.num_slices;
     *gather_p = (int)m.gather;
-    *idx_p    = m.gather ? peer->tp_rank - m.read_rank : m.head_slice;
+    *idx_p    = m.gather ? kvc_rank_pos(&m, peer->tp_rank) : m.head_slice;
+}
+
+void kvc_peer_parts(const struct kvx_engine *eng, const kvc_peer_t *peer,
+                    uint32_t *idx_p, uint32_t *n_p, int *gather_p)
+{
+    kvc_peer_parts_of(eng, peer, &peer->meta, idx_p, n_p, gather_p);
 }
 
 /* Validates the peer's metadata against what we dialled and what we hold.
@@ -68,7 +95,7 @@ static kvx_status_t kvc_peer_check_meta(kvc_peer_t *peer,
     uint32_t           part, nparts;
     int                gather;
 
-    kvc_peer_parts(eng, peer, &part, &nparts, &gather);
+    kvc_peer_parts_of(eng, peer, m, &part, &nparts, &gather);
     (void)part;
     if (m->version != KVC_PROTO_VERSION) {
         return kvc_error(KVX_ERR_PEER_VERSION,

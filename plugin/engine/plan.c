@@ -29,20 +29,47 @@ kvc_peer_t *kvc_xfer_source(const kvc_xfer_t *x, uint32_t k)
     return x->nsrc > 1 ? x->rel[k] : x->src;
 }
 
-/* kvc_xfer_keyonly_elsewhere: op o is not the one that moves a replicated
- * (key-only) layer: a later source of a gathering READ, or a WRITE P rank
+uint32_t kvc_eng_heads(const struct kvx_engine *eng)
+{
+    for (size_t i = 0; i < eng->nlayers; i++) {
+        if (!eng->layers[i].geom.key_only) {
+            return eng->layers[i].geom.num_kv_heads;
+        }
+    }
+    return 0;
+}
+
+uint32_t kvc_meta_heads(const kvc_hs_meta_t *m)
+{
+    if (m->num_layers == 0) {
+        return KVC_HEADS_SHARDED;
+    }
+    for (size_t i = 0; i < m->num_layers; i++) {
+        if (!m->layers[i].geom.key_only) {
+            return m->layers[i].geom.num_kv_heads;
+        }
+    }
+    return 0;
+}
+
+/* kvc_xfer_moves_nothing: op o moves nothing: a WRITE P rank holding a
+ * replica of its part (replicated KV heads), or, for a replicated
+ * (key-only) layer, a later source of a gathering READ or a WRITE P rank
  * that is not part 0 of its D rank's heads. */
-static int kvc_xfer_keyonly_elsewhere(const struct kvx_engine *eng,
-                                      const kvc_xfer_t *x, size_t o)
+static int kvc_xfer_moves_nothing(const struct kvx_engine *eng,
+                                  const kvc_xfer_t *x, size_t o, int key_only)
 {
     uint32_t part, nparts;
     int      gather;
 
-    if (o % kvc_xfer_nsrc(x) != 0) {
+    kvc_peer_parts(eng, x->ops[o].peer, &part, &nparts, &gather);
+    if (gather == 3) {
         return 1;
     }
-    kvc_peer_parts(eng, x->ops[o].peer, &part, &nparts, &gather);
-    return gather == 2 && part > 0;
+    if (!key_only) {
+        return 0;
+    }
+    return o % kvc_xfer_nsrc(x) != 0 || (gather == 2 && part > 0);
 }
 
 /* kvc_xfer_plan_one builds the runs of op o (layer i from source peer). */
@@ -61,7 +88,9 @@ static kvx_status_t kvc_xfer_plan_one(struct kvx_engine *eng, kvc_xfer_t *x,
     kvc_peer_parts(eng, peer, &part, &nparts, &gather);
     parted = nparts > 1 && !l->geom.key_only;
     x->plans[x->nplans] = malloc(
-        ((parted ? kvc_plan_max_runs_sliced(&l->geom, nl)
+        ((parted ? kvc_plan_max_runs_sliced(&l->geom,
+                                            gather == 1 ? &l->geom : &rl->geom,
+                                            nl)
                  : kvc_plan_max_runs(&l->geom, nl)) + 1) * sizeof(kvc_run_t));
     if (x->plans[x->nplans] == NULL) {
         return kvc_error(KVX_ERR_NO_MEMORY, "plan: out of memory");
@@ -116,9 +145,10 @@ kvx_status_t kvc_xfer_plan(struct kvx_engine *eng, kvc_xfer_t *x,
         x->ops[o].xfer  = x;
         x->ops[o].peer  = peer;
         x->ops[o].index = (uint32_t)i;
-        if (l->geom.key_only && kvc_xfer_keyonly_elsewhere(eng, x, o)) {
+        if (kvc_xfer_moves_nothing(eng, x, o, (int)l->geom.key_only)) {
             /* A key-only layer is replicated on every P rank: it moves
-             * once (from the first source, or by the first P part). */
+             * once (from the first source, or by the first P part); a P
+             * rank holding replicated heads leaves them to the first. */
             x->ops[o].nruns = 0;
             continue;
         }

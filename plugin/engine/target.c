@@ -30,8 +30,10 @@ kvx_status_t kvc_read_targets(struct kvx_engine *eng,
                          "kv_transfer_params.remote_dp_rank: value %u: must "
                          "be < remote_dp_size %u", p->remote_dp_rank, rdp);
     }
-    st = kvc_rankmap(eng->cfg.tp_size, rtp, eng->replicated, eng->cfg.tp_rank,
-                     &map);
+    /* P's heads are not known before the handshake; the sources do not
+     * depend on them (kvc_rankmap_heads). */
+    st = kvc_rankmap_heads(eng->cfg.tp_size, rtp, kvc_eng_heads(eng),
+                           KVC_HEADS_SHARDED, eng->cfg.tp_rank, &map);
     if (st != KVX_OK) {
         return st;
     }
@@ -49,8 +51,8 @@ kvx_status_t kvc_read_targets(struct kvx_engine *eng,
             x->rel[x->nrel++] = peer;
         }
     }
-    /* Gathering: the release ranks are the sources, part k from rel[k]. */
-    x->nsrc = map.gather ? x->nrel : 1;
+    /* Gathering: part k from rel[k] (the sources come first). */
+    x->nsrc = map.gather ? map.num_slices : 1;
     return KVX_OK;
 }
 

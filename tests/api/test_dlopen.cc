@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -871,6 +872,18 @@ TEST(Dlopen, ErrorsNameTheKeyTheShapeAndTheState)
     EXPECT_EQ(KVX_ERR_NOT_FOUND,
               api->wait_transfer(eng, "tx-never-started", 10));
     EXPECT_EQ(0, api->poll_events(eng, nullptr, 0));
+    // A request id longer than events carry is refused, naming the limit
+    // (KVX_ID_MAX - 1 characters), not truncated.
+    std::string long_rid(KVX_ID_MAX + 11, 'r');
+    EXPECT_EQ(KVX_ERR_INVALID_PARAM,
+              api->consumer_request(eng, long_rid.c_str(), params.c_str(), ids,
+                                    2));
+    EXPECT_NE(std::string::npos,
+              std::string(api->last_error())
+                  .find("request_id: 267 characters: must be at most 255"))
+        << api->last_error();
+    EXPECT_EQ(KVX_ERR_INVALID_PARAM,
+              api->consumer_abort(eng, long_rid.c_str(), params.c_str()));
     api->engine_destroy(eng);
     api->engine_destroy(nullptr); // no-op
 }
@@ -983,6 +996,76 @@ TEST(Dlopen, StartOnBusyPortFailsNamingTheAddress)
 }
 
 // --- (e) registration payload ---------------------------------------------
+
+// An hwloc XML topology (with a comment header, as tests/data has them) is
+// read by the library loaded RTLD_LOCAL as the README tells frameworks to
+// load it: hwloc's libxml plugin cannot load there, so a failure would say
+// the file is not a topology. A bus id absent from the topology is the
+// error that proves the file was read.
+TEST(Dlopen, HwlocXmlTopologyLoadsUnderRtldLocal)
+{
+    Lib lib;
+    ASSERT_NE(nullptr, lib.api) << lib.error;
+    const char *data = getenv("KVT_DATA");
+    ASSERT_NE(nullptr, data) << "KVT_DATA (tests/data) not set";
+    std::string xml = std::string(data) + "/topo-2numa.xml";
+    uint16_t    hs  = NextPorts(2);
+    std::string cfg = Config(false, hs, (uint16_t)(hs + 1),
+                             ",\"hwloc_topology\":\"" + xml +
+                                 "\",\"gpu_bus_id\":\"0000:7f:00.0\"");
+    kvx_engine_t *eng = nullptr;
+    EXPECT_EQ(KVX_ERR_CONFIG, lib.api->engine_create(cfg.c_str(), &eng));
+    std::string why = lib.api->last_error();
+    EXPECT_NE(std::string::npos,
+              why.find("no such PCI device in the topology of " + xml))
+        << why;
+    EXPECT_EQ(std::string::npos, why.find("cannot read")) << why;
+    lib.api->engine_destroy(eng);
+}
+
+// log_level in an engine's config is applied: it sets the process-wide
+// threshold (the logger is process-wide) for the lines that follow.
+std::vector<std::pair<int, std::string>> g_log_lines;
+
+void CaptureLog(void *, int level, const char *id, const char *)
+{
+    g_log_lines.emplace_back(level, id != nullptr ? id : "");
+}
+
+int CountLog(const std::string &id)
+{
+    int n = 0;
+    for (const auto &l : g_log_lines) {
+        n += l.second == id;
+    }
+    return n;
+}
+
+TEST(Dlopen, LogLevelOfTheConfigIsApplied)
+{
+    Lib lib;
+    ASSERT_NE(nullptr, lib.api) << lib.error;
+    const kvx_api_t *api = lib.api;
+    std::vector<uint8_t> buf(2 * 8 * kUnit, 0);
+    for (int level : {2, 0}) {
+        g_log_lines.clear();
+        api->set_logger(CaptureLog, nullptr, 1); // warn, then the config
+        uint16_t      hs  = NextPorts(2);
+        std::string   cfg = Config(false, hs, (uint16_t)(hs + 1));
+        kvx_engine_t *eng = nullptr;
+        cfg.insert(1, "\"log_level\":" + std::to_string(level) + ",");
+        ASSERT_EQ(KVX_OK, api->engine_create(cfg.c_str(), &eng))
+            << api->last_error();
+        const std::string name = "model.layers.0.attn"; // d.name borrows it
+        kvx_layer_desc_t  d    = Desc(name, buf.data(), 8);
+        ASSERT_EQ(KVX_OK, api->register_layer(eng, &d)) << api->last_error();
+        ASSERT_EQ(KVX_OK, api->start(eng)) << api->last_error();
+        // start() logs KVX-STARTED at info (2): seen only at log_level 2.
+        EXPECT_EQ(level >= 2 ? 1 : 0, CountLog("KVX-STARTED")) << level;
+        api->engine_destroy(eng);
+    }
+    api->set_logger(nullptr, nullptr, 1);
+}
 
 TEST(Dlopen, RegistrationPayloadHasTheProxyFields)
 {

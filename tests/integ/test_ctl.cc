@@ -1809,7 +1809,7 @@ TEST(ReadHeteroTp, HeadCountThatDoesNotSplitIsRefusedAtHandshake)
                                               local.size()));
     EXPECT_EQ(KVX_ERR_PEER_INCOMPATIBLE,
               Api()->wait_transfer(r0->eng, "tx-het-bad", 20000));
-    EXPECT_TRUE(Contains(Api()->last_error(), "num_kv_heads x slices"))
+    EXPECT_TRUE(Contains(Api()->last_error(), "local num_kv_heads x 2 = 6, remote 4"))
         << Api()->last_error();
 }
 

@@ -145,14 +145,15 @@ const GeomRow kGeomRows[] = {
     {"Mla", kMla, KVC_LAYOUT_KEY_ONLY, 8, 24, 24, 0, 1, 4, 16, 0},
     {"KernelSplit", kKernelSplit, KVC_LAYOUT_SPLIT_KERNEL, 4, 768, 384 * 2,
      1536 * 2, 2, 2, 8, 3072 * 2},
+    // Interleaved kernel blocks keep the K-to-V stride in kv_stride (bytes).
     {"InterleavedKernel", kInterKernel, KVC_LAYOUT_INTERLEAVED_KERNEL, 4,
-     96 * 8 * 2, 96 * 8 * 2, 0, 1, 2, 8, 0},
+     96 * 8 * 2, 96 * 8 * 2, 48 * 2, 1, 2, 8, 48 * 2},
     {"ContentPacked", kPacked, KVC_LAYOUT_PACKED, 8, 4 * 2 * 5 * 2, 80, 0, 1, 4,
      16, 0},
     {"KeyOnlyKernel", kKeyKernel, KVC_LAYOUT_KEY_ONLY, 8, 48, 48, 0, 1, 2, 16,
      0},
     {"DoubleTwoResolved", kDoubleTwo, KVC_LAYOUT_INTERLEAVED_KERNEL, 1, 160,
-     160, 0, 1, 2, 4, 0},
+     160, 20 * 2, 1, 2, 4, 20 * 2},
     {"SplitNumBlocksOuter", kSplitNbOuter, KVC_LAYOUT_SPLIT, 8, 48, 96, 48, 2,
      4, 16, 48},
 };
@@ -353,7 +354,7 @@ TEST(LayoutPlanBounds, IncompatiblePeerGeometryRejected)
     EXPECT_EQ(KVX_ERR_PEER_INCOMPATIBLE,
               kvc_plan_build(&local, d.length, &remote, d6.length, ids, 1, ids,
                              1, runs, &n));
-    EXPECT_LAST_ERROR_HAS("block_len local 48 remote 96");
+    EXPECT_LAST_ERROR_HAS("block_len: local 48, remote 96");
 }
 
 TEST(LayoutPlanBounds, MaxRunsFollowsTransfersPerBlock)
@@ -402,7 +403,7 @@ TEST(LayoutPeer, CompatibleNamesFirstDifferingField)
     ASSERT_EQ(KVX_OK, kvc_geom_from_desc(&b, &gb));
     ASSERT_EQ(KVX_OK, kvc_geom_from_desc(&c, &gc));
     EXPECT_EQ(KVX_ERR_PEER_INCOMPATIBLE, kvc_geom_compatible(&ga, &gb));
-    EXPECT_LAST_ERROR_HAS("peer layer geometry differs: block_len local 48 "
+    EXPECT_LAST_ERROR_HAS("peer layer geometry differs: block_len: local 48, "
                           "remote 96");
     EXPECT_EQ(KVX_ERR_PEER_INCOMPATIBLE, kvc_geom_compatible(&ga, &gc));
     EXPECT_LAST_ERROR_HAS("layout local split remote interleaved");
@@ -541,37 +542,59 @@ TEST(LayoutRejectArgs, NullDescIsInvalid)
 
 namespace {
 
-TEST(LayoutHeads, HeadOrderIsRecordedWhereTheShapeTellsIt)
+TEST(LayoutHeads, UnitOrderAndHeadRepsComeFromTheStrides)
 {
+    // FlashAttention HND as torch describes it: logical [2, NB, BS, H, D]
+    // with strides in the order 0,1,3,2,4 (heads outside tokens in memory).
+    const DescSpec fa_hnd = {{2, 8, 4, 2, 3}, {192, 24, 3, 12, 1}, 4, 2, 3,
+                             0, 0, 0};
+    // FlashInfer HND: logical [NB, 2, BS, H, D], memory [NB, 2, H, BS, D].
+    const DescSpec fi_hnd = {{8, 2, 4, 2, 3}, {48, 24, 3, 12, 1}, 4, 2, 3,
+                             0, 0, 0};
+    // Content-packed described [NB, H, BS, C] with tokens outside heads.
+    const DescSpec packed_nhd = {{8, 2, 4, 5}, {40, 5, 10, 1}, 4, 2, 3, 2,
+                                 0, 0};
     struct Row {
         const char *name;
         DescSpec    d;
-        uint32_t    head_major;
+        uint32_t    order, reps;
     } rows[] = {
-        {"split NHD", kSplit, KVC_HEADS_INNER},
-        {"split HND", kSplitHnd, KVC_HEADS_OUTER},
-        {"interleaved NHD", kInterleaved, KVC_HEADS_INNER},
-        {"interleaved HND", kInterHnd, KVC_HEADS_OUTER},
-        {"packed", kPacked, KVC_HEADS_OUTER},
-        {"mla", kMla, KVC_HEADS_UNKNOWN},
-        {"kernel split", kKernelSplit, KVC_HEADS_UNKNOWN},
-        // block_size == num_kv_heads: the shape cannot tell the order.
-        {"bs == heads", {{2, 8, 4, 4, 3}, {}, 4, 4, 3, 0, 0, 0},
-         KVC_HEADS_UNKNOWN},
+        {"split NHD", kSplit, 234, 4},
+        {"split HND (shape)", kSplitHnd, 324, 1},
+        {"split HND (strides)", fa_hnd, 324, 1},
+        {"interleaved NHD", kInterleaved, 234, 4},
+        {"interleaved HND (shape)", kInterHnd, 324, 1},
+        {"interleaved HND (strides)", fi_hnd, 324, 1},
+        {"packed", kPacked, 324, 1},
+        {"packed NHD (strides)", packed_nhd, 234, 4},
+        {"mla", kMla, 24, 0},
+        // [2, NB*8, H=8, kbs=2, D]: 8 kernel blocks, heads outside tokens.
+        {"kernel split", kKernelSplit, 324, 8},
+        {"interleaved kernel", kInterKernel, 1234, 0},
+        // block_size == num_kv_heads: the shape cannot tell the head axis.
+        {"bs == heads", {{2, 8, 4, 4, 3}, {}, 4, 4, 3, 0, 0, 0}, 234, 0},
     };
     for (const Row &r : rows) {
         kvx_layer_desc_t d = MakeDesc(r.d);
         kvc_geom_t       g;
-        ASSERT_EQ(KVX_OK, kvc_geom_from_desc(&d, &g)) << r.name;
-        EXPECT_EQ(r.head_major, g.head_major) << r.name;
+        ASSERT_EQ(KVX_OK, kvc_geom_from_desc(&d, &g))
+            << r.name << ": " << kvc_last_error();
+        EXPECT_EQ(r.order, g.unit_order) << r.name;
+        EXPECT_EQ(r.reps, g.head_reps) << r.name;
     }
-    // Equal TP: a peer with the other head order is incompatible.
-    kvx_layer_desc_t a = MakeDesc(kSplit), b = MakeDesc(kSplitHnd);
-    kvc_geom_t       ga, gb;
+    // Equal TP: a peer with the other head order is incompatible, the same
+    // memory described by shape or by strides is the same geometry.
+    kvx_layer_desc_t a = MakeDesc(kSplit), b = MakeDesc(kSplitHnd),
+                     c = MakeDesc(fa_hnd);
+    kvc_geom_t       ga, gb, gc;
     ASSERT_EQ(KVX_OK, kvc_geom_from_desc(&a, &ga));
     ASSERT_EQ(KVX_OK, kvc_geom_from_desc(&b, &gb));
+    ASSERT_EQ(KVX_OK, kvc_geom_from_desc(&c, &gc));
     EXPECT_EQ(KVX_ERR_PEER_INCOMPATIBLE, kvc_geom_compatible(&ga, &gb));
-    EXPECT_TRUE(HasText("head_major")) << kvc_last_error();
+    EXPECT_TRUE(HasText("unit_order")) << kvc_last_error();
+    EXPECT_EQ(KVX_ERR_PEER_INCOMPATIBLE, kvc_geom_compatible(&ga, &gc));
+    EXPECT_EQ(KVX_OK, kvc_geom_compatible(&gb, &gc)) << kvc_last_error();
+    EXPECT_TRUE(kvc_geom_same(&gb, &gc));
 }
 
 // A tensor of nb blocks x (K,V) x bs tokens x h heads x d elements, filled
@@ -659,7 +682,7 @@ TEST(LayoutHeads, SlicedPlanCopiesExactlyTheSliceOfEveryHeadOrder)
                 for (uint32_t s = 0; s < q; s++) {
                     local.assign(lm.Bytes(), 0xEE);
                     const uint64_t lid[] = {4, 0, 2}, rid[] = {1, 5, 3};
-                    std::vector<kvc_run_t> runs(kvc_plan_max_runs_sliced(&lg, 3));
+                    std::vector<kvc_run_t> runs(kvc_plan_max_runs_sliced(&lg, &rg, 3));
                     size_t n = 0;
                     ASSERT_EQ(KVX_OK, kvc_plan_build_sliced(
                                           &lg, lm.Bytes(), &rg, rm.Bytes(), s,
@@ -723,7 +746,7 @@ TEST(LayoutHeads, GatheredPlanAssemblesEveryHeadFromItsPart)
                 const uint64_t lid[] = {4, 0, 2}, rid[] = {1, 5, 3};
                 for (uint32_t k = 0; k < r; k++) {
                     Fill(rm, &parts[k], k * (8 / r)); // global head numbers
-                    std::vector<kvc_run_t> runs(kvc_plan_max_runs_sliced(&lg, 3));
+                    std::vector<kvc_run_t> runs(kvc_plan_max_runs_sliced(&lg, &lg, 3));
                     size_t n = 0;
                     ASSERT_EQ(KVX_OK, kvc_plan_build_gathered(
                                           &lg, lm.Bytes(), &rg, rm.Bytes(), k,
@@ -754,7 +777,7 @@ TEST(LayoutHeads, GatheredPlanAssemblesEveryHeadFromItsPart)
     Model lm = {false, true, 5, 3, 8, 3}, rm = {false, true, 6, 3, 4, 3};
     kvc_geom_t lg = GeomOf(lm), rg = GeomOf(rm);
     EXPECT_EQ(KVX_ERR_PEER_INCOMPATIBLE, kvc_geom_gatherable(&lg, &rg, 4));
-    EXPECT_TRUE(HasText("remote x parts")) << kvc_last_error();
+    EXPECT_TRUE(HasText("num_kv_heads: remote num_kv_heads x 4 = 16, local 8")) << kvc_last_error();
     EXPECT_EQ(KVX_OK, kvc_geom_gatherable(&lg, &rg, 2)) << kvc_last_error();
 }
 
@@ -767,7 +790,7 @@ TEST(LayoutHeads, SliceChecksNameTheRule)
     size_t         n = 0;
     // Wrong slice count for the heads: 4 x 4 != 8.
     EXPECT_EQ(KVX_ERR_PEER_INCOMPATIBLE, kvc_geom_sliceable(&lg, &rg, 4));
-    EXPECT_TRUE(HasText("num_kv_heads x slices")) << kvc_last_error();
+    EXPECT_TRUE(HasText("num_kv_heads: local num_kv_heads x 4 = 16, remote 8")) << kvc_last_error();
     // Remote id past its num_blocks.
     EXPECT_EQ(KVX_ERR_OUT_OF_BOUNDS,
               kvc_plan_build_sliced(&lg, lm.Bytes(), &rg, rm.Bytes(), 0, 2, lid,
@@ -778,12 +801,20 @@ TEST(LayoutHeads, SliceChecksNameTheRule)
     EXPECT_EQ(KVX_ERR_INVALID_PARAM,
               kvc_plan_build_sliced(&lg, lm.Bytes(), &rg, rm.Bytes(), 2, 2, lid,
                                     1, rid_ok, 1, runs, &n));
-    // Kernel-block and MLA layers cannot be sliced.
-    kvx_layer_desc_t kd = MakeDesc(kKernelSplit);
+    // Interleaved kernel-block and MLA layers cannot be sliced.
+    kvx_layer_desc_t kd = MakeDesc(kInterKernel);
     kvc_geom_t       kg;
     ASSERT_EQ(KVX_OK, kvc_geom_from_desc(&kd, &kg));
     EXPECT_EQ(KVX_ERR_NOT_SUPPORTED, kvc_geom_sliceable(&kg, &kg, 2));
     EXPECT_TRUE(HasText("not supported")) << kvc_last_error();
+    kvx_layer_desc_t md = MakeDesc(kMla);
+    ASSERT_EQ(KVX_OK, kvc_geom_from_desc(&md, &kg));
+    EXPECT_EQ(KVX_ERR_NOT_SUPPORTED, kvc_geom_sliceable(&kg, &kg, 2));
+    // block_size == num_kv_heads: the head axis is unknown, refused.
+    Model am = {false, true, 6, 4, 4, 3}, bm = {false, true, 6, 4, 2, 3};
+    kvc_geom_t ag = GeomOf(am), bg = GeomOf(bm);
+    EXPECT_EQ(KVX_ERR_NOT_SUPPORTED, kvc_geom_sliceable(&bg, &ag, 2));
+    EXPECT_TRUE(HasText("cannot tell the token axis")) << kvc_last_error();
     // Remote region too short for the remote unit.
     EXPECT_EQ(KVX_ERR_OUT_OF_BOUNDS,
               kvc_plan_build_sliced(&lg, lm.Bytes(), &rg, rm.Bytes() / 2, 0, 2,

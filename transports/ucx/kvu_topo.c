@@ -10,8 +10,11 @@
 
 #include "pci.h"
 
+#include <errno.h>
 #include <hwloc.h>
+#include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #ifdef KVX_HAVE_HIP
@@ -123,24 +126,106 @@ static kvx_status_t kvu_topo_busid(hwloc_topology_t topo, const char *xml_path,
 static const char *const kvu_topo_skip[] = {
     "pci", "opencl", "cuda", "nvml", "rsmi", "levelzero", "gl"};
 
+#define KVU_TOPO_XML_MAX (64u << 20) /* bytes of an XML topology file */
+
+/* kvu_topo_read reads xml_path into a NUL-terminated buffer (caller frees)
+ * without its XML comments and with the root element right after the
+ * header lines. hwloc parses it with its built-in reader when its libxml
+ * plugin cannot load (the library dlopen'ed with RTLD_LOCAL: the plugin
+ * does not see hwloc's symbols), and that reader takes neither comments nor
+ * anything else between the DOCTYPE line and the root element. */
+static kvx_status_t kvu_topo_read(const char *xml_path, char **buf_p,
+                                  size_t *len_p)
+{
+    FILE       *f = fopen(xml_path, "rb");
+    char       *buf, *c, *w;
+    const char *r;
+    size_t      len;
+
+    if (f == NULL) {
+        return kvc_error(KVX_ERR_CONFIG, "hwloc topology '%s': cannot open "
+                         "it: %s", xml_path, strerror(errno));
+    }
+    buf = malloc(KVU_TOPO_XML_MAX + 1);
+    len = buf != NULL ? fread(buf, 1, KVU_TOPO_XML_MAX + 1, f) : 0;
+    fclose(f);
+    if (buf == NULL) {
+        return kvc_error(KVX_ERR_NO_MEMORY, "hwloc topology: out of memory");
+    }
+    if (len > KVU_TOPO_XML_MAX) {
+        free(buf);
+        return kvc_error(KVX_ERR_CONFIG, "hwloc topology '%s': larger than "
+                         "%u bytes", xml_path, KVU_TOPO_XML_MAX);
+    }
+    buf[len] = '\0';
+    if (memchr(buf, '\0', len) != NULL) {
+        free(buf);
+        return kvc_error(KVX_ERR_CONFIG, "hwloc topology '%s': cannot read "
+                         "it as an hwloc XML topology (binary data)",
+                         xml_path);
+    }
+    /* drop the comments */
+    for (r = buf, w = buf; *r != '\0';) {
+        if (strncmp(r, "<!--", 4) == 0) {
+            const char *end = strstr(r + 4, "-->");
+
+            r = end != NULL ? end + 3 : r + strlen(r);
+            continue;
+        }
+        *w++ = *r++;
+    }
+    *w = '\0';
+    /* the built-in reader wants the root element right after the lines of
+     * the XML declaration and the DOCTYPE */
+    c = buf + strspn(buf, " \t\r\n");
+    while (strncmp(c, "<?xml ", 6) == 0 || strncmp(c, "<!DOCTYPE ", 10) == 0) {
+        char *nl = strchr(c, '\n');
+
+        if (nl == NULL) {
+            break;
+        }
+        c = nl + 1;
+    }
+    memmove(c, c + strspn(c, " \t\r\n"), strlen(c + strspn(c, " \t\r\n")) + 1);
+    len = strlen(buf);
+    *buf_p = buf;
+    *len_p = len;
+    return KVX_OK;
+}
+
 /* kvu_topo_load loads the topology of xml_path (NULL or "": this machine)
  * with the important I/O objects (PCI devices, bridges, OS devices). */
 static kvx_status_t kvu_topo_load(const char *xml_path, hwloc_topology_t *t)
 {
-    if (hwloc_topology_init(t) != 0) {
-        return kvc_error(KVX_ERR_NO_MEMORY, "hwloc_topology_init failed");
-    }
-    hwloc_topology_set_io_types_filter(*t, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
     if (!kvu_topo_empty(xml_path)) {
-        if (hwloc_topology_set_xml(*t, xml_path) != 0 ||
+        char        *buf = NULL;
+        size_t       len = 0;
+        kvx_status_t st  = kvu_topo_read(xml_path, &buf, &len);
+
+        if (st != KVX_OK) {
+            return st;
+        }
+        if (len >= INT_MAX || hwloc_topology_init(t) != 0) {
+            free(buf);
+            return kvc_error(KVX_ERR_NO_MEMORY, "hwloc_topology_init failed");
+        }
+        hwloc_topology_set_io_types_filter(*t,
+                                           HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
+        if (hwloc_topology_set_xmlbuffer(*t, buf, (int)len + 1) != 0 ||
             hwloc_topology_load(*t) != 0) {
+            free(buf);
             hwloc_topology_destroy(*t);
             return kvc_error(KVX_ERR_CONFIG,
                              "hwloc topology '%s': cannot read it as an "
                              "hwloc XML topology", xml_path);
         }
+        free(buf);
         return KVX_OK;
     }
+    if (hwloc_topology_init(t) != 0) {
+        return kvc_error(KVX_ERR_NO_MEMORY, "hwloc_topology_init failed");
+    }
+    hwloc_topology_set_io_types_filter(*t, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
     /* The Linux backend finds PCI devices, bridges, network and
      * OpenFabrics devices in sysfs, which is all the placement needs. The
      * GPU-runtime components (OpenCL, CUDA, NVML, ROCm SMI, Level Zero,
