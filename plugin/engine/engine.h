@@ -170,6 +170,10 @@ typedef struct kvc_xfer {
      * confirmed that none of its puts can land any more (fenced). */
     uint64_t          rel_inst[KVC_RANKMAP_MAX];
     uint64_t          rel_done, rel_fenced;
+    /* write_done that overtook the reply binding its sender: the sender's
+     * instance, counted once a reply binds a rel[] rank to it. */
+    uint64_t          early_done[KVC_RANKMAP_MAX];
+    uint32_t          nearly_done;
     int               aborting;
     kvc_layer_op_t   *ops;         /* one per local layer, owned */
     kvc_run_t       **plans;       /* distinct plans, owned */

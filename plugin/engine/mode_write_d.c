@@ -112,18 +112,23 @@ static void kvc_write_d_abort_check(struct kvx_engine *eng, kvc_xfer_t *x,
     kvc_idset_add(&eng->terminal, x->transfer_id);
 }
 
-/* kvc_write_d_rank: which of x's P ranks sent m, or -1 (reason set). */
+/* kvc_write_d_rank: which of x's P ranks sent m, or -1 (reason set); -2
+ * when m's sender may be a rank whose instance is not known yet (its
+ * reply to remote_blocks has not arrived: the write_done overtook it). */
 static int kvc_write_d_rank(const kvc_xfer_t *x, const kvc_msg_t *m,
                             char *reason, size_t len)
 {
-    int k = -1;
+    int k       = -1;
+    int unbound = 0;
 
     for (uint32_t i = 0; i < x->nrel && k < 0; i++) {
-        if (m->instance != 0 ? x->rel_inst[i] == m->instance ||
-                                   (x->rel_inst[i] == 0 &&
-                                    x->rel[i]->inst == m->instance)
-                             : !(x->rel_done >> i & 1)) {
+        uint64_t inst = x->rel_inst[i] != 0 ? x->rel_inst[i] : x->rel[i]->inst;
+
+        if (m->instance != 0 ? inst == m->instance : !(x->rel_done >> i & 1)) {
             k = (int)i;
+        } else if (m->instance != 0 && inst == 0 &&
+                   kvc_from_matches(m->from, x->rel[i]->host) != 0) {
+            unbound = 1;
         }
     }
     if (k >= 0 && kvc_from_matches(m->from, x->rel[k]->host) == 0) {
@@ -132,12 +137,28 @@ static int kvc_write_d_rank(const kvc_xfer_t *x, const kvc_msg_t *m,
                  x->rel[k]->name);
         return -1;
     }
+    if (k < 0 && unbound) {
+        return -2;
+    }
     if (k < 0) {
         snprintf(reason, len, "write_done for '%s' from %s (instance %llu): "
                  "not from a P rank instance this transfer is bound to",
                  x->transfer_id, m->from, (unsigned long long)m->instance);
     }
     return k;
+}
+
+/* kvc_write_d_done: P rank k wrote everything (or was fenced). */
+static void kvc_write_d_done(struct kvx_engine *eng, kvc_xfer_t *x, int k)
+{
+    x->rel_done |= 1ull << k;
+    if (x->aborting) {
+        kvc_write_d_abort_check(eng, x, NULL);
+    } else if ((x->rel_done & kvc_write_d_all(x)) == kvc_write_d_all(x)) {
+        x->state = KVC_XFER_DONE;
+        kvc_event_push(eng, KVX_EVENT_FINISHED_RECVING, KVX_OK, x, "", 0);
+        kvc_idset_add(&eng->terminal, x->transfer_id);
+    }
 }
 
 void kvc_write_on_write_done(struct kvx_engine *eng, const kvc_msg_t *m,
@@ -155,18 +176,24 @@ void kvc_write_on_write_done(struct kvx_engine *eng, const kvc_msg_t *m,
         return;
     }
     k = kvc_write_d_rank(x, m, reason, len);
+    if (k == -2) {
+        /* Held until a reply binds a rank to this instance; a forged one
+         * matches no reply and completes nothing. */
+        uint32_t i;
+
+        for (i = 0; i < x->nearly_done && x->early_done[i] != m->instance;
+             i++) {
+        }
+        if (i == x->nearly_done && i < KVC_RANKMAP_MAX) {
+            x->early_done[x->nearly_done++] = m->instance;
+        }
+        return;
+    }
     if (k < 0) {
         *ok_p = 0; /* changes nothing */
         return;
     }
-    x->rel_done |= 1ull << k;
-    if (x->aborting) {
-        kvc_write_d_abort_check(eng, x, NULL);
-    } else if ((x->rel_done & kvc_write_d_all(x)) == kvc_write_d_all(x)) {
-        x->state = KVC_XFER_DONE;
-        kvc_event_push(eng, KVX_EVENT_FINISHED_RECVING, KVX_OK, x, "", 0);
-        kvc_idset_add(&eng->terminal, x->transfer_id);
-    }
+    kvc_write_d_done(eng, x, k);
 }
 
 /* kvc_write_d_on_reply: P rank peer answered remote_blocks (its instance
@@ -188,6 +215,15 @@ void kvc_write_d_on_reply(struct kvx_engine *eng, kvc_peer_t *peer,
         }
         if (type == KVC_MSG_REMOTE_BLOCKS && x->rel_inst[k] == 0) {
             x->rel_inst[k] = info->instance;
+            for (uint32_t i = 0; i < x->nearly_done; i++) {
+                if (x->early_done[i] == info->instance && info->instance) {
+                    x->early_done[i] = 0;
+                    kvc_write_d_done(eng, x, (int)k);
+                    if (x->state != KVC_XFER_WAIT_WRITE) {
+                        return;
+                    }
+                }
+            }
         } else if (type == KVC_MSG_RELEASE && info->fenced) {
             x->rel_fenced |= 1ull << k;
         }
@@ -223,7 +259,7 @@ void kvc_write_d_peer_failed(struct kvx_engine *eng, kvc_peer_t *peer)
 
                 x->state  = KVC_XFER_FAILED;
                 x->status = peer->fail_status;
-                snprintf(x->reason, sizeof(x->reason), "P rank %s: %s",
+                snprintf(x->reason, sizeof(x->reason), "P rank %.200s: %.280s",
                          peer->name, peer->fail_reason);
                 kvc_event_push(eng, KVX_EVENT_FAILED, x->status, x,
                                x->reason, 1);

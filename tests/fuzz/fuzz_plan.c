@@ -257,7 +257,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
         break;
     case 1:
-        cap  = kvc_plan_max_runs_sliced(&lg, nl);
+        cap  = kvc_plan_max_runs_sliced(&lg, &rg, nl);
         runs = calloc(cap ? cap : 1, sizeof(*runs));
         st   = kvc_plan_build_sliced(&lg, lreg, &rg, rreg, a, b, lids, nl,
                                      rids, nr, runs, &nruns);
@@ -269,7 +269,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
         break;
     default:
-        cap  = kvc_plan_max_runs_sliced(&lg, nl);
+        cap  = kvc_plan_max_runs_sliced(&lg, &lg, nl);
         runs = calloc(cap ? cap : 1, sizeof(*runs));
         st   = kvc_plan_build_gathered(&lg, lreg, &rg, rreg, a, b, lids, nl,
                                        rids, nr, runs, &nruns);

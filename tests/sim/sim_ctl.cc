@@ -186,6 +186,7 @@ static void ClientClose(kvt_client_t *handle)
 extern "C" {
 static const kvt_ctl_ops_t kSimCtlOps = {
     "sim", ServerCreate, ServerDestroy, ClientOpen, ClientPost, ClientClose,
+    nullptr, /* client_watch: the simulator has no connection events yet */
 };
 }
 
