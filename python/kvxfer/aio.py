@@ -19,12 +19,15 @@ class EngineAio:
 
     def _attach(self):
         loop = asyncio.get_running_loop()
+        if self._loop is not None and self._loop is not loop:
+            if self._loop.is_running():
+                raise RuntimeError("engine.aio is in use by another running "
+                                   "event loop")
+            self.close()  # a finished loop (asyncio.run per call): rebind
         if self._loop is None:
             self._loop = loop
             self._changed = asyncio.Event()
             loop.add_reader(self._fd, self._on_readable)
-        elif self._loop is not loop:
-            raise RuntimeError("engine.aio is bound to another event loop")
 
     def _on_readable(self):
         self._eng._take_events()  # drains the eventfd

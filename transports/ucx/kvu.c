@@ -643,8 +643,12 @@ static kvx_status_t kvu_ucp_init(kvu_ctx_t *ctx)
                              ctx->params.net_devices, ucs_status_string(st));
         }
     }
+    /* UCX_TCP_PORT_RANGE: ucp_config_modify applies a key it does not know
+     * to every transport's table by its name without the "TCP_" prefix
+     * (with the prefix UCX 1.13 warns "invalid configuration" and ignores
+     * it; tests/python test_ucx.py checks the listening ports). */
     if (ctx->params.tcp_port_range != NULL && ctx->params.tcp_port_range[0] &&
-        (st = ucp_config_modify(config, "TCP_PORT_RANGE",
+        (st = ucp_config_modify(config, "PORT_RANGE",
                                 ctx->params.tcp_port_range)) != UCS_OK) {
         ucp_config_release(config);
         return kvc_error(KVX_ERR_CONFIG, "kv_connector_extra_config."
