@@ -202,7 +202,7 @@ class Engine:
     def register_layer(self, name, tensor=None, *, ptr=None, shape=None,
                        strides=None, dtype=None, length=None, block_size,
                        num_kv_heads, head_size, head_size_v=0, key_only=False,
-                       mem_type="host"):
+                       mem_type=None):
         """Registers one KV tensor (before start) and returns its index.
 
         Either ``tensor``: a torch tensor, a numpy array or any writable
@@ -211,8 +211,12 @@ class Engine:
         (elements, as torch reports them; default contiguous) and ``dtype``
         (a name such as "bfloat16", a torch/numpy dtype, or bytes per
         element). The memory must stay valid until close(); a tensor object
-        is kept referenced until then.
+        is kept referenced until then. mem_type "host" or "rocm"; default:
+        "rocm" for a torch tensor on a GPU (ROCm torch reports is_cuda),
+        else "host".
         """
+        if mem_type is None:
+            mem_type = "rocm" if getattr(tensor, "is_cuda", False) else "host"
         if (tensor is None) == (ptr is None):
             raise ValueError("register_layer: give a tensor or ptr=, not both")
         if tensor is not None:
