@@ -4,6 +4,10 @@
 are taken (``poll_events``, which drains the descriptor) into the engine's
 queue and every waiter re-checks.  ``await engine.aio.wait_transfer(tid)``
 and ``async for ev in engine.aio.events()`` sit on top.
+
+One event loop at a time per engine. Events taken by a synchronous
+``poll_events``/``wait_event`` on another thread while a coroutine waits are
+seen at its next wake-up or deadline, not at once: use one style per engine.
 """
 import asyncio
 
@@ -33,18 +37,21 @@ class EngineAio:
         self._eng._take_events()  # drains the eventfd
         self._changed.set()
 
-    async def _wait_change(self, deadline):
-        self._changed.clear()
-        # Events may have been queued by a synchronous caller meanwhile.
-        self._eng._take_events()
-        timeout = None if deadline is None else deadline - self._loop.time()
-        if timeout is not None and timeout <= 0:
-            return False
-        try:
-            await asyncio.wait_for(self._changed.wait(), timeout)
-            return True
-        except asyncio.TimeoutError:
-            return False
+    async def _wait_change(self, seen, deadline):
+        """Waits until more events than `seen` were taken from the library
+        (True) or the deadline passed (False)."""
+        self._eng._take_events()  # queued before the reader was attached
+        while self._eng._ev_count == seen:
+            self._changed.clear()
+            timeout = None if deadline is None \
+                else deadline - self._loop.time()
+            if timeout is not None and timeout <= 0:
+                return False
+            try:
+                await asyncio.wait_for(self._changed.wait(), timeout)
+            except asyncio.TimeoutError:
+                return False
+        return True
 
     async def wait_transfer(self, transfer_id, timeout=60.0):
         """Awaits the terminal event of transfer_id (FINISHED_RECVING on D,
@@ -59,8 +66,7 @@ class EngineAio:
                 if not ev.ok:
                     raise TransferFailed(ev)
                 return ev
-            if not await self._wait_change(deadline) and \
-                    deadline is not None and self._loop.time() >= deadline:
+            if not await self._wait_change(self._eng._ev_count, deadline):
                 raise KvxTimeout(-27, "KVX_ERR_TIMEOUT", "no event for "
                                  "transfer %s within %.3f s"
                                  % (transfer_id, timeout), "aio.wait_transfer")
@@ -73,12 +79,14 @@ class EngineAio:
         while True:
             for ev in self._eng.poll_events():
                 yield ev
+            with self._eng._plock:
+                if self._eng._pending:  # taken while the consumer ran
+                    continue
+                seen = self._eng._ev_count
             deadline = None if idle_timeout is None \
                 else self._loop.time() + idle_timeout
-            if not await self._wait_change(deadline):
-                with self._eng._plock:
-                    if not self._eng._pending:
-                        return
+            if not await self._wait_change(seen, deadline):
+                return
 
     def close(self):
         """Stops watching the descriptor (Engine.close calls it)."""

@@ -141,6 +141,7 @@ class Engine:
         self._layers = {}        # name -> index (registration order)
         self._pending = collections.deque()  # events taken, not yet handed
         self._plock = threading.Lock()
+        self._ev_count = 0       # events taken from the library so far
         self._aio = None
         st = self.api.engine_create(_json_arg(config), ctypes.byref(self._h))
         _check(self.api, st, "engine_create")
@@ -382,6 +383,7 @@ class Engine:
                                  e.reason.decode(errors="replace"), ids))
             with self._plock:
                 self._pending.extend(got)
+                self._ev_count += len(got)
             if n < max_events:
                 return
 
