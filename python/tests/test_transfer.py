@@ -106,3 +106,26 @@ def test_register_by_pointer_shape_strides_dtype():
         eng.start()
         assert eng.config()["kv_connector_extra_config"]["handshake_port"] \
             == hs
+
+
+def test_connect_peer_then_read(read_pair):
+    hs_p, nt_p = read_pair.ports[0], read_pair.ports[1]
+    read_pair.d.connect_peer({"remote_host": "127.0.0.1",
+                              "remote_handshake_port": hs_p,
+                              "remote_notify_port": nt_p}, 20000)
+    assert read_pair.d.stats()["handshakes_ok"] == 1
+    read_pair.start_read("tx-after-connect")
+    assert read_pair.d.wait_event("tx-after-connect", 20000).ok
+    demo.verify_decode(read_pair.d_kv)
+    assert read_pair.d.stats()["handshakes_ok"] == 1   # reused
+
+
+def test_consumer_abort_releases_the_producer(write_pair):
+    w, tid = write_pair, "tx-abort"
+    pparams = kvxfer.build_prefill_params(w.d.registration_payload(), tid)
+    resp = w.p.producer_request(w.rid, pparams, demo.P_IDS)
+    w.d.consumer_abort(w.rid, kvxfer.build_decode_params(resp, tid))
+    ev = w.p.wait_event(tid, 20000)
+    assert ev.type == "FINISHED_SENDING" and "released" in ev.reason
+    assert ev.transfer_id == tid and ev.request_id == w.rid
+    assert sorted(ev.block_ids) == sorted(demo.P_IDS)
