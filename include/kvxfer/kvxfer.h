@@ -19,7 +19,10 @@
  *
  * Errors: every function that fails returns a negative kvx_status_t and sets
  * a thread-local message (last_error) that names the field, the value and the
- * rule that was broken.
+ * rule that was broken. Since ABI 1.3 every call of the table except
+ * last_error, status_name and status_string clears it first, so after a
+ * success last_error is "" (1.2 left an older message in place after some
+ * calls: config_dump, poll_events, stats, transports, regions).
  *
  * Memory: strings returned through a `char **` out-parameter and the
  * block_ids arrays of events are owned by the caller; release them with
@@ -38,7 +41,7 @@ extern "C" {
 #endif
 
 #define KVX_ABI_MAJOR 1
-#define KVX_ABI_MINOR 2
+#define KVX_ABI_MINOR 3
 
 #define KVX_ENTRY_POINT_NAME "kvx_get_api"
 
@@ -295,6 +298,18 @@ typedef struct kvx_api {
      * a producer can sleep until FINISHED_SENDING / FAILED instead of
      * polling. */
     kvx_status_t (*wait_events)(kvx_engine_t *engine, int64_t timeout_ms);
+
+    /* --- ABI 1.3 (check struct_size / abi_minor >= 3) --- */
+
+    /* event_fd returns a file descriptor (an eventfd) that is readable
+     * exactly while at least one event is pending, for an event loop's
+     * poll/epoll/select (asyncio loop.add_reader): no thread need sit in
+     * wait_events. poll_events drains it when it takes the last pending
+     * event; never read() it yourself. The descriptor is created on the first
+     * call, the same one is returned after, and it is owned by the engine:
+     * closed by engine_destroy (do not close it). Level-triggered, non-
+     * blocking, close-on-exec. */
+    kvx_status_t (*event_fd)(kvx_engine_t *engine, int *fd_p);
 } kvx_api_t;
 
 /*

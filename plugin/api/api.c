@@ -59,11 +59,13 @@ static const char *api_last_error(void)
 
 static void api_free(void *ptr)
 {
+    kvc_error_clear();
     free(ptr);
 }
 
 static void api_set_logger(kvx_log_fn_t fn, void *arg, int max_level)
 {
+    kvc_error_clear();
     kvc_log_set(fn, arg, max_level);
 }
 
@@ -82,6 +84,7 @@ static kvx_status_t api_engine_create(const char *json, kvx_engine_t **eng_p)
 
 static kvx_status_t api_config_dump(kvx_engine_t *eng, char **json_p)
 {
+    kvc_error_clear();
     if (eng == NULL || json_p == NULL) {
         return kvc_error(KVX_ERR_INVALID_PARAM, "config_dump: NULL argument");
     }
@@ -95,6 +98,7 @@ static kvx_status_t api_alloc_region(kvx_engine_t *eng, size_t len,
     kvc_region_t *r;
     kvx_status_t  st;
 
+    kvc_error_clear();
     if (eng == NULL || ptr_p == NULL || len == 0) {
         return kvc_error(KVX_ERR_INVALID_PARAM,
                          "alloc_region: length %zu: must be > 0", len);
@@ -120,6 +124,7 @@ static kvx_status_t api_free_region(kvx_engine_t *eng, void *ptr)
 {
     kvc_region_t **pp, *r = NULL;
 
+    kvc_error_clear();
     if (eng == NULL) {
         return kvc_error(KVX_ERR_INVALID_PARAM, "free_region: NULL engine");
     }
@@ -362,6 +367,7 @@ static int api_poll_events(kvx_engine_t *eng, kvx_event_t *evs, int max)
 {
     int n = 0;
 
+    kvc_error_clear();
     if (eng == NULL || (evs == NULL && max > 0)) {
         return kvc_error(KVX_ERR_INVALID_PARAM, "poll_events: NULL");
     }
@@ -385,8 +391,41 @@ static int api_poll_events(kvx_engine_t *eng, kvx_event_t *evs, int max)
             kvc_xfer_free(x);
         }
     }
+    kvc_evfd_drain(eng); /* no-op unless the queue is now empty */
     pthread_mutex_unlock(&eng->lock);
     return n;
+}
+
+static kvx_status_t api_event_fd(kvx_engine_t *eng, int *fd_p)
+{
+    kvx_status_t st;
+
+    kvc_error_clear();
+    if (eng == NULL || fd_p == NULL) {
+        return kvc_error(KVX_ERR_INVALID_PARAM, "event_fd: NULL argument");
+    }
+    pthread_mutex_lock(&eng->lock);
+    st = kvc_evfd_get(eng, fd_p);
+    pthread_mutex_unlock(&eng->lock);
+    return st;
+}
+
+static kvx_status_t api_transports(kvx_engine_t *eng, char **json_p)
+{
+    kvc_error_clear();
+    return kvc_report_transports(eng, json_p);
+}
+
+static kvx_status_t api_stats(kvx_engine_t *eng, char **json_p)
+{
+    kvc_error_clear();
+    return kvc_report_stats(eng, json_p);
+}
+
+static void api_engine_destroy(kvx_engine_t *eng)
+{
+    kvc_error_clear();
+    kvx_engine_destroy(eng);
 }
 
 
@@ -493,7 +532,7 @@ static const kvx_api_t kvc_api = {
     .free                 = api_free,
     .set_logger           = api_set_logger,
     .engine_create        = api_engine_create,
-    .engine_destroy       = kvx_engine_destroy,
+    .engine_destroy       = api_engine_destroy,
     .config_dump          = api_config_dump,
     .alloc_region         = api_alloc_region,
     .free_region          = api_free_region,
@@ -505,15 +544,16 @@ static const kvx_api_t kvc_api = {
     .wait_layer           = api_wait_layer,
     .wait_transfer        = api_wait_transfer,
     .poll_events          = api_poll_events,
-    .transports           = kvc_report_transports,
+    .transports           = api_transports,
     .build_decode_params  = api_build_decode_params,
     .layer_ready          = api_layer_ready,
     .seal_transfer        = api_seal_transfer,
     .consumer_abort       = api_consumer_abort,
-    .stats                = kvc_report_stats,
+    .stats                = api_stats,
     .build_prefill_params = api_build_prefill_params,
     .connect_peer         = api_connect_peer,
     .wait_events          = api_wait_events,
+    .event_fd             = api_event_fd,
 };
 
 const kvx_api_t *kvc_api_table(void)

@@ -98,6 +98,8 @@ typedef struct kvt_data_params {
     const char *name;            /* for logs */
     const char *cpus;            /* "" / NULL, or a CPU list for the
                                     progress owner */
+    const char *tcp_port_range;  /* "" / NULL, or "lo-hi": ports the tcp
+                                    transport listens on */
 } kvt_data_params_t;
 
 typedef struct kvt_data_ops {

@@ -493,6 +493,31 @@ static kvx_status_t kvc_cfg_parse_busid(const kvc_config_field_t *f,
     return KVX_OK;
 }
 
+/* kvc_cfg_parse_port_range: a trimmed string, empty or "lo-hi" with
+ * 1024 <= lo <= hi <= 65535 (UCX's TCP_PORT_RANGE syntax). */
+static kvx_status_t kvc_cfg_parse_port_range(const kvc_config_field_t *f,
+                                             const char *path,
+                                             json_object *val,
+                                             kvc_config_t *cfg)
+{
+    kvx_status_t st  = kvc_cfg_parse_str(f, path, val, cfg);
+    char        *buf = KVC_CFG_AT(cfg, f, char);
+    unsigned     lo, hi;
+    int          used = 0;
+
+    if (st != KVX_OK || buf[0] == '\0') {
+        return st;
+    }
+    if (sscanf(buf, "%5u-%5u%n", &lo, &hi, &used) != 2 ||
+        buf[used] != '\0' || lo < 1024 || lo > hi || hi > 65535) {
+        buf[0] = '\0';
+        return kvc_cfg_fail(path, val, "must be empty (ports chosen by the "
+                                       "OS) or \"lo-hi\" with 1024 <= lo <= "
+                                       "hi <= 65535");
+    }
+    return KVX_OK;
+}
+
 /* ---- host lists ---------------------------------------------------------- */
 
 /* kvc_cfg_list_add appends the trimmed s[0..n) unless it is empty; 1 if the
@@ -730,6 +755,8 @@ static const kvc_cfg_type_t kvc_cfg_enum = {kvc_cfg_parse_enum,
                                             kvc_cfg_dump_enum};
 static const kvc_cfg_type_t kvc_cfg_busid = {kvc_cfg_parse_busid,
                                              kvc_cfg_dump_str};
+static const kvc_cfg_type_t kvc_cfg_port_range = {kvc_cfg_parse_port_range,
+                                                  kvc_cfg_dump_str};
 
 /* Index = is_producer. */
 static const char *const kvc_cfg_roles[] = {"kv_consumer", "kv_producer",
@@ -828,6 +855,11 @@ static const kvc_config_field_t kvc_cfg_fields[] = {
     {.key = "ucx_net_devices", .dfl_json = "\"\"", .type = &kvc_cfg_str,
      .off = KVC_OFF(ucx_net_devices), .size = KVC_SIZE(ucx_net_devices),
      .lo = 0, .flags = KVC_X, .doc = "UCX_NET_DEVICES; empty: all"},
+    {.key = "ucx_tcp_port_range", .dfl_json = "\"\"",
+     .type = &kvc_cfg_port_range, .off = KVC_OFF(ucx_tcp_port_range),
+     .size = KVC_SIZE(ucx_tcp_port_range), .lo = 0, .flags = KVC_X,
+     .doc = "ports UCX's tcp transport listens on, \"lo-hi\" (UCX "
+            "TCP_PORT_RANGE); empty: chosen by the OS"},
     {.key = "ucx_required_transports", .dfl_json = "[]",
      .type = &kvc_cfg_host_list, .off = KVC_OFF(ucx_required_transports),
      .off_n = KVC_OFF(num_ucx_required_transports), .lo = 0, .flags = KVC_X,

@@ -163,7 +163,8 @@ kvx_status_t kvx_engine_create(const kvt_env_t *env, const char *json,
     if (eng == NULL) {
         return kvc_error(KVX_ERR_NO_MEMORY, "engine: out of memory");
     }
-    eng->env = *env;
+    eng->env   = *env;
+    eng->ev_fd = -1;
     pthread_mutex_init(&eng->lock, NULL);
     pthread_cond_init(&eng->cond, NULL);
     st = kvc_config_parse(json, &eng->cfg, NULL, NULL);
@@ -196,6 +197,7 @@ kvx_status_t kvx_engine_create(const kvt_env_t *env, const char *json,
     }
     up.tls                = eng->cfg.ucx_tls;
     up.net_devices        = nic;
+    up.tcp_port_range     = eng->cfg.ucx_tcp_port_range;
     up.cpus               = cpus;
     up.err_mode_peer      = eng->cfg.ucx_error_mode == KVC_ERR_MODE_PEER;
     up.spin_us            = eng->cfg.progress_spin_us;
@@ -318,6 +320,7 @@ void kvx_engine_destroy(struct kvx_engine *eng)
     }
     KVD(eng)->ctx_destroy(eng->ucx);
     kvc_engine_free_state(eng);
+    kvc_evfd_close(eng);
     free(eng->layers);
     free(eng->xfers);
     free(eng->meta_json);

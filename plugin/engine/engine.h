@@ -263,6 +263,7 @@ struct kvx_engine {
     size_t            nxfers;
     kvc_event_node_t *ev_head, *ev_tail;
     size_t            nevents;
+    int               ev_fd;         /* event_fd() eventfd (ABI 1.3), -1 */
     kvc_idset_t       terminal;
     kvc_timerq_t      timers;        /* transfer deadlines */
     kvc_early_t      *early_head, *early_tail; /* arrival order */
@@ -337,6 +338,14 @@ kvx_status_t kvc_xfer_wait(struct kvx_engine *eng, const char *tid,
 /* kvc_events_wait (API wait_events): until an event is pending or
  * timeout_ms passed. */
 kvx_status_t kvc_events_wait(struct kvx_engine *eng, int64_t timeout_ms);
+
+/* evfd.c (lock held, except close): the ABI 1.3 event_fd. get creates it
+ * once; signal when the queue becomes non-empty; drain when poll_events
+ * emptied it; close at destroy. */
+kvx_status_t kvc_evfd_get(struct kvx_engine *eng, int *fd_p);
+void         kvc_evfd_signal(struct kvx_engine *eng);
+void         kvc_evfd_drain(struct kvx_engine *eng);
+void         kvc_evfd_close(struct kvx_engine *eng);
 
 /* plan.c: copy plans of a transfer */
 uint32_t     kvc_xfer_nsrc(const kvc_xfer_t *x);

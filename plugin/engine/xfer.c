@@ -313,6 +313,7 @@ void kvc_event_push(struct kvx_engine *eng, kvx_event_type_t type,
         eng->ev_tail->next = n;
     } else {
         eng->ev_head = n;
+        kvc_evfd_signal(eng); /* ABI 1.3 event_fd: queue became non-empty */
     }
     eng->ev_tail = n;
     eng->nevents++;

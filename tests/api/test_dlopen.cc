@@ -11,6 +11,7 @@
 #include <dirent.h>
 #include <dlfcn.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -455,6 +456,10 @@ TEST(Dlopen, OnlyTheEntryPointIsVisibleAndTheTableIsVersioned)
         (const void *)api->layer_ready,    (const void *)api->seal_transfer,
         (const void *)api->consumer_abort, (const void *)api->stats,
         (const void *)api->build_prefill_params,
+        // ABI 1.2
+        (const void *)api->connect_peer,   (const void *)api->wait_events,
+        // ABI 1.3
+        (const void *)api->event_fd,
     };
     for (size_t i = 0; i < sizeof(fns) / sizeof(fns[0]); i++) {
         EXPECT_NE(nullptr, fns[i]) << "table member " << i;
@@ -598,6 +603,80 @@ TEST(Dlopen, ReadTransferThroughTheTableOnly)
 // A decode instance that shuts down right after its last request: the
 // release D queued when its gets completed must still reach P, so that P
 // frees its blocks now and not after defer_timeout (SPEC §7, §10).
+bool Readable(int fd, int timeout_ms)
+{
+    struct pollfd pfd = {fd, POLLIN, 0};
+    return poll(&pfd, 1, timeout_ms) == 1 && (pfd.revents & POLLIN);
+}
+
+// ABI 1.3: event_fd is readable exactly while an event is pending (an
+// event loop sleeps on it, no thread in wait_events); every call clears
+// last_error.
+TEST(Dlopen, EventFdIsReadableExactlyWhileEventsArePending)
+{
+    Lib lib;
+    ASSERT_NE(nullptr, lib.api) << lib.error;
+    const kvx_api_t *api = lib.api;
+    ASSERT_GE(api->struct_size,
+              offsetof(kvx_api_t, event_fd) + sizeof(api->event_fd));
+    Engine p, d;
+    ASSERT_TRUE(MakeEngine(api, true, 8, 2, &p));
+    ASSERT_TRUE(MakeEngine(api, false, 8, 2, &d));
+    int pfd = -1, again = -1;
+    ASSERT_EQ(KVX_OK, api->event_fd(p.eng, &pfd)) << api->last_error();
+    ASSERT_EQ(KVX_OK, api->event_fd(p.eng, &again));
+    EXPECT_EQ(pfd, again) << "one descriptor per engine";
+    EXPECT_FALSE(Readable(pfd, 0));
+    EXPECT_EQ(KVX_ERR_INVALID_PARAM, api->event_fd(p.eng, nullptr));
+
+    // One READ transfer by hand (Transfer() drains the events itself).
+    const std::vector<uint64_t> pids = {1, 2}, dids = {3, 4};
+    const std::string           rid = RequestId(p, d);
+    char                       *resp = nullptr, *dp = nullptr;
+    int                         dfd  = -1;
+    ASSERT_EQ(KVX_OK, api->event_fd(d.eng, &dfd));
+    ASSERT_EQ(KVX_OK, api->producer_request(
+                          p.eng, rid.c_str(),
+                          "{\"transfer_id\":\"tx-evfd\",\"do_remote_decode\":"
+                          "true}", pids.data(), pids.size(), &resp))
+        << api->last_error();
+    ASSERT_EQ(KVX_OK, api->build_decode_params(resp, "tx-evfd", &dp));
+    api->free(resp);
+    EXPECT_FALSE(Readable(dfd, 0));
+    ASSERT_EQ(KVX_OK, api->consumer_request(d.eng, rid.c_str(), dp,
+                                            dids.data(), dids.size()))
+        << api->last_error();
+    api->free(dp);
+    // poll() sleeps until D's FINISHED_RECVING, then P's FINISHED_SENDING.
+    ASSERT_TRUE(Readable(dfd, 20000));
+    EXPECT_TRUE(Readable(dfd, 0)) << "level-triggered until taken";
+    EXPECT_EQ("", Verify(d, dids, pids));
+    auto evs = Drain(api, d.eng);
+    ASSERT_EQ(1u, evs.size());
+    EXPECT_EQ(KVX_EVENT_FINISHED_RECVING, evs[0].type);
+    FreeEvents(api, &evs);
+    EXPECT_FALSE(Readable(dfd, 0)) << "poll_events drained it";
+    ASSERT_TRUE(Readable(pfd, 20000));
+    evs = Drain(api, p.eng);
+    ASSERT_EQ(1u, evs.size());
+    EXPECT_EQ(KVX_EVENT_FINISHED_SENDING, evs[0].type);
+    FreeEvents(api, &evs);
+    EXPECT_FALSE(Readable(pfd, 0));
+
+    // last_error: a failure, then a success of a call that left the old
+    // message in place before 1.3.
+    EXPECT_EQ(KVX_ERR_NOT_FOUND, api->wait_transfer(d.eng, "nope", 0));
+    EXPECT_STRNE("", api->last_error());
+    char *sj = nullptr;
+    ASSERT_EQ(KVX_OK, api->stats(d.eng, &sj));
+    api->free(sj);
+    EXPECT_STREQ("", api->last_error());
+    EXPECT_EQ(KVX_ERR_NOT_FOUND, api->wait_transfer(d.eng, "nope", 0));
+    kvx_event_t ev[2];
+    EXPECT_EQ(0, api->poll_events(d.eng, ev, 2));
+    EXPECT_STREQ("", api->last_error());
+}
+
 TEST(Dlopen, ConsumerDestroyedRightAfterItsTransferStillReleasesProducer)
 {
     Lib lib;

@@ -25,7 +25,7 @@ const char *const kExtraKeys[] = {
     "num_workers",      "ucx_tls",            "ucx_net_devices",
     "ucx_required_transports", "ucx_error_mode", "max_inflight_bytes",
     "progress_spin_us", "gpu_bus_id",         "hwloc_topology",
-    "proxy_ping_interval",
+    "proxy_ping_interval", "ucx_tcp_port_range",
 };
 
 // Extra wraps body (the inside of kv_connector_extra_config) in a producer

@@ -643,6 +643,18 @@ static kvx_status_t kvu_ucp_init(kvu_ctx_t *ctx)
                              ctx->params.net_devices, ucs_status_string(st));
         }
     }
+    /* UCX_TCP_PORT_RANGE: ucp_config_modify applies a key it does not know
+     * to every transport's table by its name without the "TCP_" prefix
+     * (with the prefix UCX 1.13 warns "invalid configuration" and ignores
+     * it; tests/python test_ucx.py checks the listening ports). */
+    if (ctx->params.tcp_port_range != NULL && ctx->params.tcp_port_range[0] &&
+        (st = ucp_config_modify(config, "PORT_RANGE",
+                                ctx->params.tcp_port_range)) != UCS_OK) {
+        ucp_config_release(config);
+        return kvc_error(KVX_ERR_CONFIG, "kv_connector_extra_config."
+                         "ucx_tcp_port_range: value '%s': rejected by UCX: %s",
+                         ctx->params.tcp_port_range, ucs_status_string(st));
+    }
     if (ctx->params.err_mode_peer && kvu_tls_has_mm(ctx->params.tls)) {
         /* Peer error mode drops the sysv/posix lanes on 1.13 unless they
          * advertise peer-failure support (research/ucx.md §0.5, exp. G). */
@@ -725,6 +737,7 @@ static void kvu_ctx_free(kvu_ctx_t *ctx)
     pthread_mutex_destroy(&ctx->in_lock);
     pthread_mutex_destroy(&ctx->lock);
     free(ctx);
+    kvu_log_release(); /* the hold of kvu_ctx_create */
 }
 
 kvx_status_t kvu_ctx_create(const kvu_params_t *params, kvu_ctx_t **ctx_p)
@@ -735,6 +748,7 @@ kvx_status_t kvu_ctx_create(const kvu_params_t *params, kvu_ctx_t **ctx_p)
     if (ctx == NULL) {
         return kvc_error(KVX_ERR_NO_MEMORY, "kvu context: out of memory");
     }
+    kvu_log_hold(); /* released by kvu_ctx_free */
     ctx->params = *params;
     ctx->efd    = -1;
     snprintf(ctx->name, sizeof(ctx->name), "%s",

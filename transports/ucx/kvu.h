@@ -48,6 +48,10 @@ const kvt_data_ops_t *kvt_ucx_ops(void);
 kvx_status_t kvu_ctx_create(const kvu_params_t *params, kvu_ctx_t **ctx_p);
 /* kvu_ctx_destroy: endpoints, rkeys and mems must be released first. */
 void         kvu_ctx_destroy(kvu_ctx_t *ctx);
+/* kvu_log_hold / kvu_log_release (kvu_log.c, any thread): UCX's log
+ * messages go to kvxfer's logger while at least one hold is active. */
+void         kvu_log_hold(void);
+void         kvu_log_release(void);
 /* kvu_ctx_kick wakes the progress thread (e.g. after new work). */
 void         kvu_ctx_kick(kvu_ctx_t *ctx);
 /* kvu_defer runs job->fn(job) on the progress thread, unlocked, soon. */
