@@ -98,6 +98,8 @@ typedef struct kvt_data_params {
     const char *name;            /* for logs */
     const char *cpus;            /* "" / NULL, or a CPU list for the
                                     progress owner */
+    const char *lane_settings;   /* transport settings ("auto", "none",
+                                    KEY=VALUE ...); NULL: "auto" */
 } kvt_data_params_t;
 
 typedef struct kvt_data_ops {
@@ -175,6 +177,9 @@ typedef struct kvt_data_ops {
                              char *buf, size_t len);
     kvx_status_t (*cpuset)(const char *xml_path, const char *gpu_busid,
                            char *buf, size_t len);
+    /* settings: the transport settings in force ("KEY=VALUE ..."),
+     * borrowed until ctx_destroy; NULL member: none to report. */
+    const char  *(*settings)(const kvt_ctx_t *ctx);
 } kvt_data_ops_t;
 
 /* ---- control plane ------------------------------------------------------- */

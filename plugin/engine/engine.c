@@ -194,6 +194,7 @@ kvx_status_t kvx_engine_create(const kvt_env_t *env, const char *json,
         goto err_idset;
     }
     up.tls                = eng->cfg.ucx_tls;
+    up.lane_settings      = eng->cfg.ucx_lane_settings;
     up.net_devices        = nic;
     up.cpus               = cpus;
     up.err_mode_peer      = eng->cfg.ucx_error_mode == KVC_ERR_MODE_PEER;
