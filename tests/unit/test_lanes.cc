@@ -1,6 +1,7 @@
 // test_lanes.cc - transports/ucx/kvu_lanes.c: the lane report parsed from
 // real ucp_ep_print_info output of both formats, captured into tests/data
-// (ucx-<version>-ep-<tls>.txt; how they were captured: tests/data/README.md).
+// (ucx-<version>-ep-<tls>.txt, UCX 1.13.1 and 1.22.0; how they were
+// captured: tests/data/README.md).
 extern "C" {
 #include "ucx/kvu_lanes.h"
 }
@@ -79,6 +80,42 @@ TEST(Lanes, Ucx113RmaBwLaneIsNotAnRmaLaneInV1)
     EXPECT_STREQ("rma_bw#0", p.lanes.lane[2].roles);
     EXPECT_EQ(0, p.lanes.lane[2].rma);
     EXPECT_EQ(1, kvu_lanes_rma_shm_only(&p.lanes));
+}
+
+// UCX 1.22 (protocol v2): "seg 4294967295" on every lane, protocol tables
+// instead of put/get lines.
+TEST(Lanes, Ucx122TcpIsEmulatedAndItsSegmentSizeIsNoRole)
+{
+    Parsed p = Parse(Capture("ucx-1.22-ep-tcp.txt"));
+
+    ASSERT_EQ(1, p.lanes.n);
+    EXPECT_EQ(1, p.lanes.proto_v2);
+    EXPECT_EQ("tcp/lo[am keepalive wireup]", p.report);
+    EXPECT_EQ(1, kvu_lanes_rma_emulated(&p.lanes));
+}
+
+TEST(Lanes, Ucx122SmLanesCopyDirectlyIntoUcxMemory)
+{
+    Parsed p = Parse(Capture("ucx-1.22-ep-sm.txt"));
+
+    ASSERT_EQ(2, p.lanes.n);
+    EXPECT_EQ(1, p.lanes.proto_v2);
+    EXPECT_EQ("sysv/memory[am keepalive rma] posix/memory[rma]", p.report);
+    EXPECT_EQ(0, kvu_lanes_rma_emulated(&p.lanes));
+    EXPECT_EQ(1, kvu_lanes_rma_shm_only(&p.lanes));
+}
+
+// In v2 an rma_bw lane carries zero-copy put/get (cma on app memory).
+TEST(Lanes, Ucx122CmaRmaBwLaneIsAnRmaLane)
+{
+    Parsed p = Parse(Capture("ucx-1.22-ep-sm-errnone.txt"));
+
+    ASSERT_EQ(3, p.lanes.n);
+    EXPECT_STREQ("cma", p.lanes.lane[2].tl);
+    EXPECT_EQ(1, p.lanes.lane[2].rma);
+    EXPECT_EQ("sysv/memory[am rma] posix/memory[rma] cma/memory[rma_bw#0 rma]",
+              p.report);
+    EXPECT_EQ(0, kvu_lanes_rma_shm_only(&p.lanes));
 }
 
 TEST(Lanes, SegmentSizeIsNeverARole)
