@@ -69,6 +69,7 @@ typedef struct kvp_opts {
     uint32_t    batches[KVP_MAX_SWEEP];
     int         nbatches;
     int         contiguous;
+    int         resident;      /* --resident: same block ids every transfer */
     uint32_t    iters;         /* 0 = auto */
     uint32_t    warmup;        /* UINT32_MAX = auto */
     uint32_t    depth;

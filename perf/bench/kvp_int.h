@@ -179,10 +179,13 @@ uint8_t *kvp_unit_ptr(const kvp_side_t *s, uint32_t layer, uint64_t block,
 
 /* Block ids: transfer i (batch b) uses, on each side, the next b entries
  * of a fixed random permutation of the pool (scattered; P and D differ) or
- * the next b-aligned slot (contiguous). */
+ * the next b-aligned slot (contiguous). Resident: every transfer uses the
+ * ids of transfer 0 (same offsets reused, cache-resident like nixlbench's
+ * and ucx_perftest's buffers). */
 typedef struct kvp_idgen {
     uint64_t  nb;
     int       contiguous;
+    int       resident;
     uint64_t *perm[2]; /* [D, P] */
 } kvp_idgen_t;
 int  kvp_idgen_init(kvp_idgen_t *ig, uint64_t nb, int contiguous);
@@ -247,6 +250,9 @@ typedef struct kvp_row {
     double   ntfy_avg, ntfy_p99, post_per_run_us;
     double   xfer_rate, aggr_xfer_rate; /* timed transfers / (last end -
                                            first start), per pair / sum */
+    double   wall_bw_gbs;  /* bytes / (last end - first start), per pair:
+                              gaps between transfers count (bw_gbs counts
+                              only time with a transfer in flight) */
     uint32_t hold;
     int64_t  p_xfers_end;
     double   hold_create_s;

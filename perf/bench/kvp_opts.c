@@ -110,6 +110,8 @@ void kvp_usage(FILE *f, const char *prog)
 "                         dim. List 32K,1M or doubling range 4K:1M (model's)\n"
 "  -b, --batch LIST       KV blocks per transfer, e.g. 1,8,32 or 1:128 (32)\n"
 "      --contiguous       consecutive block ids (runs merge); default scattered\n"
+"      --resident         every transfer moves the same blocks (cache-resident,\n"
+"                         like nixlbench and ucx_perftest); default: walk the pool\n"
 "      --connect-ahead    the initiator (READ: D, WRITE: P) calls connect_peer\n"
 "                         before the first transfer; the header then gives\n"
 "                         connect_peer's time and a first transfer without it\n"
@@ -119,7 +121,8 @@ void kvp_usage(FILE *f, const char *prog)
 "                         least one pass over the pool)\n"
 "  -d, --depth N          transfers in flight (1)\n"
 "      --pool SIZE        KV pool per side (256M, larger than the 32 MiB LLC so\n"
-"                         blocks are cold; grown to 2 x depth x batch blocks)\n"
+"                         blocks are cold; grown to 2 x depth x batch blocks,\n"
+"                         and to 3 blocks: a 2-block tensor is ambiguous)\n"
 "      --mem LIST         app (framework-owned mmap, registered) | ucx\n"
 "                         (api->alloc_region, like ucx_perftest) | app,ucx (app)\n"
 "      --tls TLS          UCX transports (engine key ucx_tls; UCX default)\n"
@@ -228,7 +231,7 @@ enum {
     OPT_TOKENS, OPT_HEADS, OPT_HEAD_DIM, OPT_ELEM, OPT_CONTIG, OPT_SCATTER,
     OPT_POOL, OPT_MEM, OPT_TLS, OPT_INFLIGHT, OPT_EXTRA, OPT_KVPORT,
     OPT_CHECK, OPT_CONNECT_AHEAD, OPT_MEMCPY, OPT_TIMEOUT, OPT_CSV, OPT_JSON, OPT_ACCEPT,
-    OPT_INJECT, OPT_CLOCK, OPT_HOLD, OPT_HOLD_TIMEOUT,
+    OPT_INJECT, OPT_CLOCK, OPT_HOLD, OPT_HOLD_TIMEOUT, OPT_RESIDENT,
 };
 
 static const struct option kvp_longopts[] = {
@@ -250,6 +253,7 @@ static const struct option kvp_longopts[] = {
     {"batch", required_argument, NULL, 'b'},
     {"contiguous", no_argument, NULL, OPT_CONTIG},
     {"scattered", no_argument, NULL, OPT_SCATTER},
+    {"resident", no_argument, NULL, OPT_RESIDENT},
     {"iters", required_argument, NULL, 'n'},
     {"warmup", required_argument, NULL, 'w'},
     {"depth", required_argument, NULL, 'd'},
@@ -450,6 +454,9 @@ int kvp_opts_parse(int argc, char **argv, kvp_opts_t *o, char *err,
             break;
         case OPT_SCATTER:
             o->contiguous = 0;
+            break;
+        case OPT_RESIDENT:
+            o->resident = 1;
             break;
         case 'n':
             if (kvp_parse_u32(optarg, 1, 100000000u, &o->iters) != 0) {

@@ -59,7 +59,7 @@ int kvp_rows_from_blobs(void **bufs, size_t *lens, int n, kvp_row_t *row,
     double   *prep = NULL, *post = NULL, *tx = NULL, *ntfy = NULL;
     kvp_iv_t *mine = NULL;
     double    bw_sum = 0, lat_sum = 0, mc_bytes = 0, mc_time = 0, mc_tx = 0;
-    double    rate_sum = 0;
+    double    rate_sum = 0, wall_sum = 0;
     const kvp_blob_hdr_t *first = NULL;
     int       rc = -1;
 
@@ -148,6 +148,8 @@ int kvp_rows_from_blobs(void **bufs, size_t *lens, int n, kvp_row_t *row,
          * first start to the last end (gaps between transfers count). */
         if (t_last > t_first) {
             rate_sum += (double)h->n * 1e6 / (t_last - t_first);
+            wall_sum += (double)h->n * (double)h->xfer_bytes /
+                        (t_last - t_first) / 1e3;
         }
         u = kvp_union(mine, h->n);
         if (u > 0) {
@@ -198,6 +200,7 @@ int kvp_rows_from_blobs(void **bufs, size_t *lens, int n, kvp_row_t *row,
     row->avg_lat_us  = lat_sum / pairs;
     row->xfer_rate      = rate_sum / pairs;
     row->aggr_xfer_rate = rate_sum;
+    row->wall_bw_gbs    = wall_sum / pairs;
     kvp_stats(prep, total, &row->prep_avg, &row->prep_p99);
     kvp_stats(post, total, &row->post_avg, &row->post_p99);
     kvp_stats(tx, total, &row->tx_avg, &row->tx_p99);
@@ -255,6 +258,15 @@ static void kvp_json_str(FILE *f, const char *s)
     fputc('"', f);
 }
 
+/* kvp_ids_name: how block ids are chosen (--contiguous, --resident). */
+static const char *kvp_ids_name(const kvp_opts_t *o)
+{
+    if (o->resident) {
+        return o->contiguous ? "resident-contiguous" : "resident";
+    }
+    return o->contiguous ? "contiguous" : "scattered";
+}
+
 static const char *kvp_csv_header =
     "mode,mem,model,tls,ids,depth,pairs,block_size_B,batch,iters,"
     "xfer_bytes,bw_GBs,aggr_bw_GBs,avg_lat_us,avg_prep_us,p99_prep_us,"
@@ -265,7 +277,7 @@ static const char *kvp_csv_header =
     "hwm_p_kb,hwm_d_kb,rss_growth_p_kb,rss_growth_d_kb,xfers_done,"
     "ctl_rtt_avg_us,ctl_rtt_p50_us,ctl_rtt_p99_us,hs_metadata_us,"
     "hs_endpoint_us,hs_rkeys_us,xfers_per_s,aggr_xfers_per_s,hold,"
-    "hold_create_s,hold_rss_p_kb,p_transfers_end\n";
+    "hold_create_s,hold_rss_p_kb,p_transfers_end,wall_bw_GBs\n";
 
 static void kvp_csv_row(FILE *f, const kvp_opts_t *o, const kvp_row_t *r,
                         const kvp_row_t *su)
@@ -276,10 +288,9 @@ static void kvp_csv_row(FILE *f, const kvp_opts_t *o, const kvp_row_t *r,
                "%" PRId64 ",%" PRId64
                ",%" PRId64 ",%" PRId64 ",%" PRId64 ",%" PRId64 ",%" PRIu64
                ",%.1f,%.1f,%.1f,%.1f,%.1f,%.1f,%.1f,%.1f,%u,%.3f,%" PRId64
-               ",%" PRId64 "\n",
+               ",%" PRId64 ",%.6f\n",
             kvp_mode_name(r->mode), kvp_mem_name(r->mem), o->model.name,
-            o->tls[0] ? o->tls : "default",
-            o->contiguous ? "contiguous" : "scattered", o->depth, r->pairs,
+            o->tls[0] ? o->tls : "default", kvp_ids_name(o), o->depth, r->pairs,
             r->block_bytes, r->batch, r->iters, r->xfer_bytes, r->bw_gbs,
             r->aggr_bw_gbs, r->avg_lat_us, r->prep_avg, r->prep_p99,
             r->post_avg, r->post_p99, r->tx_avg, r->tx_p99, r->runs_per_xfer,
@@ -292,7 +303,7 @@ static void kvp_csv_row(FILE *f, const kvp_opts_t *o, const kvp_row_t *r,
             r->rss_kb[1][2] - r->rss_kb[1][1], r->xfers_done, su->ctl_rtt[0],
             su->ctl_rtt[1], su->ctl_rtt[2], su->hs_parts[0], su->hs_parts[1],
             su->hs_parts[2], r->xfer_rate, r->aggr_xfer_rate, r->hold,
-            r->hold_create_s, r->hold_rss_kb, r->p_xfers_end);
+            r->hold_create_s, r->hold_rss_kb, r->p_xfers_end, r->wall_bw_gbs);
     fflush(f);
 }
 
@@ -320,7 +331,7 @@ static void kvp_json_row(FILE *f, const kvp_opts_t *o, const kvp_row_t *r,
                "\"ctl_ntfy_avg_us\": %.1f, \"ctl_ntfy_p99_us\": %.1f, "
                "\"ctl_tx_avg_us\": %.1f, \"rma_emulated\": %s, "
                "\"rma_mode\": \"%s\", \"transports\": ",
-            o->contiguous ? "contiguous" : "scattered", o->depth, r->pairs,
+            kvp_ids_name(o), o->depth, r->pairs,
             r->block_bytes, r->batch, r->iters, r->xfer_bytes, r->bw_gbs,
             r->aggr_bw_gbs, r->avg_lat_us, r->prep_avg, r->prep_p99,
             r->post_avg, r->post_p99, r->tx_avg, r->tx_p99, r->runs_per_xfer,
@@ -337,13 +348,13 @@ static void kvp_json_row(FILE *f, const kvp_opts_t *o, const kvp_row_t *r,
                "\"xfers_per_s\": %.1f, \"aggr_xfers_per_s\": %.1f, "
                "\"hold\": %u, \"hold_create_s\": %.3f, "
                "\"hold_rss_p_kb\": %" PRId64 ", \"p_transfers_end\": %"
-               PRId64 "}",
+               PRId64 ", \"wall_bw_GBs\": %.6f}",
             r->rss_kb[0][0], r->rss_kb[0][1], r->rss_kb[0][2], r->rss_kb[1][0],
             r->rss_kb[1][1], r->rss_kb[1][2], r->hwm_kb[0], r->hwm_kb[1],
             r->xfers_done, su->ctl_rtt[0], su->ctl_rtt[1], su->ctl_rtt[2],
             su->hs_parts[0], su->hs_parts[1], su->hs_parts[2], r->xfer_rate,
             r->aggr_xfer_rate, r->hold, r->hold_create_s, r->hold_rss_kb,
-            r->p_xfers_end);
+            r->p_xfers_end, r->wall_bw_gbs);
     fflush(f);
 }
 
@@ -410,7 +421,7 @@ static void kvp_table_setup(const kvp_report_t *r, const kvp_row_t *su)
            "pairs %u (TP%u -> TP%u) | hold %u\n",
            kvp_mode_name(su->mode), su->geom_desc, kvp_mem_name(su->mem),
            o->tls[0] ? o->tls : "default",
-           o->contiguous ? "contiguous" : "scattered", o->depth, su->pairs,
+           kvp_ids_name(o), o->depth, su->pairs,
            su->pairs, su->pairs, o->hold);
     printf("# transports (%s): %s  [RMA: %s]\n",
            su->mode == KVP_READ ? "D gets from P" : "P puts to D",
@@ -446,7 +457,7 @@ static void kvp_table_setup(const kvp_report_t *r, const kvp_row_t *su)
            "Avg Lat. (us)", "Avg Prep (us)", "P99 Prep (us)", "Avg Post (us)",
            "P99 Post (us)", "Avg Tx (us)", "P99 Tx (us)", "Runs/Xfer",
            "Post/Run (us)", "Avg Ntfy (us)", "P99 Ntfy (us)");
-    printf("%-12s", "Xfer/s");
+    printf("%-12s%-16s", "Xfer/s", "Wall B/W (GB/s)");
     if (o->memcpy_rows) {
         printf("%-16s", "memcpy (GB/s)");
     }
@@ -477,7 +488,7 @@ static void kvp_table_row(const kvp_report_t *r, const kvp_row_t *x)
            x->avg_lat_us, x->prep_avg, x->prep_p99, x->post_avg, x->post_p99,
            x->tx_avg, x->tx_p99, x->runs_per_xfer, x->post_per_run_us,
            x->ntfy_avg, x->ntfy_p99);
-    printf("%-12.1f", x->xfer_rate);
+    printf("%-12.1f%-16.6f", x->xfer_rate, x->wall_bw_gbs);
     if (r->o->memcpy_rows) {
         printf("%-16.6f", x->memcpy_bw_gbs);
     }

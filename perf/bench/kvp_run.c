@@ -1272,6 +1272,7 @@ static int kvp_setup(kvp_sess_t *s)
         kvp_side_close(&s->side);
         return kvp_fatal(s, "out of memory (block ids)");
     }
+    s->ig.resident = o->resident;
     s->handshake_us = s->first_xfer_us = -1;
     for (int k = 0; k < 3; k++) {
         s->ctl_rtt[k] = s->hs_parts[k] = -1;

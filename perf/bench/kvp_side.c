@@ -58,8 +58,11 @@ int kvp_geom_make(const kvp_model_t *m, uint32_t tp_size, uint64_t block_bytes,
     if (g->nb < nb_min) {
         g->nb = nb_min;
     }
-    if (g->nb < 2) {
-        g->nb = 2;
+    /* At least 3 blocks: with 2, a [2, 2, ...] tensor fits both the split
+     * [2, num_blocks, ...] and the interleaved [num_blocks, 2, ...] layout
+     * and the library rightly refuses it as ambiguous. */
+    if (g->nb < 3) {
+        g->nb = 3;
     }
     g->layer_bytes  = (uint64_t)g->units * g->nb * g->unit;
     g->layer_stride = (g->layer_bytes + 4095) & ~4095ull;
@@ -123,6 +126,9 @@ void kvp_idgen_fini(kvp_idgen_t *ig)
 void kvp_block_ids(const kvp_idgen_t *ig, int producer, uint64_t i,
                    uint32_t b, uint64_t *ids)
 {
+    if (ig->resident) {
+        i = 0; /* every transfer moves the blocks of the first one */
+    }
     if (ig->contiguous) {
         uint64_t slots = ig->nb / b, s = (i % slots) * b;
 

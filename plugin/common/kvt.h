@@ -100,6 +100,8 @@ typedef struct kvt_data_params {
                                     progress owner */
     const char *tcp_port_range;  /* "" / NULL, or "lo-hi": ports the tcp
                                     transport listens on */
+    const char *lane_settings;   /* transport settings ("auto", "none",
+                                    KEY=VALUE ...); NULL: "auto" */
 } kvt_data_params_t;
 
 typedef struct kvt_data_ops {
@@ -177,6 +179,9 @@ typedef struct kvt_data_ops {
                              char *buf, size_t len);
     kvx_status_t (*cpuset)(const char *xml_path, const char *gpu_busid,
                            char *buf, size_t len);
+    /* settings: the transport settings in force ("KEY=VALUE ..."),
+     * borrowed until ctx_destroy; NULL member: none to report. */
+    const char  *(*settings)(const kvt_ctx_t *ctx);
 } kvt_data_ops_t;
 
 /* ---- control plane ------------------------------------------------------- */

@@ -860,6 +860,13 @@ static const kvc_config_field_t kvc_cfg_fields[] = {
      .size = KVC_SIZE(ucx_tcp_port_range), .lo = 0, .flags = KVC_X,
      .doc = "ports UCX's tcp transport listens on, \"lo-hi\" (UCX "
             "TCP_PORT_RANGE); empty: chosen by the OS"},
+    {.key = "ucx_lane_settings", .dfl_json = "\"auto\"", .type = &kvc_cfg_str,
+     .off = KVC_OFF(ucx_lane_settings), .size = KVC_SIZE(ucx_lane_settings),
+     .lo = 0, .flags = KVC_X,
+     .doc = "UCX settings of the engine's context (ucp_config_modify), "
+            "space-separated: \"auto\" (kvxfer's choice per UCX version and "
+            "transports) and/or KEY=VALUE (UCX name without UCX_); \"none\" "
+            "or empty: UCX defaults"},
     {.key = "ucx_required_transports", .dfl_json = "[]",
      .type = &kvc_cfg_host_list, .off = KVC_OFF(ucx_required_transports),
      .off_n = KVC_OFF(num_ucx_required_transports), .lo = 0, .flags = KVC_X,

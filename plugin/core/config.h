@@ -64,6 +64,8 @@ typedef struct kvc_config {
     char          ucx_tls[256];       /* ["" = UCX default] e.g. "tcp" */
     char          ucx_net_devices[256]; /* ["" = all] */
     char          ucx_tcp_port_range[16]; /* ["" = OS-chosen] "lo-hi" */
+    char          ucx_lane_settings[512]; /* ["auto"] UCX settings, see
+                                             transports/ucx/README.md */
     char        **ucx_required_transports; /* owned; [] e.g. ["rc_verbs"] */
     size_t        num_ucx_required_transports;
     kvc_err_mode_t ucx_error_mode;    /* ["peer"] | "none" */

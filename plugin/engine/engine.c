@@ -196,6 +196,7 @@ kvx_status_t kvx_engine_create(const kvt_env_t *env, const char *json,
         goto err_idset;
     }
     up.tls                = eng->cfg.ucx_tls;
+    up.lane_settings      = eng->cfg.ucx_lane_settings;
     up.net_devices        = nic;
     up.tcp_port_range     = eng->cfg.ucx_tcp_port_range;
     up.cpus               = cpus;

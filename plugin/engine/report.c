@@ -105,6 +105,10 @@ kvx_status_t kvc_report_transports(struct kvx_engine *eng, char **json_p)
                                        p->rma_mode));
             json_object_object_add(o, "rma_emulated", json_object_new_boolean(
                                        strcmp(p->rma_mode, "emulated") == 0));
+            if (KVD(eng)->settings != NULL) {
+                json_object_object_add(o, "settings", json_object_new_string(
+                                           KVD(eng)->settings(eng->ucx)));
+            }
         } else if (p->state == KVC_PEER_FAILED) {
             json_object_object_add(o, "error",
                                    json_object_new_string(p->fail_reason));

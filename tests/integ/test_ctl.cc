@@ -1912,3 +1912,46 @@ TEST(ReadHeteroTp, GatherWithOneDeadSourceFailsAndReleasesTheLiveOne)
     ASSERT_TRUE(pev.WaitN(p0->eng, 1, 10000));
     EXPECT_EQ(1u, pev.Count(KVX_EVENT_FINISHED_SENDING, "tx-gather-dead"));
 }
+
+// ========================================================================
+// ucx_lane_settings: UCX settings through ucp_config_modify, reported.
+// ========================================================================
+
+TEST(LaneSettings, ExplicitSettingIsAppliedAndReportedWithThePeer)
+{
+    Pair pr;
+    MakePair(&pr, "\"ucx_lane_settings\":\"auto RNDV_THRESH=16k\"");
+    if (HasFatalFailure()) {
+        return;
+    }
+    Pull(pr, "tx-settings", {1, 2}, {7, 3});
+    char *json = nullptr;
+    ASSERT_EQ(KVX_OK, Api()->transports(pr.d->eng, &json));
+    std::string js(json);
+    Api()->free(json);
+    EXPECT_TRUE(Contains(js, "\"settings\":\"RNDV_THRESH=16k\"")) << js;
+    EXPECT_TRUE(Contains(js, "\"transports\":\"tcp")) << js;
+    EXPECT_FALSE(Contains(js, "4294967295")) << js;
+}
+
+TEST(LaneSettings, RejectedSettingNamesTheKeyTheValueAndTheRule)
+{
+    ModelSpec model = ThreeLayerModel();
+    struct {
+        const char *value, *needle;
+    } cases[] = {
+        {"auto RNDV_THRESH=not-a-size", "RNDV_THRESH=not-a-size"},
+        {"rndv_thresh=16k", "KEY=VALUE"},
+        {"UCX_RNDV_THRESH=16k", "without the UCX_ prefix"},
+        {"TLS=tcp", "ucx_tls"},
+        {"RNDV_THRESH=", "KEY=VALUE"},
+    };
+    for (const auto &c : cases) {
+        RankOpts o = Opts(true, PortBase(1), 8);
+        std::string err;
+        o.extra = std::string("\"ucx_lane_settings\":\"") + c.value + "\"";
+        EXPECT_FALSE(Start(model, o, &err)) << c.value;
+        EXPECT_TRUE(Contains(err, "ucx_lane_settings")) << err;
+        EXPECT_TRUE(Contains(err, c.needle)) << err;
+    }
+}

@@ -563,7 +563,7 @@ static const kvt_data_ops_t kSimDataOps = {
     MemRelease,    MemBase,     MemLength,    MemRkey,     MemTypeOf,
     EpCreate,      EpClose,     EpFail,       EpTransports, EpZero,
     EpZero,        RkeyUnpack,  RkeyDestroy,  RkeyLocal,   Prefault,
-    Post,          Flush,       nullptr,      nullptr,
+    Post,          Flush,       nullptr,      nullptr,     nullptr,
 };
 }
 

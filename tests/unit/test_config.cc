@@ -22,7 +22,7 @@ const char *const kExtraKeys[] = {
     "handshake_timeout", "transfer_timeout",  "defer_timeout",
     "proxy_ip",         "proxy_ping_port",    "http_port",
     "backend",          "qp_per_transfer",    "post_batch_size",
-    "num_workers",      "ucx_tls",            "ucx_net_devices",
+    "num_workers",      "ucx_tls",            "ucx_net_devices", "ucx_lane_settings",
     "ucx_required_transports", "ucx_error_mode", "max_inflight_bytes",
     "progress_spin_us", "gpu_bus_id",         "hwloc_topology",
     "proxy_ping_interval", "ucx_tcp_port_range",

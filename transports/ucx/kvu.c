@@ -4,6 +4,7 @@
  */
 #define _GNU_SOURCE
 #include "kvu.h"
+#include "kvu_lanes.h"
 #include "clock.h"
 
 #include <errno.h>
@@ -101,6 +102,7 @@ struct kvu_ctx {
     kvu_params_t    params;
     char            name[64];
     char            cpus[256];
+    char            settings[768]; /* UCX settings in force, KEY=VALUE ... */
     uint64_t        chunk;
     kvu_op_t       *done_head;   /* completed ops, under lock */
     /* Posted jobs on their way to their endpoint's queue. Posting takes
@@ -612,11 +614,129 @@ static int kvu_tls_has_mm(const char *tls)
     return 0;
 }
 
+/* --- lane settings (config key ucx_lane_settings) ----------------------
+ * Settings go through ucp_config_modify only, never the environment, and
+ * every one in force is listed in ctx->settings (logged, and reported with
+ * each peer by api->transports). "auto" is kvxfer's own choice, per UCX
+ * version and transport set (transports/ucx/README.md, with the figures it
+ * rests on); KEY=VALUE tokens after it override or add. */
+
+/* kvu_setting: one ucp_config_modify; optional settings a UCX version does
+ * not know are skipped (logged), explicit ones are a configuration error. */
+static kvx_status_t kvu_setting(kvu_ctx_t *ctx, ucp_config_t *config,
+                                const char *key, const char *val,
+                                int optional)
+{
+    ucs_status_t st   = ucp_config_modify(config, key, val);
+    size_t       used = strlen(ctx->settings);
+
+    if (st != UCS_OK && optional) {
+        kvc_log_info("KVX-UCX-SETTINGS", "%s: UCX %s rejects %s=%s (%s); "
+                     "not applied", ctx->name, ucp_get_version_string(), key,
+                     val, ucs_status_string(st));
+        return KVX_OK;
+    }
+    if (st != UCS_OK) {
+        return kvc_error(KVX_ERR_CONFIG,
+                         "kv_connector_extra_config.ucx_lane_settings: "
+                         "'%s=%s': rejected by UCX %s: %s", key, val,
+                         ucp_get_version_string(), ucs_status_string(st));
+    }
+    snprintf(ctx->settings + used, sizeof(ctx->settings) - used, "%s%s=%s",
+             used ? " " : "", key, val);
+    return KVX_OK;
+}
+
+/* kvu_settings_auto: kvxfer's choice. Until a quiet-window measurement
+ * shows a faster correct path per lane (issue 14), only what keeps the
+ * shared-memory lanes in peer error mode. */
+static kvx_status_t kvu_settings_auto(kvu_ctx_t *ctx, ucp_config_t *config)
+{
+    if (ctx->params.err_mode_peer && kvu_tls_has_mm(ctx->params.tls)) {
+        /* Peer error mode drops the sysv/posix lanes on 1.13 unless they
+         * advertise peer-failure support (research/ucx.md §0.5, exp. G). */
+        return kvu_setting(ctx, config, "MM_ERROR_HANDLING", "y", 1);
+    }
+    return KVX_OK;
+}
+
+/* kvu_settings_token applies one KEY=VALUE token of ucx_lane_settings. */
+static kvx_status_t kvu_settings_token(kvu_ctx_t *ctx, ucp_config_t *config,
+                                       const char *tok, size_t n)
+{
+    char        key[64], val[256];
+    const char *eq = memchr(tok, '=', n);
+    size_t      klen = eq ? (size_t)(eq - tok) : 0;
+
+    if (eq == NULL || klen == 0 || klen >= sizeof(key) ||
+        n - klen - 1 == 0 || n - klen - 1 >= sizeof(val) ||
+        strspn(tok, "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_") != klen) {
+        return kvc_error(KVX_ERR_CONFIG,
+                         "kv_connector_extra_config.ucx_lane_settings: token "
+                         "'%.*s': must be \"auto\", \"none\" or KEY=VALUE "
+                         "(KEY in capitals, UCX's name without UCX_)",
+                         (int)n, tok);
+    }
+    memcpy(key, tok, klen);
+    key[klen] = '\0';
+    memcpy(val, eq + 1, n - klen - 1);
+    val[n - klen - 1] = '\0';
+    if (strncmp(key, "UCX_", 4) == 0 || strcmp(key, "TLS") == 0 ||
+        strcmp(key, "NET_DEVICES") == 0) {
+        return kvc_error(KVX_ERR_CONFIG,
+                         "kv_connector_extra_config.ucx_lane_settings: key "
+                         "'%s': %s", key,
+                         strncmp(key, "UCX_", 4) == 0
+                             ? "give UCX's name without the UCX_ prefix"
+                             : "set it with ucx_tls / ucx_net_devices");
+    }
+    return kvu_setting(ctx, config, key, val, 0);
+}
+
+static kvx_status_t kvu_settings_apply(kvu_ctx_t *ctx, ucp_config_t *config)
+{
+    const char  *p = ctx->params.lane_settings ? ctx->params.lane_settings
+                                               : "auto";
+    kvx_status_t status = KVX_OK;
+
+    ctx->settings[0] = '\0';
+    while (status == KVX_OK) {
+        size_t n;
+
+        p += strspn(p, " \t");
+        if (*p == '\0') {
+            break;
+        }
+        n = strcspn(p, " \t");
+        if (n == 4 && strncmp(p, "auto", 4) == 0) {
+            status = kvu_settings_auto(ctx, config);
+        } else if (!(n == 4 && strncmp(p, "none", 4) == 0)) {
+            status = kvu_settings_token(ctx, config, p, n);
+        }
+        p += n;
+    }
+    if (status == KVX_OK) {
+        kvc_log_info("KVX-UCX-SETTINGS", "%s: UCX %s settings: %s (config "
+                     "ucx_lane_settings '%s')", ctx->name,
+                     ucp_get_version_string(),
+                     ctx->settings[0] ? ctx->settings : "UCX defaults",
+                     ctx->params.lane_settings ? ctx->params.lane_settings
+                                               : "auto");
+    }
+    return status;
+}
+
+const char *kvu_settings(const kvu_ctx_t *ctx)
+{
+    return ctx->settings;
+}
+
 static kvx_status_t kvu_ucp_init(kvu_ctx_t *ctx)
 {
     ucp_config_t *config;
     ucp_params_t  params;
     ucs_status_t  st;
+    kvx_status_t  status;
 
     st = ucp_config_read(NULL, NULL, &config);
     if (st != UCS_OK) {
@@ -655,10 +775,10 @@ static kvx_status_t kvu_ucp_init(kvu_ctx_t *ctx)
                          "ucx_tcp_port_range: value '%s': rejected by UCX: %s",
                          ctx->params.tcp_port_range, ucs_status_string(st));
     }
-    if (ctx->params.err_mode_peer && kvu_tls_has_mm(ctx->params.tls)) {
-        /* Peer error mode drops the sysv/posix lanes on 1.13 unless they
-         * advertise peer-failure support (research/ucx.md §0.5, exp. G). */
-        (void)ucp_config_modify(config, "MM_ERROR_HANDLING", "y");
+    status = kvu_settings_apply(ctx, config);
+    if (status != KVX_OK) {
+        ucp_config_release(config);
+        return status;
     }
     memset(&params, 0, sizeof(params));
     params.field_mask   = UCP_PARAM_FIELD_FEATURES |
@@ -1022,74 +1142,65 @@ static void kvu_wire_cb(void *request, ucs_status_t status, void *user_data)
     }
 }
 
-/* kvu_ep_describe parses ucp_ep_print_info into a compact transport list,
- * one "tl/dev[roles]" per lane. UCX 1.13 prints the lane roles on the lane
- * line and the one-sided lanes as "put[i]" / "get[i]" protocol lines; a
- * lane listed there gets the role "rma". No RMA lane means every put/get is
- * emulated over active messages. */
-#define KVU_MAX_LANES 16
-
-static void kvu_ep_describe(kvu_ep_t *ep)
+/* kvu_ep_query_names overwrites the parsed transport and device names with
+ * those of UCX's query API, where the headers have it (meson checks
+ * UCP_EP_ATTR_FIELD_TRANSPORTS). */
+static void kvu_ep_query_names(kvu_ep_t *ep, kvu_lanes_t *lanes)
 {
-    char  *text = NULL, *save = NULL;
-    size_t len  = 0, used = 0;
-    FILE  *f    = open_memstream(&text, &len);
-    char   lanes[KVU_MAX_LANES][200];
-    int    rma[KVU_MAX_LANES] = {0}, nlanes = 0;
+#ifdef KVU_HAVE_EP_QUERY_TRANSPORTS
+    ucp_transport_entry_t ent[KVU_LANES_MAX];
+    ucp_ep_attr_t         attr;
+    const char           *tl[KVU_LANES_MAX], *dev[KVU_LANES_MAX];
 
-    if (f == NULL) {
+    memset(&attr, 0, sizeof(attr));
+    attr.field_mask             = UCP_EP_ATTR_FIELD_TRANSPORTS;
+    attr.transports.entries     = ent;
+    attr.transports.num_entries = KVU_LANES_MAX;
+    attr.transports.entry_size  = sizeof(ent[0]);
+    if (ucp_ep_query(ep->ep, &attr) != UCS_OK) {
         return;
     }
-    ucp_ep_print_info(ep->ep, f);
-    fclose(f);
-    for (char *line = strtok_r(text, "\n", &save); line != NULL;
-         line = strtok_r(NULL, "\n", &save)) {
-        char *lane = strstr(line, "lane[");
-        char *op   = strstr(line, "put[");
-        int   idx;
-
-        if (op == NULL) {
-            op = strstr(line, "get[");
-        }
-        if (lane != NULL && nlanes < KVU_MAX_LANES) {
-            char tl[96] = "", roles[96] = "";
-            char *arrow = strstr(lane, "->");
-
-            if (sscanf(lane, "lane[%d]: %*d:%95s", &idx, tl) == 2) {
-                if (arrow != NULL && (arrow = strchr(arrow + 3, ' ')) != NULL) {
-                    snprintf(roles, sizeof(roles), "%s", arrow + 1);
-                }
-                snprintf(lanes[nlanes++], sizeof(lanes[0]), "%s[%s", tl, roles);
-            }
-        } else if (op != NULL && sscanf(op + 4, "%d]", &idx) == 1 &&
-                   idx >= 0 && idx < KVU_MAX_LANES) {
-            rma[idx] = 1;
-        }
+    for (unsigned i = 0; i < attr.transports.num_entries &&
+                         i < KVU_LANES_MAX; i++) {
+        tl[i]  = ent[i].transport_name ? ent[i].transport_name : "?";
+        dev[i] = ent[i].device_name ? ent[i].device_name : "?";
     }
-    free(text);
-    ep->emulated      = 1;
-    ep->rma_shm_only  = 1;
-    ep->transports[0] = '\0';
-    for (int i = 0; i < nlanes && used < sizeof(ep->transports); i++) {
-        const char *l = lanes[i];
-        int         has_roles = l[strlen(l) - 1] != '[';
+    if (kvu_lanes_set_names(lanes, tl, dev,
+                            (int)attr.transports.num_entries) != 0) {
+        kvc_log_warn("KVX-UCX-LANES", "endpoint to %s: ucp_ep_query reports "
+                     "%u transports, ucp_ep_print_info %d lanes; the lane "
+                     "names are those printed", ep->peer,
+                     attr.transports.num_entries, lanes->n);
+    }
+#else
+    (void)ep;
+    (void)lanes;
+#endif
+}
 
-        if (rma[i]) {
-            ep->emulated = 0;
-            if (strncmp(l, "sysv/", 5) && strncmp(l, "posix/", 6) &&
-                strncmp(l, "xpmem/", 6) && strncmp(l, "knem/", 5)) {
-                ep->rma_shm_only = 0;
-            }
-        }
-        used += (size_t)snprintf(ep->transports + used,
-                                 sizeof(ep->transports) - used, "%s%s%s%s]",
-                                 used ? " " : "", l,
-                                 rma[i] && has_roles ? " " : "",
-                                 rma[i] ? "rma" : "");
+/* kvu_ep_describe records the endpoint's lanes and which of them carry
+ * one-sided operations (kvu_lanes.h: both print formats). */
+static void kvu_ep_describe(kvu_ep_t *ep)
+{
+    char       *text = NULL;
+    size_t      len  = 0;
+    FILE       *f    = open_memstream(&text, &len);
+    kvu_lanes_t lanes;
+
+    memset(&lanes, 0, sizeof(lanes));
+    if (f != NULL) {
+        ucp_ep_print_info(ep->ep, f);
+        fclose(f);
+        kvc_log_debug("KVX-UCX-LANES", "endpoint to %s, ucp_ep_print_info "
+                      "(UCX %s):\n%s", ep->peer, ucp_get_version_string(),
+                      text != NULL ? text : "");
+        kvu_lanes_parse(text != NULL ? text : "", &lanes);
+        free(text);
     }
-    if (ep->emulated) {
-        ep->rma_shm_only = 0;
-    }
+    kvu_ep_query_names(ep, &lanes);
+    ep->emulated     = kvu_lanes_rma_emulated(&lanes);
+    ep->rma_shm_only = kvu_lanes_rma_shm_only(&lanes);
+    (void)kvu_lanes_format(&lanes, ep->transports, sizeof(ep->transports));
 }
 
 /* kvu_ep_wire_start starts the wire-up (a flush that completes once every

@@ -61,6 +61,9 @@ void         kvu_defer(kvu_ctx_t *ctx, kvt_job_t *job);
 void kvu_worker_address(kvu_ctx_t *ctx, const void **addr_p, size_t *len_p);
 /* kvu_version: "1.13.1" style runtime version string (constant). */
 const char *kvu_version(void);
+/* kvu_settings: the UCX settings kvxfer applied (ucx_lane_settings), as
+ * "KEY=VALUE ..." ("" = UCX defaults); valid until kvu_ctx_destroy. */
+const char *kvu_settings(const kvu_ctx_t *ctx);
 
 /* kvu_mem_register maps existing memory (mem_type kvx_mem_type_t). ROCm
  * memory with a UCX that has no ROCm support is KVX_ERR_DEVICE. */

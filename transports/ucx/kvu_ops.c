@@ -31,6 +31,11 @@ static int ops_in_progress_thread(const kvt_ctx_t *c)
     return kvu_in_progress_thread(KVU_C(const kvu_ctx_t, c));
 }
 
+static const char *ops_settings(const kvt_ctx_t *c)
+{
+    return kvu_settings(KVU_C(const kvu_ctx_t, c));
+}
+
 static void ops_worker_address(kvt_ctx_t *c, const void **addr_p,
                                size_t *len_p)
 {
@@ -169,6 +174,7 @@ const kvt_data_ops_t *kvt_ucx_ops(void)
         .flush              = ops_flush,
         .pick_nic           = kvu_topo_pick_nic,
         .cpuset             = kvu_topo_cpuset,
+        .settings           = ops_settings,
     };
 
     return &ops;
