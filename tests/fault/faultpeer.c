@@ -199,10 +199,15 @@ static void fill(uint8_t *p, uint64_t len, uint64_t tag, uint64_t gen,
     }
 }
 
-/* Blocks of transfer gen: distinct (stride coprime with the pool size). */
+/* Blocks of transfer gen: scattered and distinct (stride coprime with half
+ * the pool), in the half gen % 2, so that transfers gen and gen + 1 (live
+ * at the same time) never share a block. */
 static uint64_t blk(bool producer, uint64_t gen, size_t i)
 {
-    return producer ? (i * 3 + gen * 7) % o.pool : (i * 5 + gen * 11) % o.pool;
+    uint64_t half = o.pool / 2;
+
+    return (gen % 2) * half + (producer ? (i * 3 + gen * 7) % half
+                                        : (i * 5 + gen * 11) % half);
 }
 
 /* --- transfers ------------------------------------------------------------ */
@@ -354,28 +359,73 @@ static void d_release(const xfer_t *x)
     }
 }
 
-/* D: bytes of the transfer's blocks that differ from P's pattern. */
-static int64_t d_verify(const xfer_t *x)
+/* What a wrong unit holds: never written (FREE_BYTE), the garbage P
+ * writes into blocks reported free, P's initial content, or other. */
+static const char *classify(const uint8_t *got, const xfer_t *x,
+                            uint32_t layer, size_t i, int kv, uint8_t *tmp)
 {
-    uint8_t *exp = malloc(unit_len());
+    bool all_free = true;
+
+    for (uint64_t j = 0; j < unit_len() && all_free; j++) {
+        all_free = got[j] == FREE_BYTE;
+    }
+    if (all_free) {
+        return "never_written";
+    }
+    for (int inst = 0; inst < 4; inst++) {
+        fill(tmp, unit_len(), 0xbad0 + (uint64_t)inst, x->gen, layer,
+             x->rids[i], kv);
+        if (memcmp(tmp, got, unit_len()) == 0) {
+            return "p_freed_garbage";
+        }
+        fill(tmp, unit_len(), 0x1e57 + (uint64_t)inst, 0, layer, x->rids[i],
+             kv);
+        if (memcmp(tmp, got, unit_len()) == 0) {
+            return "p_initial_content";
+        }
+    }
+    return "mixed";
+}
+
+/* D: bytes of the transfer's blocks that differ from P's pattern; *diag
+ * gets per-layer counts of wrong K/V units and what the first one holds. */
+static int64_t d_verify(const xfer_t *x, char *diag, size_t cap)
+{
+    uint8_t *exp = malloc(unit_len()), *tmp = malloc(unit_len());
     int64_t  wrong = 0;
 
-    if (exp == NULL) {
-        return -1;
+    if (exp == NULL || tmp == NULL) {
+        die("malloc", KVX_ERR_NO_MEMORY);
     }
+    cat(diag, cap, "\"wrong_units_per_layer\":[");
+    const char *first = NULL;
     for (uint32_t l = 0; l < o.layers; l++) {
+        int units = 0;
+
         for (size_t i = 0; i < x->n; i++) {
             for (int kv = 0; kv < 2; kv++) {
                 const uint8_t *got = unit_ptr(l, x->ids[i], kv);
+                int64_t        w   = 0;
 
                 fill(exp, unit_len(), 1, x->gen, l, x->rids[i], kv);
                 for (uint64_t j = 0; j < unit_len(); j++) {
-                    wrong += got[j] != exp[j];
+                    w += got[j] != exp[j];
                 }
+                if (w != 0) {
+                    units++;
+                    if (first == NULL) {
+                        first = classify(got, x, l, i, kv, tmp);
+                    }
+                }
+                wrong += w;
             }
         }
+        cat(diag, cap, "%s%d", l ? "," : "", units);
     }
+    cat(diag, cap, "],\"first_wrong_unit_holds\":\"%s\"",
+        first ? first : "");
     free(exp);
+    free(tmp);
     return wrong;
 }
 
@@ -601,7 +651,7 @@ static void p_req(const char *tid, uint64_t gen, size_t n)
     xfer_t *x = new_xfer();
     char    params[1024], *resp = NULL;
 
-    if (x == NULL || n == 0 || n > 256 || n > o.pool) {
+    if (x == NULL || n == 0 || n > 256 || n > o.pool / 2) {
         die("REQ: too many transfers or blocks", KVX_ERR_INVALID_PARAM);
     }
     snprintf(x->tid, sizeof(x->tid), "%s", tid);
@@ -692,8 +742,14 @@ static int p_schedule(void)
 
 /* --- D -------------------------------------------------------------------- */
 
-static char arm_action[16];
-static int  arm_layer = -1;
+static char                  arm_action[16];
+static int                   arm_layer = -1;
+static volatile sig_atomic_t sig_fault;
+
+static void on_fault_signal(int sig)
+{
+    sig_fault = sig;
+}
 
 static void d_params(const xfer_t *x, const char *p_resp, char *out,
                      size_t cap)
@@ -744,14 +800,14 @@ static int d_wait_event(xfer_t *x, kvx_event_t *out, double deadline)
 static void d_req(const char *tid, uint64_t gen, size_t n, const char *p_resp)
 {
     xfer_t      *x = new_xfer();
-    char         rid[160], extra[2048] = "";
+    char         rid[160], extra[4096] = "";
     kvx_event_t  ev;
     kvx_status_t st, wst = KVX_OK;
     const char  *fault = "";
     double       t_fault = 0;
     uint32_t     landed = 0;
 
-    if (x == NULL || n == 0 || n > 256 || n > o.pool) {
+    if (x == NULL || n == 0 || n > 256 || n > o.pool / 2) {
         die("REQ: too many transfers or blocks", KVX_ERR_INVALID_PARAM);
     }
     d_check_free("before_request");
@@ -778,34 +834,52 @@ static void d_req(const char *tid, uint64_t gen, size_t n, const char *p_resp)
     emitf(false, "{\"ev\":\"started\",\"tid\":\"%s\",\"t\":%.6f}", tid,
           x->t_req);
     double deadline = x->t_req + o.hs_to + o.xfer_to + o.defer_to + 5;
-    for (uint32_t l = 0; l < o.layers; l++) {
-        int64_t left = (int64_t)((deadline - now_s()) * 1e3);
+    uint32_t l = 0;
+    for (;;) {
+        /* A fault armed at this layer (READ) or signalled (SIGUSR1 abort,
+         * SIGUSR2 destroy: WRITE, where layers land with write_done). */
+        const char *act = NULL;
 
-        wst = api->wait_layer(eng, tid, l, left > 0 ? left : 0);
-        if (wst != KVX_OK) {
-            break;
-        }
-        landed = l + 1;
-        emitf(false, "{\"ev\":\"layer\",\"tid\":\"%s\",\"layer\":%u,"
-              "\"t\":%.6f}", tid, l, now_s());
-        if (arm_layer == (int)l) {
+        if (arm_layer >= 0 && l > 0 && arm_layer == (int)l - 1) {
+            act       = arm_action;
             arm_layer = -1;
-            t_fault   = now_s();
-            if (strcmp(arm_action, "abort") == 0) {
-                fault = "abort";
-                st    = api->consumer_abort(eng, rid, x->params);
-                emitf(true, "{\"ev\":\"fault\",\"action\":\"abort\","
-                      "\"tid\":\"%s\",\"layer\":%u,\"status\":\"%s\","
-                      "\"t\":%.6f}", tid, l, api->status_name(st), t_fault);
-                break;
-            }
-            if (strcmp(arm_action, "destroy") == 0) {
+        } else if (sig_fault != 0) {
+            act       = sig_fault == SIGUSR1 ? "abort" : "destroy";
+            sig_fault = 0;
+        }
+        if (act != NULL && fault[0] == '\0') {
+            t_fault = now_s();
+            if (strcmp(act, "destroy") == 0) {
                 emitf(true, "{\"ev\":\"fault\",\"action\":\"destroy\","
-                      "\"tid\":\"%s\",\"layer\":%u,\"t\":%.6f}", tid, l,
-                      t_fault);
-                do_destroy("armed");
+                      "\"tid\":\"%s\",\"layers_landed\":%u,\"t\":%.6f}",
+                      tid, l, t_fault);
+                do_destroy("fault");
                 return;
             }
+            fault = "abort";
+            st    = api->consumer_abort(eng, rid, x->params);
+            emitf(true, "{\"ev\":\"fault\",\"action\":\"abort\","
+                  "\"tid\":\"%s\",\"layers_landed\":%u,\"status\":\"%s\","
+                  "\"t\":%.6f}", tid, l, api->status_name(st), t_fault);
+        }
+        if (l == o.layers || fault[0] != '\0' || wst != KVX_OK) {
+            break;
+        }
+        double left = deadline - now_s();
+        if (left <= 0) {
+            wst = KVX_ERR_TIMEOUT;
+            break;
+        }
+        /* Short slices: the fault flags are polled between them. */
+        wst = api->wait_layer(eng, tid, l, left > 0.005 ? 5 : 1);
+        if (wst == KVX_ERR_TIMEOUT) {
+            wst = KVX_OK;
+            continue;
+        }
+        if (wst == KVX_OK) {
+            emitf(true, "{\"ev\":\"layer\",\"tid\":\"%s\",\"layer\":%u,"
+                  "\"t\":%.6f}", tid, l, now_s());
+            landed = ++l;
         }
     }
     int got = d_wait_event(x, &ev, deadline);
@@ -818,7 +892,8 @@ static void d_req(const char *tid, uint64_t gen, size_t n, const char *p_resp)
         return;
     }
     if (ev.type == KVX_EVENT_FINISHED_RECVING && ev.status == KVX_OK) {
-        int64_t wrong = d_verify(x);
+        cat(extra, sizeof(extra), ",");
+        int64_t wrong = d_verify(x, extra, sizeof(extra));
 
         result(x, "ok", &ev, wrong, extra);
     } else {
@@ -883,7 +958,7 @@ static int parse(int argc, char **argv)
     if (o.role == NULL || (strcmp(o.role, "p") && strcmp(o.role, "d")) ||
         o.hs <= 0 || o.notify <= 0 || o.peer_hs <= 0 || o.peer_notify <= 0 ||
         o.layers == 0 || o.layers > 64 || o.pool == 0 || o.pool > 4096 ||
-        o.pool % 3 == 0 || o.pool % 5 == 0) {
+        o.pool % 2 != 0 || (o.pool / 2) % 3 == 0 || (o.pool / 2) % 5 == 0) {
         return -1;
     }
     return 0;
@@ -945,6 +1020,8 @@ int main(int argc, char **argv)
         usage();
         return 2;
     }
+    signal(SIGUSR1, on_fault_signal);
+    signal(SIGUSR2, on_fault_signal);
     alarm((unsigned)o.max_life_s); /* never outlive the driver's patience */
     if (o.log != NULL) {
         logf = fopen(o.log, "a");

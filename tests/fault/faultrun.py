@@ -60,7 +60,8 @@ class Peer:
                "--peer-notify", str(pnt), "--inst", str(inst),
                "--layers", str(LAYERS), "--pool", str(POOL),
                "--timeouts", "%d,%d,%d" % (HS_TO, XFER_TO, DEFER_TO),
-               "--log", self.logpath, "--max-life", str(args.max_life)]
+               "--log", self.logpath, "--max-life", str(args.max_life),
+               "--layer-gap-us", str(20000 if mode == "write" else 0)]
         if args.lib:
             cmd += ["--lib", args.lib]
         self.cmd = cmd
@@ -203,13 +204,29 @@ class Round:
             return None
         return json.dumps(r["params"], separators=(",", ":"))
 
+    def start_pair(self, P, D, tid, gen):
+        """Both sides' requests of transfer gen. WRITE: D allocates first
+        (P's layer_ready pacing, the simulated prefill, starts when P's
+        request is made, so the fault meets the puts in flight)."""
+        if self.mode == "write":
+            D.send("REQ %s %d %d {}" % (tid, gen, NBLOCKS))
+            if D.wait_for(lambda x: x.get("tid") == tid and
+                          x.get("ev") in ("started", "xfer"),
+                          now() + 10) is None:
+                self.bad("D consumer_request %s: no answer" % tid)
+                return False
+            return self.p_request(P, tid, gen) is not None
+        params = self.p_request(P, tid, gen)
+        if params is None:
+            return False
+        D.send("REQ %s %d %d %s" % (tid, gen, NBLOCKS, params))
+        return True
+
     def clean_transfer(self, P, D, gen, what):
         """A transfer without fault: both sides must report OK."""
         tid = "t%d-%d" % (self.seed, gen)
-        params = self.p_request(P, tid, gen)
-        if params is None:
+        if not self.start_pair(P, D, tid, gen):
             return
-        D.send("REQ %s %d %d %s" % (tid, gen, NBLOCKS, params))
         end = now() + HS_TO + XFER_TO + DEFER_TO + 8
         d = self.xfer_result(D, tid, end)
         p = self.xfer_result(P, tid, end)
@@ -233,8 +250,11 @@ class Round:
         if r["outcome"] == "ok":
             self.stats["ok"] += 1
             if r.get("wrong_bytes", 0) > 0:
-                self.bad("%s: %s reported OK with %d wrong bytes (%s)" % (
-                    side, tid, r["wrong_bytes"], r.get("fault") or "fault"))
+                self.bad("%s: %s reported OK with %d wrong bytes (%s; wrong "
+                         "K/V units per layer %s, the first holds %s)" % (
+                             side, tid, r["wrong_bytes"], self.scen,
+                             r.get("wrong_units_per_layer"),
+                             r.get("first_wrong_unit_holds")))
             if not allow_ok:
                 self.bad("%s: %s reported OK after %s" % (side, tid,
                                                           self.scen))
@@ -282,23 +302,25 @@ class Round:
         layer = self.rng.randrange(0, LAYERS // 2)
         gen = 2
         tid = "t%d-%d" % (self.seed, gen)
-        params = self.p_request(P, tid, gen)
         orphan = None
         if scen == "restart_p":  # a second transfer the old P promised
             orphan = ("t%d-3" % self.seed,
                       self.p_request(P, "t%d-3" % self.seed, 3))
-        if params is None:
-            return
-        if side == "d" and action in ("abort", "destroy"):
+        armed = side == "d" and action in ("abort", "destroy")
+        if armed and mode == "read":
             D.send("ARM %s %d" % (action, layer))
-        D.send("REQ %s %d %d %s" % (tid, gen, NBLOCKS, params))
-        # The fault's moment: D reports layer `layer` landed.
-        trig = D.wait_for(lambda x: (x.get("ev") == "layer" and
-                                     x.get("tid") == tid and
-                                     x.get("layer") == layer) or
-                          (x.get("ev") == "xfer" and x.get("tid") == tid),
-                          now() + HS_TO + XFER_TO + 8)
-        if trig is None or trig["ev"] != "layer":
+        if not self.start_pair(P, D, tid, gen):
+            return
+        # The fault's moment. READ: D reports layer `layer` landed. WRITE
+        # (D's layers land together with write_done): P called layer_ready
+        # of `layer`, whose puts then start.
+        lev, watch = ("layer", D) if mode == "read" else ("layer_ready", P)
+        trig = watch.wait_for(lambda x: (x.get("ev") == lev and
+                                         x.get("tid") == tid and
+                                         x.get("layer") == layer) or
+                              (x.get("ev") == "xfer" and x.get("tid") == tid),
+                              now() + HS_TO + XFER_TO + 8)
+        if trig is None or trig["ev"] != lev:
             self.bad("fault transfer %s never reached layer %d: %s" % (
                 tid, layer, trig))
             return
@@ -315,18 +337,22 @@ class Round:
             victim.stopped_until = now()
         elif action == "destroy" and side == "p":
             victim.send("DESTROY")
-        elif action in ("abort", "destroy"):
+        elif armed:
+            if mode == "write":
+                D.p.send_signal(signal.SIGUSR1 if action == "abort"
+                                else signal.SIGUSR2)
             f = D.wait_for(lambda x: x.get("ev") == "fault", now() + 10)
             if f is None:
                 self.bad("D did not perform the armed %s" % action)
                 return
             t_fault = f["t"]
-        if action == "restart":
+        if action in ("kill", "restart"):
             try:
                 victim.p.wait(10)
             except subprocess.TimeoutExpired:
                 self.bad("killed %s did not exit" % side)
                 return
+        if action == "restart":
             new = self.spawn(side, 1)
             if new is None:
                 return
@@ -419,6 +445,9 @@ def main():
     ap.add_argument("--max-life", type=int, default=120)
     ap.add_argument("--keep", help="directory for the peers' logs")
     args = ap.parse_args()
+    args.peer = os.path.abspath(args.peer)
+    if args.lib:
+        args.lib = os.path.abspath(args.lib)
     scens = [s for s in args.scenarios.split(",") if s]
     for s in scens:
         if s not in SCENARIOS:
