@@ -144,9 +144,9 @@ class Peer:
         return [l for l in text.splitlines() if CRASH_RE.search(l)][:5]
 
 
-def free_ports(rng, n=4):
+def free_ports(rng, lo, hi, n=4):
     for _ in range(200):
-        base = rng.randrange(23000, 31000 - n)
+        base = rng.randrange(lo, hi - n)
         ok = True
         for port in range(base, base + n):
             s = socket.socket()
@@ -287,7 +287,7 @@ class Round:
         return self.v
 
     def _run(self):
-        self.ports = free_ports(self.rng)
+        self.ports = free_ports(self.rng, *self.args.port_range)
         P = self.spawn("p", 0)
         D = self.spawn("d", 0)
         if P is None or D is None:
@@ -363,11 +363,16 @@ class Round:
         # Reports of the faulted transfer by the sides still alive.
         survivors = []
         if not (side == "d" and action in ("kill", "restart", "destroy")):
-            survivors.append(("D", self.D, XFER_TO))
+            # A peer that died must be noticed promptly (transfer_timeout);
+            # a peer that was only frozen leaves D its own deadline (WRITE:
+            # defer_timeout + transfer_timeout, P may still be computing).
+            survivors.append(("D", self.D, XFER_TO + (
+                DEFER_TO if action == "stop" and mode == "write" else 0)))
         if not (side == "p" and action in ("kill", "restart", "destroy")):
             survivors.append(("P", self.P, self.deadp))
         for name, pr, dead in survivors:
-            base = max(t_fault, pr.stopped_until)
+            # Counted from the fault, or from SIGCONT of a frozen peer.
+            base = max(t_fault, self.P.stopped_until, self.D.stopped_until)
             r = self.xfer_result(pr, tid, base + dead + 4)
             self.check_report(name, r, base, dead, tid)
             if r is not None and r["t_end"] > t_fault + 0.001 and \
@@ -444,7 +449,17 @@ def main():
     ap.add_argument("--tls", default=",".join(TLS))
     ap.add_argument("--max-life", type=int, default=120)
     ap.add_argument("--keep", help="directory for the peers' logs")
+    ap.add_argument("--port-range", default="23000-31000",
+                    help="LO-HI: ports of the peers (disjoint ranges for "
+                    "campaigns run side by side)")
     args = ap.parse_args()
+    try:
+        args.port_range = [int(x) for x in args.port_range.split("-")]
+        assert len(args.port_range) == 2 and \
+            1024 <= args.port_range[0] < args.port_range[1] - 8 <= 65535
+    except (ValueError, AssertionError):
+        ap.error("--port-range: '%s': want LO-HI, 1024 <= LO < HI - 8" %
+                 args.port_range)
     args.peer = os.path.abspath(args.peer)
     if args.lib:
         args.lib = os.path.abspath(args.lib)
