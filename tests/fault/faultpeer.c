@@ -60,6 +60,7 @@ typedef struct {
     int         layer_gap_us;
     int         max_life_s;
     int         inst;
+    int         corrupt; /* self-test: flip a byte of each OK transfer */
     const char *lib;
 } opts_t;
 
@@ -893,6 +894,9 @@ static void d_req(const char *tid, uint64_t gen, size_t n, const char *p_resp)
     }
     if (ev.type == KVX_EVENT_FINISHED_RECVING && ev.status == KVX_OK) {
         cat(extra, sizeof(extra), ",");
+        if (o.corrupt) { /* the check must see one flipped bit */
+            unit_ptr(o.layers - 1, x->ids[x->n - 1], 1)[unit_len() / 2] ^= 1;
+        }
         int64_t wrong = d_verify(x, extra, sizeof(extra));
 
         result(x, "ok", &ev, wrong, extra);
@@ -913,7 +917,7 @@ static void usage(void)
             "--notify PORT\n"
             "  --peer-hs PORT --peer-notify PORT [--tls tcp|sm] [--log FILE]\n"
             "  [--inst N] [--layers N] [--pool N] [--timeouts HS,XFER,DEFER]\n"
-            "  [--layer-gap-us N] [--max-life S] [--lib PATH]\n");
+            "  [--layer-gap-us N] [--max-life S] [--lib PATH] [--corrupt]\n");
 }
 
 static int parse(int argc, char **argv)
@@ -926,7 +930,8 @@ static int parse(int argc, char **argv)
         {"inst", 1, NULL, 'i'},      {"layers", 1, NULL, 'l'},
         {"pool", 1, NULL, 'p'},      {"timeouts", 1, NULL, 'T'},
         {"layer-gap-us", 1, NULL, 'g'}, {"max-life", 1, NULL, 'M'},
-        {"lib", 1, NULL, 'x'},       {NULL, 0, NULL, 0},
+        {"lib", 1, NULL, 'x'},       {"corrupt", 0, NULL, 'C'},
+        {NULL, 0, NULL, 0},
     };
     int c;
 
@@ -952,6 +957,7 @@ static int parse(int argc, char **argv)
         case 'g': o.layer_gap_us = atoi(optarg); break;
         case 'M': o.max_life_s = atoi(optarg); break;
         case 'x': o.lib = optarg; break;
+        case 'C': o.corrupt = 1; break;
         default: return -1;
         }
     }
