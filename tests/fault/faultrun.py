@@ -176,6 +176,7 @@ class Round:
         self.workdir = workdir
         self.tag = "%s-%s-%s-%d" % (scen, mode, tls, seed)
         self.v = []  # violations
+        self.reports = []  # the faulted transfers' reports (--json)
         self.stats = {"ok": 0, "failed": 0, "late_ms": 0.0, "mid": 0}
         self.peers = []
         self.deadp = XFER_TO if mode == "write" else DEFER_TO
@@ -247,6 +248,13 @@ class Round:
     def check_report(self, side, r, base, dead, tid, allow_ok=True):
         """A fault's transfer on one side: reported in time, right blocks,
         OK only with right bytes."""
+        self.reports.append({
+            "side": side, "tid": tid, "deadline_s": dead,
+            "outcome": r and r["outcome"], "status": r and r.get("status"),
+            "reason": r and r.get("reason"), "blocks": r and r.get("blocks"),
+            "blocks_match": r and r.get("blocks_match"),
+            "wrong_bytes": r and r.get("wrong_bytes"),
+            "fault_to_report_s": r and round(r["t_end"] - base, 3)})
         if r is None:
             self.bad("%s: no report of %s within %d s + 1 s of the fault "
                      "(watched until + 4 s)" % (side, tid, dead))
@@ -467,6 +475,9 @@ def main():
     ap.add_argument("--tls", default=",".join(TLS))
     ap.add_argument("--max-life", type=int, default=120)
     ap.add_argument("--keep", help="directory for the peers' logs")
+    ap.add_argument("--json", help="append one JSON line per round: "
+                    "scenario, seed, violations, every report of a faulted "
+                    "transfer (status, reason, blocks, fault to report)")
     ap.add_argument("--port-range", default="23000-31000",
                     help="LO-HI: ports of the peers (disjoint ranges for "
                     "campaigns run side by side)")
@@ -517,6 +528,13 @@ def main():
                                   me, args.peer,
                                   " --lib " + args.lib if args.lib else "",
                                   scen, mode, tls, rs))
+                    if args.json:
+                        with open(args.json, "a") as jf:
+                            jf.write(json.dumps({
+                                "scenario": scen, "mode": mode, "tls": tls,
+                                "round_seed": rs, "campaign_seed": seed,
+                                "violations": v, "reports": rd.reports,
+                                "replay": replay}) + "\n")
                     state = "PASS" if not v else "FAIL"
                     print("%s %-9s %-5s %-3s round %d seed %d (%.1f s)" % (
                         state, scen, mode, tls, i + 1, rs, now() - t0),
