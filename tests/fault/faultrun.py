@@ -13,7 +13,7 @@ import json
 import os
 import random
 import re
-import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -558,6 +558,10 @@ def main():
     nfail = sum(r["n"] - r["pass"] for _, _, _, r in table)
     print("\nfaultrun: %d rounds, %d failed (campaign seed %d)" % (
         sum(r["n"] for _, _, _, r in table), nfail, seed))
+    if nfail:
+        print("faultrun: peer logs kept in %s" % workdir)
+    elif not args.keep:
+        shutil.rmtree(workdir, ignore_errors=True)
     return 1 if nfail else 0
 
 
