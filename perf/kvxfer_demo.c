@@ -172,6 +172,9 @@ typedef struct {
     int            hold_fd;
     const char    *transfer_id;
     const char    *request_id;
+    const char    *tls_dir;  /* control-plane TLS: ca.crt, peer.crt/.key */
+    const char    *tls_name; /* the name both sides' certificates carry */
+    const char    *trusted;  /* trusted_remote_hosts entry */
 } opts_t;
 
 static opts_t o = {
@@ -234,6 +237,11 @@ static void usage(FILE *f)
         "  --lib PATH       libkvxfer.so to dlopen (default %s)\n"
         "  --region         put the KV cache in memory from alloc_region\n"
         "  --timeout S      overall deadline in seconds (default 100)\n"
+        "  --tls-dir DIR    mutual TLS on the control plane with DIR/ca.crt,\n"
+        "                   DIR/peer.crt and DIR/peer.key (both processes)\n"
+        "  --tls-name NAME  name the peer certificates carry (default\n"
+        "                   kvxfer-peer)\n"
+        "  --trusted CIDR   trusted_remote_hosts (default 127.0.0.0/8)\n"
         "  --corrupt        self-test of the check: D flips one received byte\n"
         "                   before verifying, so the demo must fail\n"
         "  --verbose        library info logs, configs and endpoint JSON\n"
@@ -285,7 +293,8 @@ static int parse_int(const char *s, long lo, long hi, long *v)
 
 static int parse_opts(int argc, char **argv)
 {
-    enum { O_ROLE = 256, O_HS, O_NOTIFY, O_TID, O_RID, O_HOLD };
+    enum { O_ROLE = 256, O_HS, O_NOTIFY, O_TID, O_RID, O_HOLD, O_TLSDIR,
+           O_TLSNAME, O_TRUSTED };
     static const struct option lo[] = {
         {"role", required_argument, NULL, O_ROLE},
         {"lib", required_argument, NULL, 'l'},
@@ -303,6 +312,9 @@ static int parse_opts(int argc, char **argv)
         {"transfer-id", required_argument, NULL, O_TID},
         {"request-id", required_argument, NULL, O_RID},
         {"hold-fd", required_argument, NULL, O_HOLD},
+        {"tls-dir", required_argument, NULL, O_TLSDIR},
+        {"tls-name", required_argument, NULL, O_TLSNAME},
+        {"trusted", required_argument, NULL, O_TRUSTED},
         {NULL, 0, NULL, 0},
     };
     int  c;
@@ -320,6 +332,9 @@ static int parse_opts(int argc, char **argv)
             o.role = optarg;
             break;
         case 'l': o.lib = optarg; break;
+        case O_TLSDIR: o.tls_dir = optarg; break;
+        case O_TLSNAME: o.tls_name = optarg; break;
+        case O_TRUSTED: o.trusted = optarg; break;
         case 't': o.tls = optarg; break;
         case 'm':
             o.model = find_model(optarg);
@@ -469,22 +484,30 @@ typedef struct {
 static int engine_up(rank_t *r, bool producer, uint32_t nb)
 {
     const model_t *m = o.model;
-    char           cfg[2048];
+    char           cfg[4096], sec[2048] = "";
     uint64_t       len = layer_len(m, nb);
 
     memset(r, 0, sizeof(*r));
     r->nb = nb;
+    if (o.tls_dir != NULL) {
+        snprintf(sec, sizeof(sec),
+                 "\"tls_cert_file\":\"%s/peer.crt\",\"tls_key_file\":"
+                 "\"%s/peer.key\",\"tls_ca_file\":\"%s/ca.crt\","
+                 "\"tls_peer_name\":\"%s\",", o.tls_dir, o.tls_dir, o.tls_dir,
+                 o.tls_name != NULL ? o.tls_name : "kvxfer-peer");
+    }
     snprintf(cfg, sizeof(cfg),
              "{\"role\":\"%s\",\"tp_rank\":%u,\"tp_size\":1,\"dp_rank\":0,"
              "\"dp_size\":1,\"kv_connector_extra_config\":{"
              "\"host_ip\":\"" HOST "\",\"handshake_port\":%d,"
              "\"notify_port\":%d,\"read_mode\":true,"
              "\"node_hosts\":[\"" HOST "\"],"
-             "\"trusted_remote_hosts\":[\"127.0.0.0/8\"],"
+             "\"trusted_remote_hosts\":[\"%s\"],%s"
              "\"ucx_tls\":\"%s\",\"handshake_timeout\":10,"
              "\"transfer_timeout\":30,\"defer_timeout\":%d}}",
              producer ? "kv_producer" : "kv_consumer", P_RANK, o.hs_port,
-             o.notify_port, o.tls, P_DEFER_S);
+             o.notify_port, o.trusted != NULL ? o.trusted : "127.0.0.0/8",
+             sec, o.tls, P_DEFER_S);
     if (o.verbose) {
         say("config %s", cfg);
     }
@@ -1210,6 +1233,18 @@ static int spawn_self(child_t *c, const char *role, int hs, int notify,
     }
     if (o.corrupt) {
         argv[k++] = (char *)"--corrupt";
+    }
+    if (o.tls_dir != NULL) {
+        argv[k++] = (char *)"--tls-dir";
+        argv[k++] = (char *)o.tls_dir;
+    }
+    if (o.tls_name != NULL) {
+        argv[k++] = (char *)"--tls-name";
+        argv[k++] = (char *)o.tls_name;
+    }
+    if (o.trusted != NULL) {
+        argv[k++] = (char *)"--trusted";
+        argv[k++] = (char *)o.trusted;
     }
     if (hold_fd >= 0) {
         argv[k++] = (char *)"--hold-fd";

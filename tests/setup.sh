@@ -8,7 +8,7 @@ PKGS=(gcc g++ make pkg-config meson ninja-build binutils python3 iproute2
       libucx-dev ucx-utils libnng-dev libjson-c-dev libhwloc-dev libgtest-dev
       libamdhip64-dev openmpi-bin libopenmpi-dev
       clang-14 libclang-rt-14-dev python3-pytest
-      python3-setuptools python3-pip python3-venv)
+      python3-setuptools python3-pip python3-venv openssl)
 
 missing=()
 for p in "${PKGS[@]}"; do

@@ -129,6 +129,8 @@ void kvp_usage(FILE *f, const char *prog)
 "      --max-inflight SIZE engine max_inflight_bytes (engine default 16M)\n"
 "      --extra JSON       more kv_connector_extra_config members, e.g.\n"
 "                         '\"ucx_error_mode\":\"none\"'\n"
+"      --tls-dir DIR      mutual TLS on the control plane: DIR/ca.crt,\n"
+"                         DIR/peer.crt, DIR/peer.key, peer name kvxfer-peer\n"
 "      --kv-port BASE     engine port base (auto)\n"
 "      --check            verify every byte of every transfer\n"
 "      --memcpy           add single-thread memcpy of the same blocks (limit)\n"
@@ -229,7 +231,7 @@ static int kvp_parse_u32(const char *s, uint32_t lo, uint32_t hi,
 enum {
     OPT_MPI = 256, OPT_BIND, OPT_HOST_IP, OPT_LIB, OPT_LAYERS, OPT_LAYOUT,
     OPT_TOKENS, OPT_HEADS, OPT_HEAD_DIM, OPT_ELEM, OPT_CONTIG, OPT_SCATTER,
-    OPT_POOL, OPT_MEM, OPT_TLS, OPT_INFLIGHT, OPT_EXTRA, OPT_KVPORT,
+    OPT_POOL, OPT_MEM, OPT_TLS, OPT_INFLIGHT, OPT_EXTRA, OPT_TLSDIR, OPT_KVPORT,
     OPT_CHECK, OPT_CONNECT_AHEAD, OPT_MEMCPY, OPT_TIMEOUT, OPT_CSV, OPT_JSON, OPT_ACCEPT,
     OPT_INJECT, OPT_CLOCK, OPT_HOLD, OPT_HOLD_TIMEOUT, OPT_RESIDENT,
 };
@@ -262,6 +264,7 @@ static const struct option kvp_longopts[] = {
     {"tls", required_argument, NULL, OPT_TLS},
     {"max-inflight", required_argument, NULL, OPT_INFLIGHT},
     {"extra", required_argument, NULL, OPT_EXTRA},
+    {"tls-dir", required_argument, NULL, OPT_TLSDIR},
     {"kv-port", required_argument, NULL, OPT_KVPORT},
     {"check", no_argument, NULL, OPT_CHECK},
     {"connect-ahead", no_argument, NULL, OPT_CONNECT_AHEAD},
@@ -311,6 +314,7 @@ int kvp_opts_parse(int argc, char **argv, kvp_opts_t *o, char *err,
 {
     static const char *shortopts = "+lp:t:m:s:b:n:w:d:f:qvh";
     int      c, have_host = 0, mpi = 0, loop = 0;
+    const char *tls_dir = NULL;
     int      raw_layers = 0, raw_layout = 0, raw_tokens = 0, raw_heads = 0,
              raw_dim = 0, raw_elem = 0;
     uint32_t layers = 0, tokens = 0, heads = 0, dim = 0, elem = 0;
@@ -506,6 +510,9 @@ int kvp_opts_parse(int argc, char **argv, kvp_opts_t *o, char *err,
         case OPT_EXTRA:
             snprintf(o->extra, sizeof(o->extra), "%s", optarg);
             break;
+        case OPT_TLSDIR:
+            tls_dir = optarg;
+            break;
         case OPT_KVPORT:
             if (kvp_parse_u32(optarg, 1024, 65000, &o->kv_port) != 0) {
                 return kvp_fail(err, errlen, "--kv-port %s: 1024..65000",
@@ -581,6 +588,20 @@ int kvp_opts_parse(int argc, char **argv, kvp_opts_t *o, char *err,
             return 1;
         default:
             return kvp_fail(err, errlen, "unhandled option");
+        }
+    }
+    if (tls_dir != NULL) {
+        size_t n = strlen(o->extra);
+        int    w = snprintf(o->extra + n, sizeof(o->extra) - n,
+                            "%s\"tls_cert_file\":\"%s/peer.crt\","
+                            "\"tls_key_file\":\"%s/peer.key\","
+                            "\"tls_ca_file\":\"%s/ca.crt\","
+                            "\"tls_peer_name\":\"kvxfer-peer\"",
+                            n > 0 ? "," : "", tls_dir, tls_dir, tls_dir);
+
+        if (w < 0 || (size_t)w >= sizeof(o->extra) - n) {
+            return kvp_fail(err, errlen, "--tls-dir %s: path too long",
+                            tls_dir);
         }
     }
     if (raw_layers) {

@@ -102,7 +102,16 @@ typedef struct kvt_data_params {
                                     transport listens on */
     const char *lane_settings;   /* transport settings ("auto", "none",
                                     KEY=VALUE ...); NULL: "auto" */
+    int         remote_access;   /* what peers may do to memory registered
+                                    on this context: KVT_ACCESS_* */
 } kvt_data_params_t;
+
+/* kvt_data_params_t.remote_access: the least the engine's role needs (READ:
+ * P's memory remote-readable; WRITE: D's remote-writable; else local). */
+#define KVT_ACCESS_DEFAULT 0 /* the transport's default (read and write) */
+#define KVT_ACCESS_READ    1 /* remote get only */
+#define KVT_ACCESS_WRITE   2 /* remote put only */
+#define KVT_ACCESS_LOCAL   4 /* no remote access */
 
 typedef struct kvt_data_ops {
     const char *name;            /* "ucx", "sim" */
@@ -190,8 +199,25 @@ typedef struct kvt_server kvt_server_t;
 typedef struct kvt_client kvt_client_t;
 typedef void (*kvt_conn_fn)(void *arg, int up);
 
+#define KVT_PATH_MAX 512
+#define KVT_NAME_MAX 256
+
+/* kvt_ctl_sec_t: mutual TLS for the control plane. NULL (or cert_file "")
+ * means plain TCP. With it, a server only accepts connections whose client
+ * certificate chains to ca_file and names peer_name (CN or a DNS SAN), and
+ * a client only talks to a server that does the same; a plain connection
+ * is refused both ways. */
+typedef struct kvt_ctl_sec {
+    char cert_file[KVT_PATH_MAX]; /* PEM certificate this side presents */
+    char key_file[KVT_PATH_MAX];  /* PEM private key (not encrypted) */
+    char ca_file[KVT_PATH_MAX];   /* PEM CA certificate(s) peers chain to */
+    char peer_name[KVT_NAME_MAX]; /* the name every peer must present */
+} kvt_ctl_sec_t;
+
 /* kvt_handler_fn: one request (len bytes, not NUL-terminated) from `from`
- * ("ip:port" of the sender's connection, "" when unknown); set *reply_p to
+ * ("ip:port" of the sender's connection, "" when unknown; with TLS, the
+ * sender has also presented a certificate naming the server's peer_name:
+ * libnng 1.5 cannot report the name per connection); set *reply_p to
  * a malloc'd reply of *reply_len_p bytes (the transport frees it). Runs on
  * a transport thread, possibly concurrently for different requests; must
  * not block for long. */
@@ -209,15 +235,17 @@ typedef struct kvt_ctl_ops {
 
     /* server_create listens on host:port (host "0.0.0.0" / "::" for any)
      * with nctx requests served at once; messages above max_msg bytes are
-     * dropped by the transport. */
+     * dropped by the transport; sec: NULL plain, else mutual TLS. */
     kvx_status_t (*server_create)(const char *host, uint32_t port, int nctx,
-                                  size_t max_msg, kvt_handler_fn fn,
-                                  void *arg, kvt_server_t **srv_p);
+                                  size_t max_msg, const kvt_ctl_sec_t *sec,
+                                  kvt_handler_fn fn, void *arg,
+                                  kvt_server_t **srv_p);
     /* server_destroy returns once no handler runs; not from a callback. */
     void         (*server_destroy)(kvt_server_t *srv);
     /* client_open dials host:port in the background (reconnecting) with
-     * nctx requests in flight at most. */
+     * nctx requests in flight at most; sec as for server_create. */
     kvx_status_t (*client_open)(const char *host, uint32_t port, int nctx,
+                                const kvt_ctl_sec_t *sec,
                                 kvt_client_t **cli_p);
     /* client_post copies msg and sends it: KVX_OK means fn will be called;
      * KVX_ERR_BAD_STATE: every context busy (nothing sent). */

@@ -890,6 +890,26 @@ static const kvc_config_field_t kvc_cfg_fields[] = {
      .off = KVC_OFF(hwloc_topology), .size = KVC_SIZE(hwloc_topology),
      .lo = 0, .flags = KVC_X,
      .doc = "hwloc XML topology file to place by; empty: this machine"},
+    {.key = "tls_cert_file", .dfl_json = "\"\"", .type = &kvc_cfg_str,
+     .off = KVC_OFF(tls.cert_file), .size = KVC_SIZE(tls.cert_file), .lo = 0,
+     .flags = KVC_X,
+     .doc = "PEM certificate presented on the control plane; set: mutual "
+            "TLS, plain connections refused both ways; empty: plain TCP"},
+    {.key = "tls_key_file", .dfl_json = "\"\"", .type = &kvc_cfg_str,
+     .off = KVC_OFF(tls.key_file), .size = KVC_SIZE(tls.key_file), .lo = 0,
+     .flags = KVC_X, .doc = "PEM private key of tls_cert_file (unencrypted)"},
+    {.key = "tls_ca_file", .dfl_json = "\"\"", .type = &kvc_cfg_str,
+     .off = KVC_OFF(tls.ca_file), .size = KVC_SIZE(tls.ca_file), .lo = 0,
+     .flags = KVC_X, .doc = "PEM CA certificate(s) every peer chains to"},
+    {.key = "tls_peer_name", .dfl_json = "\"\"", .type = &kvc_cfg_str,
+     .off = KVC_OFF(tls.peer_name), .size = KVC_SIZE(tls.peer_name), .lo = 0,
+     .flags = KVC_X,
+     .doc = "name (CN or DNS SAN) every peer's certificate must carry, in "
+            "both directions"},
+    {.key = "tls_proxy_name", .dfl_json = "\"\"", .type = &kvc_cfg_str,
+     .off = KVC_OFF(tls_proxy_name), .size = KVC_SIZE(tls_proxy_name),
+     .lo = 0, .flags = KVC_X,
+     .doc = "name the proxy's certificate must carry; empty: tls_peer_name"},
 };
 
 #define KVC_CFG_NFIELDS (sizeof(kvc_cfg_fields) / sizeof(kvc_cfg_fields[0]))
@@ -1105,6 +1125,37 @@ static kvx_status_t kvc_cfg_check_proxy(const kvc_config_t *cfg)
     return KVX_OK;
 }
 
+/* kvc_cfg_check_tls: the four TLS keys come together. */
+static kvx_status_t kvc_cfg_check_tls(const kvc_config_t *cfg)
+{
+    const struct {
+        const char *key;
+        const char *val;
+    } k[] = {{"tls_cert_file", cfg->tls.cert_file},
+             {"tls_key_file", cfg->tls.key_file},
+             {"tls_ca_file", cfg->tls.ca_file},
+             {"tls_peer_name", cfg->tls.peer_name}};
+    int set = 0;
+
+    for (size_t i = 0; i < sizeof(k) / sizeof(k[0]); i++) {
+        set += k[i].val[0] != '\0';
+    }
+    for (size_t i = 0; set > 0 && i < sizeof(k) / sizeof(k[0]); i++) {
+        if (k[i].val[0] == '\0') {
+            return kvc_error(KVX_ERR_CONFIG, "%s: value \"\": must be set "
+                             "when any of tls_cert_file, tls_key_file, "
+                             "tls_ca_file, tls_peer_name is (mutual TLS needs "
+                             "all four)", k[i].key);
+        }
+    }
+    if (set == 0 && cfg->tls_proxy_name[0] != '\0') {
+        return kvc_error(KVX_ERR_CONFIG, "tls_proxy_name: value '%s': needs "
+                         "tls_cert_file, tls_key_file, tls_ca_file and "
+                         "tls_peer_name", cfg->tls_proxy_name);
+    }
+    return KVX_OK;
+}
+
 /* kvc_cfg_load_scope loads every row of the scope from obj (NULL: all
  * defaults), in table order. */
 static kvx_status_t kvc_cfg_load_scope(json_object *obj, unsigned scope,
@@ -1154,6 +1205,9 @@ kvx_status_t kvc_config_parse(const char *json, kvc_config_t *cfg,
     }
     if (st == KVX_OK) {
         st = kvc_cfg_check_proxy(cfg);
+    }
+    if (st == KVX_OK) {
+        st = kvc_cfg_check_tls(cfg);
     }
     json_object_put(root);
     if (st != KVX_OK) {
@@ -1230,4 +1284,23 @@ uint32_t kvc_config_world(const kvc_config_t *cfg)
 uint32_t kvc_config_rank(const kvc_config_t *cfg)
 {
     return cfg->dp_rank * cfg->tp_size + cfg->tp_rank;
+}
+
+const kvt_ctl_sec_t *kvc_config_ctl_sec(const kvc_config_t *cfg)
+{
+    return cfg->tls.cert_file[0] != '\0' ? &cfg->tls : NULL;
+}
+
+const kvt_ctl_sec_t *kvc_config_proxy_sec(const kvc_config_t *cfg,
+                                          kvt_ctl_sec_t *buf)
+{
+    if (cfg->tls.cert_file[0] == '\0') {
+        return NULL;
+    }
+    *buf = cfg->tls;
+    if (cfg->tls_proxy_name[0] != '\0') {
+        snprintf(buf->peer_name, sizeof(buf->peer_name), "%s",
+                 cfg->tls_proxy_name);
+    }
+    return buf;
 }

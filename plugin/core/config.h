@@ -15,6 +15,7 @@
 #define KVC_CONFIG_H
 
 #include "error.h"
+#include "kvt.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -79,6 +80,13 @@ typedef struct kvc_config {
                                  (hex, device <= 1f, function <= 7) */
     char hwloc_topology[256]; /* [""] = this machine; else the path of an
                                  hwloc XML topology to use instead */
+
+    /* Control-plane mutual TLS (kvt_ctl_sec_t): keys tls_cert_file,
+     * tls_key_file, tls_ca_file, tls_peer_name, all [""]; all four or
+     * none. tls_proxy_name [""]: the name the proxy's certificate must
+     * carry (registration); "" = tls_peer_name. */
+    kvt_ctl_sec_t tls;
+    char          tls_proxy_name[KVT_NAME_MAX];
 } kvc_config_t;
 
 typedef void (*kvc_warn_fn)(void *arg, const char *msg);
@@ -100,6 +108,13 @@ char *kvc_config_dump(const kvc_config_t *cfg);
  * rank dp_rank * tp_size + tp_rank (SPEC §2). */
 uint32_t kvc_config_world(const kvc_config_t *cfg);
 uint32_t kvc_config_rank(const kvc_config_t *cfg);
+
+/* kvc_config_ctl_sec: the control plane's TLS settings, NULL when TLS is
+ * off; kvc_config_proxy_sec fills *buf for the registration client
+ * (tls_proxy_name as the name to check) and returns it, or NULL. */
+const kvt_ctl_sec_t *kvc_config_ctl_sec(const kvc_config_t *cfg);
+const kvt_ctl_sec_t *kvc_config_proxy_sec(const kvc_config_t *cfg,
+                                          kvt_ctl_sec_t *buf);
 
 
 #endif

@@ -40,12 +40,24 @@ void kvc_notify_handler(void *arg, const char *from, const char *msg,
     char               reason[KVX_REASON_MAX] = "";
     kvc_reply_info_t   info = {.ok = 1};
     kvc_msg_t          m;
+    char               host[KVC_HOST_MAX];
 
+    kvc_from_host(from, host, sizeof(host));
+    if (kvc_trust_check(&eng->trust, host, "the message sender") != KVX_OK) {
+        kvc_log_warn("KVX-CTL-UNTRUSTED", "%s notify listener: %s",
+                     eng->engine_id, kvc_last_error());
+        pthread_mutex_lock(&eng->lock);
+        kvc_refused(eng, KVC_PORT_NOTIFY, KVC_REFUSE_UNTRUSTED_HOST);
+        pthread_mutex_unlock(&eng->lock);
+        kvc_reply(0, "refused", reply_p, len_p);
+        return;
+    }
     if (kvc_msg_decode(msg, len, eng->cfg.is_producer, &m) != KVX_OK) {
         kvc_log_warn("KVX-BAD-MESSAGE", "%s notify listener: from %s: %s",
                      eng->engine_id, from, kvc_last_error());
         pthread_mutex_lock(&eng->lock);
         eng->stats.rx_bad++;
+        kvc_refused(eng, KVC_PORT_NOTIFY, KVC_REFUSE_BAD_MESSAGE);
         pthread_mutex_unlock(&eng->lock);
         kvc_reply(0, kvc_last_error(), reply_p, len_p);
         return;
@@ -69,6 +81,7 @@ void kvc_notify_handler(void *arg, const char *from, const char *msg,
     } else {
         info.ok = 0;
         eng->stats.rx_refused++;
+        kvc_refused(eng, KVC_PORT_NOTIFY, KVC_REFUSE_NOT_ACCEPTED);
         snprintf(reason, sizeof(reason), "%s for '%s': not accepted by a %s "
                  "in %s mode", kvc_msg_desc(m.type)->name, m.transfer_id,
                  eng->cfg.is_producer ? "kv_producer" : "kv_consumer",

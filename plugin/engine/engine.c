@@ -53,13 +53,16 @@ kvx_status_t kvx_engine_start(struct kvx_engine *eng)
     if (st != KVX_OK) {
         return st;
     }
-    st = KVN(eng)->server_create(eng->cfg.host_ip, eng->cfg.handshake_port + off, 4,
-                           KVC_MSG_MAX_BYTES * 2, kvc_hs_handler, eng,
-                           &eng->hs_srv);
+    st = KVN(eng)->server_create(eng->cfg.host_ip, eng->cfg.handshake_port + off,
+                                 KVC_SERVER_CTX, KVC_MSG_MAX_BYTES * 2,
+                                 kvc_config_ctl_sec(&eng->cfg), kvc_hs_handler,
+                                 eng, &eng->hs_srv);
     if (st == KVX_OK) {
-        st = KVN(eng)->server_create(eng->cfg.host_ip, eng->cfg.notify_port + off, 4,
-                               KVC_MSG_MAX_BYTES * 2, kvc_notify_handler, eng,
-                               &eng->notify_srv);
+        st = KVN(eng)->server_create(eng->cfg.host_ip, eng->cfg.notify_port + off,
+                                     KVC_SERVER_CTX, KVC_MSG_MAX_BYTES * 2,
+                                     kvc_config_ctl_sec(&eng->cfg),
+                                     kvc_notify_handler, eng,
+                                     &eng->notify_srv);
     }
     if (st != KVX_OK) {
         kvc_server_close(eng, &eng->hs_srv);
@@ -206,6 +209,12 @@ kvx_status_t kvx_engine_create(const kvt_env_t *env, const char *json,
     up.tick               = kvc_engine_tick;
     up.tick_arg           = eng;
     up.name               = eng->engine_id;
+    up.remote_access = eng->cfg.read_mode ? (eng->cfg.is_producer
+                                                 ? KVT_ACCESS_READ
+                                                 : KVT_ACCESS_LOCAL)
+                                          : (eng->cfg.is_producer
+                                                 ? KVT_ACCESS_LOCAL
+                                                 : KVT_ACCESS_WRITE);
     st = KVD(eng)->ctx_create(&up, &eng->ucx);
     if (st != KVX_OK) {
         goto err_idset;

@@ -67,6 +67,24 @@ typedef struct kvc_ctlout {
 struct kvc_xfer;
 
 /* kvc_peer_t: one rank of a remote instance. */
+/* Refusal counters (stats "refused"): where and why. */
+typedef enum kvc_port {
+    KVC_PORT_HANDSHAKE = 0, /* requests on this engine's handshake port */
+    KVC_PORT_NOTIFY,        /* messages on this engine's notify port */
+    KVC_PORT_HS_REPLY,      /* replies to this engine's handshakes */
+    KVC_PORT_N
+} kvc_port_t;
+
+typedef enum kvc_refusal {
+    KVC_REFUSE_UNTRUSTED_HOST = 0, /* sender not in trusted_remote_hosts */
+    KVC_REFUSE_BAD_MESSAGE,        /* does not decode */
+    KVC_REFUSE_NOT_ACCEPTED,       /* the mode takes no such message */
+    KVC_REFUSE_WRONG_PEER,         /* not from the transfer's peer */
+    KVC_REFUSE_BAD_METADATA,       /* lengths / limits in peer metadata */
+    KVC_REFUSE_OTHER_ENGINE,       /* reply names another engine */
+    KVC_REFUSE_N
+} kvc_refusal_t;
+
 typedef struct kvc_peer {
     struct kvx_engine *eng;
     char              host[KVC_HOST_MAX];
@@ -229,6 +247,9 @@ typedef struct kvc_early {
 } kvc_early_t;
 
 #define KVC_XFER_BUCKETS    1024 /* initial; doubles as it fills */
+#define KVC_SERVER_CTX      16 /* requests served at once per listener */
+#define KVC_HS_ADDR_MAX     65536u /* largest peer worker address taken */
+#define KVC_HS_RKEY_MAX     16384u /* largest packed rkey taken */
 #define KVC_EARLY_MAX       4096
 #define KVC_EARLY_MAX_BYTES (16u << 20)
 #define KVC_TERMINAL_MAX    4096
@@ -269,6 +290,7 @@ struct kvx_engine {
     kvc_early_t      *early_head, *early_tail; /* arrival order */
     size_t            nearly, early_bytes;
     struct {
+        uint64_t refused[KVC_PORT_N][KVC_REFUSE_N]; /* report.c names */
         uint64_t rx_msgs[KVC_MSG_NTYPES + 1]; /* by kvc_msg_type_t */
         uint64_t rx_refused;      /* well-formed, refused by the mode */
         uint64_t early_kept, early_dropped;
@@ -288,6 +310,14 @@ struct kvx_engine {
     uint64_t          reg_next_us;
     int               reg_inflight, reg_failing;
 };
+
+/* kvc_from_host copies the host part of a transport's "ip:port" /
+ * "[v6]:port" sender address ("" when it has none). */
+void kvc_from_host(const char *from, char *host, size_t len);
+
+/* kvc_refused counts one refused inbound message or handshake reply by
+ * where it came in and why (stats "refused"); lock held. */
+void kvc_refused(struct kvx_engine *eng, kvc_port_t port, kvc_refusal_t why);
 
 /* The engine's transports and clock (kvt.h). */
 #define KVD(eng) ((eng)->env.data)

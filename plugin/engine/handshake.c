@@ -86,6 +86,56 @@ void kvc_peer_parts(const struct kvx_engine *eng, const kvc_peer_t *peer,
     kvc_peer_parts_of(eng, peer, &peer->meta, idx_p, n_p, gather_p);
 }
 
+/* kvc_peer_check_origin: the reply is from the engine dialled (its engine
+ * id, host and rank port) and every length in it is one this engine
+ * accepts: worker address and rkeys bounded, each layer's geometry inside
+ * its published length, no address range that wraps. */
+static kvx_status_t kvc_peer_check_origin(kvc_peer_t *peer,
+                                          const kvc_hs_meta_t *m,
+                                          kvc_refusal_t *why_p)
+{
+    uint64_t rank = (uint64_t)m->dp_rank * m->tp_size + m->tp_rank;
+    char     id[KVC_HOST_MAX + 16];
+
+    *why_p = KVC_REFUSE_OTHER_ENGINE;
+    snprintf(id, sizeof(id), "%s:%u", m->host, m->handshake_port);
+    if (strcmp(id, m->engine_id) != 0 || strcmp(m->host, peer->host) != 0 ||
+        (uint64_t)m->handshake_port + rank != peer->hs_port) {
+        return kvc_error(KVX_ERR_HANDSHAKE, "peer %s: reply names engine_id "
+                         "'%s' (host '%s', handshake_port %u + rank %llu): "
+                         "must be the engine dialled, %s port %u", peer->name,
+                         m->engine_id, m->host, m->handshake_port,
+                         (unsigned long long)rank, peer->host, peer->hs_port);
+    }
+    *why_p = KVC_REFUSE_BAD_METADATA;
+    if (m->worker_addr_len == 0 || m->worker_addr_len > KVC_HS_ADDR_MAX) {
+        return kvc_error(KVX_ERR_HANDSHAKE, "peer %s: worker_addr: %zu "
+                         "bytes: must be 1..%u", peer->name,
+                         m->worker_addr_len, KVC_HS_ADDR_MAX);
+    }
+    for (size_t j = 0; j < m->num_layers; j++) {
+        const kvc_hs_layer_t *l = &m->layers[j];
+
+        if (l->rkey_len == 0 || l->rkey_len > KVC_HS_RKEY_MAX) {
+            return kvc_error(KVX_ERR_HANDSHAKE, "peer %s: layers[%zu].rkey: "
+                             "%zu bytes: must be 1..%u", peer->name, j,
+                             l->rkey_len, KVC_HS_RKEY_MAX);
+        }
+        if (l->length == 0 || l->base + l->length < l->base ||
+            kvc_geom_extent(&l->geom) > l->length) {
+            return kvc_error(KVX_ERR_HANDSHAKE, "peer %s: layers[%zu] '%s': "
+                             "base 0x%llx length %llu, its %llu blocks span "
+                             "%llu bytes: must be non-empty, not wrap and "
+                             "fit the length", peer->name, j, l->name,
+                             (unsigned long long)l->base,
+                             (unsigned long long)l->length,
+                             (unsigned long long)l->geom.num_blocks,
+                             (unsigned long long)kvc_geom_extent(&l->geom));
+        }
+    }
+    return KVX_OK;
+}
+
 /* Validates the peer's metadata against what we dialled and what we hold.
  * Called without the engine lock: layers are frozen after start(). */
 static kvx_status_t kvc_peer_check_meta(kvc_peer_t *peer,
@@ -327,6 +377,7 @@ void kvc_peer_hs_start(kvc_peer_t *peer)
     peer->hs_t0          = kvc_now_us(eng);
     if (peer->hs_cli == NULL) {
         st = KVN(eng)->client_open(peer->host, peer->hs_port, 1,
+                                   kvc_config_ctl_sec(&eng->cfg),
                                    &peer->hs_cli);
     }
     req = st == KVX_OK ? kvc_hs_request_encode(&len) : NULL;
@@ -360,6 +411,7 @@ static kvx_status_t kvc_peer_hs_check(kvc_peer_t *peer, kvc_hs_meta_t *m,
     const char *reply = peer->hs_reply;
     size_t      rlen  = peer->hs_reply_len;
     kvx_status_t st   = peer->hs_status;
+    kvc_refusal_t why;
 
     if (st != KVX_OK) {
         return kvc_error(st == KVX_ERR_TIMEOUT ? KVX_ERR_HANDSHAKE_TIMEOUT
@@ -378,8 +430,19 @@ static kvx_status_t kvc_peer_hs_check(kvc_peer_t *peer, kvc_hs_meta_t *m,
     peer->hs_us[0] = kvc_now_us(eng) - peer->hs_t0;
     st = kvc_hs_decode(reply, rlen, m);
     if (st != KVX_OK) {
+        pthread_mutex_lock(&eng->lock);
+        kvc_refused(eng, KVC_PORT_HS_REPLY, KVC_REFUSE_BAD_MESSAGE);
+        pthread_mutex_unlock(&eng->lock);
         return kvc_error(st, "handshake with %s: %s", peer->name,
                          kvc_last_error());
+    }
+    st = kvc_peer_check_origin(peer, m, &why);
+    if (st != KVX_OK) {
+        pthread_mutex_lock(&eng->lock);
+        kvc_refused(eng, KVC_PORT_HS_REPLY, why);
+        pthread_mutex_unlock(&eng->lock);
+        kvc_hs_fini(m);
+        return st;
     }
     map = calloc(eng->nlayers ? eng->nlayers : 1, sizeof(int));
     st  = map ? kvc_peer_check_meta(peer, m, map)
@@ -544,16 +607,46 @@ kvx_status_t kvc_meta_build(struct kvx_engine *eng)
     return KVX_OK;
 }
 
+void kvc_from_host(const char *from, char *host, size_t len)
+{
+    const char *colon = strrchr(from, ':');
+    size_t      n     = colon != NULL ? (size_t)(colon - from) : 0;
+
+    if (n >= 2 && from[0] == '[' && from[n - 1] == ']') {
+        from++;
+        n -= 2;
+    }
+    snprintf(host, len, "%.*s", (int)(n < len ? n : len - 1), from);
+}
+
 void kvc_hs_handler(void *arg, const char *from, const char *msg,
                            size_t len, char **reply_p, size_t *len_p)
 {
     struct kvx_engine *eng = arg;
     uint32_t           version;
+    char               host[KVC_HOST_MAX];
+    kvc_refusal_t      why = KVC_REFUSE_BAD_MESSAGE;
+    kvx_status_t       st;
 
-    if (kvc_hs_request_decode(msg, len, &version) != KVX_OK) {
+    /* The metadata (worker address, layer addresses, rkeys) goes only to
+     * a sender trusted_remote_hosts admits (with TLS the transport has
+     * also checked its certificate). */
+    kvc_from_host(from, host, sizeof(host));
+    st = kvc_trust_check(&eng->trust, host, "the handshake sender");
+    if (st != KVX_OK) {
+        why = KVC_REFUSE_UNTRUSTED_HOST;
+    } else {
+        st = kvc_hs_request_decode(msg, len, &version);
+    }
+    if (st != KVX_OK) {
         kvc_log_warn("KVX-BAD-MESSAGE", "%s handshake listener: from %s: "
                      "%s", eng->engine_id, from, kvc_last_error());
-        kvc_reply(0, kvc_last_error(), reply_p, len_p);
+        pthread_mutex_lock(&eng->lock);
+        kvc_refused(eng, KVC_PORT_HANDSHAKE, why);
+        pthread_mutex_unlock(&eng->lock);
+        kvc_reply(0, why == KVC_REFUSE_UNTRUSTED_HOST ? "refused"
+                                                      : kvc_last_error(),
+                  reply_p, len_p);
         return;
     }
     *reply_p = malloc(eng->meta_len);

@@ -290,7 +290,9 @@ static void kvc_peer_service(kvt_job_t *job)
     eng->jobs_queued--;
     if (peer->notify_cli == NULL && !peer->notify_failed && !eng->closing) {
         if (KVN(eng)->client_open(peer->host, peer->notify_port,
-                                  KVC_CTL_INFLIGHT, &peer->notify_cli) !=
+                                  KVC_CTL_INFLIGHT,
+                                  kvc_config_ctl_sec(&eng->cfg),
+                                  &peer->notify_cli) !=
             KVX_OK) {
             peer->notify_failed = 1;
             peer->notify_cli    = NULL;

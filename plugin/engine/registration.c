@@ -20,6 +20,7 @@ kvx_status_t kvc_reg_setup(struct kvx_engine *eng)
 {
     kvt_client_t *cli     = NULL;
     char         *payload = NULL;
+    kvt_ctl_sec_t sec;
     kvx_status_t  st;
 
     if (eng->cfg.proxy_ip[0] == '\0' || kvc_config_rank(&eng->cfg) != 0) {
@@ -31,7 +32,8 @@ kvx_status_t kvc_reg_setup(struct kvx_engine *eng)
     }
     if (st == KVX_OK) {
         st = KVN(eng)->client_open(eng->cfg.proxy_ip, eng->cfg.proxy_ping_port,
-                                   1, &cli);
+                                   1, kvc_config_proxy_sec(&eng->cfg, &sec),
+                                   &cli);
     }
     if (st != KVX_OK) {
         free(payload);

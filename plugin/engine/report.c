@@ -10,6 +10,35 @@
 #include <stdlib.h>
 #include <string.h>
 
+static const char *const kvc_port_names[KVC_PORT_N] = {
+    "handshake", "notify", "handshake_reply"};
+static const char *const kvc_refusal_names[KVC_REFUSE_N] = {
+    "untrusted_host", "bad_message", "not_accepted", "wrong_peer",
+    "bad_metadata", "other_engine"};
+
+void kvc_refused(struct kvx_engine *eng, kvc_port_t port, kvc_refusal_t why)
+{
+    eng->stats.refused[port][why]++;
+}
+
+/* kvc_report_refused: {"handshake": {"untrusted_host": n, ...}, ...}. */
+static json_object *kvc_report_refused(const struct kvx_engine *eng)
+{
+    json_object *o = json_object_new_object();
+
+    for (int p = 0; p < KVC_PORT_N; p++) {
+        json_object *r = json_object_new_object();
+
+        for (int w = 0; w < KVC_REFUSE_N; w++) {
+            json_object_object_add(r, kvc_refusal_names[w],
+                                   json_object_new_int64(
+                                       (int64_t)eng->stats.refused[p][w]));
+        }
+        json_object_object_add(o, kvc_port_names[p], r);
+    }
+    return o;
+}
+
 kvx_status_t kvc_report_stats(struct kvx_engine *eng, char **json_p)
 {
     json_object *o, *rx;
@@ -26,6 +55,7 @@ kvx_status_t kvc_report_stats(struct kvx_engine *eng, char **json_p)
                                    (int64_t)eng->stats.rx_msgs[t]));
     }
     json_object_object_add(o, "rx", rx);
+    json_object_object_add(o, "refused", kvc_report_refused(eng));
 #define KVC_STAT(name) \
     json_object_object_add(o, #name, \
                            json_object_new_int64((int64_t)eng->stats.name))

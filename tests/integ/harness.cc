@@ -278,7 +278,7 @@ extern "C" kvx_status_t kvt_sim_kvn_client_open(const char *host,
     }
     NodeScope     scope(s.driver);
     kvt_client_t *c  = nullptr;
-    kvx_status_t  st = sim::World::CtlOps()->client_open(host, port, 1, &c);
+    kvx_status_t  st = sim::World::CtlOps()->client_open(host, port, 1, nullptr, &c);
     if (st == KVX_OK) {
         s.clients.insert(c);
         *cli_p = reinterpret_cast<kvn_client *>(c);

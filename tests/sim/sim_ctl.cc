@@ -27,12 +27,17 @@ static std::string HostPort(const std::string &host, uint32_t port)
 }
 
 static kvx_status_t ServerCreate(const char *host, uint32_t port, int nctx,
-                                 size_t max_msg, kvt_handler_fn fn, void *arg,
+                                 size_t max_msg, const kvt_ctl_sec_t *sec,
+                                 kvt_handler_fn fn, void *arg,
                                  kvt_server_t **srv_p)
 {
     World *w = W();
 
     (void)nctx;
+    if (sec != nullptr) {
+        return kvc_error(KVX_ERR_CONFIG, "sim: the simulated control plane "
+                         "has no TLS");
+    }
     if (w->Current() < 0) {
         return kvc_error(KVX_ERR_INTERNAL, "sim: server_create outside a "
                          "node");
@@ -79,10 +84,14 @@ static void ServerDestroy(kvt_server_t *handle)
 }
 
 static kvx_status_t ClientOpen(const char *host, uint32_t port, int nctx,
-                               kvt_client_t **cli_p)
+                               const kvt_ctl_sec_t *sec, kvt_client_t **cli_p)
 {
     World *w = W();
 
+    if (sec != nullptr) {
+        return kvc_error(KVX_ERR_CONFIG, "sim: the simulated control plane "
+                         "has no TLS");
+    }
     if (w->Current() < 0) {
         return kvc_error(KVX_ERR_INTERNAL, "sim: client_open outside a node");
     }

@@ -63,12 +63,12 @@ TEST(SimCtl, RequestReplyCarriesTheSenderAddress)
     Reply         r;
 
     w.SetCurrent(a);
-    ASSERT_EQ(KVX_OK, ops->server_create("10.0.0.1", 5000, 4, 1024, Echo,
+    ASSERT_EQ(KVX_OK, ops->server_create("10.0.0.1", 5000, 4, 1024, nullptr, Echo,
                                          nullptr, &srv));
-    EXPECT_NE(KVX_OK, ops->server_create("10.0.0.1", 5000, 4, 1024, Echo,
+    EXPECT_NE(KVX_OK, ops->server_create("10.0.0.1", 5000, 4, 1024, nullptr, Echo,
                                          nullptr, &srv));
     w.SetCurrent(b);
-    ASSERT_EQ(KVX_OK, ops->client_open("10.0.0.1", 5000, 2, &cli));
+    ASSERT_EQ(KVX_OK, ops->client_open("10.0.0.1", 5000, 2, nullptr, &cli));
     ASSERT_EQ(KVX_OK, ops->client_post(cli, "hi", 2, 1000, OnReply, &r));
     EXPECT_EQ(0, r.calls); // never inside the submitting call
     RunUntil(w, [&] { return r.calls > 0; });
@@ -92,7 +92,7 @@ TEST(SimCtl, NoServerTimesOutAtTheDeadlineAndBusyContextsRefuse)
     Reply         r, r2;
     uint64_t      t0 = w.Now();
 
-    ASSERT_EQ(KVX_OK, ops->client_open("10.0.0.9", 7, 1, &cli));
+    ASSERT_EQ(KVX_OK, ops->client_open("10.0.0.9", 7, 1, nullptr, &cli));
     ASSERT_EQ(KVX_OK, ops->client_post(cli, "x", 1, 500, OnReply, &r));
     EXPECT_EQ(KVX_ERR_BAD_STATE,
               ops->client_post(cli, "y", 1, 500, OnReply, &r2));
@@ -114,9 +114,9 @@ TEST(SimCtl, CloseCompletesPendingRequestsBeforeItReturns)
     Reply         r;
 
     w.SetCurrent(a);
-    ASSERT_EQ(KVX_OK, ops->server_create("0.0.0.0", 5000, 4, 1024, Echo,
+    ASSERT_EQ(KVX_OK, ops->server_create("0.0.0.0", 5000, 4, 1024, nullptr, Echo,
                                          nullptr, &srv));
-    ASSERT_EQ(KVX_OK, ops->client_open("10.0.0.1", 5000, 2, &cli));
+    ASSERT_EQ(KVX_OK, ops->client_open("10.0.0.1", 5000, 2, nullptr, &cli));
     ASSERT_EQ(KVX_OK, ops->client_post(cli, "hi", 2, 1000, OnReply, &r));
     ops->client_close(cli);
     EXPECT_EQ(1, r.calls);
@@ -340,9 +340,9 @@ uint64_t Workload(uint64_t seed, bool dup_delay)
     MakeCtx(w, na, &a, 1);
     MakeCtx(w, nb, &b, 2);
     w.SetCurrent(nb);
-    c->server_create("10.0.0.2", 9, 4, 4096, Echo, nullptr, &srv);
+    c->server_create("10.0.0.2", 9, 4, 4096, nullptr, Echo, nullptr, &srv);
     w.SetCurrent(na);
-    c->client_open("10.0.0.2", 9, 32, &cli);
+    c->client_open("10.0.0.2", 9, 32, nullptr, &cli);
     Connect(a, b, &l);
     w.after_step = [&] { digest = digest * 31 + w.Now() + w.Steps(); };
     std::vector<kvc_run_t> runs(20);

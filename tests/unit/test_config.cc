@@ -25,7 +25,9 @@ const char *const kExtraKeys[] = {
     "num_workers",      "ucx_tls",            "ucx_net_devices", "ucx_lane_settings",
     "ucx_required_transports", "ucx_error_mode", "max_inflight_bytes",
     "progress_spin_us", "gpu_bus_id",         "hwloc_topology",
-    "proxy_ping_interval", "ucx_tcp_port_range",
+    "proxy_ping_interval", "ucx_tcp_port_range", "tls_cert_file",
+    "tls_key_file",     "tls_ca_file",        "tls_peer_name",
+    "tls_proxy_name",
 };
 
 // Extra wraps body (the inside of kv_connector_extra_config) in a producer
@@ -749,6 +751,15 @@ std::vector<BadCase> BadCases()
           "proxy_ping_port", "value 80"),
         X("ProxyPingIntervalZero", R"("proxy_ping_interval":0)",
           "proxy_ping_interval", "0"),
+        X("TlsCertWithoutKey",
+          R"("tls_cert_file":"c.pem","tls_ca_file":"ca.pem","tls_peer_name":"p")",
+          "tls_key_file", "must be set when any of tls_cert_file"),
+        X("TlsPeerNameMissing",
+          R"("tls_cert_file":"c.pem","tls_key_file":"k.pem","tls_ca_file":"ca.pem")",
+          "tls_peer_name", "mutual TLS needs all four"),
+        X("TlsProxyNameAlone", R"("tls_proxy_name":"proxy")",
+          "tls_proxy_name", "'proxy'"),
+        X("TlsCaNumber", R"("tls_ca_file":1)", "tls_ca_file", "value 1"),
         X("HttpPortHigh", R"("http_port":65536)", "http_port", "65536"),
         X("HttpPortWord", R"("http_port":"x")", "http_port", "\"x\""),
         X("BackendUnknown", R"("backend":"tcp")", "backend", "\"tcp\""),

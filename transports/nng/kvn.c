@@ -12,6 +12,7 @@
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/rep.h>
 #include <nng/protocol/reqrep0/req.h>
+#include <nng/supplemental/tls/tls.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,11 +20,17 @@
 
 #define KVN_MAX_CTX 16
 
+/* A reply that cannot be handed to its connection within this time is
+ * dropped and that connection closed: a peer that sends requests and never
+ * reads the replies holds a context for at most this long. */
+#define KVN_REPLY_TIMEOUT_MS 1000
+
 typedef struct kvn_sctx {
     struct kvn_server *srv;
     nng_ctx            ctx;
     nng_aio           *aio;
     int                sending;
+    nng_pipe           pipe;    /* the connection the reply goes to */
 } kvn_sctx_t;
 
 struct kvn_server {
@@ -102,16 +109,111 @@ kvx_status_t kvn_status_from_nng(int rv)
 
 void kvn_url(const char *host, uint32_t port, char *buf, size_t len)
 {
+    kvn_url_sec(host, port, NULL, buf, len);
+}
+
+static int kvn_sec_on(const kvt_ctl_sec_t *sec)
+{
+    return sec != NULL && sec->cert_file[0] != '\0';
+}
+
+void kvn_url_sec(const char *host, uint32_t port, const kvt_ctl_sec_t *sec,
+                 char *buf, size_t len)
+{
+    const char *scheme = kvn_sec_on(sec) ? "tls+tcp" : "tcp";
+
     if (strchr(host, ':') != NULL) {
-        snprintf(buf, len, "tcp://[%s]:%u", host, port);
+        snprintf(buf, len, "%s://[%s]:%u", scheme, host, port);
     } else {
-        snprintf(buf, len, "tcp://%s:%u", host, port);
+        snprintf(buf, len, "%s://%s:%u", scheme, host, port);
     }
+}
+
+/* kvn_read_pem reads a PEM file (at most 1 MiB) into a NUL-terminated
+ * buffer; what names the config key for the error text. */
+static kvx_status_t kvn_read_pem(const char *path, const char *what,
+                                 char **buf_p)
+{
+    FILE  *f = fopen(path, "rb");
+    char  *buf;
+    size_t n;
+
+    if (f == NULL) {
+        return kvc_error(KVX_ERR_CONFIG, "%s: value '%s': cannot open: %m",
+                         what, path);
+    }
+    buf = malloc((1u << 20) + 1);
+    n   = buf != NULL ? fread(buf, 1, 1u << 20, f) : 0;
+    if (buf == NULL || ferror(f) || !feof(f) || n == 0) {
+        fclose(f);
+        free(buf);
+        return kvc_error(KVX_ERR_CONFIG, "%s: value '%s': must be a "
+                         "readable PEM file of 1..1048576 bytes", what, path);
+    }
+    fclose(f);
+    buf[n] = '\0';
+    *buf_p = buf;
+    return KVX_OK;
+}
+
+/* kvn_tls_config builds the TLS configuration of one side: own certificate
+ * and key, the CA every peer must chain to, peer authentication required
+ * both ways, and the name the peer's certificate must carry (mbedTLS checks
+ * it on the server side too: it verifies the client's certificate against
+ * the configured name). */
+static kvx_status_t kvn_tls_config(const kvt_ctl_sec_t *sec, int server,
+                                   nng_tls_config **cfg_p)
+{
+    nng_tls_config *cfg  = NULL;
+    char           *cert = NULL, *key = NULL;
+    const char     *step = "alloc";
+    kvx_status_t    st;
+    int             rv;
+
+    if (sec->key_file[0] == '\0' || sec->ca_file[0] == '\0' ||
+        sec->peer_name[0] == '\0') {
+        return kvc_error(KVX_ERR_CONFIG, "tls: tls_cert_file is set, so "
+                         "tls_key_file, tls_ca_file and tls_peer_name must "
+                         "be too");
+    }
+    st = kvn_read_pem(sec->cert_file, "tls_cert_file", &cert);
+    if (st == KVX_OK) {
+        st = kvn_read_pem(sec->key_file, "tls_key_file", &key);
+    }
+    if (st != KVX_OK) {
+        free(cert);
+        return st;
+    }
+    rv = nng_tls_config_alloc(&cfg, server ? NNG_TLS_MODE_SERVER
+                                           : NNG_TLS_MODE_CLIENT);
+    if (rv == 0 && (step = "tls_cert_file/tls_key_file",
+                    rv = nng_tls_config_own_cert(cfg, cert, key, NULL)) == 0 &&
+        (step = "tls_ca_file",
+         rv = nng_tls_config_ca_file(cfg, sec->ca_file)) == 0 &&
+        (step = "tls_peer_name",
+         rv = nng_tls_config_server_name(cfg, sec->peer_name)) == 0) {
+        step = "auth mode";
+        rv   = nng_tls_config_auth_mode(cfg, NNG_TLS_AUTH_MODE_REQUIRED);
+    }
+    memset(key, 0, strlen(key));
+    free(key);
+    free(cert);
+    if (rv != 0) {
+        if (cfg != NULL) {
+            nng_tls_config_free(cfg);
+        }
+        return kvc_error(KVX_ERR_CONFIG, "tls: %s: %s (files %s, %s, CA %s)",
+                         step, nng_strerror(rv), sec->cert_file,
+                         sec->key_file, sec->ca_file);
+    }
+    *cfg_p = cfg;
+    return KVX_OK;
 }
 
 static void kvn_sctx_recv(kvn_sctx_t *c)
 {
     c->sending = 0;
+    nng_aio_set_timeout(c->aio, NNG_DURATION_INFINITE);
     nng_ctx_recv(c->ctx, c->aio);
 }
 
@@ -146,6 +248,7 @@ static void kvn_sctx_reply(kvn_sctx_t *c, nng_msg *req)
     kvn_msg_from(req, from, sizeof(from));
     c->srv->fn(c->srv->arg, from, nng_msg_body(req), nng_msg_len(req),
                &reply, &reply_len);
+    c->pipe = nng_msg_get_pipe(req);
     nng_msg_free(req);
     if (nng_msg_alloc(&out, 0) != 0 ||
         (reply != NULL && nng_msg_append(out, reply, reply_len) != 0)) {
@@ -158,6 +261,7 @@ static void kvn_sctx_reply(kvn_sctx_t *c, nng_msg *req)
     free(reply);
     nng_aio_set_msg(c->aio, out);
     c->sending = 1;
+    nng_aio_set_timeout(c->aio, KVN_REPLY_TIMEOUT_MS);
     nng_ctx_send(c->ctx, c->aio);
 }
 
@@ -176,6 +280,14 @@ static void kvn_sctx_cb(void *arg)
         if (rv != 0) {
             nng_msg_free(nng_aio_get_msg(c->aio));
         }
+        if (rv == NNG_ETIMEDOUT) {
+            /* The connection does not read its replies: drop it, which
+             * also fails every other reply parked on it at once. */
+            kvc_log_warn("KVX-CTL-STALLED", "%s: reply not taken within %d "
+                         "ms: connection closed", c->srv->url,
+                         KVN_REPLY_TIMEOUT_MS);
+            nng_pipe_close(c->pipe);
+        }
         kvn_sctx_recv(c);
         return;
     }
@@ -192,7 +304,42 @@ kvx_status_t kvn_server_create(const char *host, uint32_t port, int nctx,
                                size_t max_msg, kvn_handler_fn fn, void *arg,
                                kvn_server_t **srv_p)
 {
+    return kvn_server_create_sec(host, port, nctx, max_msg, NULL, fn, arg,
+                                 srv_p);
+}
+
+/* kvn_listen starts the listener, with TLS when sec asks for it. */
+static int kvn_listen(kvn_server_t *srv, const kvt_ctl_sec_t *sec,
+                      kvx_status_t *st_p)
+{
+    nng_listener    l;
+    nng_tls_config *tls = NULL;
+    int             rv;
+
+    *st_p = KVX_OK;
+    if (kvn_sec_on(sec) && (*st_p = kvn_tls_config(sec, 1, &tls)) != KVX_OK) {
+        return NNG_EINVAL;
+    }
+    rv = nng_listener_create(&l, srv->sock, srv->url);
+    if (rv == 0 && tls != NULL) {
+        rv = nng_listener_set_ptr(l, NNG_OPT_TLS_CONFIG, tls);
+    }
+    if (rv == 0) {
+        rv = nng_listener_start(l, 0);
+    }
+    if (tls != NULL) {
+        nng_tls_config_free(tls); /* the listener holds its own reference */
+    }
+    return rv;
+}
+
+kvx_status_t kvn_server_create_sec(const char *host, uint32_t port, int nctx,
+                                   size_t max_msg, const kvt_ctl_sec_t *sec,
+                                   kvn_handler_fn fn, void *arg,
+                                   kvn_server_t **srv_p)
+{
     kvn_server_t *srv = calloc(1, sizeof(*srv));
+    kvx_status_t  st;
     int           rv;
 
     if (srv == NULL) {
@@ -201,7 +348,7 @@ kvx_status_t kvn_server_create(const char *host, uint32_t port, int nctx,
     srv->fn   = fn;
     srv->arg  = arg;
     srv->nctx = nctx < 1 ? 1 : (nctx > KVN_MAX_CTX ? KVN_MAX_CTX : nctx);
-    kvn_url(host, port, srv->url, sizeof(srv->url));
+    kvn_url_sec(host, port, sec, srv->url, sizeof(srv->url));
     if ((rv = nng_rep0_open(&srv->sock)) != 0) {
         free(srv);
         return kvc_error(KVX_ERR_CONTROL, "nng_rep0_open: %s",
@@ -220,12 +367,12 @@ kvx_status_t kvn_server_create(const char *host, uint32_t port, int nctx,
                              nng_strerror(rv));
         }
     }
-    if ((rv = nng_listen(srv->sock, srv->url, NULL, 0)) != 0) {
-        kvx_status_t st = kvc_error(kvn_status_from_nng(rv) == KVX_ERR_CONFIG
-                                        ? KVX_ERR_CONFIG : KVX_ERR_CONTROL,
-                                    "listen on %s: %s", srv->url,
-                                    nng_strerror(rv));
-
+    if ((rv = kvn_listen(srv, sec, &st)) != 0) {
+        if (st == KVX_OK) {
+            st = kvc_error(kvn_status_from_nng(rv) == KVX_ERR_CONFIG
+                               ? KVX_ERR_CONFIG : KVX_ERR_CONTROL,
+                           "listen on %s: %s", srv->url, nng_strerror(rv));
+        }
         kvn_server_destroy(srv);
         return st;
     }
@@ -261,7 +408,40 @@ static void    kvn_cctx_cb(void *arg);
 kvx_status_t kvn_client_open_async(const char *host, uint32_t port, int nctx,
                                    kvn_client_t **cli_p)
 {
+    return kvn_client_open_sec(host, port, nctx, NULL, cli_p);
+}
+
+/* kvn_dial starts the background dialer, with TLS when sec asks for it. */
+static int kvn_dial(kvn_client_t *cli, const kvt_ctl_sec_t *sec,
+                    kvx_status_t *st_p)
+{
+    nng_dialer      d;
+    nng_tls_config *tls = NULL;
+    int             rv;
+
+    *st_p = KVX_OK;
+    if (kvn_sec_on(sec) && (*st_p = kvn_tls_config(sec, 0, &tls)) != KVX_OK) {
+        return NNG_EINVAL;
+    }
+    rv = nng_dialer_create(&d, cli->sock, cli->url);
+    if (rv == 0 && tls != NULL) {
+        rv = nng_dialer_set_ptr(d, NNG_OPT_TLS_CONFIG, tls);
+    }
+    if (rv == 0) {
+        rv = nng_dialer_start(d, NNG_FLAG_NONBLOCK);
+    }
+    if (tls != NULL) {
+        nng_tls_config_free(tls); /* the dialer holds its own reference */
+    }
+    return rv;
+}
+
+kvx_status_t kvn_client_open_sec(const char *host, uint32_t port, int nctx,
+                                 const kvt_ctl_sec_t *sec,
+                                 kvn_client_t **cli_p)
+{
     kvn_client_t *cli = calloc(1, sizeof(*cli));
+    kvx_status_t  st;
     int           rv;
 
     if (cli == NULL) {
@@ -270,7 +450,7 @@ kvx_status_t kvn_client_open_async(const char *host, uint32_t port, int nctx,
     nctx = nctx < 0 ? 0 : (nctx > KVN_MAX_CTX ? KVN_MAX_CTX : nctx);
     pthread_mutex_init(&cli->lock, NULL);
     pthread_mutex_init(&cli->wlock, NULL);
-    kvn_url(host, port, cli->url, sizeof(cli->url));
+    kvn_url_sec(host, port, sec, cli->url, sizeof(cli->url));
     if ((rv = nng_req0_open(&cli->sock)) != 0) {
         pthread_mutex_destroy(&cli->lock);
         pthread_mutex_destroy(&cli->wlock);
@@ -307,10 +487,11 @@ kvx_status_t kvn_client_open_async(const char *host, uint32_t port, int nctx,
         }
         cli->nctx = i + 1;
     }
-    if ((rv = nng_dial(cli->sock, cli->url, NULL, NNG_FLAG_NONBLOCK)) != 0) {
-        kvx_status_t st = kvc_error(KVX_ERR_CONTROL, "dial %s: %s", cli->url,
-                                    nng_strerror(rv));
-
+    if ((rv = kvn_dial(cli, sec, &st)) != 0) {
+        if (st == KVX_OK) {
+            st = kvc_error(KVX_ERR_CONTROL, "dial %s: %s", cli->url,
+                           nng_strerror(rv));
+        }
         kvn_client_close(cli);
         return st;
     }
@@ -556,11 +737,12 @@ const char *kvn_client_url(const kvn_client_t *cli)
 
 static kvx_status_t kvn_ops_server_create(const char *host, uint32_t port,
                                           int nctx, size_t max_msg,
+                                          const kvt_ctl_sec_t *sec,
                                           kvt_handler_fn fn, void *arg,
                                           kvt_server_t **srv_p)
 {
-    return kvn_server_create(host, port, nctx, max_msg, fn, arg,
-                             (kvn_server_t **)srv_p);
+    return kvn_server_create_sec(host, port, nctx, max_msg, sec, fn, arg,
+                                 (kvn_server_t **)srv_p);
 }
 
 static void kvn_ops_server_destroy(kvt_server_t *srv)
@@ -569,9 +751,10 @@ static void kvn_ops_server_destroy(kvt_server_t *srv)
 }
 
 static kvx_status_t kvn_ops_client_open(const char *host, uint32_t port,
-                                        int nctx, kvt_client_t **cli_p)
+                                        int nctx, const kvt_ctl_sec_t *sec,
+                                        kvt_client_t **cli_p)
 {
-    return kvn_client_open_async(host, port, nctx, (kvn_client_t **)cli_p);
+    return kvn_client_open_sec(host, port, nctx, sec, (kvn_client_t **)cli_p);
 }
 
 static kvx_status_t kvn_ops_client_post(kvt_client_t *cli, const void *msg,

@@ -30,8 +30,11 @@ typedef kvt_reply_fn   kvn_reply_fn;
 
 #define KVN_FROM_MAX 64
 
-/* kvn_url formats "tcp://host:port" ("tcp://[v6]:port" for IPv6). */
+/* kvn_url formats "tcp://host:port" ("tcp://[v6]:port" for IPv6);
+ * kvn_url_sec "tls+tcp://..." when sec turns TLS on. */
 void kvn_url(const char *host, uint32_t port, char *buf, size_t len);
+void kvn_url_sec(const char *host, uint32_t port, const kvt_ctl_sec_t *sec,
+                 char *buf, size_t len);
 
 /* kvn_server_create binds a REP socket at host:port (host "0.0.0.0" or "::"
  * for any) with nctx contexts. Messages above max_msg bytes are dropped by
@@ -39,6 +42,13 @@ void kvn_url(const char *host, uint32_t port, char *buf, size_t len);
 kvx_status_t kvn_server_create(const char *host, uint32_t port, int nctx,
                                size_t max_msg, kvn_handler_fn fn, void *arg,
                                kvn_server_t **srv_p);
+/* kvn_server_create_sec: the same with mutual TLS when sec is non-NULL
+ * with cert_file set (kvt.h); a reply not taken by its connection within
+ * KVN_REPLY_TIMEOUT_MS closes that connection. */
+kvx_status_t kvn_server_create_sec(const char *host, uint32_t port, int nctx,
+                                   size_t max_msg, const kvt_ctl_sec_t *sec,
+                                   kvn_handler_fn fn, void *arg,
+                                   kvn_server_t **srv_p);
 void         kvn_server_destroy(kvn_server_t *srv);
 
 /* kvn_client_open creates a REQ socket that dials host:port in the
@@ -65,6 +75,10 @@ kvx_status_t kvn_client_request(kvn_client_t *cli, const void *msg,
 
 kvx_status_t kvn_client_open_async(const char *host, uint32_t port, int nctx,
                                    kvn_client_t **cli_p);
+/* kvn_client_open_sec: kvn_client_open_async with mutual TLS (kvt.h). */
+kvx_status_t kvn_client_open_sec(const char *host, uint32_t port, int nctx,
+                                 const kvt_ctl_sec_t *sec,
+                                 kvn_client_t **cli_p);
 /* kvn_client_post copies msg and sends it on a free context. KVX_OK: fn
  * will be called. KVX_ERR_BAD_STATE: every context is busy (nothing sent,
  * fn not called); other errors: nothing sent, fn not called. */

@@ -986,6 +986,28 @@ static kvx_status_t kvu_mem_finish(kvu_ctx_t *ctx, kvu_mem_t *mem)
     return KVX_OK;
 }
 
+/* kvu_mem_prot: ucp_mem_map protection for the context's remote_access
+ * (kvt.h); sets the field in mp unless it is the default. */
+static void kvu_mem_prot(const kvu_ctx_t *ctx, ucp_mem_map_params_t *mp)
+{
+    unsigned prot = UCP_MEM_MAP_PROT_LOCAL_READ | UCP_MEM_MAP_PROT_LOCAL_WRITE;
+
+    switch (ctx->params.remote_access) {
+    case KVT_ACCESS_READ:
+        prot |= UCP_MEM_MAP_PROT_REMOTE_READ;
+        break;
+    case KVT_ACCESS_WRITE:
+        prot |= UCP_MEM_MAP_PROT_REMOTE_WRITE;
+        break;
+    case KVT_ACCESS_LOCAL:
+        break;
+    default:
+        return;
+    }
+    mp->field_mask |= UCP_MEM_MAP_PARAM_FIELD_PROT;
+    mp->prot        = prot;
+}
+
 kvx_status_t kvu_mem_register(kvu_ctx_t *ctx, void *base, size_t len,
                               int mem_type, kvu_mem_t **mem_p)
 {
@@ -1015,6 +1037,7 @@ kvx_status_t kvu_mem_register(kvu_ctx_t *ctx, void *base, size_t len,
     mp.address     = base;
     mp.length      = len;
     mp.memory_type = mt;
+    kvu_mem_prot(ctx, &mp);
     pthread_mutex_lock(&ctx->lock);
     st = ucp_mem_map(ctx->ucp, &mp, &mem->memh);
     pthread_mutex_unlock(&ctx->lock);
@@ -1051,6 +1074,7 @@ kvx_status_t kvu_mem_alloc(kvu_ctx_t *ctx, size_t len, kvu_mem_t **mem_p,
     mp.address    = NULL;
     mp.length     = len;
     mp.flags      = UCP_MEM_MAP_ALLOCATE;
+    kvu_mem_prot(ctx, &mp);
     st = ucp_mem_map(ctx->ucp, &mp, &mem->memh);
     if (st != UCS_OK) {
         free(mem);

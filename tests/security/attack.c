@@ -1,0 +1,495 @@
+/*
+ * attack.c - a hostile process against a running kvxfer engine's control
+ * plane (tests/security/run_security.sh). It has its own nng code and no
+ * kvxfer code: what anyone who can reach the ports could run. Each command
+ * tries one attack and exits 0 only when the engine refused it the way it
+ * must; it prints one line saying what happened.
+ *
+ *   attack wait    HOST PORT SECS        the port accepts TCP (deadline)
+ *   attack forge   SRC HOST HSPORT NPORT handshake request and forged
+ *                                        release/write_done/remote_blocks
+ *                                        from source address SRC: each
+ *                                        answered {"ok":false,...}, no
+ *                                        metadata
+ *   attack plain   HOST PORT             plain TCP to a TLS port: no answer
+ *   attack tlsid   HOST PORT CERT KEY CA NAME
+ *                                        TLS with this certificate: no answer
+ *   attack stall   HOST PORT N SECS      raw SP connection, N requests,
+ *                                        never reads; held SECS seconds
+ *   attack big     HOST PORT MIB         one MIB-MiB message: no answer (the
+ *                                        connection is dropped)
+ *   attack fetch   HOST PORT FILE        an engine's metadata into FILE
+ *   attack respond HOST PORT MODE SECS FILE
+ *                                        fake handshake responder for SECS:
+ *                                        the metadata in FILE altered by
+ *                                        MODE (fake_meta)
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <json-c/json.h>
+#include <netinet/in.h>
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/rep.h>
+#include <nng/protocol/reqrep0/req.h>
+#include <nng/supplemental/tls/tls.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#define NO_REPLY_MS 2000
+
+static double now_s(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static int tcp_connect(const char *host, int port)
+{
+    struct sockaddr_in sa;
+    int                fd = socket(AF_INET, SOCK_STREAM, 0);
+
+    memset(&sa, 0, sizeof(sa));
+    sa.sin_family = AF_INET;
+    sa.sin_port   = htons((uint16_t)port);
+    if (fd < 0 || inet_pton(AF_INET, host, &sa.sin_addr) != 1 ||
+        connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
+        if (fd >= 0) {
+            close(fd);
+        }
+        return -1;
+    }
+    return fd;
+}
+
+/* req_open: a REQ socket dialled (blocking, deadline) at url, with TLS when
+ * tls is non-NULL. */
+static int req_open(const char *url, nng_tls_config *tls, nng_socket *s)
+{
+    nng_dialer d;
+    int        rv;
+
+    if ((rv = nng_req0_open(s)) != 0) {
+        return rv;
+    }
+    nng_socket_set_ms(*s, NNG_OPT_SENDTIMEO, NO_REPLY_MS);
+    nng_socket_set_ms(*s, NNG_OPT_RECVTIMEO, NO_REPLY_MS);
+    nng_socket_set_ms(*s, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
+    if ((rv = nng_dialer_create(&d, *s, url)) != 0) {
+        return rv;
+    }
+    if (tls != NULL && (rv = nng_dialer_set_ptr(d, NNG_OPT_TLS_CONFIG,
+                                                tls)) != 0) {
+        return rv;
+    }
+    return nng_dialer_start(d, NNG_FLAG_NONBLOCK);
+}
+
+/* request: one round trip; the reply (NUL-terminated, malloc'd) or NULL. */
+static char *request(nng_socket s, const char *msg, size_t len, int *rv_p)
+{
+    char  *buf = NULL;
+    size_t n   = 0;
+    char  *out;
+
+    if ((*rv_p = nng_send(s, (void *)msg, len, 0)) != 0 ||
+        (*rv_p = nng_recv(s, &buf, &n, NNG_FLAG_ALLOC)) != 0) {
+        return NULL;
+    }
+    out = malloc(n + 1);
+    memcpy(out, buf, n);
+    out[n] = '\0';
+    nng_free(buf, n);
+    return out;
+}
+
+static int cmd_wait(char **a)
+{
+    double end = now_s() + atof(a[2]);
+
+    while (now_s() < end) {
+        int fd = tcp_connect(a[0], atoi(a[1]));
+
+        if (fd >= 0) {
+            close(fd);
+            return 0;
+        }
+        poll(NULL, 0, 20);
+    }
+    printf("wait: %s:%s not listening after %s s\n", a[0], a[1], a[2]);
+    return 1;
+}
+
+/* refused: a reply that is an error naming no metadata. */
+static int refused(const char *what, const char *reply, int rv)
+{
+    if (reply == NULL) {
+        printf("forge %s: no reply (%s): FAIL, expected a refusal\n", what,
+               nng_strerror(rv));
+        return 1;
+    }
+    if (strstr(reply, "\"ok\":false") == NULL ||
+        strstr(reply, "worker_addr") != NULL) {
+        printf("forge %s: answered '%.120s': FAIL\n", what, reply);
+        return 1;
+    }
+    printf("forge %s: refused (%.80s)\n", what, reply);
+    return 0;
+}
+
+static int cmd_forge(char **a)
+{
+    static const char *msgs[] = {
+        "{\"type\":\"release\",\"transfer_id\":\"tx-forged\"}",
+        "{\"type\":\"write_done\",\"transfer_id\":\"tx-forged\"}",
+        "{\"type\":\"remote_blocks\",\"transfer_id\":\"tx-forged\","
+        "\"block_ids\":[0,1,2]}",
+        "tx-forged",
+    };
+    const char *hs = "{\"type\":\"get_meta\",\"version\":1}";
+    char        url[256];
+    nng_socket  s;
+    int         bad = 0, rv;
+    char       *r;
+
+    snprintf(url, sizeof(url), "tcp://%s;%s:%s", a[0], a[1], a[2]);
+    if ((rv = req_open(url, NULL, &s)) != 0) {
+        printf("forge: dial %s: %s\n", url, nng_strerror(rv));
+        return 1;
+    }
+    r    = request(s, hs, strlen(hs), &rv);
+    bad |= refused("get_meta", r, rv);
+    free(r);
+    nng_close(s);
+    snprintf(url, sizeof(url), "tcp://%s;%s:%s", a[0], a[1], a[3]);
+    if ((rv = req_open(url, NULL, &s)) != 0) {
+        printf("forge: dial %s: %s\n", url, nng_strerror(rv));
+        return 1;
+    }
+    for (size_t i = 0; i < sizeof(msgs) / sizeof(msgs[0]); i++) {
+        r    = request(s, msgs[i], strlen(msgs[i]), &rv);
+        bad |= refused(msgs[i], r, rv);
+        free(r);
+    }
+    nng_close(s);
+    return bad;
+}
+
+/* no_answer: a request over url (TLS with tls) must get nothing back. */
+static int no_answer(const char *what, const char *url, nng_tls_config *tls)
+{
+    const char *hs = "{\"type\":\"get_meta\",\"version\":1}";
+    nng_socket  s;
+    int         rv;
+    char       *r;
+
+    if ((rv = req_open(url, tls, &s)) != 0) {
+        printf("%s: dial %s: %s\n", what, url, nng_strerror(rv));
+        return 1;
+    }
+    r = request(s, hs, strlen(hs), &rv);
+    nng_close(s);
+    if (r != NULL) {
+        printf("%s: answered '%.120s': FAIL\n", what, r);
+        free(r);
+        return 1;
+    }
+    printf("%s: no answer within %d ms (%s)\n", what, NO_REPLY_MS,
+           nng_strerror(rv));
+    return 0;
+}
+
+static int cmd_plain(char **a)
+{
+    char url[256];
+
+    snprintf(url, sizeof(url), "tcp://%s:%s", a[0], a[1]);
+    return no_answer("plain", url, NULL);
+}
+
+static char *read_file(const char *path)
+{
+    FILE  *f   = fopen(path, "rb");
+    char  *buf = calloc(1, 1 << 20);
+    size_t n;
+
+    if (f == NULL || buf == NULL) {
+        fprintf(stderr, "cannot read %s\n", path);
+        exit(2);
+    }
+    n = fread(buf, 1, (1 << 20) - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    return buf;
+}
+
+static int cmd_tlsid(char **a)
+{
+    nng_tls_config *tls;
+    char            url[256];
+    char           *cert = read_file(a[2]), *key = read_file(a[3]);
+    int             rc;
+
+    if (nng_tls_config_alloc(&tls, NNG_TLS_MODE_CLIENT) != 0 ||
+        nng_tls_config_own_cert(tls, cert, key, NULL) != 0 ||
+        nng_tls_config_ca_file(tls, a[4]) != 0 ||
+        nng_tls_config_server_name(tls, a[5]) != 0) {
+        printf("tlsid: TLS configuration failed\n");
+        return 1;
+    }
+    snprintf(url, sizeof(url), "tls+tcp://%s:%s", a[0], a[1]);
+    rc = no_answer("tlsid", url, tls);
+    nng_tls_config_free(tls);
+    free(cert);
+    free(key);
+    return rc;
+}
+
+/* sp_frame appends one SP/TCP message (8-byte length, REQ request id,
+ * body) to buf. */
+static size_t sp_frame(uint8_t *buf, uint32_t id, const char *body)
+{
+    size_t   blen = strlen(body), n = 4 + blen;
+    uint32_t rid  = htonl(0x80000000u | id);
+
+    for (int i = 0; i < 8; i++) {
+        buf[i] = (uint8_t)(n >> (56 - 8 * i));
+    }
+    memcpy(buf + 8, &rid, 4);
+    memcpy(buf + 12, body, blen);
+    return 12 + blen;
+}
+
+/* stall_once: one raw SP connection that sends n handshake requests and
+ * never reads a reply; 0 when the engine dropped it within hold_s. */
+static int stall_once(const char *host, int port, int n, double hold_s)
+{
+    static const uint8_t hdr[8] = {0, 'S', 'P', 0, 0, 0x30, 0, 0};
+    const char          *hs     = "{\"type\":\"get_meta\",\"version\":1}";
+    int                  fd     = tcp_connect(host, port);
+    double               end    = now_s() + hold_s;
+    uint8_t              peer[8], msg[256];
+    int                  rcvbuf = 4096, i;
+    struct timeval       tv     = {.tv_sec = (time_t)hold_s};
+    struct pollfd        pfd;
+
+    if (fd < 0) {
+        printf("stall: cannot connect\n");
+        return 1;
+    }
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf));
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    if (write(fd, hdr, 8) != 8 || read(fd, peer, 8) != 8) {
+        printf("stall: SP header exchange failed\n");
+        close(fd);
+        return 1;
+    }
+    /* From here on nothing is read: the replies pile up in the engine. */
+    for (i = 0; i < n && now_s() < end; i++) {
+        size_t len = sp_frame(msg, (uint32_t)i + 1, hs);
+
+        if (write(fd, msg, len) != (ssize_t)len) {
+            break;
+        }
+    }
+    pfd.fd     = fd;
+    pfd.events = POLLRDHUP;
+    while (now_s() < end) {
+        if (poll(&pfd, 1, 50) == 1 &&
+            (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) {
+            close(fd);
+            return 0;
+        }
+    }
+    printf("stall: connection (%d requests sent, none read) still held "
+           "after %.1f s: FAIL\n", i, hold_s);
+    close(fd);
+    return 1;
+}
+
+/* cmd_stall: stalled connections one after another for SECS seconds (so
+ * one is always parked while the legitimate transfer runs); each must be
+ * dropped within 5 s. */
+static int cmd_stall(char **a)
+{
+    double end   = now_s() + atof(a[3]);
+    int    drops = 0;
+
+    while (now_s() < end) {
+        int fd = tcp_connect(a[0], atoi(a[1]));
+
+        if (fd < 0 && drops > 0) {
+            break; /* the engine's process finished meanwhile */
+        }
+        if (fd >= 0) {
+            close(fd);
+        }
+        if (stall_once(a[0], atoi(a[1]), atoi(a[2]), 5.0) != 0) {
+            return 1;
+        }
+        drops++;
+    }
+    printf("stall: %d stalled connections, each dropped by the engine\n",
+           drops);
+    return drops > 0 ? 0 : 1;
+}
+
+static int cmd_big(char **a)
+{
+    size_t len = (size_t)atoi(a[2]) << 20;
+    char  *buf = malloc(len);
+    char   url[256];
+    int    rc;
+
+    memset(buf, ' ', len);
+    buf[0] = '{';
+    buf[len - 1] = '}';
+    snprintf(url, sizeof(url), "tcp://%s:%s", a[0], a[1]);
+    {
+        nng_socket s;
+        int        rv;
+        char      *r;
+
+        if ((rv = req_open(url, NULL, &s)) != 0) {
+            printf("big: dial: %s\n", nng_strerror(rv));
+            return 1;
+        }
+        r = request(s, buf, len, &rv);
+        nng_close(s);
+        rc = r != NULL;
+        printf("big: %zu-byte message: %s\n", len,
+               r != NULL ? "answered: FAIL" : "no answer (dropped)");
+        free(r);
+    }
+    free(buf);
+    return rc;
+}
+
+/* cmd_fetch: a real engine's handshake metadata into a file (as a peer
+ * would get it). */
+static int cmd_fetch(char **a)
+{
+    const char *hs = "{\"type\":\"get_meta\",\"version\":1}";
+    char        url[256];
+    nng_socket  s;
+    FILE       *f;
+    char       *r;
+    int         rv;
+
+    snprintf(url, sizeof(url), "tcp://%s:%s", a[0], a[1]);
+    if ((rv = req_open(url, NULL, &s)) != 0 ||
+        (r = request(s, hs, strlen(hs), &rv)) == NULL) {
+        printf("fetch: %s: %s\n", url, nng_strerror(rv));
+        return 1;
+    }
+    nng_close(s);
+    f = fopen(a[2], "w");
+    if (f == NULL || fputs(r, f) < 0 || fclose(f) != 0) {
+        printf("fetch: cannot write %s\n", a[2]);
+        return 1;
+    }
+    free(r);
+    return 0;
+}
+
+/* fake_meta: a real engine's metadata (from file) turned into a lie: other_engine serves it as is (it names the real
+ * engine, not the one dialled); the bad_* modes claim to be the responder
+ * but carry a worker address (bad_addr) or rkey (bad_rkey) far too long,
+ * or a layer whose blocks do not fit its length (bad_layer). */
+static char *fake_meta(const char *host, int port, const char *mode,
+                       const char *file)
+{
+    char         id[300];
+    json_object *o, *layer;
+    char        *out, *blob;
+
+    if ((o = json_object_from_file(file)) == NULL) {
+        printf("respond: cannot read metadata from %s\n", file);
+        exit(1);
+    }
+    if (strcmp(mode, "other_engine") != 0) {
+        snprintf(id, sizeof(id), "%s:%d", host, port);
+        json_object_object_add(o, "engine_id", json_object_new_string(id));
+        json_object_object_add(o, "handshake_port", json_object_new_int(port));
+    }
+    blob = calloc(1, 400001);
+    memset(blob, 'A', 400000);
+    layer = json_object_array_get_idx(json_object_object_get(o, "layers"), 0);
+    if (strcmp(mode, "bad_addr") == 0) {
+        json_object_object_add(o, "worker_addr", json_object_new_string(blob));
+    } else if (strcmp(mode, "bad_rkey") == 0) {
+        blob[40000] = '\0';
+        json_object_object_add(layer, "rkey", json_object_new_string(blob));
+    } else if (strcmp(mode, "bad_layer") == 0) {
+        json_object_object_add(layer, "length",
+                               json_object_new_string("4096"));
+    }
+    free(blob);
+    out = strdup(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
+    json_object_put(o);
+    return out;
+}
+
+static int cmd_respond(char **a)
+{
+    char       url[256];
+    char      *meta = fake_meta(a[0], atoi(a[1]), a[2], a[4]);
+    double     end  = now_s() + atof(a[3]);
+    nng_socket s;
+    int        served = 0;
+
+    snprintf(url, sizeof(url), "tcp://%s:%s", a[0], a[1]);
+    if (nng_rep0_open(&s) != 0 || nng_listen(s, url, NULL, 0) != 0) {
+        printf("respond: cannot listen on %s\n", url);
+        return 1;
+    }
+    nng_socket_set_ms(s, NNG_OPT_RECVTIMEO, 100);
+    nng_socket_set_size(s, NNG_OPT_RECVMAXSZ, 1 << 20);
+    printf("respond: serving %s metadata on %s\n", a[2], url);
+    fflush(stdout);
+    while (now_s() < end) {
+        char  *buf;
+        size_t n;
+
+        if (nng_recv(s, &buf, &n, NNG_FLAG_ALLOC) == 0) {
+            nng_free(buf, n);
+            nng_send(s, meta, strlen(meta), 0);
+            served++;
+        }
+    }
+    printf("respond: %s metadata served %d times\n", a[2], served);
+    nng_close(s);
+    free(meta);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    signal(SIGPIPE, SIG_IGN);
+    static const struct {
+        const char *name;
+        int         nargs;
+        int (*fn)(char **);
+    } cmds[] = {
+        {"wait", 3, cmd_wait},   {"forge", 4, cmd_forge},
+        {"plain", 2, cmd_plain}, {"tlsid", 6, cmd_tlsid},
+        {"stall", 4, cmd_stall}, {"big", 3, cmd_big},
+        {"respond", 5, cmd_respond}, {"fetch", 3, cmd_fetch},
+    };
+
+    for (size_t i = 0; argc >= 2 && i < sizeof(cmds) / sizeof(cmds[0]); i++) {
+        if (strcmp(argv[1], cmds[i].name) == 0 && argc == cmds[i].nargs + 2) {
+            return cmds[i].fn(argv + 2);
+        }
+    }
+    fprintf(stderr, "usage: see the head of tests/security/attack.c\n");
+    return 2;
+}

@@ -1,0 +1,239 @@
+#!/bin/bash
+# run_security.sh - attacks on real engines while a legitimate transfer
+# runs (issue 11). P and D are kvxfer_demo processes (one prefill, one
+# decode, READ mode, tiny model); the attacker is tests/security/attack.c, a
+# separate process with its own nng code. Source addresses on loopback stand
+# for hosts: 127.0.0.1 is the trusted host, 127.0.0.2 an untrusted one
+# (trusted_remote_hosts = 127.0.0.1/32).
+#
+#   plain   no TLS: forged handshake request and forged release /
+#           write_done / remote_blocks / bare transfer id from the untrusted
+#           host are refused (no metadata leaves); a connection that sends
+#           thousands of handshake requests and never reads is dropped
+#           while D's handshake and transfer complete; a 9 MiB message is
+#           dropped; D verifies every byte and P sees its release.
+#   fake    fake handshake responders (another engine's metadata replayed
+#           on another port; worker address, rkey or layer length that the
+#           local side must not accept): D refuses each with the rule.
+#   tls     mutual TLS (certificates made here with openssl): plain TCP,
+#           a certificate of the right CA with the wrong name and one of
+#           another CA with the right name all get no answer, while the
+#           legitimate TLS transfer is byte-exact; a TLS D refuses a plain
+#           responder.
+#
+# Usage: run_security.sh ATTACK DEMO. Prints "N passed, M failed".
+set -uo pipefail
+ATTACK=$1
+DEMO=$2
+WORK=$(mktemp -d /tmp/kvx-security.XXXXXX)
+PIDS=()
+pass=0
+failed=0
+
+cleanup() {
+    for p in "${PIDS[@]}"; do
+        kill "$p" 2>/dev/null
+    done
+    wait 2>/dev/null
+    [ -n "${KVX_SECURITY_KEEP:-}" ] && echo "kept $WORK" || rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+ok() { echo "PASS: $*"; pass=$((pass + 1)); }
+# sanitizer_clean FILE...: no ASan/UBSan report in the processes' output
+# (an expected failure must not hide a crash).
+sanitizer_clean() {
+    ! grep -l "ERROR: AddressSanitizer\|runtime error:\|ERROR: LeakSanitizer" "$@" 2>/dev/null
+}
+bad() { echo "FAIL: $*"; failed=$((failed + 1)); }
+
+# Under LeakSanitizer the prefill process that faced the stalled reader
+# reports a few lost reply messages (~1.8 KB each, allocated in libnng for
+# kvn's reply path) after connections with queued replies were closed. The
+# likely cause, from reading libnng 1.5's rep0 (not proven): a queued reply
+# handed to a pipe whose send aio the closing pipe already stopped is never
+# freed (rep0_pipe_fini frees only the receive message). The stalled-reader
+# attack closes such connections on purpose,
+# so under LeakSanitizer the prefill process reports those replies (one
+# message of ~1.8 KB each, allocated by kvn's reply path). Suppressed here,
+# for this test only, by the library's name.
+printf 'leak:libnng.so.1\n' >"$WORK/lsan.supp"
+export LSAN_OPTIONS="suppressions=$WORK/lsan.supp${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
+
+# Ports: a base chosen per run; the demo binds P at B, B+1 and D at B+2, B+3.
+BASE=$((21000 + ($$ % 1000) * 8))
+H=127.0.0.1
+U=127.0.0.2
+RIDP() { # request id naming P at handshake port $1
+    echo "___prefill_addr_host:$H,handshake:$1,notify:$(($1 + 1))___decode_addr_host:$H,handshake:$((BASE + 2)),notify:$((BASE + 3))_0123456789abcdef0123456789abcdef"
+}
+
+# --- certificates ---------------------------------------------------------
+cert() { # dir name cn ca_dir
+    openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
+        -keyout "$1/$2.key" -out "$1/$2.csr" -subj "/CN=$3" 2>/dev/null &&
+    openssl x509 -req -in "$1/$2.csr" -CA "$4/ca.crt" -CAkey "$4/ca.key" \
+        -CAcreateserial -out "$1/$2.crt" -days 2 2>/dev/null
+}
+ca() { # dir cn
+    mkdir -p "$1" &&
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 \
+        -nodes -keyout "$1/ca.key" -out "$1/ca.crt" -subj "/CN=$2" \
+        -days 2 2>/dev/null
+}
+if ! ca "$WORK/pki" kvxfer-test-ca || ! cert "$WORK/pki" peer kvxfer-peer "$WORK/pki" ||
+   ! cert "$WORK/pki" intruder intruder "$WORK/pki" ||
+   ! ca "$WORK/rogue" kvxfer-rogue-ca || ! cert "$WORK/rogue" peer kvxfer-peer "$WORK/rogue"; then
+    echo "cannot make certificates with openssl"
+    exit 1
+fi
+
+# start_p PORT EXTRA...: a prefill process holding tx-1 for D.
+start_p() {
+    local port=$1
+    shift
+    "$DEMO" --model tiny --role prefill --hs-port "$port" \
+        --notify-port $((port + 1)) --transfer-id tx-1 \
+        --request-id "$(RIDP "$port")" --trusted $H/32 --timeout 60 "$@" \
+        >"$WORK/p.out" 2>>"$WORK/p.err" &
+    P_PID=$!
+    PIDS+=("$P_PID")
+    "$ATTACK" wait $H "$port" 30 || return 1
+    for _ in $(seq 1 300); do
+        grep -q '^PARAMS' "$WORK/p.out" && return 0
+        sleep 0.1 # polls a file the process writes; bounded (30 s)
+    done
+    return 1
+}
+
+# run_d HSPORT OUT EXTRA...: the decode process reading tx-1 from a P whose
+# handshake port is HSPORT (the real one or a fake).
+run_d() {
+    local hs=$1 out=$2
+    shift 2
+    grep -m1 '^PARAMS' "$WORK/p.out" |
+        sed -e "s/\"remote_handshake_port\":[0-9]*/\"remote_handshake_port\":$hs/" \
+            -e "s/\"remote_notify_port\":[0-9]*/\"remote_notify_port\":$((hs + 1))/" |
+        timeout -k 5 60 "$DEMO" --model tiny --role decode --hs-port $((BASE + 2)) \
+            --notify-port $((BASE + 3)) --transfer-id tx-1 \
+            --request-id "$(RIDP "$hs")" --trusted $H/32 --timeout 30 "$@" \
+            >"$out" 2>&1
+    local rc=$?
+    cat "$out" >>"$WORK/all-d.out"
+    return $rc
+}
+
+# wait_p: P's exit status, or failure when it is still running after 60 s
+# (a hang is a defect to report, not a test to wait out).
+wait_p() {
+    local end=$((SECONDS + 60))
+    while kill -0 "$P_PID" 2>/dev/null && [ $SECONDS -lt $end ]; do
+        sleep 0.2 # polls the condition (P exited); bounded by the deadline
+    done
+    if kill -0 "$P_PID" 2>/dev/null; then
+        echo "P (pid $P_PID) still running after 60 s"
+        kill -9 "$P_PID"
+        return 1
+    fi
+    wait "$P_PID"
+}
+
+# --- plain: forged messages, stalled reader, big message -------------------
+echo "== plain"
+if start_p "$BASE"; then
+    "$ATTACK" stall $H "$BASE" 20000 8 >"$WORK/stall.out" 2>&1 &
+    STALL=$!
+    PIDS+=("$STALL")
+    "$ATTACK" forge $U $H "$BASE" $((BASE + 1)) && ok "forged messages from an untrusted host refused" ||
+        bad "forged messages from an untrusted host"
+    "$ATTACK" big $H $((BASE + 1)) 9 && ok "9 MiB message dropped" || bad "big message answered"
+    if run_d "$BASE" "$WORK/d.out"; then
+        grep -q "verified" "$WORK/d.out" && ok "D byte-exact during the attacks" ||
+            bad "D did not verify"
+    else
+        bad "legitimate transfer failed during the attacks: $(tail -3 "$WORK/d.out")"
+    fi
+    wait "$STALL" && ok "stalled reader dropped ($(tail -1 "$WORK/stall.out"))" ||
+        bad "stalled reader: $(cat "$WORK/stall.out")"
+    wait_p && ok "P released by D" || bad "P failed: $(tail -3 "$WORK/p.err")"
+else
+    bad "prefill did not start: $(tail -3 "$WORK/p.err")"
+fi
+
+# --- fake handshake responders --------------------------------------------
+echo "== fake responders"
+declare -A RULE=(
+    [other_engine]="must be the engine dialled"
+    [bad_addr]="worker_addr: 300000 bytes: must be 1..65536"
+    [bad_rkey]="layers\[0\].rkey: 30000 bytes: must be 1..16384"
+    [bad_layer]="must be non-empty, not wrap and fit the length"
+)
+if start_p "$BASE" && "$ATTACK" fetch $H "$BASE" "$WORK/meta.json"; then
+    F=$((BASE + 4))
+    for mode in other_engine bad_addr bad_rkey bad_layer; do
+        "$ATTACK" respond $H $F $mode 20 "$WORK/meta.json" >"$WORK/resp.out" 2>&1 &
+        R=$!
+        PIDS+=("$R")
+        "$ATTACK" wait $H $F 10 >/dev/null
+        if run_d $F "$WORK/d-$mode.out"; then
+            bad "$mode: D accepted the fake reply"
+        elif grep -q "${RULE[$mode]}" "$WORK/d-$mode.out"; then
+            ok "$mode: D refused the reply (${RULE[$mode]})"
+        else
+            bad "$mode: D failed without the rule: $(grep -m1 HANDSHAKE "$WORK/d-$mode.out"); responder: $(cat "$WORK/resp.out"); P: $(tail -2 "$WORK/p.err")"
+        fi
+        kill "$R" 2>/dev/null
+        wait "$R" 2>/dev/null
+    done
+    kill "$P_PID" 2>/dev/null
+    wait "$P_PID" 2>/dev/null
+else
+    bad "prefill did not start: $(tail -3 "$WORK/p.err")"
+fi
+
+# --- TLS: wrong identities --------------------------------------------------
+echo "== tls"
+T="--tls-dir $WORK/pki"
+if start_p "$BASE" $T; then
+    "$ATTACK" plain $H "$BASE" && "$ATTACK" plain $H $((BASE + 1)) &&
+        ok "plain TCP to TLS ports: no answer" || bad "plain TCP answered"
+    "$ATTACK" tlsid $H "$BASE" "$WORK/pki/intruder.crt" "$WORK/pki/intruder.key" \
+        "$WORK/pki/ca.crt" kvxfer-peer &&
+        ok "right CA, wrong name: no answer" || bad "wrong-name certificate answered"
+    "$ATTACK" tlsid $H $((BASE + 1)) "$WORK/rogue/peer.crt" "$WORK/rogue/peer.key" \
+        "$WORK/pki/ca.crt" kvxfer-peer &&
+        ok "other CA, right name: no answer" || bad "rogue-CA certificate answered"
+    if run_d "$BASE" "$WORK/d.out" $T && grep -q verified "$WORK/d.out"; then
+        ok "TLS transfer byte-exact during the attacks"
+    else
+        bad "TLS transfer failed: $(tail -3 "$WORK/d.out")"
+    fi
+    wait_p && ok "TLS P released by D" || bad "TLS P failed: $(tail -3 "$WORK/p.err")"
+else
+    bad "TLS prefill did not start: $(tail -3 "$WORK/p.err")"
+fi
+# A TLS D refuses a plain responder (plain refused both ways).
+if start_p "$BASE" $T; then
+    F=$((BASE + 4))
+    "$ATTACK" respond $H $F other_engine 20 "$WORK/meta.json" >/dev/null 2>&1 &
+    R=$!
+    PIDS+=("$R")
+    "$ATTACK" wait $H $F 10 >/dev/null
+    if run_d $F "$WORK/d-plain.out" $T; then
+        bad "TLS D accepted a plain responder"
+    elif grep -q "tls+tcp" "$WORK/d-plain.out" && ! grep -q "HANDSHAKE-OK" "$WORK/d-plain.out"; then
+        ok "TLS D got nothing from a plain responder"
+    else
+        bad "TLS D vs plain responder: $(grep -m1 -i handshake "$WORK/d-plain.out")"
+    fi
+    kill "$R" "$P_PID" 2>/dev/null
+    wait "$R" "$P_PID" 2>/dev/null
+fi
+
+if sanitizer_clean "$WORK"/*.out "$WORK"/*.err; then
+    ok "no sanitizer report from any process"
+else
+    bad "sanitizer reports (above)"
+fi
+echo "$pass passed, $failed failed"
+[ "$failed" = 0 ]
