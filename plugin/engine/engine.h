@@ -100,6 +100,12 @@ typedef struct kvc_peer {
     kvc_hs_meta_t     meta;         /* valid when READY */
     uint64_t          inst;         /* the peer's instance id as last seen
                                        (handshake, replies); 0 unknown */
+    uint64_t          lost_inst;    /* during mode->peer_failed: the
+                                       instance that is gone (transfers
+                                       bound to another one live on) */
+    uint64_t          new_inst;     /* a message came from this instance,
+                                       not inst: a restart, handled on the
+                                       progress owner (kvc_peers_check_conn) */
     /* Written by the control plane's watch callback (no engine lock). */
     _Atomic uint64_t  conn_down_us; /* control connection lost at (0: up
                                        or never connected) */
@@ -425,6 +431,18 @@ int         kvc_peer_lost(kvc_peer_t *peer, kvx_status_t status,
  * kvc_peer_lost. */
 int         kvc_peer_saw_instance(kvc_peer_t *peer, uint64_t inst,
                                   kvc_peer_conn_t *c);
+/* kvc_peer_bound_lost: during mode->peer_failed, whether a transfer bound
+ * to instance inst (0: not bound) of peer is hit. */
+static inline int kvc_peer_bound_lost(const kvc_peer_t *peer, uint64_t inst)
+{
+    return inst == 0 || peer->lost_inst == 0 || inst == peer->lost_inst;
+}
+/* kvc_peer_note_instance: a message of a transfer came from instance inst
+ * of peer (lock held, any thread). Returns 0 when inst is the peer's known
+ * instance (or either is unknown); 1 when it is a new one: the restart is
+ * handled on the next tick, and until then nothing may use the peer's
+ * connection for that transfer. */
+int         kvc_peer_note_instance(kvc_peer_t *peer, uint64_t inst);
 #define KVC_CONN_GRACE_S 1.0 /* control connection lost this long: gone */
 /* kvc_peers_check_conn (tick): peers whose control connection stayed lost
  * past KVC_CONN_GRACE_S are lost. */

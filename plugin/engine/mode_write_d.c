@@ -246,7 +246,8 @@ void kvc_write_d_peer_failed(struct kvx_engine *eng, kvc_peer_t *peer)
             }
             for (k = 0; k < x->nrel && x->rel[k] != peer; k++) {
             }
-            if (k == x->nrel || (x->rel_done >> k & 1)) {
+            if (k == x->nrel || (x->rel_done >> k & 1) ||
+                !kvc_peer_bound_lost(peer, x->rel_inst[k])) {
                 continue;
             }
             if (x->aborting) {

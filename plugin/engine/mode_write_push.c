@@ -264,7 +264,11 @@ static void kvc_write_blocks(struct kvx_engine *eng, kvc_xfer_t *x,
     m->num_block_ids  = 0;
     x->src            = peer;
     kvc_xfer_arm(eng, x, kvc_deadline_us(eng, eng->cfg.transfer_timeout));
-    if (peer->state == KVC_PEER_READY) {
+    if (kvc_peer_note_instance(peer, m->instance)) {
+        /* The D rank restarted: what was bound to its old instance fails
+         * and this transfer waits for a handshake with the new one (the
+         * next tick; kvc_write_peer_ready pumps it). */
+    } else if (peer->state == KVC_PEER_READY) {
         kvc_write_pump(eng, x);
     } else {
         kvc_peer_want_handshake(peer);
@@ -309,6 +313,28 @@ int kvc_write_fanout_end(struct kvx_engine *eng, kvc_xfer_t *x)
     return 0;
 }
 
+/* kvc_write_ready_pump: peer is READY (a handshake completed): x pushes,
+ * unless the instance that answered is not the one x is bound to (the D
+ * rank that sent remote_blocks is gone: its blocks are not this one's). */
+static void kvc_write_ready_pump(struct kvx_engine *eng, kvc_peer_t *peer,
+                                 kvc_xfer_t *x)
+{
+    if (x->peer_inst != 0 && peer->inst != 0 && x->peer_inst != peer->inst &&
+        x->state == KVC_XFER_PUSHING) {
+        char why[KVX_REASON_MAX];
+
+        snprintf(why, sizeof(why), "decode rank %.200s restarted: instance "
+                 "%llu answered the handshake, the transfer's blocks are "
+                 "instance %llu's", peer->name,
+                 (unsigned long long)peer->inst,
+                 (unsigned long long)x->peer_inst);
+        kvc_xfer_fail(x, KVX_ERR_ENDPOINT, why);
+        kvc_write_check(eng, x);
+        return;
+    }
+    kvc_write_pump(eng, x);
+}
+
 void kvc_write_peer_ready(struct kvx_engine *eng, kvc_peer_t *peer)
 {
     for (size_t b = 0; b < eng->nbuckets; b++) {
@@ -318,13 +344,13 @@ void kvc_write_peer_ready(struct kvx_engine *eng, kvc_peer_t *peer)
             kvc_xfer_t *next = x->hnext;
 
             if (x->write && x->is_producer && x->src == peer) {
-                kvc_write_pump(eng, x);
+                kvc_write_ready_pump(eng, peer, x);
             }
             if (x->write && x->is_producer && x->nsubs > 0) {
                 x->fanout = 1;
                 for (uint32_t k = 0; k < x->nsubs; k++) {
                     if (x->subs[k]->src == peer && !x->subs[k]->sub_finished) {
-                        kvc_write_pump(eng, x->subs[k]);
+                        kvc_write_ready_pump(eng, peer, x->subs[k]);
                     }
                 }
                 kvc_write_fanout_end(eng, x);
@@ -347,6 +373,11 @@ void kvc_write_peer_failed(struct kvx_engine *eng, kvc_peer_t *peer)
             kvc_xfer_t *next = x->hnext;
 
             if (x->write && x->is_producer && x->src == peer &&
+                x->state == KVC_XFER_PUSHING &&
+                !kvc_peer_bound_lost(peer, x->peer_inst)) {
+                /* Bound to the peer's new instance: handshake with it. */
+                kvc_peer_want_handshake(peer);
+            } else if (x->write && x->is_producer && x->src == peer &&
                 x->state == KVC_XFER_PUSHING) {
                 kvc_xfer_fail(x, peer->fail_status, peer->fail_reason);
                 kvc_write_check(eng, x);
@@ -356,6 +387,10 @@ void kvc_write_peer_failed(struct kvx_engine *eng, kvc_peer_t *peer)
                     kvc_xfer_t *sub = x->subs[k];
 
                     if (sub->src == peer && !sub->sub_finished &&
+                        sub->state == KVC_XFER_PUSHING &&
+                        !kvc_peer_bound_lost(peer, sub->peer_inst)) {
+                        kvc_peer_want_handshake(peer);
+                    } else if (sub->src == peer && !sub->sub_finished &&
                         sub->state == KVC_XFER_PUSHING) {
                         kvc_xfer_fail(sub, peer->fail_status,
                                        peer->fail_reason);

@@ -65,9 +65,13 @@ int kvc_peer_lost(kvc_peer_t *peer, kvx_status_t status, const char *reason,
     int                have = 0;
 
     if (eng->stopping) {
+        peer->lost_inst = 0;
         return 0;
     }
     kvc_log_warn("KVX-PEER-FAILED", "peer %s: %s", peer->name, reason);
+    if (peer->lost_inst == 0) {
+        peer->lost_inst = peer->inst;
+    }
     peer->fail_status = status;
     snprintf(peer->fail_reason, sizeof(peer->fail_reason), "%s", reason);
     if (peer->state == KVC_PEER_READY) {
@@ -78,7 +82,17 @@ int kvc_peer_lost(kvc_peer_t *peer, kvx_status_t status, const char *reason,
         have = 1;
     }
     eng->mode->peer_failed(eng, peer);
+    peer->lost_inst = 0;
     return have;
+}
+
+int kvc_peer_note_instance(kvc_peer_t *peer, uint64_t inst)
+{
+    if (inst == 0 || peer->inst == 0 || inst == peer->inst) {
+        return 0;
+    }
+    peer->new_inst = inst;
+    return 1;
 }
 
 int kvc_peer_saw_instance(kvc_peer_t *peer, uint64_t inst, kvc_peer_conn_t *c)
@@ -95,7 +109,8 @@ int kvc_peer_saw_instance(kvc_peer_t *peer, uint64_t inst, kvc_peer_conn_t *c)
     snprintf(why, sizeof(why), "restarted: instance %llu answered where "
              "instance %llu was bound", (unsigned long long)inst,
              (unsigned long long)peer->inst);
-    peer->inst = inst;
+    peer->lost_inst = peer->inst;
+    peer->inst      = inst;
     return kvc_peer_lost(peer, KVX_ERR_ENDPOINT, why, c);
 }
 
@@ -560,6 +575,16 @@ void kvc_peers_check_conn(struct kvx_engine *eng)
             if (kvc_peer_lost(p, KVX_ERR_ENDPOINT, why, &c)) {
                 kvc_peer_conn_free(eng, &c); /* progress owner */
             }
+        }
+        if (p->new_inst != 0) {
+            uint64_t inst = p->new_inst;
+
+            p->new_inst = 0;
+            if (kvc_peer_saw_instance(p, inst, &c)) {
+                kvc_peer_conn_free(eng, &c); /* progress owner */
+            }
+            /* Transfers bound to the new instance handshake with it. */
+            kvc_peer_want_handshake(p);
         }
         if (atomic_exchange(&p->conn_up_evt, 0) && p->inst != 0) {
             kvc_msg_t m;
