@@ -201,7 +201,11 @@ typedef struct kvx_api {
     /* producer_request (P): the prefill of request_id finished with its KV in
      * block_ids. The engine holds the transfer until the consumer releases it
      * (or defer_timeout), then reports KVX_EVENT_FINISHED_SENDING. Returns
-     * the kv_transfer_params P gives back to the proxy (caller frees). */
+     * the kv_transfer_params P gives back to the proxy (caller frees). In
+     * READ mode they bind the transfer to this engine instance
+     * (remote_instance, remote_tp_rank): if another instance of that P
+     * rank answers D (P restarted on the same address), D's transfer
+     * fails instead of reading the new instance's blocks. */
     kvx_status_t (*producer_request)(kvx_engine_t *engine,
                                      const char *request_id,
                                      const char *params_json,

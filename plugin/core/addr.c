@@ -845,6 +845,40 @@ static kvx_status_t kvc_params_engine_id(json_object *v, const char *key,
                           sizeof(c->p->remote_engine_id));
 }
 
+/* kvc_params_instance: "remote_instance", a decimal string of a non-zero
+ * 64-bit id (JSON numbers cannot carry every uint64). */
+static kvx_status_t kvc_params_instance(json_object *v, const char *key,
+                                        kvc_params_ctx_t *c)
+{
+    const char *s;
+    uint64_t    x = 0;
+    size_t      i, n;
+
+    if (!json_object_is_type(v, json_type_string)) {
+        return kvc_params_type_fail(v, key, "must be a decimal string of a "
+                                    "64-bit instance id");
+    }
+    s = json_object_get_string(v);
+    n = (size_t)json_object_get_string_len(v);
+    for (i = 0; i < n && s[i] >= '0' && s[i] <= '9'; i++) {
+        unsigned d = (unsigned)(s[i] - '0');
+
+        if (x > (UINT64_MAX - d) / 10) {
+            break;
+        }
+        x = x * 10 + d;
+    }
+    if (n == 0 || i != n || x == 0 || s[0] == '0') {
+        return kvc_error(KVX_ERR_INVALID_PARAM,
+                         "kv_transfer_params.%s: value '%.40s': must be a "
+                         "decimal string of an integer in 1..%llu", key, s,
+                         (unsigned long long)UINT64_MAX);
+    }
+    c->p->remote_instance     = x;
+    c->p->has_remote_instance = 1;
+    return KVX_OK;
+}
+
 static kvx_status_t kvc_params_host(json_object *v, const char *key,
                                     kvc_params_ctx_t *c)
 {
@@ -1057,6 +1091,9 @@ static kvx_status_t kvc_params_int(json_object *v, const char *key,
     if (strcmp(key, "remote_dp_size") == 0) {
         return kvc_params_u32(v, key, &c->p->remote_dp_size);
     }
+    if (strcmp(key, "remote_tp_rank") == 0) {
+        return kvc_params_u32(v, key, &c->p->remote_tp_rank);
+    }
     c->has_dp_rank = 1;
     return kvc_params_u32(v, key, &c->p->remote_dp_rank);
 }
@@ -1090,6 +1127,8 @@ static const struct {
     {"tp_size", kvc_params_int},
     {"remote_dp_size", kvc_params_int},
     {"remote_dp_rank", kvc_params_int},
+    {"remote_tp_rank", kvc_params_int},
+    {"remote_instance", kvc_params_instance},
     {"do_remote_prefill", kvc_params_bool},
     {"do_remote_decode", kvc_params_bool},
 };
@@ -1242,6 +1281,16 @@ static int kvc_build_decode_obj(json_object *obj, const kvc_params_ctx_t *c,
     }
     if (p->has_remote_block_ids) {
         rc |= kvc_obj_put(obj, "remote_block_ids", kvc_json_blocks(p));
+    }
+    if (p->has_remote_instance) {
+        char text[24];
+
+        snprintf(text, sizeof(text), "%llu",
+                 (unsigned long long)p->remote_instance);
+        rc |= kvc_obj_put(obj, "remote_instance",
+                          json_object_new_string(text));
+        rc |= kvc_obj_put(obj, "remote_tp_rank",
+                          json_object_new_int((int)p->remote_tp_rank));
     }
     if (p->remote_engine_id[0] != '\0') {
         rc |= kvc_obj_put(obj, "remote_engine_id",

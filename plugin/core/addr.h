@@ -183,6 +183,12 @@ typedef struct kvc_xfer_params {
     uint32_t  remote_tp_size;    /* remote_tp_size, else tp_size, else 0 */
     uint32_t  remote_dp_size;
     uint32_t  remote_dp_rank;
+    /* The producer rank that answered the request and its instance: D
+     * fails the transfer if another instance of that rank answers its
+     * handshake (0 / has_remote_instance 0: not bound, legacy P). */
+    uint64_t  remote_instance;
+    uint32_t  remote_tp_rank;
+    int       has_remote_instance;
     int       do_remote_prefill;
     int       do_remote_decode;
 } kvc_xfer_params_t;

@@ -100,6 +100,9 @@ typedef struct kvc_peer {
     kvc_hs_meta_t     meta;         /* valid when READY */
     uint64_t          inst;         /* the peer's instance id as last seen
                                        (handshake, replies); 0 unknown */
+    uint64_t          dead_inst[4]; /* instances replaced by another one
+                                       (a restart), newest last */
+    uint32_t          ndead;
     uint64_t          lost_inst;    /* during mode->peer_failed: the
                                        instance that is gone (transfers
                                        bound to another one live on) */
@@ -212,6 +215,10 @@ typedef struct kvc_xfer {
     int               sealed;
     int               have_blocks; /* P: remote_blocks arrived */
     int32_t           decode_rank; /* P: D DP rank to write to */
+    uint64_t          src_inst;    /* D READ: instance of the P rank
+                                      src_tp (of its dp rank) that accepted
+                                      the request (0: not bound) */
+    uint32_t          src_tp;
     uint64_t          peer_inst;   /* P WRITE: instance of the D rank that
                                       sent remote_blocks (0: legacy) */
     kvc_xfer_params_t dparams;     /* P: D's instance from the request */
@@ -441,8 +448,13 @@ static inline int kvc_peer_bound_lost(const kvc_peer_t *peer, uint64_t inst)
  * of peer (lock held, any thread). Returns 0 when inst is the peer's known
  * instance (or either is unknown); 1 when it is a new one: the restart is
  * handled on the next tick, and until then nothing may use the peer's
- * connection for that transfer. */
+ * connection for that transfer; 2 when inst is one that restarted since
+ * (gone: the transfer cannot be served). */
 int         kvc_peer_note_instance(kvc_peer_t *peer, uint64_t inst);
+/* kvc_peer_set_inst: peer is now instance inst (a handshake answered); a
+ * different known one before it is dead (kvc_peer_inst_dead). */
+void        kvc_peer_set_inst(kvc_peer_t *peer, uint64_t inst);
+int         kvc_peer_inst_dead(const kvc_peer_t *peer, uint64_t inst);
 #define KVC_CONN_GRACE_S 1.0 /* control connection lost this long: gone */
 /* kvc_peers_check_conn (tick): peers whose control connection stayed lost
  * past KVC_CONN_GRACE_S are lost. */

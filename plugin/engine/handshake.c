@@ -537,7 +537,7 @@ void kvc_peer_hs_finish(kvt_job_t *job)
     peer->rkeys     = rkeys;
     peer->layer_map = map;
     peer->state     = KVC_PEER_READY;
-    peer->inst      = m.epoch;
+    kvc_peer_set_inst(peer, m.epoch);
     eng->stats.handshakes_ok++;
     memcpy(eng->stats.hs_last_us, peer->hs_us, sizeof(peer->hs_us));
     kvc_log_info("KVX-HANDSHAKE-OK", "peer %s: epoch %llu, %zu layers, %s; "

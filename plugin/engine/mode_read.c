@@ -96,6 +96,54 @@ static int kvc_read_has_source(const kvc_xfer_t *x, const kvc_peer_t *peer)
     return 0;
 }
 
+/* kvc_read_bound_inst: the instance x is bound to on source peer (0:
+ * none: only the P rank that answered the request is known). */
+static uint64_t kvc_read_bound_inst(const kvc_xfer_t *x,
+                                    const kvc_peer_t *peer)
+{
+    return x->src_inst != 0 && peer->tp_rank == x->src_tp ? x->src_inst : 0;
+}
+
+/* kvc_read_bound_check: before x reads, every source must be the P
+ * instance that accepted the request: returns 1 (go), 0 (wait: a restart
+ * of the source that D has not seen yet is being handled, or it is not
+ * READY), -1 (x failed: the instance that holds its blocks is gone).
+ * after_hs: called because a handshake just completed (a mismatch then is
+ * final). */
+static int kvc_read_bound_check(struct kvx_engine *eng, kvc_xfer_t *x,
+                                int after_hs)
+{
+    for (uint32_t k = 0; k < kvc_xfer_nsrc(x); k++) {
+        kvc_peer_t *peer = kvc_xfer_source(x, k);
+        uint64_t    inst = kvc_read_bound_inst(x, peer);
+        int         n;
+
+        if (inst == 0 || peer->inst == inst ||
+            (peer->inst == 0 && peer->state != KVC_PEER_READY)) {
+            continue;
+        }
+        n = after_hs || peer->state != KVC_PEER_READY
+                ? (kvc_peer_inst_dead(peer, inst) ||
+                   peer->state == KVC_PEER_READY ? 2 : 0)
+                : kvc_peer_note_instance(peer, inst);
+        if (n == 2) {
+            char why[KVX_REASON_MAX];
+
+            snprintf(why, sizeof(why), "P rank %.200s: instance %llu that "
+                     "accepted the request (its blocks) is gone; instance "
+                     "%llu answers", peer->name, (unsigned long long)inst,
+                     (unsigned long long)peer->inst);
+            kvc_xfer_fail(x, KVX_ERR_ENDPOINT, why);
+            kvc_read_finish(eng, x);
+            return -1;
+        }
+        if (n == 1 || peer->state != KVC_PEER_READY) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
 static void kvc_read_post(struct kvx_engine *eng, kvc_xfer_t *x)
 {
     kvx_status_t st    = kvc_xfer_plan(eng, x, x->local_ids, x->nlocal);
@@ -143,6 +191,7 @@ static kvx_status_t kvc_read_consumer_locked(struct kvx_engine *eng,
                                              const char *field)
 {
     kvx_status_t st = kvc_read_targets(eng, p, addr, field, x);
+    int          ready;
 
     if (st == KVX_OK) {
         st = kvc_xfer_insert(eng, x);
@@ -154,8 +203,11 @@ static kvx_status_t kvc_read_consumer_locked(struct kvx_engine *eng,
     if (x->nlocal == 0) {
         /* Nothing to read (full prefix hit): still release P (SPEC §7). */
         kvc_read_finish(eng, x);
-    } else if (kvc_read_sources_ready(x)) {
-        kvc_read_post(eng, x);
+    } else if (kvc_read_sources_ready(x) &&
+               (ready = kvc_read_bound_check(eng, x, 0)) != 0) {
+        if (ready > 0) {
+            kvc_read_post(eng, x);
+        }
     } else {
         x->state = KVC_XFER_WAIT_PEER;
         for (uint32_t k = 0; k < kvc_xfer_nsrc(x); k++) {
@@ -207,6 +259,10 @@ kvx_status_t kvc_read_consumer(struct kvx_engine *eng, const char *req_id,
         st = kvc_error(KVX_ERR_NO_MEMORY, "transfer: out of memory");
         goto out;
     }
+    if (p.has_remote_instance) {
+        x->src_inst = p.remote_instance;
+        x->src_tp   = p.remote_tp_rank;
+    }
     x->remote_ids          = p.remote_block_ids;
     x->nremote             = p.num_remote_block_ids;
     p.remote_block_ids     = NULL;
@@ -227,7 +283,8 @@ void kvc_read_peer_ready(struct kvx_engine *eng, kvc_peer_t *peer)
     for (size_t b = 0; b < eng->nbuckets; b++) {
         for (kvc_xfer_t *x = eng->xfers[b]; x != NULL; x = x->hnext) {
             if (x->state == KVC_XFER_WAIT_PEER &&
-                kvc_read_has_source(x, peer) && kvc_read_sources_ready(x)) {
+                kvc_read_has_source(x, peer) && kvc_read_sources_ready(x) &&
+                kvc_read_bound_check(eng, x, 1) > 0) {
                 kvc_read_post(eng, x);
             }
         }
@@ -239,7 +296,8 @@ void kvc_read_peer_failed(struct kvx_engine *eng, kvc_peer_t *peer)
     for (size_t b = 0; b < eng->nbuckets; b++) {
         for (kvc_xfer_t *x = eng->xfers[b]; x != NULL; x = x->hnext) {
             if (x->state == KVC_XFER_WAIT_PEER &&
-                kvc_read_has_source(x, peer)) {
+                kvc_read_has_source(x, peer) &&
+                kvc_peer_bound_lost(peer, kvc_read_bound_inst(x, peer))) {
                 kvc_xfer_fail(x, peer->fail_status, peer->fail_reason);
                 kvc_read_finish(eng, x);
             }

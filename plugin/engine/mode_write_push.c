@@ -255,6 +255,13 @@ static void kvc_write_blocks(struct kvx_engine *eng, kvc_xfer_t *x,
                  peer->name);
         return;
     }
+    if (kvc_peer_inst_dead(peer, m->instance)) {
+        *ok_p = 0;
+        snprintf(reason, len, "remote_blocks for '%s' from instance %llu of "
+                 "%s: that instance restarted since", m->transfer_id,
+                 (unsigned long long)m->instance, peer->name);
+        return;
+    }
     x->peer_inst      = m->instance;
     x->have_blocks    = 1;
     x->decode_rank    = m->decode_rank;

@@ -86,10 +86,38 @@ int kvc_peer_lost(kvc_peer_t *peer, kvx_status_t status, const char *reason,
     return have;
 }
 
+void kvc_peer_set_inst(kvc_peer_t *peer, uint64_t inst)
+{
+    const uint32_t n = sizeof(peer->dead_inst) / sizeof(peer->dead_inst[0]);
+
+    if (peer->inst != 0 && inst != peer->inst) {
+        if (peer->ndead == n) {
+            memmove(peer->dead_inst, peer->dead_inst + 1,
+                    (n - 1) * sizeof(peer->dead_inst[0]));
+            peer->ndead--;
+        }
+        peer->dead_inst[peer->ndead++] = peer->inst;
+    }
+    peer->inst = inst;
+}
+
+int kvc_peer_inst_dead(const kvc_peer_t *peer, uint64_t inst)
+{
+    for (uint32_t i = 0; i < peer->ndead; i++) {
+        if (peer->dead_inst[i] == inst) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
 int kvc_peer_note_instance(kvc_peer_t *peer, uint64_t inst)
 {
     if (inst == 0 || peer->inst == 0 || inst == peer->inst) {
         return 0;
+    }
+    if (kvc_peer_inst_dead(peer, inst)) {
+        return 2;
     }
     peer->new_inst = inst;
     return 1;
@@ -103,14 +131,14 @@ int kvc_peer_saw_instance(kvc_peer_t *peer, uint64_t inst, kvc_peer_conn_t *c)
         return 0;
     }
     if (peer->inst == 0) {
-        peer->inst = inst;
+        kvc_peer_set_inst(peer, inst);
         return 0;
     }
     snprintf(why, sizeof(why), "restarted: instance %llu answered where "
              "instance %llu was bound", (unsigned long long)inst,
              (unsigned long long)peer->inst);
     peer->lost_inst = peer->inst;
-    peer->inst      = inst;
+    kvc_peer_set_inst(peer, inst);
     return kvc_peer_lost(peer, KVX_ERR_ENDPOINT, why, c);
 }
 

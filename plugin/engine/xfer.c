@@ -256,6 +256,15 @@ char *kvc_xfer_response(struct kvx_engine *eng, const kvc_xfer_t *x)
                            json_object_new_int((int)eng->cfg.dp_size));
     json_object_object_add(o, "remote_dp_rank",
                            json_object_new_int((int)eng->cfg.dp_rank));
+    {
+        char inst[24];
+
+        snprintf(inst, sizeof(inst), "%llu", (unsigned long long)eng->epoch);
+        json_object_object_add(o, "remote_instance",
+                               json_object_new_string(inst));
+        json_object_object_add(o, "remote_tp_rank",
+                               json_object_new_int((int)eng->cfg.tp_rank));
+    }
     json_object_object_add(o, "remote_hosts", hosts);
     out = strdup(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
     json_object_put(o);

@@ -806,6 +806,7 @@ TEST(AddrParams, FullParse)
         "remote_block_ids": [3, 1, 4, 0], "remote_engine_id": "10.0.0.1:6301",
         "remote_tp_size": 8, "tp_size": 4, "remote_dp_size": 2,
         "remote_dp_rank": 1, "do_remote_prefill": true,
+        "remote_instance": "18446744073709551615", "remote_tp_rank": 3,
         "do_remote_decode": false, "unknown_field": {"x": [1]}})");
 
     ASSERT_EQ(p.status(), KVX_OK) << LastError();
@@ -826,6 +827,9 @@ TEST(AddrParams, FullParse)
     EXPECT_EQ(p->remote_tp_size, 8u);
     EXPECT_EQ(p->remote_dp_size, 2u);
     EXPECT_EQ(p->remote_dp_rank, 1u);
+    EXPECT_EQ(p->has_remote_instance, 1);
+    EXPECT_EQ(p->remote_instance, UINT64_MAX);
+    EXPECT_EQ(p->remote_tp_rank, 3u);
     EXPECT_EQ(p->do_remote_prefill, 1);
     EXPECT_EQ(p->do_remote_decode, 0);
 }
@@ -933,6 +937,17 @@ TEST(AddrParams, WrongTypesNameTheField)
          "kv_transfer_params.remote_dp_size", "1"},
         {R"({"remote_dp_rank": "0"})", KVX_ERR_INVALID_PARAM,
          "kv_transfer_params.remote_dp_rank", "0"},
+        {R"({"remote_instance": 12})", KVX_ERR_INVALID_PARAM,
+         "kv_transfer_params.remote_instance", "12"},
+        {R"({"remote_instance": "0"})", KVX_ERR_INVALID_PARAM,
+         "kv_transfer_params.remote_instance", "'0'"},
+        {R"({"remote_instance": "18446744073709551616"})",
+         KVX_ERR_INVALID_PARAM, "kv_transfer_params.remote_instance",
+         "18446744073709551616"},
+        {R"({"remote_instance": "12x"})", KVX_ERR_INVALID_PARAM,
+         "kv_transfer_params.remote_instance", "12x"},
+        {R"({"remote_tp_rank": -1})", KVX_ERR_INVALID_PARAM,
+         "kv_transfer_params.remote_tp_rank", "-1"},
         {R"({"do_remote_prefill": "true"})", KVX_ERR_INVALID_PARAM,
          "kv_transfer_params.do_remote_prefill", "true"},
         {R"({"do_remote_decode": 1})", KVX_ERR_INVALID_PARAM,
