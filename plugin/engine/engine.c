@@ -110,6 +110,7 @@ static void kvc_engine_tick(void *arg)
         kvc_peers_check_conn(eng);
     }
     pthread_mutex_unlock(&eng->lock);
+    kvc_peers_collect(eng);
 }
 
 /* kvc_engine_place: with gpu_bus_id set, hwloc picks the NIC nearest the

@@ -139,6 +139,7 @@ typedef struct kvc_peer {
     uint32_t          pf_layer;     /* prefault cursor */
     uint64_t          pf_off;
     int               notify_failed; /* the notify client cannot be opened */
+    int               gc;           /* idle and gone: close its clients */
     kvt_client_t     *hs_cli;       /* handshake requests */
     kvt_client_t     *notify_cli;   /* control messages (engine lock) */
     uint32_t          ctl_inflight; /* control requests awaiting a reply */
@@ -310,6 +311,7 @@ struct kvx_engine {
         uint64_t rx_bad;          /* rejected control messages */
         uint64_t tx_msgs, tx_fail;
         uint64_t handshakes_ok, handshakes_failed;
+        uint64_t peers_collected; /* control clients closed: gone, idle */
         uint64_t bytes_read, bytes_written;
         uint64_t reg_sent, reg_failed; /* registrations to the proxy */
         kvc_lat_t ctl_rtt;        /* control message queued -> reply */
@@ -456,9 +458,15 @@ int         kvc_peer_note_instance(kvc_peer_t *peer, uint64_t inst);
 void        kvc_peer_set_inst(kvc_peer_t *peer, uint64_t inst);
 int         kvc_peer_inst_dead(const kvc_peer_t *peer, uint64_t inst);
 #define KVC_CONN_GRACE_S 1.0 /* control connection lost this long: gone */
+#define KVC_PEER_IDLE_S 5.0 /* gone and idle this long: its control
+                               clients are closed (no redialling) until
+                               something is sent to it again */
 /* kvc_peers_check_conn (tick): peers whose control connection stayed lost
  * past KVC_CONN_GRACE_S are lost. */
 void        kvc_peers_check_conn(struct kvx_engine *eng);
+/* kvc_peers_collect (tick, after the lock is released): closes the control
+ * clients of peers gone and idle past KVC_PEER_IDLE_S. */
+void        kvc_peers_collect(struct kvx_engine *eng);
 void        kvc_peers_flush(struct kvx_engine *eng);
 void        kvc_peers_disconnect(struct kvx_engine *eng);
 void        kvc_peers_free(struct kvx_engine *eng);

@@ -477,6 +477,43 @@ void kvc_peers_disconnect(struct kvx_engine *eng)
     }
 }
 
+void kvc_peers_collect(struct kvx_engine *eng)
+{
+    for (;;) {
+        kvt_client_t *hs = NULL, *cli = NULL;
+        kvc_peer_t   *p;
+
+        pthread_mutex_lock(&eng->lock);
+        for (p = eng->peers; p != NULL && !p->gc; p = p->next) {
+        }
+        if (p != NULL && !eng->closing) {
+            p->gc         = 0;
+            hs            = p->hs_cli;
+            cli           = p->notify_cli;
+            p->hs_cli     = NULL;
+            p->notify_cli = NULL;
+            /* Closed, not lost: the next client's first connection then
+             * counts as a reconnect (the heartbeat checks the instance). */
+            atomic_store(&p->conn_down_us, 0);
+            eng->stats.peers_collected++;
+            kvc_log_info("KVX-PEER-IDLE", "peer %s: gone for %.0f s with "
+                         "nothing to send: its control clients are closed "
+                         "until something is sent to it", p->name,
+                         KVC_PEER_IDLE_S);
+        }
+        pthread_mutex_unlock(&eng->lock);
+        if (p == NULL || (hs == NULL && cli == NULL)) {
+            return;
+        }
+        if (hs != NULL) {
+            KVN(eng)->client_close(hs);
+        }
+        if (cli != NULL) {
+            KVN(eng)->client_close(cli);
+        }
+    }
+}
+
 /* kvc_peers_flush: destroy delivers what is queued to each peer (a release
  * just queued by a finished transfer), each message within its deadline;
  * after the first failure to a peer the rest to it is dropped. */
@@ -490,7 +527,8 @@ void kvc_peers_flush(struct kvx_engine *eng)
         int busy = eng->jobs_queued > 0;
 
         for (kvc_peer_t *p = eng->peers; p != NULL && !busy; p = p->next) {
-            busy = !p->drop_out &&
+            /* A peer gone past the grace gets nothing in time. */
+            busy = !p->drop_out && !p->conn_gone &&
                    (p->out_head != NULL || p->ctl_inflight > 0);
         }
         if (!busy || kvc_now_us(eng) >= deadline) {
@@ -603,6 +641,13 @@ void kvc_peers_check_conn(struct kvx_engine *eng)
             if (kvc_peer_lost(p, KVX_ERR_ENDPOINT, why, &c)) {
                 kvc_peer_conn_free(eng, &c); /* progress owner */
             }
+        }
+        if (p->conn_gone && down != 0 && p->out_head == NULL &&
+            p->ctl_inflight == 0 && !p->job_queued && !p->hs_job_queued &&
+            p->state != KVC_PEER_HANDSHAKING && p->state != KVC_PEER_READY &&
+            now - down >= (uint64_t)(KVC_PEER_IDLE_S * 1e6) &&
+            (p->hs_cli != NULL || p->notify_cli != NULL)) {
+            p->gc = 1; /* kvc_peers_collect, outside the lock */
         }
         if (p->new_inst != 0) {
             uint64_t inst = p->new_inst;

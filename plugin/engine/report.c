@@ -69,6 +69,7 @@ kvx_status_t kvc_report_stats(struct kvx_engine *eng, char **json_p)
     KVC_STAT(reg_failed);
     KVC_STAT(handshakes_ok);
     KVC_STAT(handshakes_failed);
+    KVC_STAT(peers_collected);
     KVC_STAT(bytes_read);
     KVC_STAT(bytes_written);
 #undef KVC_STAT

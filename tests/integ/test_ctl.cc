@@ -1137,6 +1137,63 @@ TEST(ReadFailure, DeadPeerFailsPromptlyAndEngineKeepsServing)
     EXPECT_EQ(1u, pev2.Count(KVX_EVENT_FINISHED_SENDING, "tx-p2"));
 }
 
+// A peer that went away is collected: once its control connection stayed
+// lost past the grace and nothing is queued to it for KVC_PEER_IDLE_S, its
+// control clients are closed (no thread redials a dead address forever);
+// a new instance on the same address then serves a new transfer.
+TEST(ReadFailure, GonePeerIsCollectedAndANewInstanceOnItsAddressServes)
+{
+    ModelSpec model = ThreeLayerModel();
+    uint16_t  base  = PortBase(3);
+    RankOpts  op    = Opts(true, base, 32);
+    RankOpts  od    = Opts(false, (uint16_t)(base + 2), 24);
+    od.handshake_timeout = 1.0;
+    od.transfer_timeout  = 3.0;
+    std::string err;
+    auto        p = Start(model, op, &err);
+    ASSERT_TRUE(p) << err;
+    auto d = Start(model, od, &err);
+    ASSERT_TRUE(d) << err;
+
+    auto run = [&](const Rank &pr, const std::string &tid,
+                   const std::vector<uint64_t> &local,
+                   const std::vector<uint64_t> &remote) {
+        std::string params = Params(tid, "127.0.0.1", op.hs_port,
+                                    (uint16_t)(op.hs_port + 20000), remote, 1);
+        if (Hold(pr, tid, remote) != KVX_OK) {
+            return std::string("hold: ") + Api()->last_error();
+        }
+        kvx_status_t st = Api()->consumer_request(d->eng, ("r-" + tid).c_str(),
+                                                  params.c_str(), local.data(),
+                                                  local.size());
+        if (st != KVX_OK) {
+            return std::string("consumer_request: ") + Api()->last_error();
+        }
+        st = Api()->wait_transfer(d->eng, tid.c_str(), 20000);
+        return st == KVX_OK ? std::string()
+                            : std::string("wait_transfer: ") +
+                                  Api()->last_error();
+    };
+
+    ASSERT_EQ("", run(*p, "tx-first", {0, 1}, {2, 3}));
+    EXPECT_EQ(0, StatCount(d->eng, "peers_collected"));
+    p.reset(); // P goes away; D has nothing more to send it
+    auto t0 = Clock::now();
+
+    // Grace (1 s) + idle (5 s), with a margin for a loaded machine.
+    EXPECT_TRUE(WaitFor([&] { return StatCount(d->eng, "peers_collected") == 1; },
+                        15000))
+        << "peers_collected " << StatCount(d->eng, "peers_collected");
+    // Not before the idle time (counted from the connection loss, which
+    // happens inside p.reset()).
+    EXPECT_GE(SecondsSince(t0), 4.5);
+
+    auto p2 = Start(model, op, &err); // a new instance, same ports
+    ASSERT_TRUE(p2) << err;
+    ASSERT_EQ("", run(*p2, "tx-second", {4, 5}, {6, 7}));
+    EXPECT_EQ("", VerifyPull(model, *d, 0, {0, 1, 4, 5}, {2, 3, 6, 7}));
+}
+
 // ========================================================================
 // 12. Many transfers in flight between one D and one P.
 // ========================================================================
