@@ -55,6 +55,7 @@ TEST(Lanes, Ucx113TcpIsEmulated)
     EXPECT_EQ("tcp/lo[am am_bw#0 keepalive wireup]", p.report);
     EXPECT_EQ(1, kvu_lanes_rma_emulated(&p.lanes));
     EXPECT_EQ(0, kvu_lanes_rma_shm_only(&p.lanes));
+    EXPECT_EQ(0, kvu_lanes_am_fifo(&p.lanes));
 }
 
 TEST(Lanes, Ucx113SmHasShmRmaLanesFromPutGetLines)
@@ -67,6 +68,8 @@ TEST(Lanes, Ucx113SmHasShmRmaLanesFromPutGetLines)
               p.report);
     EXPECT_EQ(0, kvu_lanes_rma_emulated(&p.lanes));
     EXPECT_EQ(1, kvu_lanes_rma_shm_only(&p.lanes));
+    // Emulated gets go over the sysv FIFO: capped (kvu.c KVU_FIFO_MAX_GETS).
+    EXPECT_EQ(1, kvu_lanes_am_fifo(&p.lanes));
 }
 
 // On 1.13 a cma lane is an rma_bw lane (rendezvous only): one-sided
@@ -92,6 +95,7 @@ TEST(Lanes, Ucx122TcpIsEmulatedAndItsSegmentSizeIsNoRole)
     EXPECT_EQ(1, p.lanes.proto_v2);
     EXPECT_EQ("tcp/lo[am keepalive wireup]", p.report);
     EXPECT_EQ(1, kvu_lanes_rma_emulated(&p.lanes));
+    EXPECT_EQ(0, kvu_lanes_am_fifo(&p.lanes));
 }
 
 TEST(Lanes, Ucx122SmLanesCopyDirectlyIntoUcxMemory)
@@ -103,6 +107,7 @@ TEST(Lanes, Ucx122SmLanesCopyDirectlyIntoUcxMemory)
     EXPECT_EQ("sysv/memory[am keepalive rma] posix/memory[rma]", p.report);
     EXPECT_EQ(0, kvu_lanes_rma_emulated(&p.lanes));
     EXPECT_EQ(1, kvu_lanes_rma_shm_only(&p.lanes));
+    EXPECT_EQ(1, kvu_lanes_am_fifo(&p.lanes));
 }
 
 // In v2 an rma_bw lane carries zero-copy put/get (cma on app memory).

@@ -21,6 +21,18 @@
 
 #define KVU_TICK_MS       20
 #define KVU_CLOSE_WAIT_MS 3000
+/* Emulated gets in flight per endpoint whose active-message lane is a
+ * shared-memory FIFO (kvu_lanes_am_fifo). Each such get is one request
+ * message in the peer's receive FIFO (UCX default UCX_MM_FIFO_SIZE 64,
+ * released to senders every 32 elements the peer consumed). A sender that
+ * fills that FIFO cannot discard its lane once the peer stops draining it
+ * (killed, engine destroyed): uct_mm_ep_flush answers NO_RESOURCE whatever
+ * the CANCEL flag (UCX 1.13 .. master), so ucp_ep_close_nbx(FORCE) and
+ * UCX's own error path never purge the endpoint's requests and their
+ * callbacks never run. At most 16 requests + 31 consumed-but-unreleased
+ * elements stay below 64: the force close completes every get as
+ * canceled. */
+#define KVU_FIFO_MAX_GETS 16
 
 typedef struct kvu_job kvu_job_t;
 
@@ -68,6 +80,8 @@ struct kvu_ep {
     char          transports[512];
     int           emulated;      /* no RMA lane at all */
     int           rma_shm_only;  /* RMA lanes are shared memory only */
+    int           am_fifo;       /* AM lane is a shared-memory FIFO: gets
+                                    capped at KVU_FIFO_MAX_GETS */
     kvu_ep_err_fn err_cb;
     void         *err_arg;
     int           failed;
@@ -300,6 +314,10 @@ static void kvu_ep_drain(kvu_ep_t *ep)
 
             if (ep->inflight > 0 &&
                 ep->inflight >= ctx->params.max_inflight_bytes) {
+                return;
+            }
+            if (ep->am_fifo && !job->is_put &&
+                ep->inflight_reqs >= KVU_FIFO_MAX_GETS) {
                 return;
             }
             len = run->len - job->off;
@@ -1224,6 +1242,7 @@ static void kvu_ep_describe(kvu_ep_t *ep)
     kvu_ep_query_names(ep, &lanes);
     ep->emulated     = kvu_lanes_rma_emulated(&lanes);
     ep->rma_shm_only = kvu_lanes_rma_shm_only(&lanes);
+    ep->am_fifo      = kvu_lanes_am_fifo(&lanes);
     (void)kvu_lanes_format(&lanes, ep->transports, sizeof(ep->transports));
 }
 

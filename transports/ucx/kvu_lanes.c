@@ -216,6 +216,23 @@ int kvu_lanes_rma_emulated(const kvu_lanes_t *l)
     return 1;
 }
 
+int kvu_lanes_am_fifo(const kvu_lanes_t *l)
+{
+    static const char *const fifo_tls[] = {"sysv", "posix", "xpmem"};
+
+    for (int i = 0; i < l->n; i++) {
+        if (!kvu_has_role(l->lane[i].roles, "am")) {
+            continue;
+        }
+        for (size_t k = 0; k < sizeof(fifo_tls) / sizeof(fifo_tls[0]); k++) {
+            if (strcmp(l->lane[i].tl, fifo_tls[k]) == 0) {
+                return 1;
+            }
+        }
+    }
+    return 0;
+}
+
 int kvu_lanes_rma_shm_only(const kvu_lanes_t *l)
 {
     int any = 0;

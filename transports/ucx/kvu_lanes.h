@@ -61,6 +61,11 @@ int kvu_lanes_rma_emulated(const kvu_lanes_t *l);
 /* kvu_lanes_rma_shm_only: there are RMA lanes and all are shared memory. */
 int kvu_lanes_rma_shm_only(const kvu_lanes_t *l);
 
+/* kvu_lanes_am_fifo: the active-message lane is a memory-mapped FIFO
+ * (sysv, posix, xpmem: a bounded ring in the peer's shared segment that
+ * only the peer drains). Emulated gets send one request message each over
+ * it (transports/ucx/README.md, "Emulated gets over a shared-memory FIFO"). */
+int kvu_lanes_am_fifo(const kvu_lanes_t *l);
 /* kvu_lanes_format writes "tl/dev[roles] ..." (roles including "rma" on
  * RMA lanes) to buf; returns the length it needed (like snprintf). */
 int kvu_lanes_format(const kvu_lanes_t *l, char *buf, size_t len);
