@@ -285,6 +285,42 @@ static void kvc_engine_quiesce(struct kvx_engine *eng)
     pthread_mutex_unlock(&eng->lock);
 }
 
+/* kvc_engine_abandon (destroy, before the notify listener closes): every
+ * live transfer is given up as an abort would (mode->destroy_xfer tells
+ * its peers: WRITE D releases, so P stops and fences its puts into our
+ * blocks), then destroy waits, at most KVC_DESTROY_ABANDON_S, until no peer
+ * may still operate on our blocks (WRITE D: P's write_done or fenced
+ * release reply; READ P: D's release once its gets completed); those
+ * arrive through the listener still open. */
+#define KVC_DESTROY_ABANDON_S 1.0
+static void kvc_engine_abandon(struct kvx_engine *eng)
+{
+    uint64_t deadline;
+
+    if (eng->mode->destroy_xfer == NULL) {
+        return;
+    }
+    deadline = kvc_deadline_us(eng, KVC_DESTROY_ABANDON_S);
+    pthread_mutex_lock(&eng->lock);
+    for (;;) {
+        int      busy = 0;
+        uint64_t now;
+
+        for (size_t b = 0; b < eng->nbuckets; b++) {
+            for (kvc_xfer_t *x = eng->xfers[b]; x != NULL; x = x->hnext) {
+                busy |= eng->mode->destroy_xfer(eng, x);
+            }
+        }
+        now = kvc_now_us(eng);
+        if (!busy || now >= deadline) {
+            break;
+        }
+        kvc_wait_until(eng, now + 10000u < deadline ? now + 10000u
+                                                    : deadline);
+    }
+    pthread_mutex_unlock(&eng->lock);
+}
+
 void kvx_engine_destroy(struct kvx_engine *eng)
 {
     if (eng == NULL) {
@@ -301,10 +337,13 @@ void kvx_engine_destroy(struct kvx_engine *eng)
     }
     free(eng->reg_payload);
     kvc_server_close(eng, &eng->hs_srv);
+    kvc_engine_abandon(eng);
     kvc_server_close(eng, &eng->notify_srv);
     /* No new connection or handshake from here. Peers close their
-     * endpoints (force-close in peer mode): in-flight gets complete as
-     * canceled before transfers and peers are freed; the releases those
+     * endpoints: queued runs are canceled, operations UCX already has are
+     * flushed (at most 1 s, then force-closed) so that no peer is left
+     * owing replies to a vanished endpoint, and complete before transfers
+     * and peers are freed; the releases those
      * completions produce, and everything queued before, go out (each
      * within its deadline) before the control channels close. */
     pthread_mutex_lock(&eng->lock);

@@ -610,6 +610,7 @@ void         kvc_write_d_on_reply(struct kvx_engine *eng, kvc_peer_t *peer,
 void         kvc_write_d_peer_failed(struct kvx_engine *eng,
                                      kvc_peer_t *peer);
 void         kvc_write_d_deadline(struct kvx_engine *eng, kvc_xfer_t *x);
+int          kvc_write_d_destroy(struct kvx_engine *eng, kvc_xfer_t *x);
 kvx_status_t kvc_write_abort(struct kvx_engine *eng, const char *req_id,
                              const char *params_json);
 

@@ -58,6 +58,11 @@ typedef struct kvc_mode {
     kvc_msg_fn on_msg[KVC_MSG_NTYPES + 1];
     /* on_timer: x's deadline passed (its timer fired). */
     void (*on_timer)(struct kvx_engine *eng, struct kvc_xfer *x);
+    /* destroy_xfer (may be NULL): engine_destroy gives up on live
+     * transfer x as the framework's abort would, telling its peers (once;
+     * called again while it returns 1). Returns 1 while a peer may still
+     * operate on x's blocks (destroy waits, bounded, for it to end). */
+    int (*destroy_xfer)(struct kvx_engine *eng, struct kvc_xfer *x);
 } kvc_mode_t;
 
 extern const kvc_mode_t kvc_mode_read;

@@ -487,6 +487,14 @@ static kvx_status_t kvc_read_abort(struct kvx_engine *eng, const char *req_id,
     return kvc_consumer_abort(eng, req_id, params_json, NULL);
 }
 
+/* kvc_read_destroy_xfer (P): blocks D may still be reading; D's release
+ * (sent once its gets completed) ends the wait of engine_destroy. */
+static int kvc_read_destroy_xfer(struct kvx_engine *eng, kvc_xfer_t *x)
+{
+    (void)eng;
+    return x->is_producer && x->state == KVC_XFER_HELD;
+}
+
 const kvc_mode_t kvc_mode_read = {
     .name             = "READ",
     .producer_request = kvc_read_producer,
@@ -500,4 +508,5 @@ const kvc_mode_t kvc_mode_read = {
         [KVC_MSG_HEARTBEAT] = kvc_msg_ignore,
     },
     .on_timer         = kvc_read_on_timer,
+    .destroy_xfer     = kvc_read_destroy_xfer,
 };

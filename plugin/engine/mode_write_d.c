@@ -301,6 +301,25 @@ static void kvc_write_abort_xfer(struct kvx_engine *eng, kvc_xfer_t *x)
     }
 }
 
+/* kvc_write_d_destroy: engine_destroy aborts a transfer still waiting for
+ * its writes: release to every P rank, which stops and fences its puts;
+ * destroy waits (bounded) for the confirmations before it deregisters the
+ * blocks those puts target. */
+int kvc_write_d_destroy(struct kvx_engine *eng, kvc_xfer_t *x)
+{
+    kvc_msg_t m;
+
+    if (x->is_producer || !x->write || x->state != KVC_XFER_WAIT_WRITE) {
+        return 0;
+    }
+    if (!x->aborting) {
+        kvc_release_msg(eng, x->transfer_id, &m);
+        kvc_write_abort_xfer(eng, x);
+        kvc_write_d_send(x, &m, "release");
+    }
+    return x->aborting && x->state == KVC_XFER_WAIT_WRITE;
+}
+
 kvx_status_t kvc_write_abort(struct kvx_engine *eng, const char *req_id,
                              const char *params_json)
 {

@@ -317,4 +317,5 @@ const kvc_mode_t kvc_mode_write = {
         [KVC_MSG_HEARTBEAT]     = kvc_msg_ignore,
     },
     .on_timer         = kvc_write_on_timer,
+    .destroy_xfer     = kvc_write_d_destroy,
 };

@@ -457,11 +457,12 @@ void kvc_peer_want_handshake(kvc_peer_t *peer)
     kvc_peer_schedule(peer);
 }
 
-/* kvc_peers_disconnect force-closes every peer's endpoint: in-flight ops
- * then complete (as canceled) while transfers and peers still exist. Each
- * connection is detached under the lock (an endpoint error delivered
- * concurrently then finds nothing to release) and freed outside it
- * (ep_close may wait for that delivery). */
+/* kvc_peers_disconnect closes every peer's endpoint (ep_close: queued
+ * runs canceled, in-flight ones flushed for a bounded time, then the
+ * endpoint closed): in-flight ops complete while transfers and peers still
+ * exist. Each connection is detached under the lock (an endpoint error
+ * delivered concurrently then finds nothing to release) and freed outside
+ * it (ep_close may wait for that delivery). */
 void kvc_peers_disconnect(struct kvx_engine *eng)
 {
     for (kvc_peer_t *p = eng->peers; p != NULL; p = p->next) {

@@ -33,6 +33,9 @@
  * elements stay below 64: the force close completes every get as
  * canceled. */
 #define KVU_FIFO_MAX_GETS 16
+/* A healthy endpoint being closed first flushes (its in-flight operations
+ * complete at both ends) for at most this long, then is force-closed. */
+#define KVU_DRAIN_MS      1000
 
 typedef struct kvu_job kvu_job_t;
 
@@ -94,6 +97,8 @@ struct kvu_ep {
     uint64_t      inflight;      /* bytes */
     uint64_t      inflight_reqs;
     void         *close_req;
+    void         *close_flush;   /* the flush before a graceful close */
+    uint64_t      close_by_us;   /* its deadline */
     int           wired;         /* wire-up flush completed */
     int           wire_pending;  /* its request is outstanding */
     ucs_status_t  wire_status;
@@ -349,19 +354,36 @@ static void kvu_ep_drain(kvu_ep_t *ep)
 
 /* --- progress thread ---------------------------------------------------- */
 
+static void kvu_ep_close_locked(kvu_ep_t *ep);
+
 static void kvu_reap_closing(kvu_ctx_t *ctx)
 {
-    kvu_ep_t **pp = &ctx->closing;
+    kvu_ep_t **pp  = &ctx->closing;
+    uint64_t   now = ctx->closing != NULL ? kvc_mono_us() : 0;
 
     while (*pp != NULL) {
         kvu_ep_t *ep = *pp;
 
+        /* Graceful close (kvu_ep_close_start): once the flush completed,
+         * nothing of this endpoint is outstanding at either end and the
+         * close cannot leave the peer with replies to a vanished endpoint;
+         * a failure or the deadline closes it at once. */
+        if (ep->ep != NULL &&
+            (ep->close_flush == NULL || ep->failed || now >= ep->close_by_us)) {
+            if (ep->close_flush != NULL && !ep->failed) {
+                kvc_log_warn("KVX-UCX-CLOSE", "endpoint to %s: operations "
+                             "still in flight %d ms after close began; "
+                             "force-closing", ep->peer, KVU_DRAIN_MS);
+            }
+            kvu_ep_close_locked(ep);
+        }
         if (ep->close_req != NULL &&
             ucp_request_check_status(ep->close_req) != UCS_INPROGRESS) {
             ucp_request_free(ep->close_req);
             ep->close_req = NULL;
         }
-        if (ep->close_req == NULL && ep->inflight_reqs == 0 &&
+        if (ep->ep == NULL && ep->close_req == NULL &&
+            ep->close_flush == NULL && ep->inflight_reqs == 0 &&
             !ep->err_pending && !ep->wire_pending) {
             *pp = ep->next;
             free(ep);
@@ -865,6 +887,14 @@ static void kvu_ctx_free(kvu_ctx_t *ctx)
     if (ctx->worker != NULL) {
         ucp_worker_destroy(ctx->worker);
     }
+    /* Endpoints UCX had not released by the deadline: freed only after
+     * the worker, whose destruction may still complete their requests. */
+    while (ctx->closing != NULL) {
+        kvu_ep_t *ep = ctx->closing;
+
+        ctx->closing = ep->next;
+        free(ep);
+    }
     if (ctx->ucp != NULL) {
         ucp_cleanup(ctx->ucp);
     }
@@ -966,12 +996,6 @@ void kvu_ctx_destroy(kvu_ctx_t *ctx)
 
         ctx->in_head = job->next;
         free(job);
-    }
-    while (ctx->closing != NULL) {
-        kvu_ep_t *ep = ctx->closing;
-
-        ctx->closing = ep->next;
-        free(ep);
     }
     kvu_ctx_free(ctx);
 }
@@ -1332,7 +1356,12 @@ kvx_status_t kvu_ep_create(kvu_ctx_t *ctx, const void *addr, size_t len,
     return KVX_OK;
 }
 
-static void kvu_ep_close_locked(kvu_ep_t *ep, int force)
+/* kvu_ep_close_locked closes the UCP endpoint (ctx lock held). In peer
+ * mode it force-closes: called once a graceful close's flush completed
+ * (nothing outstanding: the peer sees a plain disconnect), or for an
+ * endpoint that failed or outlived the drain deadline (requests complete as
+ * canceled). Error mode none allows only the flushing close. */
+static void kvu_ep_close_locked(kvu_ep_t *ep)
 {
     kvu_ctx_t          *ctx = ep->ctx;
     ucp_request_param_t prm;
@@ -1343,15 +1372,55 @@ static void kvu_ep_close_locked(kvu_ep_t *ep, int force)
     }
     memset(&prm, 0, sizeof(prm));
     prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    /* Peer mode: force-close (no confirmation from a peer that may be
-     * gone; in-flight requests complete as canceled). */
-    (void)force;
     prm.flags        = ctx->params.err_mode_peer ? UCP_EP_CLOSE_FLAG_FORCE : 0;
     sp     = ucp_ep_close_nbx(ep->ep, &prm);
     ep->ep = NULL;
     if (sp != NULL && !UCS_PTR_IS_ERR(sp)) {
         ep->close_req = sp;
     }
+}
+
+static void kvu_close_flush_cb(void *request, ucs_status_t status,
+                               void *user_data)
+{
+    kvu_ep_t *ep = user_data;
+
+    (void)status;
+    ep->close_flush = NULL;
+    ucp_request_free(request);
+}
+
+/* kvu_ep_close_start (ctx lock held) begins closing a detached endpoint.
+ * A healthy one is flushed first: every operation already handed to UCX
+ * completes at the origin and at the target (emulated RMA: the peer has
+ * sent its last get reply or put acknowledgement). Closing under a peer
+ * that still owes replies makes UCX 1.13 abort the PEER process (its
+ * internal reply requests have no error path: ucp_request_try_send
+ * "Fatal: unexpected error", tcp pending purge assertion). The reaper
+ * closes once the flush is done, at the latest after KVU_DRAIN_MS. A
+ * failed endpoint is closed at once. */
+static void kvu_ep_close_start(kvu_ep_t *ep)
+{
+    ucp_request_param_t prm;
+    ucs_status_ptr_t    sp;
+
+    if (ep->ep == NULL) {
+        return;
+    }
+    if (!ep->failed) {
+        memset(&prm, 0, sizeof(prm));
+        prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                           UCP_OP_ATTR_FIELD_USER_DATA;
+        prm.cb.send      = kvu_close_flush_cb;
+        prm.user_data    = ep;
+        sp = ucp_ep_flush_nbx(ep->ep, &prm);
+        if (sp != NULL && !UCS_PTR_IS_ERR(sp)) {
+            ep->close_flush = sp;
+            ep->close_by_us = kvc_mono_us() + KVU_DRAIN_MS * 1000u;
+            return;
+        }
+    }
+    kvu_ep_close_locked(ep);
 }
 
 void kvu_ep_close(kvu_ep_t *ep)
@@ -1371,7 +1440,7 @@ void kvu_ep_close(kvu_ep_t *ep)
     ep->closed = 1;
     atomic_store(&ep->dead, 1);
     kvu_job_cancel_all(ep, KVX_ERR_CANCELED);
-    kvu_ep_close_locked(ep, ep->failed);
+    kvu_ep_close_start(ep);
     for (kvu_ep_t **pp = &ctx->eps; *pp != NULL; pp = &(*pp)->next) {
         if (*pp == ep) {
             *pp = ep->next;
