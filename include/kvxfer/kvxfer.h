@@ -257,7 +257,10 @@ typedef struct kvx_api {
      *
      * layer_ready (P): the KV of `layer` is computed for this transfer;
      * its puts start as soon as D's blocks are known. Calling it twice is a
-     * no-op; any order. In READ mode it is a no-op. */
+     * no-op; any order. In READ mode it is a no-op. Once the transfer has
+     * failed (its FAILED event may still be queued) it returns the failure
+     * (KVX_ERR_BAD_STATE after the event; the same for seal_transfer), so
+     * the framework can stop; after FINISHED_SENDING it is a no-op. */
     kvx_status_t (*layer_ready)(kvx_engine_t *engine, const char *transfer_id,
                                 uint32_t layer);
     /* seal_transfer (P): no more layers will be scheduled; write_done goes

@@ -185,6 +185,11 @@ kvx_status_t kvx_engine_create(const kvt_env_t *env, const char *json,
     if (st != KVX_OK) {
         goto err_trust;
     }
+    st = kvc_idset_init(&eng->failed, KVC_TERMINAL_MAX);
+    if (st != KVX_OK) {
+        kvc_idset_fini(&eng->terminal);
+        goto err_trust;
+    }
     st = kvc_xfers_init(eng);
     if (st != KVX_OK) {
         goto err_idset;
@@ -226,6 +231,7 @@ kvx_status_t kvx_engine_create(const kvt_env_t *env, const char *json,
 err_idset:
     free(eng->xfers);
     kvc_idset_fini(&eng->terminal);
+    kvc_idset_fini(&eng->failed);
 err_trust:
     kvc_trust_fini(&eng->trust);
 err_cfg:
@@ -375,6 +381,7 @@ void kvx_engine_destroy(struct kvx_engine *eng)
     free(eng->xfers);
     free(eng->meta_json);
     kvc_idset_fini(&eng->terminal);
+    kvc_idset_fini(&eng->failed);
     kvc_timerq_fini(&eng->timers);
     kvc_trust_fini(&eng->trust);
     kvc_config_fini(&eng->cfg);

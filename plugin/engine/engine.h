@@ -300,6 +300,8 @@ struct kvx_engine {
     size_t            nevents;
     int               ev_fd;         /* event_fd() eventfd (ABI 1.3), -1 */
     kvc_idset_t       terminal;
+    kvc_idset_t       failed;      /* P WRITE ids that ended FAILED: later
+                                      layer_ready / seal_transfer say so */
     kvc_timerq_t      timers;        /* transfer deadlines */
     kvc_early_t      *early_head, *early_tail; /* arrival order */
     size_t            nearly, early_bytes;

@@ -122,6 +122,11 @@ static kvx_status_t kvc_write_find_p(struct kvx_engine *eng, const char *tid,
 
     *x_p = NULL;
     if (x == NULL) {
+        if (kvc_idset_contains(&eng->failed, tid)) {
+            return kvc_error(KVX_ERR_BAD_STATE, "transfer '%s': failed "
+                             "(reported by its FAILED event): nothing more "
+                             "is sent for it", tid);
+        }
         if (kvc_idset_contains(&eng->terminal, tid)) {
             return KVX_OK; /* finished or released: calls are no-ops */
         }
@@ -131,6 +136,12 @@ static kvx_status_t kvc_write_find_p(struct kvx_engine *eng, const char *tid,
     if (!x->is_producer || !x->write) {
         return kvc_error(KVX_ERR_BAD_STATE, "transfer_id '%s': not a WRITE "
                          "transfer of this producer", tid);
+    }
+    if (x->status != KVX_OK) {
+        /* Failed, its last operations still completing: the framework can
+         * stop computing for it. */
+        return kvc_error(x->status, "transfer '%s': failed: %s", tid,
+                         x->reason);
     }
     *x_p = x;
     return KVX_OK;

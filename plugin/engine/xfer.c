@@ -304,6 +304,9 @@ void kvc_event_push(struct kvx_engine *eng, kvx_event_type_t type,
                       x->transfer_id);
         return;
     }
+    if (type == KVX_EVENT_FAILED && x->is_producer && x->write) {
+        kvc_idset_add(&eng->failed, x->transfer_id);
+    }
     n->ev.type   = type;
     n->ev.status = status;
     snprintf(n->ev.transfer_id, sizeof(n->ev.transfer_id), "%s",

@@ -258,6 +258,11 @@ TEST(WriteFlow, RemoteBlocksNeverSentFailsAtDeferTimeout)
         << pev[0].reason;
     EXPECT_EQ(0, StatCount(w.d.eng, "rx.write_done"));
     FreeEvents(&pev);
+    // After its FAILED event the framework is told, not silently ignored.
+    EXPECT_EQ(KVX_ERR_BAD_STATE, Api()->layer_ready(w.p.eng, tid.c_str(), 1));
+    EXPECT_NE(std::string(Api()->last_error()).find("failed"),
+              std::string::npos) << Api()->last_error();
+    EXPECT_EQ(KVX_ERR_BAD_STATE, Api()->seal_transfer(w.p.eng, tid.c_str()));
 }
 
 } // namespace
