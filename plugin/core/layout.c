@@ -520,6 +520,13 @@ static kvx_status_t kvc_desc_check(const kvx_layer_desc_t *d)
                          name, d->elem_size, d->block_size, d->head_size,
                          d->num_kv_heads);
     }
+    if (d->elem_size != 1 && d->elem_size != 2 && d->elem_size != 4 &&
+        d->elem_size != 8) {
+        /* The handshake metadata carries only these (peers would reject
+         * every handshake of this engine). */
+        return kvc_error(KVX_ERR_INVALID_PARAM, "layer %s: elem_size %u: "
+                         "must be 1, 2, 4 or 8 bytes", name, d->elem_size);
+    }
     for (uint32_t i = 0; i < d->ndim; i++) {
         if (d->shape[i] <= 0 || d->stride[i] <= 0) {
             return kvc_error(KVX_ERR_INVALID_PARAM, "layer %s: shape[%u] = "

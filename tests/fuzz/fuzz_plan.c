@@ -107,18 +107,11 @@ static void fz_geom_travels(const kvc_geom_t *g, uint64_t length)
     meta.digest          = kvc_hs_digest(&layer, 1);
     text = kvc_hs_encode(&meta, &len);
     FZ_CHECK(text != NULL, "hs encode: %s", kvc_last_error());
-    if (kvc_hs_decode(text, len, &back) != KVX_OK) {
-        /* Open finding (README.md): kvc_geom_from_desc accepts any
-         * elem_size, the handshake decoder only 1, 2, 4 or 8. Tolerated
-         * for exactly that case until registration rejects it; any other
-         * rejection fails. */
-        FZ_CHECK(g->elem_size != 1 && g->elem_size != 2 &&
-                     g->elem_size != 4 && g->elem_size != 8,
-                 "a geometry kvc_geom_from_desc accepted is rejected in "
-                 "handshake metadata: %s", kvc_last_error());
-        free(text);
-        return;
-    }
+    /* Every geometry registration accepts must survive the handshake
+     * (elem_size 16 once did not: corpus/plan/open-elem-size-16). */
+    FZ_CHECK(kvc_hs_decode(text, len, &back) == KVX_OK,
+             "a geometry kvc_geom_from_desc accepted is rejected in "
+             "handshake metadata: %s", kvc_last_error());
     FZ_CHECK(back.num_layers == 1 && kvc_geom_same(&back.layers[0].geom, g),
              "geometry changed in the handshake");
     kvc_hs_fini(&back);
