@@ -92,7 +92,7 @@ int Usage()
             "               [--faults LIST|all|ci|none] [--trace] [--quiet] "
             "[--max-fail K] [--seed-timeout S]\n"
             "faults: abort preabort crash restart destroy junk forge dup delay "
-            "(ci = crash,preabort,junk,dup,delay)\n");
+            "(ci = crash,preabort,junk,dup,delay,destroy)\n");
     return 2;
 }
 

@@ -16,7 +16,8 @@ namespace sim {
 
 const uint32_t kAllFaults = kFAbort | kFCrash | kFRestart | kFDestroy |
                             kFJunk | kFForge | kFDup | kFDelay | kFPreAbort;
-const uint32_t kCiFaults  = kFCrash | kFPreAbort | kFJunk | kFDup | kFDelay;
+const uint32_t kCiFaults  = kFCrash | kFPreAbort | kFJunk | kFDup | kFDelay |
+                            kFDestroy;
 
 static const char *const kFaultNames[] = {"abort", "crash", "restart",
                                           "destroy", "junk", "forge", "dup",
