@@ -350,10 +350,12 @@ void kvc_write_peer_ready(struct kvx_engine *eng, kvc_peer_t *peer)
         while (x != NULL) {
             kvc_xfer_t *next = x->hnext;
 
-            if (x->write && x->is_producer && x->src == peer) {
+            /* The pump may end and free x: x is not touched after it (a
+             * transfer with subs has no src of its own). */
+            if (x->write && x->is_producer && x->nsubs == 0 &&
+                x->src == peer) {
                 kvc_write_ready_pump(eng, peer, x);
-            }
-            if (x->write && x->is_producer && x->nsubs > 0) {
+            } else if (x->write && x->is_producer && x->nsubs > 0) {
                 x->fanout = 1;
                 for (uint32_t k = 0; k < x->nsubs; k++) {
                     if (x->subs[k]->src == peer && !x->subs[k]->sub_finished) {

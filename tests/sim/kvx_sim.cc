@@ -88,11 +88,11 @@ int Usage()
 {
     fprintf(stderr,
             "usage: kvx_sim [--seed N | --seeds A..B | --long] "
-            "[--scenario read|write|any]\n"
+            "[--scenario read|write|any] [--tp 1|2]\n"
             "               [--faults LIST|all|ci|none] [--trace] [--quiet] "
             "[--max-fail K] [--seed-timeout S]\n"
             "faults: abort preabort crash restart destroy junk forge dup delay "
-            "(ci = crash,preabort,junk,dup,delay)\n");
+            "reboot lag\n        (ci = crash,preabort,junk,dup,delay,destroy)\n");
     return 2;
 }
 
@@ -128,6 +128,12 @@ int main(int argc, char **argv)
                 return 2;
             }
             i++;
+        } else if (arg == "--tp" && val != nullptr) {
+            o.tp = (uint32_t)strtoul(val, nullptr, 10);
+            if (o.tp != 1 && o.tp != 2) {
+                return Usage();
+            }
+            i++;
         } else if (arg == "--max-fail" && val != nullptr) {
             max_fail = strtoull(val, nullptr, 10);
             i++;
@@ -151,6 +157,7 @@ int main(int argc, char **argv)
     setvbuf(stdout, nullptr, _IOLBF, 0);
     auto     t0 = std::chrono::steady_clock::now();
     uint64_t failed = 0, steps = 0, n = 0, recv = 0, fails = 0, crashes = 0;
+    uint64_t reboots = 0, stale = 0;
     for (uint64_t s = a; s <= b; s++) {
         snprintf(g_replay, sizeof(g_replay), "%s",
                  ReplayCommand(s, o).c_str());
@@ -164,6 +171,8 @@ int main(int argc, char **argv)
         recv += r.recv_ok;
         fails += r.failed;
         crashes += r.crashes;
+        reboots += r.reboots;
+        stale += r.stale_reads;
         if (!r.ok) {
             failed++;
             if (o.quiet) {
@@ -190,8 +199,12 @@ int main(int argc, char **argv)
     printf("kvx_sim: %" PRIu64 " seeds (%" PRIu64 "..%" PRIu64 "), scenario "
            "%s, faults %s: %" PRIu64 " failed; %" PRIu64 " steps, %" PRIu64
            " transfers received OK, %" PRIu64 " failed events, %" PRIu64
-           " crashes; %.1f s\n", n, a, a + n - 1, o.scenario.c_str(),
-           FaultNames(o.faults).c_str(), failed, steps, recv, fails, crashes,
-           wall);
+           " crashes", n, a, a + n - 1, o.scenario.c_str(),
+           FaultNames(o.faults).c_str(), failed, steps, recv, fails, crashes);
+    if (reboots > 0 || stale > 0) {
+        printf(", %" PRIu64 " reboots, %" PRIu64 " stale reads", reboots,
+               stale);
+    }
+    printf("; %.1f s\n", wall);
     return failed ? 1 : 0;
 }

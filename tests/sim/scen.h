@@ -45,6 +45,10 @@ struct RankX {
     bool                  live      = false; // requested, no terminal yet
     bool                  aborted   = false;
     bool                  verified  = false; // OK checked
+    // D READ: a get copied into this transfer's blocks from a P instance
+    // that never accepted it (a restart on the same address): the engine
+    // may not know until it has read, but it must not report OK.
+    std::string           stale;
     uint64_t              last_us   = 0;     // last framework action
     std::vector<uint64_t> blocks;
     // P: per layer, computed (filled) for this transfer, and the gen of
@@ -117,6 +121,8 @@ private:
     void        WaitTransfer(RankX *x);
     void        CrashRank(Rank *r);
     void        DestroyRank(Rank *r);
+    void        Reboot(Transfer *t, bool producer, bool crash);
+    void        ListReboot(Transfer *t, std::vector<Action> *out);
     void        Stranger(bool forge);
     std::vector<uint64_t> FreeBlocks(bool producer, uint32_t dp);
     bool        Finished() const;
@@ -149,7 +155,8 @@ private:
     uint32_t           tp_ = 1, pdp_ = 1, ddp_ = 1, pnb_ = 8, dnb_ = 8;
     uint32_t           target_ = 3;   // transfers to start
     uint32_t           crash_budget_ = 0, destroy_budget_ = 0,
-                       abort_budget_ = 0, stranger_budget_ = 0;
+                       abort_budget_ = 0, stranger_budget_ = 0,
+                       reboot_budget_ = 0;
     double             hs_s_ = 1.0, xfer_s_ = 2.0, defer_s_ = 3.0;
     uint32_t           next_uid_ = 1;
     bool               cleanup_  = false;

@@ -177,6 +177,9 @@ void Scenario::ListActions(std::vector<Action> *out)
                                 [this, dx] { WaitTransfer(dx); }});
             }
         }
+        if (reboot_budget_ > 0) {
+            ListReboot(t, out);
+        }
     }
     std::vector<Rank *> idle; // running ranks not inside an API call
     for (auto &kv : slots_) {
@@ -208,6 +211,39 @@ void Scenario::ListActions(std::vector<Action> *out)
             out->push_back({2, "stranger forge", [this] { Stranger(true); }});
         }
     }
+}
+
+// ListReboot: the reboot fault's moment for t. READ: every P rank of t
+// registered it (the proxy has the response) and some D rank has not made
+// its request yet; WRITE: a D rank requested t and P has not ended it.
+// The instance restarted is P's (READ) or D's (WRITE) DP rank of t; each
+// of its ranks must be running and outside any API call.
+void Scenario::ListReboot(Transfer *t, std::vector<Action> *out)
+{
+    bool     moment = false, all_p = true;
+    uint32_t dp     = read_ ? t->pdp : t->ddp;
+
+    for (uint32_t tp = 0; tp < tp_; tp++) {
+        const RankX *px = t->p[tp].get(), *dx = t->d[tp].get();
+        all_p = all_p && px != nullptr && px->requested;
+        if (read_) {
+            moment = moment || (dx != nullptr && !dx->requested &&
+                                !dx->dropped);
+        } else {
+            moment = moment || (dx != nullptr && dx->live && px != nullptr &&
+                                px->live);
+        }
+        Rank *r = Slot(read_, dp, tp);
+        if (r->state != Rank::kUp || r->busy) {
+            return;
+        }
+    }
+    if (!moment || (read_ && (!all_p || t->presp.empty()))) {
+        return;
+    }
+    out->push_back({10, std::string("reboot ") + (read_ ? "P" : "D") +
+                            " instance of " + t->tid,
+                    [this, t] { Reboot(t, read_, rng_.Below(2) == 0); }});
 }
 
 void Scenario::NewTransfer()
@@ -482,6 +518,45 @@ void Scenario::DestroyRank(Rank *r)
         return 0;
     });
     EndRank(r);
+}
+
+// Reboot: every TP rank of t's P (or D) DP rank goes down (all crash, or
+// all engine_destroy in turn) and starts again on the same addresses with
+// new instance ids, as a restarted serving instance does.
+void Scenario::Reboot(Transfer *t, bool producer, bool crash)
+{
+    uint32_t dp = producer ? t->pdp : t->ddp;
+
+    reboot_budget_--;
+    res_.reboots++;
+    w_.Trace("  reboot the %s instance dp%u (%s)", producer ? "P" : "D", dp,
+             crash ? "crash" : "engine_destroy");
+    for (uint32_t tp = 0; tp < tp_; tp++) {
+        Rank *r = Slot(producer, dp, tp);
+        if (r->state != Rank::kUp || r->busy) {
+            continue; // taken down meanwhile (nested fault action)
+        }
+        if (crash) {
+            w_.Trace("  crash %s", r->name().c_str());
+            res_.crashes++;
+            w_.Crash(r->node);
+            r->state = Rank::kCrashed;
+        } else {
+            w_.Trace("  engine_destroy %s", r->name().c_str());
+            Call(r, [&] {
+                api_->engine_destroy(r->eng);
+                r->eng   = nullptr;
+                r->state = Rank::kDestroyed;
+                return 0;
+            });
+        }
+        EndRank(r);
+    }
+    for (uint32_t tp = 0; tp < tp_ && !w_.Violated(); tp++) {
+        if (Slot(producer, dp, tp)->state != Rank::kUp) {
+            StartRank(producer, dp, tp);
+        }
+    }
 }
 
 void Scenario::Stranger(bool forge)

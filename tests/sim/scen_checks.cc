@@ -189,6 +189,11 @@ void Scenario::VerifyOk(RankX *x, const char *how)
         return;
     }
     x->verified = true;
+    if (!x->stale.empty()) {
+        Fail(Fmt("%s: %s for %s, but its gets read %s", r->name().c_str(),
+                 how, x->t->tid.c_str(), x->stale.c_str()));
+        return;
+    }
     if (x->aborted && read_) {
         Fail(Fmt("%s: %s for READ transfer %s after consumer_abort (SPEC "
                  "§14: an aborted READ never reports OK)", r->name().c_str(),
@@ -276,6 +281,36 @@ bool Scenario::CopyCheck(const CopyInfo &ci)
         seg = seg < ci.len - done ? seg : ci.len - done;
 
         RankX *px = s.r->owner[sb];
+        RankX *dx = d.r->owner[db];
+        // READ from a P incarnation other than the one that accepted the
+        // transfer (or when none did): it restarted on the same address.
+        // Only reading, harmless to P; D can learn it only from the
+        // instance ids, possibly after reading. Recorded: D must not
+        // report the transfer OK (VerifyOk). Reads of the accepting
+        // instance's blocks are checked below as always.
+        const RankX *acc = dx != nullptr && dx->live
+                               ? dx->t->p[dx->tp].get() : nullptr;
+        if (!ci.is_put && dx != nullptr && dx->live &&
+            s.r->dp == dx->t->pdp && s.r->tp == dx->tp &&
+            (acc == nullptr || !acc->requested || acc->rank != s.r)) {
+            if (dx->stale.empty()) {
+                dx->stale = Fmt("%s layer %u block %" PRIu64 ", an instance "
+                                "that never accepted it (%s)",
+                                s.r->name().c_str(), s.layer, sb,
+                                acc == nullptr ? "its P rank was down at "
+                                "creation"
+                                : !acc->requested
+                                    ? "its P rank never registered it"
+                                    : ("accepted by " +
+                                       acc->rank->name()).c_str());
+                w_.Trace("  stale read into %s for %s: %s",
+                         d.r->name().c_str(), dx->t->tid.c_str(),
+                         dx->stale.c_str());
+            }
+            res_.stale_reads++;
+            done += seg;
+            continue;
+        }
         if (px == nullptr || !px->live || !px->ready[s.layer]) {
             Fail(Fmt("%s reads %s layer %u block %" PRIu64 " %s, which P %s",
                      op, s.r->name().c_str(), s.layer, sb, skv ? "V" : "K",
@@ -287,7 +322,6 @@ bool Scenario::CopyCheck(const CopyInfo &ci)
                                  : "has not computed yet (no layer_ready)"));
             return false;
         }
-        RankX *dx = d.r->owner[db];
         if (dx == nullptr || !dx->live) {
             Fail(Fmt("%s writes %s layer %u block %" PRIu64 " %s, which D "
                      "holds for no live transfer (%s)", op,

@@ -15,12 +15,15 @@ extern "C" {
 namespace sim {
 
 const uint32_t kAllFaults = kFAbort | kFCrash | kFRestart | kFDestroy |
-                            kFJunk | kFForge | kFDup | kFDelay | kFPreAbort;
-const uint32_t kCiFaults  = kFCrash | kFPreAbort | kFJunk | kFDup | kFDelay;
+                            kFJunk | kFForge | kFDup | kFDelay | kFPreAbort |
+                            kFReboot | kFLag;
+const uint32_t kCiFaults  = kFCrash | kFPreAbort | kFJunk | kFDup | kFDelay |
+                            kFDestroy;
 
 static const char *const kFaultNames[] = {"abort", "crash", "restart",
                                           "destroy", "junk", "forge", "dup",
-                                          "delay", "preabort"};
+                                          "delay", "preabort", "reboot",
+                                          "lag"};
 static const size_t kNumFaults = sizeof(kFaultNames) / sizeof(kFaultNames[0]);
 
 static const char *kPHost = "10.0.1.1";
@@ -56,7 +59,8 @@ bool ParseFaults(const std::string &s, uint32_t *out, std::string *err)
         }
         if (i == kNumFaults) {
             *err = "unknown fault '" + name + "' (abort, preabort, crash, "
-                   "restart, destroy, junk, forge, dup, delay, all, ci, none)";
+                   "restart, destroy, junk, forge, dup, delay, reboot, lag, all, "
+                   "ci, none)";
             return false;
         }
         f |= 1u << i;
@@ -80,8 +84,9 @@ std::string FaultNames(uint32_t faults)
 std::string ReplayCommand(uint64_t seed, const Options &o)
 {
     return "build/tests/sim/kvx_sim --seed " + std::to_string(seed) +
-           " --scenario " + o.scenario + " --faults " + FaultNames(o.faults) +
-           " --trace";
+           " --scenario " + o.scenario +
+           (o.tp != 0 ? " --tp " + std::to_string(o.tp) : std::string()) +
+           " --faults " + FaultNames(o.faults) + " --trace";
 }
 
 uint64_t Mix64(uint64_t z)
@@ -238,6 +243,7 @@ void Scenario::Configure()
 
     read_   = s == "read" ? true : s == "write" ? false : rng_.Below(2) == 0;
     tp_     = 1 + (uint32_t)rng_.Below(2);
+    tp_     = o_.tp != 0 ? o_.tp : tp_; // drawn anyway: same stream
     pdp_    = 1 + (uint32_t)rng_.Below(2);
     ddp_    = 1 + (uint32_t)rng_.Below(2);
     layers  = 1 + (uint32_t)rng_.Below(3);
@@ -249,12 +255,14 @@ void Scenario::Configure()
     target_ = 1 + (uint32_t)rng_.Below(6);
     crash_budget_    = (o_.faults & kFCrash) ? (uint32_t)rng_.Below(3) : 0;
     destroy_budget_  = (o_.faults & kFDestroy) ? 1 : 0;
+    reboot_budget_   = (o_.faults & kFReboot) ? 1 : 0;
     abort_budget_    = (o_.faults & (kFAbort | kFPreAbort))
                            ? 1 + (uint32_t)rng_.Below(2) : 0;
     stranger_budget_ = (o_.faults & (kFJunk | kFForge))
                            ? 1 + (uint32_t)rng_.Below(4) : 0;
     w_.set_net_faults(((o_.faults & kFDup) ? (uint32_t)kFaultDup : 0u) |
-                      ((o_.faults & kFDelay) ? (uint32_t)kFaultDelay : 0u));
+                      ((o_.faults & kFDelay) ? (uint32_t)kFaultDelay : 0u) |
+                      ((o_.faults & kFLag) ? (uint32_t)kFaultLag : 0u));
     char buf[300];
     snprintf(buf, sizeof(buf), "%s, P tp%u dp%u -> D tp%u dp%u, %u layers "
              "[2,NB,%u,%u,%u]x%u B, P %u / D %u blocks, %u transfers, "

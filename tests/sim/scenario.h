@@ -23,6 +23,14 @@ enum Fault : uint32_t {
     kFDup     = 1u << 6, // control requests delivered twice
     kFDelay   = 1u << 7, // control requests held up to 3 virtual seconds
     kFPreAbort = 1u << 8, // consumer_abort before D's request (never made)
+    kFReboot  = 1u << 9, // a whole instance (every TP rank of one DP rank)
+                         // is crashed or destroyed and started again on its
+                         // addresses at the worst moment: READ P after its
+                         // producer_request, before D's request; WRITE D
+                         // after consumer_request, before P's write_done
+    kFLag     = 1u << 10, // control replies held up to 100 virtual ms (20 %):
+                          // later messages overtake them (WRITE: write_done
+                          // before the remote_blocks reply)
 };
 
 // The faults of the CI seed run: every class that does not hit a known,
@@ -37,6 +45,7 @@ std::string FaultNames(uint32_t faults);
 struct Options {
     std::string scenario = "any"; // read | write | any
     uint32_t    faults   = kCiFaults;
+    uint32_t    tp       = 0;         // TP size of both sides (0: drawn)
     bool        trace    = false;
     bool        quiet    = false; // no violation report on stdout
     // mutate: break the model on purpose, to show the checks catch it
@@ -55,6 +64,9 @@ struct Result {
     uint64_t    virt_us = 0;
     std::string config;     // one line: mode, TP/DP, layers, blocks, faults
     uint32_t    transfers = 0, recv_ok = 0, failed = 0, crashes = 0;
+    uint32_t    reboots = 0;     // instances restarted by the reboot fault
+    uint32_t    stale_reads = 0; // READ runs copied from a P instance that
+                                 // never accepted the transfer (D must fail)
 };
 
 Result      RunSeed(uint64_t seed, const Options &o);

@@ -62,10 +62,24 @@ static kvx_status_t CopyRun(World *w, SimOp *op, size_t idx)
         w->Violate(buf);
         return KVX_ERR_OUT_OF_BOUNDS;
     }
-    if (rm == w->mems.end() || peer->destroyed) {
+    if (peer->destroyed) {
+        // The peer's context is gone (engine_destroy; its process lives on
+        // and may reuse the memory). Real UCX never reaches a destroyed
+        // context's memory: its worker no longer answers (emulated RMA) or
+        // the registration is invalid (RDMA), so the run fails at the
+        // origin like one to a crashed peer, and nothing is copied.
+        w->Trace("  %s of op %" PRIu64 " from %s: the peer context %s was "
+                 "destroyed: the run fails", op->is_put ? "put" : "get",
+                 op->id, own->name.c_str(), peer->name.c_str());
+        return KVX_ERR_ENDPOINT;
+    }
+    if (rm == w->mems.end()) {
+        // A registration released while its context still serves peers:
+        // the memory may be reused under the peer's operation.
         snprintf(buf, sizeof(buf), "%s of op %" PRIu64 " from %s: the peer "
-                 "%s released the registration it targets (destroyed or "
-                 "deregistered while a peer operation was in flight)",
+                 "%s released the registration it targets (deregistered "
+                 "while a peer operation was in flight, the context still "
+                 "serving)",
                  op->is_put ? "put" : "get", op->id, own->name.c_str(),
                  peer->name.c_str());
         w->Violate(buf);

@@ -223,6 +223,12 @@ bool World::StepLimit(uint64_t limit_us)
         Trace("delay %s until t=%.6f", Describe(ev).c_str(),
               (double)ev.due_us / 1e6);
         Enqueue(ev);
+    } else if (ev.kind == EvKind::kCtlReply && (net_faults_ & kFaultLag) &&
+               rng_.Percent(20)) {
+        ev.due_us = now_us_ + 1 + rng_.Below(100000);
+        Trace("lag %s until t=%.6f", Describe(ev).c_str(),
+              (double)ev.due_us / 1e6);
+        Enqueue(ev);
     } else {
         if (ev.kind == EvKind::kCtlRequest && (net_faults_ & kFaultDup) &&
             rng_.Percent(10)) {

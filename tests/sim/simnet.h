@@ -44,6 +44,8 @@ private:
 enum NetFault : uint32_t {
     kFaultDup   = 1u << 0, // deliver a request twice
     kFaultDelay = 1u << 1, // hold a request for up to a few virtual seconds
+    kFaultLag   = 1u << 2, // hold a reply up to 100 virtual ms: messages
+                           // sent after it (other connections) overtake it
 };
 
 enum class NodeState {
