@@ -35,13 +35,17 @@ static uint64_t kvt_real_now(void *arg)
 
 static uint64_t kvt_real_random(void *arg)
 {
-    uint64_t v = 0;
+    uint64_t        v = 0;
+    struct timespec ts;
 
     (void)arg;
     if (getrandom(&v, sizeof(v), 0) != (ssize_t)sizeof(v)) {
         v = kvc_mono_us() ^ ((uint64_t)getpid() << 32);
     }
-    return v;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return ((uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u)
+               << 12 |
+           (v & 0xfffu);
 }
 
 static void kvt_real_wait(void *arg, pthread_cond_t *cond,

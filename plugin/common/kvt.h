@@ -45,7 +45,11 @@ typedef struct kvt_job  kvt_job_t;
 typedef struct kvt_clock {
     /* now_us: monotonic microseconds. */
     uint64_t (*now_us)(void *arg);
-    /* random64: a fresh random number (engine instance ids). */
+    /* random64: a fresh engine instance id, non-zero and increasing with
+     * the start time: a later instance on the same address compares
+     * greater (real: CLOCK_REALTIME microseconds << 12 | 12 random bits),
+     * so a late message of an older instance is never taken for a
+     * restart. */
     uint64_t (*random64)(void *arg);
     /* wait: called with lock held, returns with it held, after cond was
      * signalled or now_us() reached deadline_us (or spuriously: callers

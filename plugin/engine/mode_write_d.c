@@ -108,7 +108,10 @@ static void kvc_write_d_abort_check(struct kvx_engine *eng, kvc_xfer_t *x,
     if (why != NULL) {
         snprintf(x->reason, sizeof(x->reason), "%s", why);
     }
-    kvc_event_push(eng, KVX_EVENT_FAILED, KVX_ERR_CANCELED, x, x->reason, 1);
+    if (x->status == KVX_OK) {
+        x->status = KVX_ERR_CANCELED;
+    }
+    kvc_event_push(eng, KVX_EVENT_FAILED, x->status, x, x->reason, 1);
     kvc_idset_add(&eng->terminal, x->transfer_id);
 }
 
@@ -255,6 +258,22 @@ void kvc_write_d_peer_failed(struct kvx_engine *eng, kvc_peer_t *peer)
                 kvc_write_d_abort_check(eng, x, NULL);
                 continue;
             }
+            if (x->rel_inst[k] == 0 && peer->lost_inst != 0 &&
+                peer->inst != 0 && peer->inst != peer->lost_inst) {
+                /* A restart, and no reply told which instance took
+                 * remote_blocks: the new one may be putting into the
+                 * blocks. Fail only once every P rank confirmed its puts
+                 * fenced (release, as consumer_abort does). */
+                kvc_msg_t m;
+
+                x->aborting = 1;
+                x->status   = peer->fail_status;
+                snprintf(x->reason, sizeof(x->reason), "P rank %.200s: "
+                         "%.280s", peer->name, peer->fail_reason);
+                kvc_release_msg(eng, x->transfer_id, &m);
+                kvc_write_d_send(x, &m, "release");
+                continue;
+            }
             {
                 kvc_msg_t m;
 
@@ -282,8 +301,8 @@ void kvc_write_d_deadline(struct kvx_engine *eng, kvc_xfer_t *x)
 {
     char why[KVX_REASON_MAX];
 
-    snprintf(why, sizeof(why), "aborted by the framework; not every P rank "
-             "confirmed its puts fenced before the deadline");
+    snprintf(why, sizeof(why), "%.300s; not every P rank confirmed its puts "
+             "fenced before the deadline", x->reason);
     kvc_write_d_abort_check(eng, x, why);
 }
 

@@ -103,6 +103,9 @@ void kvc_peer_set_inst(kvc_peer_t *peer, uint64_t inst)
 
 int kvc_peer_inst_dead(const kvc_peer_t *peer, uint64_t inst)
 {
+    if (inst != 0 && peer->inst != 0 && inst < peer->inst) {
+        return 1; /* started before the live one (kvt_clock_t.random64) */
+    }
     for (uint32_t i = 0; i < peer->ndead; i++) {
         if (peer->dead_inst[i] == inst) {
             return 1;
@@ -127,7 +130,9 @@ int kvc_peer_saw_instance(kvc_peer_t *peer, uint64_t inst, kvc_peer_conn_t *c)
 {
     char why[KVX_REASON_MAX];
 
-    if (inst == 0 || inst == peer->inst) {
+    if (inst == 0 || inst == peer->inst || kvc_peer_inst_dead(peer, inst)) {
+        /* The same one, or a late reply of one already replaced: not a
+         * restart of the live one. */
         return 0;
     }
     if (peer->inst == 0) {

@@ -305,9 +305,14 @@ static uint64_t SimNow(void *arg)
     return static_cast<World *>(arg)->Now();
 }
 
+// Instance ids increase with the start (kvt_clock_t.random64): virtual
+// microseconds, then a world-wide counter for starts at the same instant.
 static uint64_t SimRandom(void *arg)
 {
-    return static_cast<World *>(arg)->engine_rng().Next();
+    World *w = static_cast<World *>(arg);
+
+    (void)w->engine_rng().Next(); // keeps the engines' random stream
+    return (w->Now() + 1) << 20 | (++w->inst_seq & 0xfffffu);
 }
 
 static void SimWait(void *arg, pthread_cond_t *cond, pthread_mutex_t *lock,

@@ -138,6 +138,9 @@ public:
     int      Depth() const { return depth_; }
     Rng     &rng() { return rng_; }
     Rng     &engine_rng() { return eng_rng_; }
+    // Engine instance ids started in this world (ordering of same-instant
+    // starts; kvt_clock_t.random64).
+    uint64_t inst_seq = 0;
     void     set_net_faults(uint32_t f) { net_faults_ = f; }
     // Stranger: a request from an unknown host (reply discarded).
     void InjectRequest(const std::string &from_host, const std::string &to,
