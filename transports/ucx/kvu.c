@@ -61,7 +61,7 @@
 #define KVU_AM_PUTACK     0x4b4
 #define KVU_AM_MAGIC      0x4d41564bu /* "KVAM" */
 #define KVU_AM_VERSION    1
-#define KVU_AM_MAX_LEN    (4u << 20)  /* bytes per message */
+#define KVU_AM_MAX_LEN    (64u << 10) /* bytes per message */
 #define KVU_AMP_BUCKETS   1024
 
 typedef struct kvu_am_hdr {
@@ -205,6 +205,7 @@ struct kvu_ctx {
     kvu_mem_t      *mems;        /* registered memory, ctx lock */
     uint64_t        amp_next_id;
     uint64_t        am_refused;  /* AM requests refused (log throttle) */
+    ucp_datatype_t  am_dt;       /* bytes, packed by copy (kvu_dt_*) */
     kvu_amp_t      *amp[KVU_AMP_BUCKETS]; /* unanswered AM ops, by id */
 };
 
@@ -416,6 +417,8 @@ static int kvu_am_issue(kvu_ep_t *ep, kvu_job_t *job, void *lbuf,
     prm.user_data    = amp;
     prm.flags        = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER;
     if (job->is_put) {
+        prm.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
+        prm.datatype      = ctx->am_dt;
         sp = ucp_am_send_nbx(ep->ep, KVU_AM_PUT, &amp->hdr, sizeof(amp->hdr),
                              lbuf, len, &prm);
     } else {
@@ -487,7 +490,6 @@ static void kvu_am_answer_send(kvu_ctx_t *ctx, ucp_ep_h reply_ep,
     ucp_request_param_t prm;
     ucs_status_ptr_t    sp;
 
-    (void)ctx;
     if (amr == NULL) {
         return; /* the origin's op completes at its ep's failure or close */
     }
@@ -503,6 +505,10 @@ static void kvu_am_answer_send(kvu_ctx_t *ctx, ucp_ep_h reply_ep,
     prm.cb.send      = kvu_am_reply_cb;
     prm.user_data    = amr;
     prm.flags        = UCP_AM_SEND_FLAG_EAGER;
+    if (len > 0) {
+        prm.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
+        prm.datatype      = ctx->am_dt;
+    }
     sp = ucp_am_send_nbx(reply_ep, am_id, &amr->hdr, sizeof(amr->hdr),
                          data, len, &prm);
     if (sp == NULL || UCS_PTR_IS_ERR(sp)) {
@@ -660,6 +666,77 @@ static ucs_status_t kvu_am_putack_cb(void *arg, const void *header,
     return kvu_am_on_answer(arg, 1, header, hlen, data, len, param);
 }
 
+/* A generic datatype of bytes: UCX can only copy it (bcopy), never send it
+ * zero-copy. UCX 1.13's tcp zero-copy path aborts the sender when the
+ * peer dies with the send outstanding (uct_iface.h "Assertion
+ * `comp->count > 0' failed", status ENDPOINT_TIMEOUT: seen in the kill_d
+ * READ campaign on GETREP); copy sends complete with the error. */
+typedef struct kvu_dt_state {
+    const uint8_t *buf;
+    size_t         len;
+} kvu_dt_state_t;
+
+static void *kvu_dt_start_pack(void *context, const void *buffer,
+                               size_t count)
+{
+    kvu_dt_state_t *st = malloc(sizeof(*st));
+
+    (void)context;
+    if (st != NULL) {
+        st->buf = buffer;
+        st->len = count;
+    }
+    return st;
+}
+
+static void *kvu_dt_start_unpack(void *context, void *buffer, size_t count)
+{
+    return kvu_dt_start_pack(context, buffer, count);
+}
+
+static size_t kvu_dt_packed_size(void *state)
+{
+    return ((kvu_dt_state_t *)state)->len;
+}
+
+static size_t kvu_dt_pack(void *state, size_t offset, void *dest,
+                          size_t max_length)
+{
+    kvu_dt_state_t *st = state;
+    size_t          n;
+
+    if (offset >= st->len) {
+        return 0;
+    }
+    n = st->len - offset < max_length ? st->len - offset : max_length;
+    memcpy(dest, st->buf + offset, n);
+    return n;
+}
+
+static ucs_status_t kvu_dt_unpack(void *state, size_t offset, const void *src,
+                                  size_t length)
+{
+    (void)state;
+    (void)offset;
+    (void)src;
+    (void)length;
+    return UCS_ERR_UNSUPPORTED; /* kvxfer never receives with it */
+}
+
+static void kvu_dt_finish(void *state)
+{
+    free(state);
+}
+
+static const ucp_generic_dt_ops_t kvu_dt_ops = {
+    .start_pack   = kvu_dt_start_pack,
+    .start_unpack = kvu_dt_start_unpack,
+    .packed_size  = kvu_dt_packed_size,
+    .pack         = kvu_dt_pack,
+    .unpack       = kvu_dt_unpack,
+    .finish       = kvu_dt_finish,
+};
+
 static kvx_status_t kvu_am_init(kvu_ctx_t *ctx)
 {
     static const struct {
@@ -670,8 +747,14 @@ static kvx_status_t kvu_am_init(kvu_ctx_t *ctx)
         {KVU_AM_PUT, kvu_am_put_cb},       {KVU_AM_PUTACK, kvu_am_putack_cb},
     };
     const char *env = getenv("KVX_UCX_AM_RMA");
+    ucs_status_t dst;
 
     ctx->am_rma = env == NULL || strcmp(env, "0") != 0;
+    dst = ucp_dt_create_generic(&kvu_dt_ops, NULL, &ctx->am_dt);
+    if (dst != UCS_OK) {
+        return kvc_error(KVX_ERR_TRANSPORT, "ucp_dt_create_generic: %s",
+                         ucs_status_string(dst));
+    }
     for (size_t i = 0; i < sizeof(h) / sizeof(h[0]); i++) {
         ucp_am_handler_param_t hp;
         ucs_status_t           st;
@@ -1359,6 +1442,9 @@ static void kvu_ctx_free(kvu_ctx_t *ctx)
     }
     if (ctx->worker != NULL) {
         ucp_worker_destroy(ctx->worker);
+    }
+    if (ctx->am_dt != 0) {
+        ucp_dt_destroy(ctx->am_dt);
     }
     /* Endpoints UCX had not released by the deadline: freed only after
      * the worker, whose destruction may still complete their requests. */
