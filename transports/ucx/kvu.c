@@ -37,6 +37,64 @@
  * complete at both ends) for at most this long, then is force-closed. */
 #define KVU_DRAIN_MS      1000
 
+/* --- RMA over kvxfer's own active messages ------------------------------
+ * On an endpoint without an RMA lane (tcp), UCX emulates ucp_get/ucp_put
+ * with internal active messages whose target-side replies are internal
+ * requests without an error path: when the origin dies or force-closes
+ * while replies are queued, the TARGET aborts (ucp_request_try_send
+ * "unexpected error", UCX 1.13 .. 1.22; tcp pending purge assertion). On
+ * such endpoints kvxfer moves the data itself with user active messages
+ * (ucp_am_send_nbx requests complete with an error status instead):
+ *   GETREQ {id, addr, len}         origin -> target
+ *   GETREP {id, status} + data     target -> origin (reply endpoint)
+ *   PUT    {id, addr, len} + data  origin -> target
+ *   PUTACK {id, status}            target -> origin
+ * Every message is eager (UCP_AM_SEND_FLAG_EAGER: no rendezvous, whose
+ * internal requests would have the same defect). The target checks every
+ * request against the memory it registered and the remote access it
+ * granted (kvt.h KVT_ACCESS_*): anything else is answered with
+ * KVX_ERR_OUT_OF_BOUNDS and never touches memory. The environment variable
+ * KVX_UCX_AM_RMA=0 turns it off (UCX's own emulation). */
+#define KVU_AM_GETREQ     0x4b1
+#define KVU_AM_GETREP     0x4b2
+#define KVU_AM_PUT        0x4b3
+#define KVU_AM_PUTACK     0x4b4
+#define KVU_AM_MAGIC      0x4d41564bu /* "KVAM" */
+#define KVU_AM_VERSION    1
+#define KVU_AM_MAX_LEN    (64u << 10) /* bytes per message */
+#define KVU_AMP_BUCKETS   1024
+
+typedef struct kvu_am_hdr {
+    uint32_t magic;
+    uint16_t version;
+    uint16_t pad;
+    int32_t  status;   /* answers: kvx_status_t */
+    uint32_t pad2;
+    uint64_t id;       /* origin's request id */
+    uint64_t addr;     /* requests: target address */
+    uint64_t len;      /* requests: bytes */
+} kvu_am_hdr_t;
+
+/* kvu_amp_t: one AM get/put at the origin, until it was answered (reply,
+ * error, cancel: the op's reference dropped) and its send completed. */
+typedef struct kvu_amp {
+    kvu_am_hdr_t    hdr;       /* sent; valid until the send completes */
+    kvu_ep_t       *ep;
+    kvt_op_t       *op;
+    void           *lbuf;
+    uint64_t        len;
+    int             is_put;
+    int             answered;
+    int             send_done;
+    struct kvu_amp *hnext;     /* ctx->amp[] bucket */
+} kvu_amp_t;
+
+/* kvu_amr_t: a target's answer in flight (header and memory pinned). */
+typedef struct kvu_amr {
+    kvu_am_hdr_t     hdr;
+    struct kvu_mem  *mem;      /* GETREP data source, or NULL */
+} kvu_amr_t;
+
 typedef struct kvu_job kvu_job_t;
 
 struct kvu_job {
@@ -69,6 +127,11 @@ struct kvu_mem {
     size_t     len;
     void      *rkey_buf;
     size_t     rkey_len;
+    int        host;           /* host memory (AM requests may copy) */
+    uint64_t   am_refs;        /* GETREP sends reading it (ctx lock) */
+    int        orphan;         /* released with am_refs > 0: the last
+                                  reply frees the struct */
+    kvu_mem_t *next;           /* ctx->mems */
 };
 
 struct kvu_rkey {
@@ -85,6 +148,8 @@ struct kvu_ep {
     int           rma_shm_only;  /* RMA lanes are shared memory only */
     int           am_fifo;       /* AM lane is a shared-memory FIFO: gets
                                     capped at KVU_FIFO_MAX_GETS */
+    int           am_rma;        /* gets/puts over kvxfer AMs (emulated) */
+    uint64_t      am_npending;   /* AM gets/puts not answered yet */
     kvu_ep_err_fn err_cb;
     void         *err_arg;
     int           failed;
@@ -136,6 +201,12 @@ struct kvu_ctx {
     int             delivering;  /* error callbacks running unlocked */
     _Atomic uint64_t kicks;      /* kvu_ctx_kick calls */
     _Atomic int     sleeping;    /* progress thread in (or entering) poll */
+    int             am_rma;      /* KVX_UCX_AM_RMA (default 1) */
+    kvu_mem_t      *mems;        /* registered memory, ctx lock */
+    uint64_t        amp_next_id;
+    uint64_t        am_refused;  /* AM requests refused (log throttle) */
+    ucp_datatype_t  am_dt;       /* bytes, packed by copy (kvu_dt_*) */
+    kvu_amp_t      *amp[KVU_AMP_BUCKETS]; /* unanswered AM ops, by id */
 };
 
 kvx_status_t kvu_status_from_ucs(int ucs_status)
@@ -236,6 +307,477 @@ static void kvu_job_cancel_all(kvu_ep_t *ep, kvx_status_t status)
     ep->qtail = NULL;
 }
 
+/* --- RMA over active messages (ctx lock held throughout) ---------------- */
+
+static kvu_amp_t **kvu_amp_slot(kvu_ctx_t *ctx, uint64_t id)
+{
+    kvu_amp_t **pp = &ctx->amp[id & (KVU_AMP_BUCKETS - 1)];
+
+    while (*pp != NULL && (*pp)->hdr.id != id) {
+        pp = &(*pp)->hnext;
+    }
+    return pp;
+}
+
+/* kvu_amp_answer drops the op's reference of an unanswered AM op (reply,
+ * error or cancel); frees it once its send completed too. */
+static void kvu_amp_answer(kvu_amp_t *amp, kvx_status_t status)
+{
+    kvu_ep_t   *ep  = amp->ep;
+    kvu_ctx_t  *ctx = ep->ctx;
+    kvu_amp_t **pp  = kvu_amp_slot(ctx, amp->hdr.id);
+
+    if (*pp == amp) {
+        *pp = amp->hnext;
+    }
+    amp->answered = 1;
+    ep->am_npending--;
+    ep->inflight -= amp->len;
+    if (status != KVX_OK) {
+        kvu_op_set_error(amp->op, status);
+    }
+    kvu_op_put(ctx, amp->op);
+    if (amp->send_done) {
+        free(amp);
+    }
+}
+
+/* kvu_am_cancel_ep completes every unanswered AM op of ep with status
+ * (endpoint failed or closing: their answers, if any, are dropped). */
+static void kvu_am_cancel_ep(kvu_ep_t *ep, kvx_status_t status)
+{
+    kvu_ctx_t *ctx = ep->ctx;
+
+    for (size_t b = 0; b < KVU_AMP_BUCKETS && ep->am_npending > 0; b++) {
+        kvu_amp_t *amp = ctx->amp[b], *next;
+
+        for (; amp != NULL; amp = next) {
+            next = amp->hnext;
+            if (amp->ep == ep) {
+                kvu_amp_answer(amp, status);
+            }
+        }
+    }
+}
+
+static void kvu_am_send_cb(void *request, ucs_status_t status,
+                           void *user_data)
+{
+    kvu_amp_t *amp = user_data;
+    kvu_ep_t  *ep  = amp->ep;
+
+    ep->inflight_reqs--;
+    amp->send_done = 1;
+    if (!amp->answered && status != UCS_OK) {
+        kvu_amp_answer(amp, ep->failed ? ep->fail_status
+                                       : kvu_status_from_ucs(status));
+    } else if (amp->answered) {
+        free(amp);
+    }
+    ucp_request_free(request);
+}
+
+/* kvu_am_issue sends one GETREQ or PUT of len bytes (<= KVU_AM_MAX_LEN). */
+static int kvu_am_issue(kvu_ep_t *ep, kvu_job_t *job, void *lbuf,
+                        uint64_t raddr, uint64_t len)
+{
+    kvu_ctx_t          *ctx = ep->ctx;
+    kvu_amp_t          *amp = calloc(1, sizeof(*amp));
+    kvu_amp_t         **pp;
+    ucp_request_param_t prm;
+    ucs_status_ptr_t    sp;
+
+    if (amp == NULL) {
+        kvu_op_set_error(job->op, KVX_ERR_NO_MEMORY);
+        return -1;
+    }
+    amp->hdr.magic   = KVU_AM_MAGIC;
+    amp->hdr.version = KVU_AM_VERSION;
+    amp->hdr.id      = ++ctx->amp_next_id;
+    amp->hdr.addr    = raddr;
+    amp->hdr.len     = len;
+    
+    amp->ep          = ep;
+    amp->op          = job->op;
+    amp->lbuf        = lbuf;
+    amp->len         = len;
+    amp->is_put      = job->is_put;
+    pp               = kvu_amp_slot(ctx, amp->hdr.id);
+    amp->hnext       = *pp; /* NULL: ids are unique */
+    *pp              = amp;
+    ep->am_npending++;
+    ep->inflight += len;
+    atomic_fetch_add(&job->op->remaining, 1);
+
+    memset(&prm, 0, sizeof(prm));
+    prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                       UCP_OP_ATTR_FIELD_USER_DATA |
+                       UCP_OP_ATTR_FIELD_FLAGS;
+    prm.cb.send      = kvu_am_send_cb;
+    prm.user_data    = amp;
+    prm.flags        = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER;
+    if (job->is_put) {
+        prm.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
+        prm.datatype      = ctx->am_dt;
+        sp = ucp_am_send_nbx(ep->ep, KVU_AM_PUT, &amp->hdr, sizeof(amp->hdr),
+                             lbuf, len, &prm);
+    } else {
+        sp = ucp_am_send_nbx(ep->ep, KVU_AM_GETREQ, &amp->hdr,
+                             sizeof(amp->hdr), NULL, 0, &prm);
+    }
+    if (sp == NULL) {
+        amp->send_done = 1;
+        return 0;
+    }
+    if (UCS_PTR_IS_ERR(sp)) {
+        kvc_log_error("KVX-UCX-POST", "%s of %llu bytes to %s (active "
+                      "message) failed: %s", job->is_put ? "put" : "get",
+                      (unsigned long long)len, ep->peer,
+                      ucs_status_string(UCS_PTR_STATUS(sp)));
+        amp->send_done = 1;
+        kvu_amp_answer(amp, kvu_status_from_ucs(UCS_PTR_STATUS(sp)));
+        return -1;
+    }
+    ep->inflight_reqs++;
+    return 0;
+}
+
+/* kvu_am_find_mem: the registered host memory holding [addr, addr+len)
+ * that peers may access as asked (is_put: write, else read); NULL when
+ * there is none. Every field comes from the wire: checked for overflow. */
+static kvu_mem_t *kvu_am_find_mem(kvu_ctx_t *ctx, uint64_t addr,
+                                  uint64_t len, int is_put)
+{
+    int access = ctx->params.remote_access;
+
+    if (len == 0 || len > KVU_AM_MAX_LEN || access == KVT_ACCESS_LOCAL ||
+        (is_put && access == KVT_ACCESS_READ) ||
+        (!is_put && access == KVT_ACCESS_WRITE)) {
+        return NULL;
+    }
+    for (kvu_mem_t *m = ctx->mems; m != NULL; m = m->next) {
+        uint64_t base = (uint64_t)(uintptr_t)m->base;
+
+        if (m->host && addr >= base && addr - base <= m->len &&
+            len <= m->len - (addr - base)) {
+            return m;
+        }
+    }
+    return NULL;
+}
+
+static void kvu_am_reply_cb(void *request, ucs_status_t status,
+                            void *user_data)
+{
+    kvu_amr_t *amr = user_data;
+
+    (void)status; /* the origin went away: nothing to do */
+    if (amr->mem != NULL && --amr->mem->am_refs == 0 && amr->mem->orphan) {
+        free(amr->mem);
+    }
+    free(amr);
+    ucp_request_free(request);
+}
+
+/* kvu_am_answer_send: GETREP (data from mem, or none) or PUTACK on the
+ * requester's reply endpoint; a failure is dropped (origin gone). */
+static void kvu_am_answer_send(kvu_ctx_t *ctx, ucp_ep_h reply_ep,
+                               unsigned am_id, uint64_t id,
+                               kvx_status_t status, kvu_mem_t *mem,
+                               const void *data, size_t len)
+{
+    kvu_amr_t          *amr = calloc(1, sizeof(*amr));
+    ucp_request_param_t prm;
+    ucs_status_ptr_t    sp;
+
+    if (amr == NULL) {
+        return; /* the origin's op completes at its ep's failure or close */
+    }
+    amr->hdr.magic   = KVU_AM_MAGIC;
+    amr->hdr.version = KVU_AM_VERSION;
+    amr->hdr.status  = (int32_t)status;
+    amr->hdr.id      = id;
+    amr->mem         = mem;
+    memset(&prm, 0, sizeof(prm));
+    prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                       UCP_OP_ATTR_FIELD_USER_DATA |
+                       UCP_OP_ATTR_FIELD_FLAGS;
+    prm.cb.send      = kvu_am_reply_cb;
+    prm.user_data    = amr;
+    prm.flags        = UCP_AM_SEND_FLAG_EAGER;
+    if (len > 0) {
+        prm.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
+        prm.datatype      = ctx->am_dt;
+    }
+    sp = ucp_am_send_nbx(reply_ep, am_id, &amr->hdr, sizeof(amr->hdr),
+                         data, len, &prm);
+    if (sp == NULL || UCS_PTR_IS_ERR(sp)) {
+        free(amr);
+        return;
+    }
+    if (mem != NULL) {
+        mem->am_refs++;
+    }
+}
+
+/* kvu_am_log_refusal counts a refused request; logs the 1st, 2nd, 4th ...
+ * (a hostile or broken peer cannot flood the log). */
+static int kvu_am_log_refusal(kvu_ctx_t *ctx)
+{
+    uint64_t n = ++ctx->am_refused;
+
+    return (n & (n - 1)) == 0;
+}
+
+static int kvu_am_hdr_ok(const void *header, size_t header_length,
+                         kvu_am_hdr_t *h)
+{
+    if (header == NULL || header_length != sizeof(*h)) {
+        return 0;
+    }
+    memcpy(h, header, sizeof(*h));
+    return h->magic == KVU_AM_MAGIC && h->version == KVU_AM_VERSION;
+}
+
+/* kvu_am_on_request: the target side of GETREQ and PUT (inside
+ * ucp_worker_progress, ctx lock held). */
+static ucs_status_t kvu_am_on_request(kvu_ctx_t *ctx, int is_put,
+                                      const void *header, size_t hlen,
+                                      void *data, size_t len,
+                                      const ucp_am_recv_param_t *param)
+{
+    kvu_am_hdr_t h;
+    kvu_mem_t   *mem;
+    int          rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+
+    if (rndv) {
+        /* Never sent by kvxfer (eager only); not received. */
+        ucp_am_data_release(ctx->worker, data);
+    }
+    if (!kvu_am_hdr_ok(header, hlen, &h) ||
+        !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ||
+        param->reply_ep == NULL) {
+        if (kvu_am_log_refusal(ctx)) {
+            kvc_log_warn("KVX-UCX-AM", "%s: malformed %s request dropped "
+                         "(%llu refused so far)", ctx->name,
+                         is_put ? "put" : "get",
+                         (unsigned long long)ctx->am_refused);
+        }
+        return UCS_OK;
+    }
+    mem = kvu_am_find_mem(ctx, h.addr, h.len, is_put);
+    if (mem == NULL || rndv || (is_put ? len != h.len : len != 0)) {
+        if (kvu_am_log_refusal(ctx)) {
+            kvc_log_warn("KVX-UCX-AM", "%s: %s of %llu bytes at 0x%llx "
+                         "refused: %s (%llu refused so far)", ctx->name,
+                         is_put ? "put" : "get", (unsigned long long)h.len,
+                         (unsigned long long)h.addr,
+                         mem == NULL ? "not inside memory registered for "
+                                       "this remote access"
+                                     : "malformed message",
+                         (unsigned long long)ctx->am_refused);
+        }
+        kvu_am_answer_send(ctx, param->reply_ep,
+                           is_put ? KVU_AM_PUTACK : KVU_AM_GETREP, h.id,
+                           KVX_ERR_OUT_OF_BOUNDS, NULL, NULL, 0);
+        return UCS_OK;
+    }
+    if (is_put) {
+        memcpy((void *)(uintptr_t)h.addr, data, h.len);
+        kvu_am_answer_send(ctx, param->reply_ep, KVU_AM_PUTACK, h.id, KVX_OK,
+                           NULL, NULL, 0);
+    } else {
+        kvu_am_answer_send(ctx, param->reply_ep, KVU_AM_GETREP, h.id, KVX_OK,
+                           mem, (const void *)(uintptr_t)h.addr, h.len);
+    }
+    return UCS_OK;
+}
+
+/* kvu_am_on_answer: the origin side of GETREP and PUTACK. */
+static ucs_status_t kvu_am_on_answer(kvu_ctx_t *ctx, int is_put,
+                                     const void *header, size_t hlen,
+                                     void *data, size_t len,
+                                     const ucp_am_recv_param_t *param)
+{
+    kvu_am_hdr_t h;
+    kvu_amp_t   *amp;
+    kvx_status_t st;
+    int          rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+
+    if (rndv) {
+        ucp_am_data_release(ctx->worker, data);
+    }
+    if (!kvu_am_hdr_ok(header, hlen, &h)) {
+        kvc_log_warn("KVX-UCX-AM", "%s: malformed %s answer dropped",
+                     ctx->name, is_put ? "put" : "get");
+        return UCS_OK;
+    }
+    amp = *kvu_amp_slot(ctx, h.id);
+    if (amp == NULL) {
+        return UCS_OK; /* canceled meanwhile (ep failed or closed) */
+    }
+    if (amp->is_put != is_put || rndv ||
+        (h.status == KVX_OK && len != (is_put ? 0 : amp->len))) {
+        kvc_log_warn("KVX-UCX-AM", "%s: malformed %s answer from %s",
+                     ctx->name, is_put ? "put" : "get", amp->ep->peer);
+        st = KVX_ERR_ENDPOINT;
+    } else if (h.status != KVX_OK) {
+        st = h.status == KVX_ERR_OUT_OF_BOUNDS ? KVX_ERR_OUT_OF_BOUNDS
+                                               : KVX_ERR_ENDPOINT;
+        kvc_log_error("KVX-UCX-AM", "%s: %s of %llu bytes refused by %s "
+                      "(status %d)", ctx->name, is_put ? "put" : "get",
+                      (unsigned long long)amp->len, amp->ep->peer,
+                      (int)h.status);
+    } else {
+        if (!is_put) {
+            memcpy(amp->lbuf, data, amp->len);
+        }
+        st = KVX_OK;
+    }
+    kvu_amp_answer(amp, st);
+    return UCS_OK;
+}
+
+static ucs_status_t kvu_am_getreq_cb(void *arg, const void *header,
+                                     size_t hlen, void *data, size_t len,
+                                     const ucp_am_recv_param_t *param)
+{
+    return kvu_am_on_request(arg, 0, header, hlen, data, len, param);
+}
+
+static ucs_status_t kvu_am_put_cb(void *arg, const void *header, size_t hlen,
+                                  void *data, size_t len,
+                                  const ucp_am_recv_param_t *param)
+{
+    return kvu_am_on_request(arg, 1, header, hlen, data, len, param);
+}
+
+static ucs_status_t kvu_am_getrep_cb(void *arg, const void *header,
+                                     size_t hlen, void *data, size_t len,
+                                     const ucp_am_recv_param_t *param)
+{
+    return kvu_am_on_answer(arg, 0, header, hlen, data, len, param);
+}
+
+static ucs_status_t kvu_am_putack_cb(void *arg, const void *header,
+                                     size_t hlen, void *data, size_t len,
+                                     const ucp_am_recv_param_t *param)
+{
+    return kvu_am_on_answer(arg, 1, header, hlen, data, len, param);
+}
+
+/* A generic datatype of bytes: UCX can only copy it (bcopy), never send it
+ * zero-copy. UCX 1.13's tcp zero-copy path aborts the sender when the
+ * peer dies with the send outstanding (uct_iface.h "Assertion
+ * `comp->count > 0' failed", status ENDPOINT_TIMEOUT: seen in the kill_d
+ * READ campaign on GETREP); copy sends complete with the error. */
+typedef struct kvu_dt_state {
+    const uint8_t *buf;
+    size_t         len;
+} kvu_dt_state_t;
+
+static void *kvu_dt_start_pack(void *context, const void *buffer,
+                               size_t count)
+{
+    kvu_dt_state_t *st = malloc(sizeof(*st));
+
+    (void)context;
+    if (st != NULL) {
+        st->buf = buffer;
+        st->len = count;
+    }
+    return st;
+}
+
+static void *kvu_dt_start_unpack(void *context, void *buffer, size_t count)
+{
+    return kvu_dt_start_pack(context, buffer, count);
+}
+
+static size_t kvu_dt_packed_size(void *state)
+{
+    return ((kvu_dt_state_t *)state)->len;
+}
+
+static size_t kvu_dt_pack(void *state, size_t offset, void *dest,
+                          size_t max_length)
+{
+    kvu_dt_state_t *st = state;
+    size_t          n;
+
+    if (offset >= st->len) {
+        return 0;
+    }
+    n = st->len - offset < max_length ? st->len - offset : max_length;
+    memcpy(dest, st->buf + offset, n);
+    return n;
+}
+
+static ucs_status_t kvu_dt_unpack(void *state, size_t offset, const void *src,
+                                  size_t length)
+{
+    (void)state;
+    (void)offset;
+    (void)src;
+    (void)length;
+    return UCS_ERR_UNSUPPORTED; /* kvxfer never receives with it */
+}
+
+static void kvu_dt_finish(void *state)
+{
+    free(state);
+}
+
+static const ucp_generic_dt_ops_t kvu_dt_ops = {
+    .start_pack   = kvu_dt_start_pack,
+    .start_unpack = kvu_dt_start_unpack,
+    .packed_size  = kvu_dt_packed_size,
+    .pack         = kvu_dt_pack,
+    .unpack       = kvu_dt_unpack,
+    .finish       = kvu_dt_finish,
+};
+
+static kvx_status_t kvu_am_init(kvu_ctx_t *ctx)
+{
+    static const struct {
+        unsigned        id;
+        ucp_am_recv_callback_t cb;
+    } h[] = {
+        {KVU_AM_GETREQ, kvu_am_getreq_cb}, {KVU_AM_GETREP, kvu_am_getrep_cb},
+        {KVU_AM_PUT, kvu_am_put_cb},       {KVU_AM_PUTACK, kvu_am_putack_cb},
+    };
+    const char *env = getenv("KVX_UCX_AM_RMA");
+    ucs_status_t dst;
+
+    ctx->am_rma = env == NULL || strcmp(env, "0") != 0;
+    dst = ucp_dt_create_generic(&kvu_dt_ops, NULL, &ctx->am_dt);
+    if (dst != UCS_OK) {
+        return kvc_error(KVX_ERR_TRANSPORT, "ucp_dt_create_generic: %s",
+                         ucs_status_string(dst));
+    }
+    for (size_t i = 0; i < sizeof(h) / sizeof(h[0]); i++) {
+        ucp_am_handler_param_t hp;
+        ucs_status_t           st;
+
+        memset(&hp, 0, sizeof(hp));
+        hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
+                        UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
+                        UCP_AM_HANDLER_PARAM_FIELD_CB |
+                        UCP_AM_HANDLER_PARAM_FIELD_ARG;
+        hp.id         = h[i].id;
+        hp.flags      = UCP_AM_FLAG_WHOLE_MSG;
+        hp.cb         = h[i].cb;
+        hp.arg        = ctx;
+        st = ucp_worker_set_am_recv_handler(ctx->worker, &hp);
+        if (st != UCS_OK) {
+            return kvc_error(KVX_ERR_TRANSPORT,
+                             "ucp_worker_set_am_recv_handler: %s",
+                             ucs_status_string(st));
+        }
+    }
+    return KVX_OK;
+}
+
 static int kvu_issue(kvu_ep_t *ep, kvu_job_t *job, uint64_t len)
 {
     const kvc_run_t   *run = &job->runs[job->idx];
@@ -245,6 +787,9 @@ static int kvu_issue(kvu_ep_t *ep, kvu_job_t *job, uint64_t len)
                                                  run->local_off + job->off);
     uint64_t            raddr = job->remote_base + run->remote_off + job->off;
 
+    if (ep->am_rma) {
+        return kvu_am_issue(ep, job, lbuf, raddr, len);
+    }
     memset(&prm, 0, sizeof(prm));
     prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     prm.cb.send      = kvu_req_cb;
@@ -311,6 +856,9 @@ static void kvu_ep_drain(kvu_ep_t *ep)
 
     while (!ep->failed && (job = ep->qhead) != NULL) {
         if (job->is_flush) {
+            if (ep->am_npending > 0) {
+                return; /* AM gets/puts complete only when answered */
+            }
             kvu_issue_flush(ep, job);
         }
         while (job->idx < job->n) {
@@ -322,12 +870,15 @@ static void kvu_ep_drain(kvu_ep_t *ep)
                 return;
             }
             if (ep->am_fifo && !job->is_put &&
-                ep->inflight_reqs >= KVU_FIFO_MAX_GETS) {
+                ep->inflight_reqs + ep->am_npending >= KVU_FIFO_MAX_GETS) {
                 return;
             }
             len = run->len - job->off;
             if (len > ctx->chunk) {
                 len = ctx->chunk;
+            }
+            if (ep->am_rma && len > KVU_AM_MAX_LEN) {
+                len = KVU_AM_MAX_LEN;
             }
             if (len > 0 && kvu_issue(ep, job, len) != 0) {
                 job->idx = job->n;
@@ -369,8 +920,10 @@ static void kvu_reap_closing(kvu_ctx_t *ctx)
          * close cannot leave the peer with replies to a vanished endpoint;
          * a failure or the deadline closes it at once. */
         if (ep->ep != NULL &&
-            (ep->close_flush == NULL || ep->failed || now >= ep->close_by_us)) {
-            if (ep->close_flush != NULL && !ep->failed) {
+            ((ep->close_flush == NULL && ep->am_npending == 0) ||
+             ep->failed || now >= ep->close_by_us)) {
+            if ((ep->close_flush != NULL || ep->am_npending > 0) &&
+                !ep->failed) {
                 kvc_log_warn("KVX-UCX-CLOSE", "endpoint to %s: operations "
                              "still in flight %d ms after close began; "
                              "force-closing", ep->peer, KVU_DRAIN_MS);
@@ -384,7 +937,7 @@ static void kvu_reap_closing(kvu_ctx_t *ctx)
         }
         if (ep->ep == NULL && ep->close_req == NULL &&
             ep->close_flush == NULL && ep->inflight_reqs == 0 &&
-            !ep->err_pending && !ep->wire_pending) {
+            ep->am_npending == 0 && !ep->err_pending && !ep->wire_pending) {
             *pp = ep->next;
             free(ep);
             continue;
@@ -439,6 +992,9 @@ static int kvu_deliver(kvu_ctx_t *ctx)
     pthread_mutex_lock(&ctx->lock);
     n += kvu_take_incoming(ctx);
     for (kvu_ep_t *ep = ctx->eps; ep != NULL; ep = ep->next) {
+        if (ep->failed && ep->am_npending > 0) {
+            kvu_am_cancel_ep(ep, ep->fail_status);
+        }
         if (ep->qhead != NULL && ep->failed) {
             kvu_job_cancel_all(ep, ep->fail_status);
         } else if (ep->qhead != NULL) {
@@ -876,7 +1432,7 @@ static kvx_status_t kvu_worker_init(kvu_ctx_t *ctx)
         return kvc_error(KVX_ERR_TRANSPORT, "ucp_worker_get_address: %s",
                          ucs_status_string(st));
     }
-    return KVX_OK;
+    return kvu_am_init(ctx);
 }
 
 static void kvu_ctx_free(kvu_ctx_t *ctx)
@@ -886,6 +1442,9 @@ static void kvu_ctx_free(kvu_ctx_t *ctx)
     }
     if (ctx->worker != NULL) {
         ucp_worker_destroy(ctx->worker);
+    }
+    if (ctx->am_dt != 0) {
+        ucp_dt_destroy(ctx->am_dt);
     }
     /* Endpoints UCX had not released by the deadline: freed only after
      * the worker, whose destruction may still complete their requests. */
@@ -1028,6 +1587,15 @@ static kvx_status_t kvu_mem_finish(kvu_ctx_t *ctx, kvu_mem_t *mem)
     return KVX_OK;
 }
 
+/* kvu_mem_list_add: peers' AM gets/puts may use mem from now on. */
+static void kvu_mem_list_add(kvu_ctx_t *ctx, kvu_mem_t *mem)
+{
+    pthread_mutex_lock(&ctx->lock);
+    mem->next = ctx->mems;
+    ctx->mems = mem;
+    pthread_mutex_unlock(&ctx->lock);
+}
+
 /* kvu_mem_prot: ucp_mem_map protection for the context's remote_access
  * (kvt.h); sets the field in mp unless it is the default. */
 static void kvu_mem_prot(const kvu_ctx_t *ctx, ucp_mem_map_params_t *mp)
@@ -1094,6 +1662,8 @@ kvx_status_t kvu_mem_register(kvu_ctx_t *ctx, void *base, size_t len,
     if (kvu_mem_finish(ctx, mem) != KVX_OK) {
         return KVX_ERR_TRANSPORT;
     }
+    mem->host = mt == UCS_MEMORY_TYPE_HOST;
+    kvu_mem_list_add(ctx, mem);
     *mem_p = mem;
     return KVX_OK;
 }
@@ -1137,6 +1707,8 @@ kvx_status_t kvu_mem_alloc(kvu_ctx_t *ctx, size_t len, kvu_mem_t **mem_p,
     if (kvu_mem_finish(ctx, mem) != KVX_OK) {
         return KVX_ERR_TRANSPORT;
     }
+    mem->host = 1;
+    kvu_mem_list_add(ctx, mem);
     *mem_p = mem;
     *ptr_p = mem->base;
     return KVX_OK;
@@ -1149,7 +1721,36 @@ void kvu_mem_release(kvu_mem_t *mem)
     }
     ucp_rkey_buffer_release(mem->rkey_buf);
     pthread_mutex_lock(&mem->ctx->lock);
+    for (kvu_mem_t **pp = &mem->ctx->mems; *pp != NULL; pp = &(*pp)->next) {
+        if (*pp == mem) {
+            *pp = mem->next;
+            break;
+        }
+    }
+    /* AM get replies still reading it (zero-copy sends): wait a bounded
+     * time for UCX to finish them (the progress thread signals cond). */
+    {
+        uint64_t deadline = kvc_mono_us() + KVU_DRAIN_MS * 1000u;
+
+        while (mem->am_refs > 0 && !kvu_in_progress_thread(mem->ctx) &&
+               kvc_mono_us() < deadline) {
+            struct timespec ts;
+
+            kvc_abs_realtime(&ts, 10);
+            pthread_cond_timedwait(&mem->ctx->cond, &mem->ctx->lock, &ts);
+        }
+        if (mem->am_refs > 0) {
+            kvc_log_warn("KVX-UCX-AM", "%s: memory released while %llu "
+                         "get replies still read it", mem->ctx->name,
+                         (unsigned long long)mem->am_refs);
+        }
+    }
     ucp_mem_unmap(mem->ctx->ucp, mem->memh);
+    if (mem->am_refs > 0) {
+        mem->orphan = 1;
+        pthread_mutex_unlock(&mem->ctx->lock);
+        return;
+    }
     pthread_mutex_unlock(&mem->ctx->lock);
     free(mem);
 }
@@ -1267,6 +1868,7 @@ static void kvu_ep_describe(kvu_ep_t *ep)
     ep->emulated     = kvu_lanes_rma_emulated(&lanes);
     ep->rma_shm_only = kvu_lanes_rma_shm_only(&lanes);
     ep->am_fifo      = kvu_lanes_am_fifo(&lanes);
+    ep->am_rma       = ep->emulated && ep->ctx->am_rma;
     (void)kvu_lanes_format(&lanes, ep->transports, sizeof(ep->transports));
 }
 
@@ -1351,7 +1953,10 @@ kvx_status_t kvu_ep_create(kvu_ctx_t *ctx, const void *addr, size_t len,
     }
     kvc_log_info("KVX-UCX-EP", "%s: endpoint to %s uses %s%s", ctx->name,
                  ep->peer, ep->transports,
-                 ep->emulated ? " (RMA emulated over active messages)" : "");
+                 !ep->emulated ? ""
+                 : ep->am_rma ? " (no RMA lane: gets/puts over kvxfer active "
+                                "messages)"
+                              : " (RMA emulated over active messages)");
     *ep_p = ep;
     return KVX_OK;
 }
@@ -1370,6 +1975,8 @@ static void kvu_ep_close_locked(kvu_ep_t *ep)
     if (ep->ep == NULL) {
         return;
     }
+    /* Unanswered AM gets/puts: any answer is dropped from now on. */
+    kvu_am_cancel_ep(ep, ep->failed ? ep->fail_status : KVX_ERR_CANCELED);
     memset(&prm, 0, sizeof(prm));
     prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     prm.flags        = ctx->params.err_mode_peer ? UCP_EP_CLOSE_FLAG_FORCE : 0;

@@ -8,6 +8,12 @@
  * operations on app-owned memory are emulated over active messages and need
  * target-side progress (research/ucx.md §0.2, experiment D).
  *
+ * On an endpoint without an RMA lane (tcp) gets and puts do not use
+ * ucp_get_nbx/ucp_put_nbx (UCX's emulation aborts the target when the
+ * origin dies): they travel as kvxfer's own active messages, which the
+ * target checks against the memory it registered and the remote access it
+ * grants (transports/ucx/README.md).
+ *
  * Operations are posted as run lists against a kvu_op_t. kvu_post only
  * queues them; the progress thread issues the runs under a per-endpoint
  * bytes-in-flight cap. When every run of an op has completed, op->done(op) runs on the

@@ -1,0 +1,202 @@
+// test_kvu_am.cc - gets and puts on an endpoint without an RMA lane (tcp)
+// go over kvxfer's own active messages (transports/ucx/README.md): data
+// arrives, and the target refuses whatever lies outside memory it
+// registered or outside the remote access it grants, without touching it.
+#include <gtest/gtest.h>
+
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <vector>
+
+extern "C" {
+#include "ucx/kvu.h"
+}
+
+namespace {
+
+struct Waiter {
+    kvt_op_t        op{};
+    pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    pthread_cond_t  cv = PTHREAD_COND_INITIALIZER;
+    int             done = 0;
+
+    static void cb(kvt_op_t *op)
+    {
+        Waiter *w = static_cast<Waiter *>(op->arg);
+        pthread_mutex_lock(&w->mu);
+        w->done++;
+        pthread_cond_broadcast(&w->cv);
+        pthread_mutex_unlock(&w->mu);
+    }
+    int wait()
+    {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += 20;
+        pthread_mutex_lock(&mu);
+        while (done == 0 &&
+               pthread_cond_timedwait(&cv, &mu, &ts) == 0) {
+        }
+        int d = done;
+        pthread_mutex_unlock(&mu);
+        EXPECT_EQ(d, 1);
+        return op.status;
+    }
+};
+
+struct Side {
+    kvu_ctx_t           *ctx = nullptr;
+    kvu_mem_t           *mem = nullptr;
+    std::vector<uint8_t> buf;
+
+    Side(const char *name, int access, uint8_t fill)
+        : buf(65536, fill)
+    {
+        kvu_params_t p{};
+        p.tls                = "tcp";
+        p.err_mode_peer      = 1;
+        p.max_inflight_bytes = 1 << 20;
+        p.name               = name;
+        p.remote_access      = access;
+        EXPECT_EQ(kvu_ctx_create(&p, &ctx), KVX_OK);
+        EXPECT_EQ(kvu_mem_register(ctx, buf.data(), buf.size(), 0, &mem),
+                  KVX_OK);
+    }
+    ~Side()
+    {
+        kvu_mem_release(mem);
+        kvu_ctx_destroy(ctx);
+    }
+};
+
+struct Pair {
+    Side        target, origin;
+    kvu_ep_t   *ep   = nullptr;
+    kvu_rkey_t *rkey = nullptr;
+
+    explicit Pair(int target_access)
+        : target("am-target", target_access, 0x5a),
+          origin("am-origin", KVT_ACCESS_LOCAL, 0x00)
+    {
+        const void *addr, *rk;
+        size_t      len, rklen;
+
+        kvu_worker_address(target.ctx, &addr, &len);
+        EXPECT_EQ(kvu_ep_create(origin.ctx, addr, len, "am-target", nullptr,
+                                nullptr, &ep), KVX_OK);
+        kvu_mem_rkey(target.mem, &rk, &rklen);
+        EXPECT_EQ(kvu_rkey_unpack(ep, rk, rklen, &rkey), KVX_OK);
+    }
+    ~Pair()
+    {
+        kvu_rkey_destroy(rkey);
+        kvu_ep_close(ep);
+    }
+    int post(int is_put, uint64_t remote_base, uint64_t roff, uint64_t len)
+    {
+        Waiter    w;
+        kvc_run_t run = {0, roff, len};
+
+        w.op.done = Waiter::cb;
+        w.op.arg  = &w;
+        EXPECT_EQ(kvu_post(ep, is_put, origin.mem,
+                           (uint64_t)(uintptr_t)origin.buf.data(), rkey,
+                           remote_base, &run, 1, &w.op), KVX_OK);
+        return w.wait();
+    }
+    uint64_t tbase() const { return (uint64_t)(uintptr_t)target.buf.data(); }
+};
+
+bool all_eq(const uint8_t *p, size_t n, uint8_t v)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (p[i] != v) {
+            return false;
+        }
+    }
+    return true;
+}
+
+TEST(KvuAm, ReadRoleServesGetsAndRefusesTheRest)
+{
+    Pair pr(KVT_ACCESS_READ);
+
+    ASSERT_TRUE(kvu_ep_rma_emulated(pr.ep));
+    for (size_t i = 0; i < pr.target.buf.size(); i++) {
+        pr.target.buf[i] = (uint8_t)(i * 7 + 1);
+    }
+    EXPECT_EQ(pr.post(0, pr.tbase(), 0, 65536), KVX_OK);
+    EXPECT_EQ(memcmp(pr.origin.buf.data(), pr.target.buf.data(), 65536), 0);
+
+    memset(pr.origin.buf.data(), 0, 65536);
+    // Past the end, straddling the end, wrapping around, before the start.
+    EXPECT_EQ(pr.post(0, pr.tbase(), 65536, 1), KVX_ERR_OUT_OF_BOUNDS);
+    EXPECT_EQ(pr.post(0, pr.tbase(), 60000, 8192), KVX_ERR_OUT_OF_BOUNDS);
+    EXPECT_EQ(pr.post(0, UINT64_MAX - 100, 0, 4096), KVX_ERR_OUT_OF_BOUNDS);
+    EXPECT_EQ(pr.post(0, pr.tbase() - 4096, 0, 8192), KVX_ERR_OUT_OF_BOUNDS);
+    EXPECT_TRUE(all_eq(pr.origin.buf.data(), 65536, 0));
+
+    // P's memory in the READ role is not remote-writable.
+    std::vector<uint8_t> before = pr.target.buf;
+    memset(pr.origin.buf.data(), 0xee, 65536);
+    EXPECT_EQ(pr.post(1, pr.tbase(), 0, 4096), KVX_ERR_OUT_OF_BOUNDS);
+    EXPECT_EQ(pr.target.buf, before);
+
+    // The endpoint still works after refusals.
+    EXPECT_EQ(pr.post(0, pr.tbase(), 4096, 4096), KVX_OK);
+    EXPECT_EQ(memcmp(pr.origin.buf.data(), pr.target.buf.data() + 4096, 4096),
+              0);
+}
+
+TEST(KvuAm, WriteRoleTakesPutsAndRefusesGets)
+{
+    Pair pr(KVT_ACCESS_WRITE);
+
+    ASSERT_TRUE(kvu_ep_rma_emulated(pr.ep));
+    for (size_t i = 0; i < pr.origin.buf.size(); i++) {
+        pr.origin.buf[i] = (uint8_t)(i * 13 + 3);
+    }
+    EXPECT_EQ(pr.post(1, pr.tbase(), 1024, 32768), KVX_OK);
+    // A completed put is visible at the target (acknowledged after the copy).
+    EXPECT_EQ(memcmp(pr.target.buf.data() + 1024, pr.origin.buf.data(), 32768),
+              0);
+    EXPECT_TRUE(all_eq(pr.target.buf.data(), 1024, 0x5a));
+    EXPECT_TRUE(all_eq(pr.target.buf.data() + 1024 + 32768,
+                       65536 - 1024 - 32768, 0x5a));
+
+    std::vector<uint8_t> before = pr.target.buf;
+    EXPECT_EQ(pr.post(1, pr.tbase(), 65000, 1024), KVX_ERR_OUT_OF_BOUNDS);
+    EXPECT_EQ(pr.post(1, UINT64_MAX - 10, 0, 64), KVX_ERR_OUT_OF_BOUNDS);
+    EXPECT_EQ(pr.target.buf, before);
+    // D's memory in the WRITE role is not remote-readable.
+    memset(pr.origin.buf.data(), 0, 65536);
+    EXPECT_EQ(pr.post(0, pr.tbase(), 0, 4096), KVX_ERR_OUT_OF_BOUNDS);
+    EXPECT_TRUE(all_eq(pr.origin.buf.data(), 65536, 0));
+}
+
+TEST(KvuAm, FlushWaitsForAcknowledgedPuts)
+{
+    Pair       pr(KVT_ACCESS_DEFAULT);
+    Waiter     w, f;
+    kvc_run_t  runs[16];
+
+    for (int i = 0; i < 16; i++) {
+        runs[i] = {(uint64_t)i * 4096, (uint64_t)i * 4096, 4096};
+    }
+    memset(pr.origin.buf.data(), 0x77, 65536);
+    w.op.done = Waiter::cb;
+    w.op.arg  = &w;
+    f.op.done = Waiter::cb;
+    f.op.arg  = &f;
+    ASSERT_EQ(kvu_post(pr.ep, 1, pr.origin.mem,
+                       (uint64_t)(uintptr_t)pr.origin.buf.data(), pr.rkey,
+                       pr.tbase(), runs, 16, &w.op), KVX_OK);
+    ASSERT_EQ(kvu_flush(pr.ep, &f.op), KVX_OK);
+    EXPECT_EQ(f.wait(), KVX_OK);
+    EXPECT_TRUE(all_eq(pr.target.buf.data(), 65536, 0x77));
+    EXPECT_EQ(w.wait(), KVX_OK);
+}
+
+} // namespace
