@@ -538,6 +538,19 @@ void kvc_peer_hs_finish(kvt_job_t *job)
     peer->layer_map = map;
     peer->state     = KVC_PEER_READY;
     kvc_peer_set_inst(peer, m.epoch);
+    {
+        /* A handshake just reached the peer's address: a control
+         * connection lost before it (a restart: the old instance's) gets
+         * the grace again from now, to come back to the new instance,
+         * rather than making the new one "gone". Only if it is still the
+         * same loss (the watch callback may have cleared it). */
+        uint64_t down = atomic_load(&peer->conn_down_us);
+
+        if (down != 0) {
+            atomic_compare_exchange_strong(&peer->conn_down_us, &down,
+                                           kvc_now_us(eng));
+        }
+    }
     eng->stats.handshakes_ok++;
     memcpy(eng->stats.hs_last_us, peer->hs_us, sizeof(peer->hs_us));
     kvc_log_info("KVX-HANDSHAKE-OK", "peer %s: epoch %llu, %zu layers, %s; "
