@@ -77,8 +77,17 @@ typedef struct kvu_am_hdr {
 
 /* kvu_amp_t: one AM get/put at the origin, until it was answered (reply,
  * error, cancel: the op's reference dropped) and its send completed. */
+/* The pack state of the byte datatype (kvu_dt_ops): lives in the send's
+ * own kvu_amp_t / kvu_amr_t, so nothing is allocated per send (UCX 1.13
+ * does not call finish() for a send purged by an endpoint failure). */
+typedef struct kvu_dt_state {
+    const uint8_t *buf;
+    size_t         len;
+} kvu_dt_state_t;
+
 typedef struct kvu_amp {
     kvu_am_hdr_t    hdr;       /* sent; valid until the send completes */
+    kvu_dt_state_t  dts;       /* PUT data */
     kvu_ep_t       *ep;
     kvt_op_t       *op;
     void           *lbuf;
@@ -92,6 +101,7 @@ typedef struct kvu_amp {
 /* kvu_amr_t: a target's answer in flight (header and memory pinned). */
 typedef struct kvu_amr {
     kvu_am_hdr_t     hdr;
+    kvu_dt_state_t   dts;      /* GETREP data */
     struct kvu_mem  *mem;      /* GETREP data source, or NULL */
 } kvu_amr_t;
 
@@ -419,8 +429,10 @@ static int kvu_am_issue(kvu_ep_t *ep, kvu_job_t *job, void *lbuf,
     if (job->is_put) {
         prm.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
         prm.datatype      = ctx->am_dt;
+        amp->dts.buf = lbuf;
+        amp->dts.len = len;
         sp = ucp_am_send_nbx(ep->ep, KVU_AM_PUT, &amp->hdr, sizeof(amp->hdr),
-                             lbuf, len, &prm);
+                             &amp->dts, len, &prm);
     } else {
         sp = ucp_am_send_nbx(ep->ep, KVU_AM_GETREQ, &amp->hdr,
                              sizeof(amp->hdr), NULL, 0, &prm);
@@ -509,8 +521,10 @@ static void kvu_am_answer_send(kvu_ctx_t *ctx, ucp_ep_h reply_ep,
         prm.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
         prm.datatype      = ctx->am_dt;
     }
+    amr->dts.buf = data;
+    amr->dts.len = len;
     sp = ucp_am_send_nbx(reply_ep, am_id, &amr->hdr, sizeof(amr->hdr),
-                         data, len, &prm);
+                         len > 0 ? (const void *)&amr->dts : NULL, len, &prm);
     if (sp == NULL || UCS_PTR_IS_ERR(sp)) {
         free(amr);
         return;
@@ -671,27 +685,21 @@ static ucs_status_t kvu_am_putack_cb(void *arg, const void *header,
  * peer dies with the send outstanding (uct_iface.h "Assertion
  * `comp->count > 0' failed", status ENDPOINT_TIMEOUT: seen in the kill_d
  * READ campaign on GETREP); copy sends complete with the error. */
-typedef struct kvu_dt_state {
-    const uint8_t *buf;
-    size_t         len;
-} kvu_dt_state_t;
 
+/* buffer is the send's kvu_dt_state_t (count: its len). */
 static void *kvu_dt_start_pack(void *context, const void *buffer,
                                size_t count)
 {
-    kvu_dt_state_t *st = malloc(sizeof(*st));
-
     (void)context;
-    if (st != NULL) {
-        st->buf = buffer;
-        st->len = count;
-    }
-    return st;
+    (void)count;
+    return (void *)(uintptr_t)buffer;
 }
 
 static void *kvu_dt_start_unpack(void *context, void *buffer, size_t count)
 {
-    return kvu_dt_start_pack(context, buffer, count);
+    (void)context;
+    (void)count;
+    return buffer;
 }
 
 static size_t kvu_dt_packed_size(void *state)
@@ -725,7 +733,7 @@ static ucs_status_t kvu_dt_unpack(void *state, size_t offset, const void *src,
 
 static void kvu_dt_finish(void *state)
 {
-    free(state);
+    (void)state; /* owned by the send's kvu_amp_t / kvu_amr_t */
 }
 
 static const ucp_generic_dt_ops_t kvu_dt_ops = {
