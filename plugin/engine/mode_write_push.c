@@ -320,28 +320,6 @@ int kvc_write_fanout_end(struct kvx_engine *eng, kvc_xfer_t *x)
     return 0;
 }
 
-/* kvc_write_ready_pump: peer is READY (a handshake completed): x pushes,
- * unless the instance that answered is not the one x is bound to (the D
- * rank that sent remote_blocks is gone: its blocks are not this one's). */
-static void kvc_write_ready_pump(struct kvx_engine *eng, kvc_peer_t *peer,
-                                 kvc_xfer_t *x)
-{
-    if (x->peer_inst != 0 && peer->inst != 0 && x->peer_inst != peer->inst &&
-        x->state == KVC_XFER_PUSHING) {
-        char why[KVX_REASON_MAX];
-
-        snprintf(why, sizeof(why), "decode rank %.200s restarted: instance "
-                 "%llu answered the handshake, the transfer's blocks are "
-                 "instance %llu's", peer->name,
-                 (unsigned long long)peer->inst,
-                 (unsigned long long)x->peer_inst);
-        kvc_xfer_fail(x, KVX_ERR_ENDPOINT, why);
-        kvc_write_check(eng, x);
-        return;
-    }
-    kvc_write_pump(eng, x);
-}
-
 void kvc_write_peer_ready(struct kvx_engine *eng, kvc_peer_t *peer)
 {
     for (size_t b = 0; b < eng->nbuckets; b++) {
@@ -354,12 +332,12 @@ void kvc_write_peer_ready(struct kvx_engine *eng, kvc_peer_t *peer)
              * transfer with subs has no src of its own). */
             if (x->write && x->is_producer && x->nsubs == 0 &&
                 x->src == peer) {
-                kvc_write_ready_pump(eng, peer, x);
+                kvc_write_pump(eng, x);
             } else if (x->write && x->is_producer && x->nsubs > 0) {
                 x->fanout = 1;
                 for (uint32_t k = 0; k < x->nsubs; k++) {
                     if (x->subs[k]->src == peer && !x->subs[k]->sub_finished) {
-                        kvc_write_ready_pump(eng, peer, x->subs[k]);
+                        kvc_write_pump(eng, x->subs[k]);
                     }
                 }
                 kvc_write_fanout_end(eng, x);
