@@ -120,8 +120,13 @@ struct kvu_job {
     size_t           n;
     size_t           idx;  /* current run */
     uint64_t         off;  /* bytes of runs[idx] already issued */
+    int              route; /* 0 undecided, else KVU_ROUTE_* */
     kvu_job_t       *next;
 };
+
+/* How a job's runs move (kvu_job_route, decided once per job). */
+#define KVU_ROUTE_UCX 1 /* ucp_get_nbx / ucp_put_nbx */
+#define KVU_ROUTE_AM  2 /* kvxfer's own active messages (kvu_am_issue) */
 
 /* kvu_req_t lives inside every UCP request (UCP_PARAM_FIELD_REQUEST_SIZE). */
 typedef struct kvu_req {
@@ -795,7 +800,7 @@ static int kvu_issue(kvu_ep_t *ep, kvu_job_t *job, uint64_t len)
                                                  run->local_off + job->off);
     uint64_t            raddr = job->remote_base + run->remote_off + job->off;
 
-    if (ep->am_rma) {
+    if (job->route == KVU_ROUTE_AM) {
         return kvu_am_issue(ep, job, lbuf, raddr, len);
     }
     memset(&prm, 0, sizeof(prm));
@@ -856,6 +861,35 @@ static void kvu_issue_flush(kvu_ep_t *ep, kvu_job_t *job)
     atomic_fetch_add(&job->op->remaining, 1);
 }
 
+/* kvu_job_route decides how job moves (progress thread, ctx lock held).
+ * UCX emulates a get/put in software (rma_sw.c) on an endpoint without an
+ * RMA lane (tcp) and on shared-memory RMA lanes when the peer's memory is
+ * not UCX-allocated (its rkey does not map here: ucp_rkey_ptr fails, UCX
+ * 1.13). The target's answers are then internal requests without an error
+ * path (a dead origin aborts the target; purged at ucp_worker_destroy they
+ * crash it: ucp_request_send_state_ff reads a datatype and memh those
+ * requests never set, seen after kill_p WRITE sm in ucp_mem_rereg_mds).
+ * Such jobs go over kvxfer's own active messages, whose target checks
+ * every range; everything else stays with UCX (zero-copy or direct
+ * shared-memory copies). */
+static int kvu_job_route(const kvu_ep_t *ep, const kvu_job_t *job)
+{
+    void *ptr = NULL;
+
+    if (!ep->ctx->am_rma) {
+        return KVU_ROUTE_UCX;
+    }
+    if (ep->emulated) {
+        return KVU_ROUTE_AM;
+    }
+    if (ep->rma_shm_only && job->n > 0 &&
+        ucp_rkey_ptr(job->rkey, job->remote_base + job->runs[0].remote_off,
+                     &ptr) != UCS_OK) {
+        return KVU_ROUTE_AM;
+    }
+    return KVU_ROUTE_UCX;
+}
+
 /* kvu_ep_drain issues queued runs while under the in-flight cap. */
 static void kvu_ep_drain(kvu_ep_t *ep)
 {
@@ -868,6 +902,9 @@ static void kvu_ep_drain(kvu_ep_t *ep)
                 return; /* AM gets/puts complete only when answered */
             }
             kvu_issue_flush(ep, job);
+        }
+        if (job->route == 0 && !job->is_flush) {
+            job->route = kvu_job_route(ep, job);
         }
         while (job->idx < job->n) {
             const kvc_run_t *run = &job->runs[job->idx];
@@ -885,7 +922,7 @@ static void kvu_ep_drain(kvu_ep_t *ep)
             if (len > ctx->chunk) {
                 len = ctx->chunk;
             }
-            if (ep->am_rma && len > KVU_AM_MAX_LEN) {
+            if (job->route == KVU_ROUTE_AM && len > KVU_AM_MAX_LEN) {
                 len = KVU_AM_MAX_LEN;
             }
             if (len > 0 && kvu_issue(ep, job, len) != 0) {
