@@ -205,7 +205,9 @@ typedef struct kvx_api {
      * READ mode they bind the transfer to this engine instance
      * (remote_instance, remote_tp_rank): if another instance of that P
      * rank answers D (P restarted on the same address), D's transfer
-     * fails instead of reading the new instance's blocks. */
+     * fails instead of reading the new instance's blocks; with P TP > 1,
+     * so does one of another P rank started after this call
+     * (remote_accepted). */
     kvx_status_t (*producer_request)(kvx_engine_t *engine,
                                      const char *request_id,
                                      const char *params_json,

@@ -48,6 +48,17 @@ static uint64_t kvt_real_random(void *arg)
            (v & 0xfffu);
 }
 
+static uint64_t kvt_real_stamp(void *arg)
+{
+    struct timespec ts;
+
+    (void)arg;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return ((uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u)
+               << 12 |
+           0xfffu;
+}
+
 static void kvt_real_wait(void *arg, pthread_cond_t *cond,
                           pthread_mutex_t *lock, uint64_t deadline_us)
 {
@@ -67,6 +78,7 @@ const kvt_clock_t *kvt_real_clock(void)
     static const kvt_clock_t clock = {
         .now_us   = kvt_real_now,
         .random64 = kvt_real_random,
+        .stamp    = kvt_real_stamp,
         .wait     = kvt_real_wait,
         .arg      = NULL,
     };

@@ -51,6 +51,11 @@ typedef struct kvt_clock {
      * so a late message of an older instance is never taken for a
      * restart. */
     uint64_t (*random64)(void *arg);
+    /* stamp: now on the scale of random64: an instance started after this
+     * call compares greater, one started before compares less (real:
+     * CLOCK_REALTIME microseconds << 12 | 0xfff; clocks of different hosts
+     * must agree better than a process takes to restart). */
+    uint64_t (*stamp)(void *arg);
     /* wait: called with lock held, returns with it held, after cond was
      * signalled or now_us() reached deadline_us (or spuriously: callers
      * re-check). Real: pthread_cond_timedwait. Simulated: the scheduler runs

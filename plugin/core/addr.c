@@ -845,8 +845,9 @@ static kvx_status_t kvc_params_engine_id(json_object *v, const char *key,
                           sizeof(c->p->remote_engine_id));
 }
 
-/* kvc_params_instance: "remote_instance", a decimal string of a non-zero
- * 64-bit id (JSON numbers cannot carry every uint64). */
+/* kvc_params_instance: "remote_instance" or "remote_accepted", a decimal
+ * string of a non-zero 64-bit id (JSON numbers cannot carry every
+ * uint64). */
 static kvx_status_t kvc_params_instance(json_object *v, const char *key,
                                         kvc_params_ctx_t *c)
 {
@@ -874,8 +875,13 @@ static kvx_status_t kvc_params_instance(json_object *v, const char *key,
                          "decimal string of an integer in 1..%llu", key, s,
                          (unsigned long long)UINT64_MAX);
     }
-    c->p->remote_instance     = x;
-    c->p->has_remote_instance = 1;
+    if (strcmp(key, "remote_accepted") == 0) {
+        c->p->remote_accepted     = x;
+        c->p->has_remote_accepted = 1;
+    } else {
+        c->p->remote_instance     = x;
+        c->p->has_remote_instance = 1;
+    }
     return KVX_OK;
 }
 
@@ -1129,6 +1135,7 @@ static const struct {
     {"remote_dp_rank", kvc_params_int},
     {"remote_tp_rank", kvc_params_int},
     {"remote_instance", kvc_params_instance},
+    {"remote_accepted", kvc_params_instance},
     {"do_remote_prefill", kvc_params_bool},
     {"do_remote_decode", kvc_params_bool},
 };
@@ -1291,6 +1298,14 @@ static int kvc_build_decode_obj(json_object *obj, const kvc_params_ctx_t *c,
                           json_object_new_string(text));
         rc |= kvc_obj_put(obj, "remote_tp_rank",
                           json_object_new_int((int)p->remote_tp_rank));
+    }
+    if (p->has_remote_accepted) {
+        char text[24];
+
+        snprintf(text, sizeof(text), "%llu",
+                 (unsigned long long)p->remote_accepted);
+        rc |= kvc_obj_put(obj, "remote_accepted",
+                          json_object_new_string(text));
     }
     if (p->remote_engine_id[0] != '\0') {
         rc |= kvc_obj_put(obj, "remote_engine_id",

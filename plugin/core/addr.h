@@ -189,6 +189,10 @@ typedef struct kvc_xfer_params {
     uint64_t  remote_instance;
     uint32_t  remote_tp_rank;
     int       has_remote_instance;
+    /* When that rank accepted it, on the instance-id scale: D fails the
+     * transfer if another P rank it reads from started later. */
+    uint64_t  remote_accepted;
+    int       has_remote_accepted;
     int       do_remote_prefill;
     int       do_remote_decode;
 } kvc_xfer_params_t;

@@ -220,6 +220,11 @@ typedef struct kvc_xfer {
                                       src_tp (of its dp rank) that accepted
                                       the request (0: not bound) */
     uint32_t          src_tp;
+    uint64_t          accepted;    /* READ: P's kvt_clock_t.stamp at
+                                      producer_request (D: from the params;
+                                      0: not known). A P rank whose
+                                      instance compares greater started
+                                      after it: it cannot hold the blocks */
     uint64_t          peer_inst;   /* P WRITE: instance of the D rank that
                                       sent remote_blocks (0: legacy) */
     kvc_xfer_params_t dparams;     /* P: D's instance from the request */

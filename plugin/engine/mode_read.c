@@ -118,6 +118,22 @@ static int kvc_read_bound_check(struct kvx_engine *eng, kvc_xfer_t *x,
         uint64_t    inst = kvc_read_bound_inst(x, peer);
         int         n;
 
+        if (inst == 0 && x->accepted != 0 && peer->inst > x->accepted &&
+            peer->state == KVC_PEER_READY) {
+            char why[KVX_REASON_MAX];
+
+            /* Not the rank that answered: its instance is not known, but
+             * one started after P accepted the request never computed
+             * nor held these blocks. */
+            snprintf(why, sizeof(why), "P rank %.200s: instance %llu "
+                     "started after the request was accepted (%llu): it "
+                     "does not hold the blocks", peer->name,
+                     (unsigned long long)peer->inst,
+                     (unsigned long long)x->accepted);
+            kvc_xfer_fail(x, KVX_ERR_ENDPOINT, why);
+            kvc_read_finish(eng, x);
+            return -1;
+        }
         if (inst == 0 || peer->inst == inst ||
             (peer->inst == 0 && peer->state != KVC_PEER_READY)) {
             continue;
@@ -263,6 +279,9 @@ kvx_status_t kvc_read_consumer(struct kvx_engine *eng, const char *req_id,
         x->src_inst = p.remote_instance;
         x->src_tp   = p.remote_tp_rank;
     }
+    if (p.has_remote_accepted) {
+        x->accepted = p.remote_accepted;
+    }
     x->remote_ids          = p.remote_block_ids;
     x->nremote             = p.num_remote_block_ids;
     p.remote_block_ids     = NULL;
@@ -382,6 +401,7 @@ kvx_status_t kvc_read_producer(struct kvx_engine *eng, const char *req_id,
     }
     x->is_producer = 1;
     x->state       = KVC_XFER_HELD;
+    x->accepted    = eng->env.clock.stamp(eng->env.clock.arg);
     kvc_xfer_arm(eng, x, kvc_deadline_us(eng, eng->cfg.defer_timeout));
     resp           = kvc_xfer_response(eng, x);
     if (resp == NULL) {

@@ -264,6 +264,12 @@ char *kvc_xfer_response(struct kvx_engine *eng, const kvc_xfer_t *x)
                                json_object_new_string(inst));
         json_object_object_add(o, "remote_tp_rank",
                                json_object_new_int((int)eng->cfg.tp_rank));
+        if (x->accepted != 0) {
+            snprintf(inst, sizeof(inst), "%llu",
+                     (unsigned long long)x->accepted);
+            json_object_object_add(o, "remote_accepted",
+                                   json_object_new_string(inst));
+        }
     }
     json_object_object_add(o, "remote_hosts", hosts);
     out = strdup(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));

@@ -83,6 +83,10 @@ struct Transfer {
     std::vector<uint64_t> pblocks, dblocks;
     std::string           pparams, dparams, presp;
     uint64_t              created_us = 0, presp_us = 0;
+    // READ: every P rank of the instance registered the transfer with the
+    // instance it had at creation (the TP ranks computed the prefill
+    // together); only then does the proxy route it to D.
+    bool                  p_complete = false;
     std::vector<std::unique_ptr<RankX>> p, d; // per TP rank (null: none)
 };
 

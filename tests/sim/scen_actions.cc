@@ -130,14 +130,8 @@ void Scenario::ListActions(std::vector<Action> *out)
     }
     for (auto &up : xfers_) {
         Transfer *t = up.get();
-        // READ: the proxy has P's response once every P rank of the
-        // instance finished its prefill (registered the transfer).
-        bool p_settled = true;
-        for (uint32_t tp = 0; tp < tp_; tp++) {
-            const RankX *px = t->p[tp].get();
-            p_settled = p_settled &&
-                        (px == nullptr || px->requested || px->dropped);
-        }
+        // READ: the proxy routes to D once every P rank of the instance
+        // finished its prefill (registered the transfer, p_complete).
         for (uint32_t tp = 0; tp < tp_; tp++) {
             RankX *px = t->p[tp].get(), *dx = t->d[tp].get();
             std::string sfx = " " + t->tid + " tp" + std::to_string(tp);
@@ -159,7 +153,7 @@ void Scenario::ListActions(std::vector<Action> *out)
             if (dx == nullptr || dx->rank->busy || dx->dropped) {
                 continue;
             }
-            bool can_d = !read_ || (p_settled && !t->presp.empty());
+            bool can_d = !read_ || (t->p_complete && !t->presp.empty());
             if (!dx->requested && can_d) {
                 out->push_back({due(read_ ? t->presp_us : t->created_us, 300,
                                     20), "d-request" + sfx,
@@ -371,15 +365,29 @@ void Scenario::PRequest(Transfer *t, uint32_t tp)
     SettleP(t);
 }
 
-// SettleP: in READ, without any P response the proxy never routes to D.
+// SettleP: in READ, the proxy routes to D only when every P rank
+// registered the transfer with the instance it had at creation (TP ranks
+// compute a prefill together: one down or failing during it fails the
+// prefill, and a real framework produces no response). A rank that
+// restarts after that has an instance id greater than the accepting
+// rank's stamp (remote_accepted): D must fail, which VerifyOk checks.
 void Scenario::SettleP(Transfer *t)
 {
-    for (uint32_t k = 0; read_ && t->presp.empty() && k < tp_; k++) {
-        if (t->p[k] && !t->p[k]->dropped) {
-            return;
+    bool all = read_;
+
+    for (uint32_t k = 0; k < tp_ && all; k++) {
+        all = t->p[k] && t->p[k]->requested && !t->p[k]->dropped;
+    }
+    if (all && !t->presp.empty()) {
+        t->p_complete = true;
+        return;
+    }
+    for (uint32_t k = 0; read_ && !t->p_complete && k < tp_; k++) {
+        if (t->p[k] && !t->p[k]->requested && !t->p[k]->dropped) {
+            return; /* still to register */
         }
     }
-    for (uint32_t k = 0; read_ && t->presp.empty() && k < tp_; k++) {
+    for (uint32_t k = 0; read_ && !t->p_complete && k < tp_; k++) {
         if (t->d[k] && !t->d[k]->requested) {
             Drop(t->d[k].get());
         }

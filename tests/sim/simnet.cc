@@ -315,6 +315,15 @@ static uint64_t SimRandom(void *arg)
     return (w->Now() + 1) << 20 | (++w->inst_seq & 0xfffffu);
 }
 
+// Now on the instance-id scale: the same counter orders it among starts
+// at the same virtual instant.
+static uint64_t SimStamp(void *arg)
+{
+    World *w = static_cast<World *>(arg);
+
+    return (w->Now() + 1) << 20 | (++w->inst_seq & 0xfffffu);
+}
+
 static void SimWait(void *arg, pthread_cond_t *cond, pthread_mutex_t *lock,
                     uint64_t deadline_us)
 {
@@ -332,6 +341,7 @@ kvt_env_t World::Env()
     env.ctl         = CtlOps();
     env.clock.now_us   = SimNow;
     env.clock.random64 = SimRandom;
+    env.clock.stamp    = SimStamp;
     env.clock.wait     = SimWait;
     env.clock.arg      = this;
     return env;

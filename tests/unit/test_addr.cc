@@ -807,6 +807,7 @@ TEST(AddrParams, FullParse)
         "remote_tp_size": 8, "tp_size": 4, "remote_dp_size": 2,
         "remote_dp_rank": 1, "do_remote_prefill": true,
         "remote_instance": "18446744073709551615", "remote_tp_rank": 3,
+        "remote_accepted": "7357584953551276031",
         "do_remote_decode": false, "unknown_field": {"x": [1]}})");
 
     ASSERT_EQ(p.status(), KVX_OK) << LastError();
@@ -830,6 +831,8 @@ TEST(AddrParams, FullParse)
     EXPECT_EQ(p->has_remote_instance, 1);
     EXPECT_EQ(p->remote_instance, UINT64_MAX);
     EXPECT_EQ(p->remote_tp_rank, 3u);
+    EXPECT_EQ(p->has_remote_accepted, 1);
+    EXPECT_EQ(p->remote_accepted, 7357584953551276031ull);
     EXPECT_EQ(p->do_remote_prefill, 1);
     EXPECT_EQ(p->do_remote_decode, 0);
 }
@@ -946,6 +949,10 @@ TEST(AddrParams, WrongTypesNameTheField)
          "18446744073709551616"},
         {R"({"remote_instance": "12x"})", KVX_ERR_INVALID_PARAM,
          "kv_transfer_params.remote_instance", "12x"},
+        {R"({"remote_accepted": 5})", KVX_ERR_INVALID_PARAM,
+         "kv_transfer_params.remote_accepted", "5"},
+        {R"({"remote_accepted": "-5"})", KVX_ERR_INVALID_PARAM,
+         "kv_transfer_params.remote_accepted", "-5"},
         {R"({"remote_tp_rank": -1})", KVX_ERR_INVALID_PARAM,
          "kv_transfer_params.remote_tp_rank", "-1"},
         {R"({"do_remote_prefill": "true"})", KVX_ERR_INVALID_PARAM,

@@ -120,7 +120,9 @@ TEST(ProxyParams, FullRoundTripThroughBothHelpers)
         "\"transfer_id\":\"tx-2\",\"remote_block_ids\":[4,5,6],"
         "\"remote_engine_id\":\"10.0.0.1:6301\",\"remote_host\":\"10.0.0.1\","
         "\"remote_handshake_port\":6301,\"remote_notify_port\":61005,"
-        "\"tp_size\":8,\"remote_dp_size\":1,\"remote_hosts\":[\"10.0.0.1\"]}";
+        "\"tp_size\":8,\"remote_dp_size\":1,\"remote_hosts\":[\"10.0.0.1\"],"
+        "\"remote_instance\":\"7357584953551272713\",\"remote_tp_rank\":2,"
+        "\"remote_accepted\":\"7357584953561276415\"}";
     char *dparams = nullptr;
     ASSERT_EQ(KVX_OK, kvc_params_build_decode(resp, "tx-2", &dparams));
     kvc_xfer_params_t p;
@@ -129,6 +131,11 @@ TEST(ProxyParams, FullRoundTripThroughBothHelpers)
     ASSERT_EQ(3u, p.num_remote_block_ids);
     EXPECT_EQ(6u, p.remote_block_ids[2]);
     EXPECT_STREQ("10.0.0.1", p.remote.host);
+    // The instance binding reaches D unchanged.
+    EXPECT_EQ(7357584953551272713ull, p.remote_instance);
+    EXPECT_EQ(2u, p.remote_tp_rank);
+    EXPECT_EQ(1, p.has_remote_accepted);
+    EXPECT_EQ(7357584953561276415ull, p.remote_accepted);
     kvc_params_fini(&p);
     free(dparams);
 }
