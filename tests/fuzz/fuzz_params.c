@@ -89,6 +89,12 @@ static void fz_same_params(const kvc_xfer_params_t *a,
                  a->remote_dp_size == b->remote_dp_size &&
                  a->remote_dp_rank == b->remote_dp_rank,
              "sizes");
+    FZ_CHECK(a->has_remote_instance == b->has_remote_instance &&
+                 a->remote_instance == b->remote_instance &&
+                 a->remote_tp_rank == b->remote_tp_rank &&
+                 a->has_remote_accepted == b->has_remote_accepted &&
+                 a->remote_accepted == b->remote_accepted,
+             "instance binding");
 }
 
 static void fz_params(const char *json)
@@ -140,6 +146,14 @@ static void fz_params(const char *json)
                  p.remote_dp_size == d.remote_dp_size &&
                  (p.remote_tp_size == 0) == (d.remote_tp_size == 0),
              "D's params lost a field");
+    /* the instance binding reaches D unchanged (mode_read.c) */
+    FZ_CHECK(p.has_remote_instance == d.has_remote_instance &&
+                 (!p.has_remote_instance ||
+                  (p.remote_instance == d.remote_instance &&
+                   p.remote_tp_rank == d.remote_tp_rank)) &&
+                 p.has_remote_accepted == d.has_remote_accepted &&
+                 p.remote_accepted == d.remote_accepted,
+             "D's params changed the instance binding");
     kvc_params_fini(&d2);
     kvc_params_fini(&d);
     kvc_params_fini(&p);
