@@ -500,17 +500,21 @@ static void engine_up(void)
     bool     producer = o.role[0] == 'p';
     uint64_t len      = 2ull * o.pool * unit_len();
     char     cfg[2048];
+    /* KVX_FAULT_LOG_LEVEL (0 error .. 3 debug) to study a failed round. */
+    const char *lv = getenv("KVX_FAULT_LOG_LEVEL");
+    int         level = lv != NULL && lv[0] >= '0' && lv[0] <= '3' ? lv[0] - '0'
+                                                                   : 0;
 
     snprintf(cfg, sizeof(cfg),
              "{\"role\":\"%s\",\"tp_rank\":0,\"tp_size\":1,\"dp_rank\":0,"
-             "\"dp_size\":1,\"log_level\":0,\"kv_connector_extra_config\":{"
+             "\"dp_size\":1,\"log_level\":%d,\"kv_connector_extra_config\":{"
              "\"host_ip\":\"" HOST "\",\"handshake_port\":%d,"
              "\"notify_port\":%d,\"read_mode\":%s,"
              "\"node_hosts\":[\"" HOST "\"],"
              "\"trusted_remote_hosts\":[\"127.0.0.0/8\"],"
              "\"ucx_tls\":\"%s\",\"handshake_timeout\":%d,"
              "\"transfer_timeout\":%d,\"defer_timeout\":%d}}",
-             producer ? "kv_producer" : "kv_consumer", o.hs, o.notify,
+             producer ? "kv_producer" : "kv_consumer", level, o.hs, o.notify,
              o.read_mode ? "true" : "false", o.tls, o.hs_to, o.xfer_to,
              o.defer_to);
     kvx_status_t st = api->engine_create(cfg, &eng);

@@ -220,6 +220,7 @@ struct kvu_ctx {
     kvu_mem_t      *mems;        /* registered memory, ctx lock */
     uint64_t        amp_next_id;
     uint64_t        am_refused;  /* AM requests refused (log throttle) */
+    uint64_t        am_served;   /* AM requests answered (debug log) */
     ucp_datatype_t  am_dt;       /* bytes, packed by copy (kvu_dt_*) */
     kvu_amp_t      *amp[KVU_AMP_BUCKETS]; /* unanswered AM ops, by id */
 };
@@ -601,6 +602,12 @@ static ucs_status_t kvu_am_on_request(kvu_ctx_t *ctx, int is_put,
                            KVX_ERR_OUT_OF_BOUNDS, NULL, NULL, 0);
         return UCS_OK;
     }
+    ctx->am_served++;
+    if ((ctx->am_served & (ctx->am_served - 1)) == 0) {
+        kvc_log_debug("KVX-UCX-AM", "%s: %llu active-message requests "
+                      "answered", ctx->name,
+                      (unsigned long long)ctx->am_served);
+    }
     if (is_put) {
         memcpy((void *)(uintptr_t)h.addr, data, h.len);
         kvu_am_answer_send(ctx, param->reply_ep, KVU_AM_PUTACK, h.id, KVX_OK,
@@ -970,8 +977,12 @@ static void kvu_reap_closing(kvu_ctx_t *ctx)
             if ((ep->close_flush != NULL || ep->am_npending > 0) &&
                 !ep->failed) {
                 kvc_log_warn("KVX-UCX-CLOSE", "endpoint to %s: operations "
-                             "still in flight %d ms after close began; "
-                             "force-closing", ep->peer, KVU_DRAIN_MS);
+                             "still in flight %d ms after close began (%llu "
+                             "sends not completed, %llu active-message "
+                             "gets/puts not answered); force-closing",
+                             ep->peer, KVU_DRAIN_MS,
+                             (unsigned long long)ep->inflight_reqs,
+                             (unsigned long long)ep->am_npending);
             }
             kvu_ep_close_locked(ep);
         }
@@ -1851,6 +1862,9 @@ static void kvu_wire_cb(void *request, ucs_status_t status, void *user_data)
     if (status != UCS_OK && status != UCS_ERR_CANCELED) {
         kvc_log_warn("KVX-UCX-WIREUP", "wire-up with %s failed: %s",
                      ep->peer, ucs_status_string(status));
+    } else {
+        kvc_log_debug("KVX-UCX-WIREUP", "wire-up with %s: %s", ep->peer,
+                      ucs_status_string(status));
     }
 }
 
