@@ -12,6 +12,10 @@
 
 #include <vector>
 
+#include <stdlib.h>
+#include <time.h>
+#include <ucp/api/ucp.h>
+
 extern "C" {
 #include "ucx/kvu.h"
 }
@@ -215,6 +219,124 @@ TEST_P(KvuAm, FlushWaitsForAcknowledgedPuts)
     EXPECT_EQ(f.wait(), KVX_OK);
     EXPECT_TRUE(all_eq(pr.target.buf.data(), 65536, 0x77));
     EXPECT_EQ(w.wait(), KVX_OK);
+}
+
+TEST(KvuRma, FeatureOnlyWhereATransportCanCopyForReal)
+{
+    EXPECT_EQ(0, kvu_rma_wanted("tcp", 1));
+    EXPECT_EQ(0, kvu_rma_wanted("tcp,self", 1));
+    EXPECT_EQ(0, kvu_rma_wanted("self,tcp", 1));
+    EXPECT_EQ(1, kvu_rma_wanted("tcp", 0)); // UCX's emulation needs it
+    EXPECT_EQ(1, kvu_rma_wanted(nullptr, 1)); // UCX default: all
+    EXPECT_EQ(1, kvu_rma_wanted("", 1));
+    EXPECT_EQ(1, kvu_rma_wanted("sm", 1));
+    EXPECT_EQ(1, kvu_rma_wanted("tcp,sm", 1));
+    EXPECT_EQ(1, kvu_rma_wanted("rc_v,rocm,sm,self", 1));
+    EXPECT_EQ(1, kvu_rma_wanted("^sm", 1));
+    EXPECT_EQ(1, kvu_rma_wanted("tcpx", 1));
+}
+
+// A hostile process's own UCP worker (RMA feature, tcp) puts into and gets
+// from a kvxfer context over tcp, with the context's real worker address
+// and rkey: UCX's software RMA handlers would serve any address. Returns
+// whether the put landed in the target's memory within 1 s.
+bool ForeignPutLands(Side &target, std::vector<uint8_t> *got)
+{
+    ucp_config_t *cfg = nullptr;
+    ucp_params_t  prm{};
+    ucp_context_h ucp = nullptr;
+    ucp_worker_h  wk  = nullptr;
+    ucp_ep_h      ep  = nullptr;
+    ucp_rkey_h    rk  = nullptr;
+
+    EXPECT_EQ(UCS_OK, ucp_config_read(nullptr, nullptr, &cfg));
+    EXPECT_EQ(UCS_OK, ucp_config_modify(cfg, "TLS", "tcp"));
+    prm.field_mask = UCP_PARAM_FIELD_FEATURES;
+    prm.features   = UCP_FEATURE_RMA;
+    EXPECT_EQ(UCS_OK, ucp_init(&prm, cfg, &ucp));
+    ucp_config_release(cfg);
+    ucp_worker_params_t wp{};
+    wp.field_mask  = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+    EXPECT_EQ(UCS_OK, ucp_worker_create(ucp, &wp, &wk));
+
+    const void *addr, *rkb;
+    size_t      alen, rklen;
+    kvu_worker_address(target.ctx, &addr, &alen);
+    kvu_mem_rkey(target.mem, &rkb, &rklen);
+    ucp_ep_params_t ep_prm{};
+    ep_prm.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+    ep_prm.address    = static_cast<const ucp_address_t *>(addr);
+    EXPECT_EQ(UCS_OK, ucp_ep_create(wk, &ep_prm, &ep));
+    EXPECT_EQ(UCS_OK, ucp_ep_rkey_unpack(ep, rkb, &rk));
+
+    std::vector<uint8_t> evil(4096, 0xee);
+    uint64_t             base = (uint64_t)(uintptr_t)target.buf.data();
+    got->assign(4096, 0);
+    ucp_request_param_t rp{};
+    ucs_status_ptr_t    put = ucp_put_nbx(ep, evil.data(), evil.size(), base,
+                                          rk, &rp);
+    ucs_status_ptr_t    get = ucp_get_nbx(ep, got->data(), got->size(),
+                                          base + 8192, rk, &rp);
+    ucs_status_ptr_t    fl  = ucp_ep_flush_nbx(ep, &rp);
+    bool                landed = false;
+    struct timespec     t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) { // until the flush (the target's acknowledgement) or 1 s
+        ucp_worker_progress(wk);
+        if (!UCS_PTR_IS_PTR(fl) ||
+            ucp_request_check_status(fl) != UCS_INPROGRESS) {
+            landed = true;
+            break;
+        }
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if ((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000 >
+            1000) {
+            break;
+        }
+    }
+    landed = landed && target.buf[0] == 0xee;
+    ucp_request_param_t cp{};
+    cp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    cp.flags        = UCP_EP_CLOSE_FLAG_FORCE;
+    ucs_status_ptr_t cl = ucp_ep_close_nbx(ep, &cp);
+    for (int i = 0; i < 100000 && UCS_PTR_IS_PTR(cl) &&
+                    ucp_request_check_status(cl) == UCS_INPROGRESS;
+         i++) {
+        ucp_worker_progress(wk);
+    }
+    for (ucs_status_ptr_t r : {put, get, fl, cl}) {
+        if (UCS_PTR_IS_PTR(r)) {
+            ucp_request_free(r);
+        }
+    }
+    ucp_rkey_destroy(rk);
+    ucp_worker_destroy(wk);
+    ucp_cleanup(ucp);
+    return landed;
+}
+
+// With only tcp allowed, kvxfer does not ask UCX for RMA: UCX's software
+// RMA handlers are never installed, so a foreign UCP put/get through the
+// context's own worker address and rkey changes and returns nothing. The
+// same attack against a context with UCX's emulation (KVX_UCX_AM_RMA=0,
+// RMA feature on) lands: the check can see it.
+TEST(KvuRma, ForeignSoftwareRmaIsRefusedOverTcp)
+{
+    std::vector<uint8_t> got;
+    {
+        Side target("rma-target", "tcp", KVT_ACCESS_DEFAULT, 0x5a);
+        EXPECT_FALSE(ForeignPutLands(target, &got));
+        EXPECT_TRUE(all_eq(target.buf.data(), target.buf.size(), 0x5a));
+        EXPECT_TRUE(all_eq(got.data(), got.size(), 0));
+    }
+    {
+        setenv("KVX_UCX_AM_RMA", "0", 1);
+        Side target("rma-target-emulated", "tcp", KVT_ACCESS_DEFAULT, 0x5a);
+        unsetenv("KVX_UCX_AM_RMA");
+        EXPECT_TRUE(ForeignPutLands(target, &got));
+        EXPECT_TRUE(all_eq(got.data(), got.size(), 0x5a));
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(Lanes, KvuAm, ::testing::Values("tcp", "sm"),

@@ -217,6 +217,7 @@ struct kvu_ctx {
     _Atomic uint64_t kicks;      /* kvu_ctx_kick calls */
     _Atomic int     sleeping;    /* progress thread in (or entering) poll */
     int             am_rma;      /* KVX_UCX_AM_RMA (default 1) */
+    int             rma;         /* UCP_FEATURE_RMA requested (kvu_rma_wanted) */
     kvu_mem_t      *mems;        /* registered memory, ctx lock */
     uint64_t        amp_next_id;
     uint64_t        am_refused;  /* AM requests refused (log throttle) */
@@ -766,10 +767,8 @@ static kvx_status_t kvu_am_init(kvu_ctx_t *ctx)
         {KVU_AM_GETREQ, kvu_am_getreq_cb}, {KVU_AM_GETREP, kvu_am_getrep_cb},
         {KVU_AM_PUT, kvu_am_put_cb},       {KVU_AM_PUTACK, kvu_am_putack_cb},
     };
-    const char *env = getenv("KVX_UCX_AM_RMA");
     ucs_status_t dst;
 
-    ctx->am_rma = env == NULL || strcmp(env, "0") != 0;
     dst = ucp_dt_create_generic(&kvu_dt_ops, NULL, &ctx->am_dt);
     if (dst != UCS_OK) {
         return kvc_error(KVX_ERR_TRANSPORT, "ucp_dt_create_generic: %s",
@@ -886,7 +885,7 @@ static int kvu_job_route(const kvu_ep_t *ep, const kvu_job_t *job)
     if (!ep->ctx->am_rma) {
         return KVU_ROUTE_UCX;
     }
-    if (ep->emulated) {
+    if (ep->emulated || !ep->ctx->rma) {
         return KVU_ROUTE_AM;
     }
     if (ep->rma_shm_only && job->n > 0 &&
@@ -1383,6 +1382,37 @@ const char *kvu_settings(const kvu_ctx_t *ctx)
     return ctx->settings;
 }
 
+/* kvu_rma_wanted: whether the context asks UCX for one-sided operations
+ * (UCP_FEATURE_RMA). With that feature UCX installs its software RMA
+ * handlers on every interface, and they read or write whatever address a
+ * sender names (rma_sw.c: no check against registered memory): anyone able
+ * to reach the worker over tcp could use them. When every allowed
+ * transport is tcp (or self), no lane could carry a real one-sided
+ * operation anyway (UCX 1.13; on 1.22 tcp's zero-copy put is no safer), so
+ * the feature is not requested, those handlers do not exist, and all data
+ * moves over kvxfer's own checked active messages. Any other transport
+ * list keeps the feature (shared memory, RDMA and GPU lanes copy for real).
+ * KVX_UCX_AM_RMA=0 (UCX's own emulation) needs it too. */
+int kvu_rma_wanted(const char *tls, int am_rma)
+{
+    const char *p = tls;
+
+    if (!am_rma || tls == NULL || tls[0] == '\0') {
+        return 1;
+    }
+    while (*p != '\0') {
+        size_t n = strcspn(p, ",");
+
+        if (!((n == 3 && strncmp(p, "tcp", 3) == 0) ||
+              (n == 4 && strncmp(p, "self", 4) == 0))) {
+            return 1;
+        }
+        p += n;
+        p += *p == ',';
+    }
+    return 0;
+}
+
 static kvx_status_t kvu_ucp_init(kvu_ctx_t *ctx)
 {
     ucp_config_t *config;
@@ -1437,8 +1467,14 @@ static kvx_status_t kvu_ucp_init(kvu_ctx_t *ctx)
                           UCP_PARAM_FIELD_REQUEST_SIZE |
                           UCP_PARAM_FIELD_MT_WORKERS_SHARED |
                           UCP_PARAM_FIELD_NAME;
-    params.features     = UCP_FEATURE_RMA | UCP_FEATURE_AM |
-                          UCP_FEATURE_WAKEUP;
+    {
+        const char *env = getenv("KVX_UCX_AM_RMA");
+
+        ctx->am_rma = env == NULL || strcmp(env, "0") != 0;
+    }
+    ctx->rma            = kvu_rma_wanted(ctx->params.tls, ctx->am_rma);
+    params.features     = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP |
+                          (ctx->rma ? UCP_FEATURE_RMA : 0);
     params.request_size = sizeof(kvu_req_t);
     params.mt_workers_shared = 0;
     params.name         = ctx->name;

@@ -108,6 +108,12 @@ void         kvu_ep_fail(kvu_ep_t *ep, kvx_status_t status,
 int          kvu_ep_failed(kvu_ep_t *ep);
 /* kvu_ep_transports: e.g. "rma_am(tcp/lo) am(tcp/lo)"; borrowed. */
 const char  *kvu_ep_transports(const kvu_ep_t *ep);
+/* kvu_rma_wanted: 1 when a context allowing transports tls (UCX_TLS syntax;
+ * NULL or "": UCX's default) asks UCX for one-sided operations; 0 when every
+ * transport is tcp or self and am_rma (kvxfer's own active messages) is on:
+ * UCX's software RMA handlers, which serve any address, are then never
+ * installed (kvu.c). */
+int          kvu_rma_wanted(const char *tls, int am_rma);
 /* kvu_ep_rma_emulated: 1 when the endpoint has no RMA lane (every put/get
  * goes over active messages). */
 int          kvu_ep_rma_emulated(const kvu_ep_t *ep);
