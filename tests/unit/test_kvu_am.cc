@@ -339,6 +339,201 @@ TEST(KvuRma, ForeignSoftwareRmaIsRefusedOverTcp)
     }
 }
 
+// A peer that holds the target's address but not its region's token (the
+// last 8 bytes of what kvu_mem_rkey publishes) is refused, and nothing is
+// read or written.
+TEST_P(KvuAm, RequestWithoutTheRegionTokenIsRefused)
+{
+    Pair        pr(GetParam(), KVT_ACCESS_DEFAULT);
+    const void *rk;
+    size_t      rklen;
+
+    kvu_mem_rkey(pr.target.mem, &rk, &rklen);
+    std::vector<uint8_t> forged(static_cast<const uint8_t *>(rk),
+                                static_cast<const uint8_t *>(rk) + rklen);
+    forged[rklen - 1] ^= 0x01; // the token's last byte
+    kvu_rkey_t *bad = nullptr;
+    ASSERT_EQ(kvu_rkey_unpack(pr.ep, forged.data(), forged.size(), &bad),
+              KVX_OK);
+    std::swap(pr.rkey, bad);
+    std::vector<uint8_t> before = pr.target.buf;
+    memset(pr.origin.buf.data(), 0xee, 65536);
+    EXPECT_EQ(pr.post(1, pr.tbase(), 0, 4096), KVX_ERR_OUT_OF_BOUNDS);
+    EXPECT_EQ(pr.target.buf, before);
+    memset(pr.origin.buf.data(), 0, 65536);
+    EXPECT_EQ(pr.post(0, pr.tbase(), 0, 4096), KVX_ERR_OUT_OF_BOUNDS);
+    EXPECT_TRUE(all_eq(pr.origin.buf.data(), 65536, 0));
+    std::swap(pr.rkey, bad);
+    kvu_rkey_destroy(bad);
+    // the right token still works on the same endpoint
+    EXPECT_EQ(pr.post(0, pr.tbase(), 0, 4096), KVX_OK);
+    EXPECT_EQ(memcmp(pr.origin.buf.data(), pr.target.buf.data(), 4096), 0);
+    // and a truncated rkey is refused at unpack
+    EXPECT_EQ(kvu_rkey_unpack(pr.ep, rk, 8, &bad), KVX_ERR_HANDSHAKE);
+}
+
+// A bare UCP worker (its own code, tcp), for attacks on the AM protocol.
+struct RawWorker {
+    ucp_context_h ucp = nullptr;
+    ucp_worker_h  wk  = nullptr;
+    int           got = 0; // messages taken by Ignore's handler
+
+    RawWorker()
+    {
+        ucp_config_t *cfg = nullptr;
+        ucp_params_t  prm{};
+
+        EXPECT_EQ(UCS_OK, ucp_config_read(nullptr, nullptr, &cfg));
+        EXPECT_EQ(UCS_OK, ucp_config_modify(cfg, "TLS", "tcp"));
+        prm.field_mask = UCP_PARAM_FIELD_FEATURES;
+        prm.features   = UCP_FEATURE_AM;
+        EXPECT_EQ(UCS_OK, ucp_init(&prm, cfg, &ucp));
+        ucp_config_release(cfg);
+        ucp_worker_params_t wp{};
+        wp.field_mask  = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+        wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+        EXPECT_EQ(UCS_OK, ucp_worker_create(ucp, &wp, &wk));
+    }
+    ~RawWorker()
+    {
+        ucp_worker_destroy(wk);
+        ucp_cleanup(ucp);
+    }
+    static ucs_status_t Drop(void *arg, const void *, size_t, void *, size_t,
+                             const ucp_am_recv_param_t *)
+    {
+        static_cast<RawWorker *>(arg)->got++;
+        return UCS_OK;
+    }
+    void Ignore(unsigned id)
+    {
+        ucp_am_handler_param_t hp{};
+        hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
+                        UCP_AM_HANDLER_PARAM_FIELD_CB |
+                        UCP_AM_HANDLER_PARAM_FIELD_ARG;
+        hp.id         = id;
+        hp.cb         = Drop;
+        hp.arg        = this;
+        EXPECT_EQ(UCS_OK, ucp_worker_set_am_recv_handler(wk, &hp));
+    }
+    // progress until done() or ms milliseconds; returns done()
+    template <class F> bool ProgressUntil(F done, int ms)
+    {
+        struct timespec t0, t;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        for (;;) {
+            ucp_worker_progress(wk);
+            if (done()) {
+                return true;
+            }
+            clock_gettime(CLOCK_MONOTONIC, &t);
+            if ((t.tv_sec - t0.tv_sec) * 1000 +
+                    (t.tv_nsec - t0.tv_nsec) / 1000000 > ms) {
+                return false;
+            }
+        }
+    }
+};
+
+// The answer header of kvu.c (version 2).
+struct AmHdr {
+    uint32_t magic;
+    uint16_t version, pad;
+    int32_t  status;
+    uint32_t pad2;
+    uint64_t id, addr, len, token, nonce;
+};
+
+// A third worker that never saw a get answers it (GETREP with the likely
+// ids and OK): the answer does not carry the request's random nonce, so it
+// is dropped; the get stays pending until its endpoint closes (CANCELED)
+// and the origin's buffer never holds the forged bytes.
+TEST(KvuAmForge, AnswerFromAThirdWorkerIsDropped)
+{
+    Side      origin("am-origin", "tcp", KVT_ACCESS_LOCAL, 0x00);
+    RawWorker silent; // the target: takes the GETREQ, never answers
+    RawWorker forger;
+    silent.Ignore(0x4b1);
+
+    ucp_address_t *sa  = nullptr;
+    size_t         sal = 0;
+    ASSERT_EQ(UCS_OK, ucp_worker_get_address(silent.wk, &sa, &sal));
+    kvu_ep_t *ep = nullptr;
+    ASSERT_EQ(kvu_ep_create(origin.ctx, sa, sal, "silent", nullptr, nullptr,
+                            &ep), KVX_OK);
+    const void *rk;
+    size_t      rklen;
+    kvu_rkey_t *rkey = nullptr;
+    kvu_mem_rkey(origin.mem, &rk, &rklen); // any tcp rkey unpacks
+    ASSERT_EQ(kvu_rkey_unpack(ep, rk, rklen, &rkey), KVX_OK);
+    Waiter    w;
+    kvc_run_t run = {0, 0, 4096};
+    w.op.done = Waiter::cb;
+    w.op.arg  = &w;
+    ASSERT_EQ(kvu_post(ep, 0, origin.mem,
+                       (uint64_t)(uintptr_t)origin.buf.data(), rkey, 0x1000,
+                       &run, 1, &w.op), KVX_OK);
+    // the GETREQ reached the target: the get is pending at the origin
+    ASSERT_TRUE(silent.ProgressUntil([&] { return silent.got >= 1; }, 5000));
+
+    const void *oaddr;
+    size_t      olen;
+    kvu_worker_address(origin.ctx, &oaddr, &olen);
+    ucp_ep_params_t ep_prm{};
+    ep_prm.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+    ep_prm.address    = static_cast<const ucp_address_t *>(oaddr);
+    ucp_ep_h fe       = nullptr;
+    ASSERT_EQ(UCS_OK, ucp_ep_create(forger.wk, &ep_prm, &fe));
+    std::vector<uint8_t> evil(4096, 0xee);
+    uint64_t             dropped0 = kvu_am_dropped_answers(origin.ctx);
+    static AmHdr         h[4];
+    for (uint64_t id = 1; id <= 4; id++) {
+        h[id - 1] = AmHdr{0x4d41564bu, 2, 0, 0, 0, id, 0, 0, 0, 0};
+        ucp_request_param_t rp{};
+        rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+        rp.flags        = UCP_AM_SEND_FLAG_EAGER;
+        ucs_status_ptr_t sp = ucp_am_send_nbx(fe, 0x4b2, &h[id - 1],
+                                              sizeof(AmHdr), evil.data(),
+                                              evil.size(), &rp);
+        EXPECT_TRUE(forger.ProgressUntil(
+            [sp] {
+                return !UCS_PTR_IS_PTR(sp) ||
+                       ucp_request_check_status(sp) != UCS_INPROGRESS;
+            },
+            5000));
+        if (UCS_PTR_IS_PTR(sp)) {
+            ucp_request_free(sp);
+        }
+    }
+    // every forged answer reached the origin's handler and was dropped
+    EXPECT_TRUE(forger.ProgressUntil(
+        [&] { return kvu_am_dropped_answers(origin.ctx) >= dropped0 + 4; },
+        5000));
+    pthread_mutex_lock(&w.mu);
+    int done = w.done;
+    pthread_mutex_unlock(&w.mu);
+    EXPECT_EQ(done, 0) << "a forged answer completed the get";
+    EXPECT_TRUE(all_eq(origin.buf.data(), 4096, 0x00));
+    kvu_rkey_destroy(rkey);
+    kvu_ep_close(ep); // completes the get, canceled
+    EXPECT_NE(w.wait(), KVX_OK);
+    EXPECT_TRUE(all_eq(origin.buf.data(), 4096, 0x00));
+    ucp_request_param_t cp{};
+    cp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    cp.flags        = UCP_EP_CLOSE_FLAG_FORCE;
+    ucs_status_ptr_t cl = ucp_ep_close_nbx(fe, &cp);
+    forger.ProgressUntil(
+        [cl] {
+            return !UCS_PTR_IS_PTR(cl) ||
+                   ucp_request_check_status(cl) != UCS_INPROGRESS;
+        },
+        2000);
+    if (UCS_PTR_IS_PTR(cl)) {
+        ucp_request_free(cl);
+    }
+    ucp_worker_release_address(silent.wk, sa);
+}
+
 INSTANTIATE_TEST_SUITE_P(Lanes, KvuAm, ::testing::Values("tcp", "sm"),
                          [](const ::testing::TestParamInfo<const char *> &i) {
                              return std::string(i.param);

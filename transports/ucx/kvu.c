@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
 #include <ucp/api/ucp.h>
@@ -60,7 +61,7 @@
 #define KVU_AM_PUT        0x4b3
 #define KVU_AM_PUTACK     0x4b4
 #define KVU_AM_MAGIC      0x4d41564bu /* "KVAM" */
-#define KVU_AM_VERSION    1
+#define KVU_AM_VERSION    2 /* 2: token and nonce */
 #define KVU_AM_MAX_LEN    (64u << 10) /* bytes per message */
 #define KVU_AMP_BUCKETS   1024
 
@@ -73,6 +74,8 @@ typedef struct kvu_am_hdr {
     uint64_t id;       /* origin's request id */
     uint64_t addr;     /* requests: target address */
     uint64_t len;      /* requests: bytes */
+    uint64_t token;    /* requests: the target region's token (its rkey) */
+    uint64_t nonce;    /* random per request, echoed by the answer */
 } kvu_am_hdr_t;
 
 /* kvu_amp_t: one AM get/put at the origin, until it was answered (reply,
@@ -115,6 +118,8 @@ struct kvu_job {
     uint64_t         local_base;
     ucp_mem_h        memh;
     ucp_rkey_h       rkey;
+    uint64_t         token;     /* the remote region's AM token */
+    int              local_host; /* local memory is host memory */
     uint64_t         remote_base;
     const kvc_run_t *runs;
     size_t           n;
@@ -140,8 +145,11 @@ struct kvu_mem {
     ucp_mem_h  memh;
     void      *base;
     size_t     len;
-    void      *rkey_buf;
+    void      *rkey_buf;       /* UCX's packed rkey */
     size_t     rkey_len;
+    uint64_t   token;          /* random: AM requests must name it */
+    uint8_t   *pub;            /* rkey_buf + token: what peers get */
+    size_t     pub_len;
     int        host;           /* host memory (AM requests may copy) */
     uint64_t   am_refs;        /* GETREP sends reading it (ctx lock) */
     int        orphan;         /* released with am_refs > 0: the last
@@ -152,6 +160,7 @@ struct kvu_mem {
 struct kvu_rkey {
     kvu_ep_t  *ep;
     ucp_rkey_h rkey;
+    uint64_t   token; /* the peer region's AM token */
 };
 
 struct kvu_ep {
@@ -222,6 +231,8 @@ struct kvu_ctx {
     uint64_t        amp_next_id;
     uint64_t        am_refused;  /* AM requests refused (log throttle) */
     uint64_t        am_served;   /* AM requests answered (debug log) */
+    uint64_t        am_dropped;  /* AM answers matching no request */
+    uint64_t        am_nonce;    /* splitmix64 state of request nonces */
     ucp_datatype_t  am_dt;       /* bytes, packed by copy (kvu_dt_*) */
     kvu_amp_t      *amp[KVU_AMP_BUCKETS]; /* unanswered AM ops, by id */
 };
@@ -394,6 +405,28 @@ static void kvu_am_send_cb(void *request, ucs_status_t status,
     ucp_request_free(request);
 }
 
+/* kvu_splitmix64: the next value of a splitmix64 stream (request nonces:
+ * unpredictable to anyone who never saw one, from a random seed). */
+static uint64_t kvu_splitmix64(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* kvu_random64: 64 random bits (getrandom; the clock if it fails). */
+static uint64_t kvu_random64(void)
+{
+    uint64_t v = 0;
+
+    if (getrandom(&v, sizeof(v), 0) != (ssize_t)sizeof(v)) {
+        v = kvc_mono_us() * 0x9e3779b97f4a7c15ull ^ (uint64_t)getpid();
+    }
+    return v;
+}
+
 /* kvu_am_issue sends one GETREQ or PUT of len bytes (<= KVU_AM_MAX_LEN). */
 static int kvu_am_issue(kvu_ep_t *ep, kvu_job_t *job, void *lbuf,
                         uint64_t raddr, uint64_t len)
@@ -413,7 +446,9 @@ static int kvu_am_issue(kvu_ep_t *ep, kvu_job_t *job, void *lbuf,
     amp->hdr.id      = ++ctx->amp_next_id;
     amp->hdr.addr    = raddr;
     amp->hdr.len     = len;
-    
+    amp->hdr.token   = job->token;
+    amp->hdr.nonce   = kvu_splitmix64(&ctx->am_nonce);
+
     amp->ep          = ep;
     amp->op          = job->op;
     amp->lbuf        = lbuf;
@@ -465,7 +500,7 @@ static int kvu_am_issue(kvu_ep_t *ep, kvu_job_t *job, void *lbuf,
  * that peers may access as asked (is_put: write, else read); NULL when
  * there is none. Every field comes from the wire: checked for overflow. */
 static kvu_mem_t *kvu_am_find_mem(kvu_ctx_t *ctx, uint64_t addr,
-                                  uint64_t len, int is_put)
+                                  uint64_t len, uint64_t token, int is_put)
 {
     int access = ctx->params.remote_access;
 
@@ -479,7 +514,7 @@ static kvu_mem_t *kvu_am_find_mem(kvu_ctx_t *ctx, uint64_t addr,
 
         if (m->host && addr >= base && addr - base <= m->len &&
             len <= m->len - (addr - base)) {
-            return m;
+            return m->token == token ? m : NULL;
         }
     }
     return NULL;
@@ -501,7 +536,7 @@ static void kvu_am_reply_cb(void *request, ucs_status_t status,
 /* kvu_am_answer_send: GETREP (data from mem, or none) or PUTACK on the
  * requester's reply endpoint; a failure is dropped (origin gone). */
 static void kvu_am_answer_send(kvu_ctx_t *ctx, ucp_ep_h reply_ep,
-                               unsigned am_id, uint64_t id,
+                               unsigned am_id, const kvu_am_hdr_t *req,
                                kvx_status_t status, kvu_mem_t *mem,
                                const void *data, size_t len)
 {
@@ -515,7 +550,8 @@ static void kvu_am_answer_send(kvu_ctx_t *ctx, ucp_ep_h reply_ep,
     amr->hdr.magic   = KVU_AM_MAGIC;
     amr->hdr.version = KVU_AM_VERSION;
     amr->hdr.status  = (int32_t)status;
-    amr->hdr.id      = id;
+    amr->hdr.id      = req->id;
+    amr->hdr.nonce   = req->nonce;
     amr->mem         = mem;
     memset(&prm, 0, sizeof(prm));
     prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
@@ -586,7 +622,7 @@ static ucs_status_t kvu_am_on_request(kvu_ctx_t *ctx, int is_put,
         }
         return UCS_OK;
     }
-    mem = kvu_am_find_mem(ctx, h.addr, h.len, is_put);
+    mem = kvu_am_find_mem(ctx, h.addr, h.len, h.token, is_put);
     if (mem == NULL || rndv || (is_put ? len != h.len : len != 0)) {
         if (kvu_am_log_refusal(ctx)) {
             kvc_log_warn("KVX-UCX-AM", "%s: %s of %llu bytes at 0x%llx "
@@ -599,7 +635,7 @@ static ucs_status_t kvu_am_on_request(kvu_ctx_t *ctx, int is_put,
                          (unsigned long long)ctx->am_refused);
         }
         kvu_am_answer_send(ctx, param->reply_ep,
-                           is_put ? KVU_AM_PUTACK : KVU_AM_GETREP, h.id,
+                           is_put ? KVU_AM_PUTACK : KVU_AM_GETREP, &h,
                            KVX_ERR_OUT_OF_BOUNDS, NULL, NULL, 0);
         return UCS_OK;
     }
@@ -611,10 +647,10 @@ static ucs_status_t kvu_am_on_request(kvu_ctx_t *ctx, int is_put,
     }
     if (is_put) {
         memcpy((void *)(uintptr_t)h.addr, data, h.len);
-        kvu_am_answer_send(ctx, param->reply_ep, KVU_AM_PUTACK, h.id, KVX_OK,
+        kvu_am_answer_send(ctx, param->reply_ep, KVU_AM_PUTACK, &h, KVX_OK,
                            NULL, NULL, 0);
     } else {
-        kvu_am_answer_send(ctx, param->reply_ep, KVU_AM_GETREP, h.id, KVX_OK,
+        kvu_am_answer_send(ctx, param->reply_ep, KVU_AM_GETREP, &h, KVX_OK,
                            mem, (const void *)(uintptr_t)h.addr, h.len);
     }
     return UCS_OK;
@@ -640,8 +676,11 @@ static ucs_status_t kvu_am_on_answer(kvu_ctx_t *ctx, int is_put,
         return UCS_OK;
     }
     amp = *kvu_amp_slot(ctx, h.id);
-    if (amp == NULL) {
-        return UCS_OK; /* canceled meanwhile (ep failed or closed) */
+    if (amp == NULL || amp->hdr.nonce != h.nonce) {
+        /* Canceled meanwhile (ep failed or closed), or not an answer to
+         * our request: only the target saw the request's nonce. */
+        ctx->am_dropped++;
+        return UCS_OK;
     }
     if (amp->is_put != is_put || rndv ||
         (h.status == KVX_OK && len != (is_put ? 0 : amp->len))) {
@@ -882,7 +921,9 @@ static int kvu_job_route(const kvu_ep_t *ep, const kvu_job_t *job)
 {
     void *ptr = NULL;
 
-    if (!ep->ctx->am_rma) {
+    if (!ep->ctx->am_rma || !job->local_host) {
+        /* kvxfer's active messages copy with memcpy: host memory only
+         * (device memory stays with UCX, which knows memory types). */
         return KVU_ROUTE_UCX;
     }
     if (ep->emulated || !ep->ctx->rma) {
@@ -1586,6 +1627,7 @@ kvx_status_t kvu_ctx_create(const kvu_params_t *params, kvu_ctx_t **ctx_p)
     pthread_mutex_init(&ctx->lock, NULL);
     pthread_mutex_init(&ctx->in_lock, NULL);
     pthread_cond_init(&ctx->cond, NULL);
+    ctx->am_nonce = kvu_random64();
     ctx->wakefd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (ctx->wakefd < 0) {
         status = kvc_error(KVX_ERR_INTERNAL, "eventfd: %s", strerror(errno));
@@ -1676,6 +1718,20 @@ static kvx_status_t kvu_mem_finish(kvu_ctx_t *ctx, kvu_mem_t *mem)
         return kvc_error(KVX_ERR_TRANSPORT, "ucp_rkey_pack: %s",
                          ucs_status_string(st));
     }
+    /* What peers get as the rkey: UCX's packed rkey, then the region's
+     * random token, which kvxfer's active-message requests must carry
+     * (kvu_am_find_mem): knowing an address is not enough. */
+    mem->token   = kvu_random64();
+    mem->pub_len = mem->rkey_len + sizeof(mem->token);
+    mem->pub     = malloc(mem->pub_len);
+    if (mem->pub == NULL) {
+        ucp_rkey_buffer_release(mem->rkey_buf);
+        ucp_mem_unmap(ctx->ucp, mem->memh);
+        free(mem);
+        return kvc_error(KVX_ERR_NO_MEMORY, "kvu rkey: out of memory");
+    }
+    memcpy(mem->pub, mem->rkey_buf, mem->rkey_len);
+    memcpy(mem->pub + mem->rkey_len, &mem->token, sizeof(mem->token));
     return KVX_OK;
 }
 
@@ -1812,6 +1868,7 @@ void kvu_mem_release(kvu_mem_t *mem)
         return;
     }
     ucp_rkey_buffer_release(mem->rkey_buf);
+    free(mem->pub);
     pthread_mutex_lock(&mem->ctx->lock);
     for (kvu_mem_t **pp = &mem->ctx->mems; *pp != NULL; pp = &(*pp)->next) {
         if (*pp == mem) {
@@ -1859,8 +1916,8 @@ size_t kvu_mem_length(const kvu_mem_t *mem)
 
 void kvu_mem_rkey(const kvu_mem_t *mem, const void **buf_p, size_t *len_p)
 {
-    *buf_p = mem->rkey_buf;
-    *len_p = mem->rkey_len;
+    *buf_p = mem->pub;
+    *len_p = mem->pub_len;
 }
 
 /* --- endpoints ---------------------------------------------------------- */
@@ -2188,6 +2245,16 @@ const char *kvu_ep_transports(const kvu_ep_t *ep)
     return ep->transports;
 }
 
+uint64_t kvu_am_dropped_answers(kvu_ctx_t *ctx)
+{
+    uint64_t n;
+
+    pthread_mutex_lock(&ctx->lock);
+    n = ctx->am_dropped;
+    pthread_mutex_unlock(&ctx->lock);
+    return n;
+}
+
 int kvu_ep_rma_emulated(const kvu_ep_t *ep)
 {
     return ep->emulated;
@@ -2253,13 +2320,21 @@ static kvx_status_t kvu_enqueue(kvu_ep_t *ep, kvu_job_t *job);
 kvx_status_t kvu_rkey_unpack(kvu_ep_t *ep, const void *buf, size_t len,
                              kvu_rkey_t **rkey_p)
 {
-    kvu_rkey_t  *rk = calloc(1, sizeof(*rk));
+    kvu_rkey_t  *rk;
     ucs_status_t st;
 
-    (void)len;
+    /* kvu_mem_rkey's layout: UCX's packed rkey, then the 8-byte token. */
+    if (len <= sizeof(rk->token)) {
+        return kvc_error(KVX_ERR_HANDSHAKE, "rkey from %s: %zu bytes, want "
+                         "more than %zu (UCX's rkey and kvxfer's token)",
+                         ep->peer, len, sizeof(rk->token));
+    }
+    rk = calloc(1, sizeof(*rk));
     if (rk == NULL) {
         return kvc_error(KVX_ERR_NO_MEMORY, "kvu rkey: out of memory");
     }
+    memcpy(&rk->token, (const uint8_t *)buf + len - sizeof(rk->token),
+           sizeof(rk->token));
     pthread_mutex_lock(&ep->ctx->lock);
     st = ep->ep != NULL ? ucp_ep_rkey_unpack(ep->ep, buf, &rk->rkey)
                         : UCS_ERR_NOT_CONNECTED;
@@ -2300,6 +2375,8 @@ kvx_status_t kvu_post(kvu_ep_t *ep, int is_put, kvu_mem_t *local_mem,
     job->local_base  = local_base;
     job->memh        = local_mem->memh;
     job->rkey        = rkey->rkey;
+    job->token       = rkey->token;
+    job->local_host  = local_mem->host;
     job->remote_base = remote_base;
     job->runs        = runs;
     job->n           = n;

@@ -108,6 +108,9 @@ void         kvu_ep_fail(kvu_ep_t *ep, kvx_status_t status,
 int          kvu_ep_failed(kvu_ep_t *ep);
 /* kvu_ep_transports: e.g. "rma_am(tcp/lo) am(tcp/lo)"; borrowed. */
 const char  *kvu_ep_transports(const kvu_ep_t *ep);
+/* kvu_am_dropped_answers: active-message answers that matched no pending
+ * request of this context (canceled meanwhile, or forged: wrong nonce). */
+uint64_t     kvu_am_dropped_answers(kvu_ctx_t *ctx);
 /* kvu_rma_wanted: 1 when a context allowing transports tls (UCX_TLS syntax;
  * NULL or "": UCX's default) asks UCX for one-sided operations; 0 when every
  * transport is tcp or self and am_rma (kvxfer's own active messages) is on:
