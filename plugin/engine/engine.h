@@ -117,6 +117,10 @@ typedef struct kvc_peer {
                                      * reconnect) */
     int               conn_gone;    /* lost for longer than the grace:
                                        reported, until it comes back */
+    int               inst_unconfirmed; /* declared gone: every transfer
+                                        bound to inst failed; the next
+                                        instance that answers is adopted,
+                                        not taken for a restart */
     kvt_ep_t         *ep;           /* owned, READY */
     kvt_rkey_t      **rkeys;        /* per remote layer, READY */
     int              *layer_map;    /* local layer -> remote layer */

@@ -133,10 +133,17 @@ int kvc_peer_saw_instance(kvc_peer_t *peer, uint64_t inst, kvc_peer_conn_t *c)
     if (inst == 0 || inst == peer->inst || kvc_peer_inst_dead(peer, inst)) {
         /* The same one, or a late reply of one already replaced: not a
          * restart of the live one. */
+        if (inst != 0 && inst == peer->inst) {
+            peer->inst_unconfirmed = 0;
+        }
         return 0;
     }
-    if (peer->inst == 0) {
+    if (peer->inst == 0 || peer->inst_unconfirmed) {
+        /* First answer, or the first since the peer was declared gone
+         * (its transfers already failed then): adopt it; the one before
+         * is dead from now on (kvc_peer_set_inst). */
         kvc_peer_set_inst(peer, inst);
+        peer->inst_unconfirmed = 0;
         return 0;
     }
     snprintf(why, sizeof(why), "restarted: instance %llu answered where "
@@ -647,6 +654,7 @@ void kvc_peers_check_conn(struct kvx_engine *eng)
             if (kvc_peer_lost(p, KVX_ERR_ENDPOINT, why, &c)) {
                 kvc_peer_conn_free(eng, &c); /* progress owner */
             }
+            p->inst_unconfirmed = p->inst != 0;
         }
         if (p->conn_gone && down != 0 && p->out_head == NULL &&
             p->ctl_inflight == 0 && !p->job_queued && !p->hs_job_queued &&
