@@ -98,7 +98,8 @@ void kvc_peer_set_inst(kvc_peer_t *peer, uint64_t inst)
         }
         peer->dead_inst[peer->ndead++] = peer->inst;
     }
-    peer->inst = inst;
+    peer->inst             = inst;
+    peer->inst_unconfirmed = 0; /* an instance answered: it is the live one */
 }
 
 int kvc_peer_inst_dead(const kvc_peer_t *peer, uint64_t inst)
