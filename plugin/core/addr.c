@@ -1251,6 +1251,16 @@ static int kvc_obj_put(json_object *obj, const char *key, json_object *v)
     return json_object_object_add(obj, key, v) == 0 ? 0 : -1;
 }
 
+/* kvc_obj_put_u64: a 64-bit id as a decimal string (JSON numbers cannot
+ * carry every uint64). */
+static int kvc_obj_put_u64(json_object *obj, const char *key, uint64_t v)
+{
+    char text[24];
+
+    snprintf(text, sizeof(text), "%llu", (unsigned long long)v);
+    return kvc_obj_put(obj, key, json_object_new_string(text));
+}
+
 static json_object *kvc_json_hosts(const kvc_xfer_params_t *p)
 {
     json_object *arr = json_object_new_array();
@@ -1290,22 +1300,12 @@ static int kvc_build_decode_obj(json_object *obj, const kvc_params_ctx_t *c,
         rc |= kvc_obj_put(obj, "remote_block_ids", kvc_json_blocks(p));
     }
     if (p->has_remote_instance) {
-        char text[24];
-
-        snprintf(text, sizeof(text), "%llu",
-                 (unsigned long long)p->remote_instance);
-        rc |= kvc_obj_put(obj, "remote_instance",
-                          json_object_new_string(text));
+        rc |= kvc_obj_put_u64(obj, "remote_instance", p->remote_instance);
         rc |= kvc_obj_put(obj, "remote_tp_rank",
                           json_object_new_int((int)p->remote_tp_rank));
     }
     if (p->has_remote_accepted) {
-        char text[24];
-
-        snprintf(text, sizeof(text), "%llu",
-                 (unsigned long long)p->remote_accepted);
-        rc |= kvc_obj_put(obj, "remote_accepted",
-                          json_object_new_string(text));
+        rc |= kvc_obj_put_u64(obj, "remote_accepted", p->remote_accepted);
     }
     if (p->remote_engine_id[0] != '\0') {
         rc |= kvc_obj_put(obj, "remote_engine_id",

@@ -236,29 +236,79 @@ TEST(KvuRma, FeatureOnlyWhereATransportCanCopyForReal)
     EXPECT_EQ(1, kvu_rma_wanted("tcpx", 1));
 }
 
+// A bare UCP worker (its own code, tcp), for attacks on the data plane.
+struct RawWorker {
+    ucp_context_h ucp = nullptr;
+    ucp_worker_h  wk  = nullptr;
+    int           got = 0; // messages taken by Ignore's handler
+
+    explicit RawWorker(uint64_t features = UCP_FEATURE_AM)
+    {
+        ucp_config_t *cfg = nullptr;
+        ucp_params_t  prm{};
+
+        EXPECT_EQ(UCS_OK, ucp_config_read(nullptr, nullptr, &cfg));
+        EXPECT_EQ(UCS_OK, ucp_config_modify(cfg, "TLS", "tcp"));
+        prm.field_mask = UCP_PARAM_FIELD_FEATURES;
+        prm.features   = features;
+        EXPECT_EQ(UCS_OK, ucp_init(&prm, cfg, &ucp));
+        ucp_config_release(cfg);
+        ucp_worker_params_t wp{};
+        wp.field_mask  = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+        wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+        EXPECT_EQ(UCS_OK, ucp_worker_create(ucp, &wp, &wk));
+    }
+    ~RawWorker()
+    {
+        ucp_worker_destroy(wk);
+        ucp_cleanup(ucp);
+    }
+    static ucs_status_t Drop(void *arg, const void *, size_t, void *, size_t,
+                             const ucp_am_recv_param_t *)
+    {
+        static_cast<RawWorker *>(arg)->got++;
+        return UCS_OK;
+    }
+    void Ignore(unsigned id)
+    {
+        ucp_am_handler_param_t hp{};
+        hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
+                        UCP_AM_HANDLER_PARAM_FIELD_CB |
+                        UCP_AM_HANDLER_PARAM_FIELD_ARG;
+        hp.id         = id;
+        hp.cb         = Drop;
+        hp.arg        = this;
+        EXPECT_EQ(UCS_OK, ucp_worker_set_am_recv_handler(wk, &hp));
+    }
+    // progress until done() or ms milliseconds; returns done()
+    template <class F> bool ProgressUntil(F done, int ms)
+    {
+        struct timespec t0, t;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        for (;;) {
+            ucp_worker_progress(wk);
+            if (done()) {
+                return true;
+            }
+            clock_gettime(CLOCK_MONOTONIC, &t);
+            if ((t.tv_sec - t0.tv_sec) * 1000 +
+                    (t.tv_nsec - t0.tv_nsec) / 1000000 > ms) {
+                return false;
+            }
+        }
+    }
+};
+
 // A hostile process's own UCP worker (RMA feature, tcp) puts into and gets
 // from a kvxfer context over tcp, with the context's real worker address
 // and rkey: UCX's software RMA handlers would serve any address. Returns
 // whether the put landed in the target's memory within 1 s.
 bool ForeignPutLands(Side &target, std::vector<uint8_t> *got)
 {
-    ucp_config_t *cfg = nullptr;
-    ucp_params_t  prm{};
-    ucp_context_h ucp = nullptr;
-    ucp_worker_h  wk  = nullptr;
-    ucp_ep_h      ep  = nullptr;
-    ucp_rkey_h    rk  = nullptr;
-
-    EXPECT_EQ(UCS_OK, ucp_config_read(nullptr, nullptr, &cfg));
-    EXPECT_EQ(UCS_OK, ucp_config_modify(cfg, "TLS", "tcp"));
-    prm.field_mask = UCP_PARAM_FIELD_FEATURES;
-    prm.features   = UCP_FEATURE_RMA;
-    EXPECT_EQ(UCS_OK, ucp_init(&prm, cfg, &ucp));
-    ucp_config_release(cfg);
-    ucp_worker_params_t wp{};
-    wp.field_mask  = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-    wp.thread_mode = UCS_THREAD_MODE_SINGLE;
-    EXPECT_EQ(UCS_OK, ucp_worker_create(ucp, &wp, &wk));
+    RawWorker   attacker(UCP_FEATURE_RMA);
+    ucp_worker_h wk = attacker.wk;
+    ucp_ep_h    ep = nullptr;
+    ucp_rkey_h  rk = nullptr;
 
     const void *addr, *rkb;
     size_t      alen, rklen;
@@ -311,8 +361,6 @@ bool ForeignPutLands(Side &target, std::vector<uint8_t> *got)
         }
     }
     ucp_rkey_destroy(rk);
-    ucp_worker_destroy(wk);
-    ucp_cleanup(ucp);
     return landed;
 }
 
@@ -372,68 +420,6 @@ TEST_P(KvuAm, RequestWithoutTheRegionTokenIsRefused)
     EXPECT_EQ(kvu_rkey_unpack(pr.ep, rk, 8, &bad), KVX_ERR_HANDSHAKE);
 }
 
-// A bare UCP worker (its own code, tcp), for attacks on the AM protocol.
-struct RawWorker {
-    ucp_context_h ucp = nullptr;
-    ucp_worker_h  wk  = nullptr;
-    int           got = 0; // messages taken by Ignore's handler
-
-    RawWorker()
-    {
-        ucp_config_t *cfg = nullptr;
-        ucp_params_t  prm{};
-
-        EXPECT_EQ(UCS_OK, ucp_config_read(nullptr, nullptr, &cfg));
-        EXPECT_EQ(UCS_OK, ucp_config_modify(cfg, "TLS", "tcp"));
-        prm.field_mask = UCP_PARAM_FIELD_FEATURES;
-        prm.features   = UCP_FEATURE_AM;
-        EXPECT_EQ(UCS_OK, ucp_init(&prm, cfg, &ucp));
-        ucp_config_release(cfg);
-        ucp_worker_params_t wp{};
-        wp.field_mask  = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-        wp.thread_mode = UCS_THREAD_MODE_SINGLE;
-        EXPECT_EQ(UCS_OK, ucp_worker_create(ucp, &wp, &wk));
-    }
-    ~RawWorker()
-    {
-        ucp_worker_destroy(wk);
-        ucp_cleanup(ucp);
-    }
-    static ucs_status_t Drop(void *arg, const void *, size_t, void *, size_t,
-                             const ucp_am_recv_param_t *)
-    {
-        static_cast<RawWorker *>(arg)->got++;
-        return UCS_OK;
-    }
-    void Ignore(unsigned id)
-    {
-        ucp_am_handler_param_t hp{};
-        hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
-                        UCP_AM_HANDLER_PARAM_FIELD_CB |
-                        UCP_AM_HANDLER_PARAM_FIELD_ARG;
-        hp.id         = id;
-        hp.cb         = Drop;
-        hp.arg        = this;
-        EXPECT_EQ(UCS_OK, ucp_worker_set_am_recv_handler(wk, &hp));
-    }
-    // progress until done() or ms milliseconds; returns done()
-    template <class F> bool ProgressUntil(F done, int ms)
-    {
-        struct timespec t0, t;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
-        for (;;) {
-            ucp_worker_progress(wk);
-            if (done()) {
-                return true;
-            }
-            clock_gettime(CLOCK_MONOTONIC, &t);
-            if ((t.tv_sec - t0.tv_sec) * 1000 +
-                    (t.tv_nsec - t0.tv_nsec) / 1000000 > ms) {
-                return false;
-            }
-        }
-    }
-};
 
 // The answer header of kvu.c (version 2).
 struct AmHdr {
