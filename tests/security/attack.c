@@ -274,9 +274,11 @@ static int stall_once(const char *host, int port, int n, double hold_s)
     static const uint8_t hdr[8] = {0, 'S', 'P', 0, 0, 0x30, 0, 0};
     const char          *hs     = "{\"type\":\"get_meta\",\"version\":1}";
     int                  fd     = tcp_connect(host, port);
-    double               end    = now_s() + hold_s;
+    double               t0     = now_s();
+    double               end    = t0 + hold_s;
     uint8_t              peer[8], msg[256];
     int                  rcvbuf = 4096, i;
+    double               tw;
     struct timeval       tv     = {.tv_sec = (time_t)hold_s};
     struct pollfd        pfd;
 
@@ -300,17 +302,20 @@ static int stall_once(const char *host, int port, int n, double hold_s)
             break;
         }
     }
+    tw         = now_s() - t0;
     pfd.fd     = fd;
     pfd.events = POLLRDHUP;
     while (now_s() < end) {
         if (poll(&pfd, 1, 50) == 1 &&
             (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) {
+            printf("stall: %d requests sent in %.2f s, dropped after "
+                   "%.2f s\n", i, tw, now_s() - t0);
             close(fd);
             return 0;
         }
     }
-    printf("stall: connection (%d requests sent, none read) still held "
-           "after %.1f s: FAIL\n", i, hold_s);
+    printf("stall: connection (%d requests sent in %.2f s, none read) "
+           "still held after %.1f s: FAIL\n", i, tw, hold_s);
     close(fd);
     return 1;
 }

@@ -123,6 +123,25 @@ run_d() {
     return $rc
 }
 
+# dump_p WHY: what P's threads are doing (a hang must leave its stacks in
+# the log: gdb when installed, else each thread's kernel wait channel), and
+# the tail of P's output.
+dump_p() {
+    echo "--- P (pid $P_PID): $1"
+    if command -v gdb >/dev/null; then
+        timeout -k 5 60 gdb -batch -nx -p "$P_PID" -ex "thread apply all bt" \
+            2>&1 | grep -v "^\[New LWP\|^$" | head -400
+    else
+        for t in /proc/"$P_PID"/task/*; do
+            echo "$(cat "$t/comm" 2>/dev/null) $(cat "$t/wchan" 2>/dev/null)"
+        done
+    fi
+    echo "--- P stdout (tail)"
+    tail -5 "$WORK/p.out"
+    echo "--- P stderr (tail)"
+    tail -15 "$WORK/p.err"
+}
+
 # wait_p: P's exit status, or failure when it is still running after 60 s
 # (a hang is a defect to report, not a test to wait out).
 wait_p() {
@@ -132,6 +151,7 @@ wait_p() {
     done
     if kill -0 "$P_PID" 2>/dev/null; then
         echo "P (pid $P_PID) still running after 60 s"
+        dump_p "still running after 60 s"
         kill -9 "$P_PID"
         return 1
     fi
@@ -153,8 +173,12 @@ if start_p "$BASE"; then
     else
         bad "legitimate transfer failed during the attacks: $(tail -3 "$WORK/d.out")"
     fi
-    wait "$STALL" && ok "stalled reader dropped ($(tail -1 "$WORK/stall.out"))" ||
+    if wait "$STALL"; then
+        ok "stalled reader dropped ($(tail -1 "$WORK/stall.out"))"
+    else
         bad "stalled reader: $(cat "$WORK/stall.out")"
+        kill -0 "$P_PID" 2>/dev/null && dump_p "a stalled reader was not dropped"
+    fi
     wait_p && ok "P released by D" || bad "P failed: $(tail -3 "$WORK/p.err")"
 else
     bad "prefill did not start: $(tail -3 "$WORK/p.err")"
