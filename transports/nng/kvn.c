@@ -25,21 +25,43 @@
  * reads the replies holds a context for at most this long. */
 #define KVN_REPLY_TIMEOUT_MS 1000
 
+/* Closing a connection (nng_pipe_close) while libnng 1.5.2's tcp transport
+ * is completing a read on it can leave that pipe's receive operation
+ * forever unfinished: nng's one reaper thread then waits on it for ever
+ * and every later close in the process hangs (nng PR #1636, fixed in
+ * 1.6.0). A flooding peer that stalls is exactly a connection with reads
+ * completing all the time. So a stalled connection is closed only once the
+ * server is quiet: no context has a receive armed (none is re-armed while
+ * a close waits), which lets the pipe's last read finish and park its
+ * message inside nng; KVN_CLOSE_SETTLE_MS gives that read time to finish. */
+#define KVN_CLOSE_SETTLE_MS 50
+
 typedef struct kvn_sctx {
     struct kvn_server *srv;
     nng_ctx            ctx;
     nng_aio           *aio;
     int                sending;
     nng_pipe           pipe;    /* the connection the reply goes to */
+    int                armed;   /* a receive is posted (srv->lk) */
+    int                held;    /* parked by a pending close (srv->lk) */
 } kvn_sctx_t;
 
 struct kvn_server {
-    nng_socket     sock;
-    kvn_handler_fn fn;
-    void          *arg;
-    int            nctx;
-    kvn_sctx_t     ctxs[KVN_MAX_CTX];
-    char           url[300];
+    nng_socket      sock;
+    kvn_handler_fn  fn;
+    void           *arg;
+    int             nctx;
+    kvn_sctx_t      ctxs[KVN_MAX_CTX];
+    char            url[300];
+    pthread_mutex_t lk;         /* everything below, armed, held */
+    pthread_cond_t  cv;
+    pthread_t       closer;     /* closes stalled connections */
+    int             closer_up;
+    int             stop;       /* destroy: nothing is re-armed */
+    int             quiesce;    /* a close waits: contexts are held */
+    int             nclose;
+    nng_pipe        close_q[KVN_MAX_CTX];
+    uint64_t        last_req_us; /* monotonic time of the last request */
 };
 
 typedef struct kvn_cctx {
@@ -210,11 +232,133 @@ static kvx_status_t kvn_tls_config(const kvt_ctl_sec_t *sec, int server,
     return KVX_OK;
 }
 
+/* kvn_sctx_recv posts the context's next receive, or parks it while a
+ * stalled connection waits to be closed (the closer re-arms it). */
 static void kvn_sctx_recv(kvn_sctx_t *c)
 {
+    kvn_server_t *srv = c->srv;
+
+    pthread_mutex_lock(&srv->lk);
     c->sending = 0;
+    if (srv->quiesce || srv->stop) {
+        c->held = 1;
+        pthread_cond_broadcast(&srv->cv);
+        pthread_mutex_unlock(&srv->lk);
+        return;
+    }
+    c->armed = 1;
+    pthread_mutex_unlock(&srv->lk);
     nng_aio_set_timeout(c->aio, NNG_DURATION_INFINITE);
     nng_ctx_recv(c->ctx, c->aio);
+}
+
+/* kvn_sctx_stalled queues the connection of a reply that timed out for
+ * the closer (once) and starts the quiet period. */
+static void kvn_sctx_stalled(kvn_sctx_t *c)
+{
+    kvn_server_t *srv = c->srv;
+    int           i;
+
+    pthread_mutex_lock(&srv->lk);
+    for (i = 0; i < srv->nclose; i++) {
+        if (nng_pipe_id(srv->close_q[i]) == nng_pipe_id(c->pipe)) {
+            break;
+        }
+    }
+    if (i == srv->nclose && srv->nclose < KVN_MAX_CTX) {
+        srv->close_q[srv->nclose++] = c->pipe;
+    }
+    srv->quiesce = 1;
+    pthread_cond_broadcast(&srv->cv);
+    pthread_mutex_unlock(&srv->lk);
+}
+
+/* kvn_closer: closes the queued stalled connections once no context has a
+ * receive armed (see KVN_CLOSE_SETTLE_MS), then re-arms the held
+ * contexts. */
+static void *kvn_closer(void *arg)
+{
+    kvn_server_t *srv = arg;
+
+    pthread_mutex_lock(&srv->lk);
+    while (!srv->stop) {
+        nng_pipe        q[KVN_MAX_CTX];
+        nng_aio        *armed[KVN_MAX_CTX];
+        kvn_sctx_t     *held[KVN_MAX_CTX];
+        int             n, na, nh;
+        struct timespec ts;
+
+        if (srv->nclose == 0) {
+            pthread_cond_wait(&srv->cv, &srv->lk);
+            continue;
+        }
+        /* Take the armed receives back (each callback holds its context),
+         * retrying for a receive posted just after a cancel. */
+        for (;;) {
+            na = 0;
+            for (int i = 0; i < srv->nctx; i++) {
+                if (srv->ctxs[i].armed) {
+                    armed[na++] = srv->ctxs[i].aio;
+                }
+            }
+            if (na == 0 || srv->stop) {
+                break;
+            }
+            pthread_mutex_unlock(&srv->lk);
+            for (int i = 0; i < na; i++) {
+                nng_aio_cancel(armed[i]);
+            }
+            pthread_mutex_lock(&srv->lk);
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 10 * 1000000L;
+            if (ts.tv_nsec >= 1000000000L) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000L;
+            }
+            pthread_cond_timedwait(&srv->cv, &srv->lk, &ts);
+        }
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += KVN_CLOSE_SETTLE_MS * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        while (!srv->stop &&
+               pthread_cond_timedwait(&srv->cv, &srv->lk, &ts) == 0) {
+        }
+        if (srv->stop) {
+            break;
+        }
+        n = srv->nclose;
+        memcpy(q, srv->close_q, (size_t)n * sizeof(q[0]));
+        srv->nclose = 0;
+        pthread_mutex_unlock(&srv->lk);
+        for (int i = 0; i < n; i++) {
+            kvc_log_warn("KVX-CTL-STALLED", "%s: reply not taken within %d "
+                         "ms: connection closed", srv->url,
+                         KVN_REPLY_TIMEOUT_MS);
+            nng_pipe_close(q[i]);
+        }
+        pthread_mutex_lock(&srv->lk);
+        if (srv->nclose > 0) {
+            continue; /* another stalled meanwhile: still quiet */
+        }
+        srv->quiesce = 0;
+        nh           = 0;
+        for (int i = 0; i < srv->nctx; i++) {
+            if (srv->ctxs[i].held) {
+                srv->ctxs[i].held = 0;
+                held[nh++]        = &srv->ctxs[i];
+            }
+        }
+        pthread_mutex_unlock(&srv->lk);
+        for (int i = 0; i < nh; i++) {
+            kvn_sctx_recv(held[i]);
+        }
+        pthread_mutex_lock(&srv->lk);
+    }
+    pthread_mutex_unlock(&srv->lk);
+    return NULL;
 }
 
 /* kvn_msg_from formats the remote address of the pipe req came in on,
@@ -245,6 +389,7 @@ static void kvn_sctx_reply(kvn_sctx_t *c, nng_msg *req)
 
     char    from[KVN_FROM_MAX];
 
+    __atomic_store_n(&c->srv->last_req_us, kvc_mono_us(), __ATOMIC_RELAXED);
     kvn_msg_from(req, from, sizeof(from));
     c->srv->fn(c->srv->arg, from, nng_msg_body(req), nng_msg_len(req),
                &reply, &reply_len);
@@ -270,7 +415,10 @@ static void kvn_sctx_cb(void *arg)
     kvn_sctx_t *c  = arg;
     int         rv = nng_aio_result(c->aio);
 
-    if (rv == NNG_ECLOSED || rv == NNG_ECANCELED) {
+    pthread_mutex_lock(&c->srv->lk);
+    c->armed = 0;
+    pthread_mutex_unlock(&c->srv->lk);
+    if (rv == NNG_ECLOSED) {
         if (c->sending) {
             nng_msg_free(nng_aio_get_msg(c->aio));
         }
@@ -281,14 +429,16 @@ static void kvn_sctx_cb(void *arg)
             nng_msg_free(nng_aio_get_msg(c->aio));
         }
         if (rv == NNG_ETIMEDOUT) {
-            /* The connection does not read its replies: drop it, which
-             * also fails every other reply parked on it at once. */
-            kvc_log_warn("KVX-CTL-STALLED", "%s: reply not taken within %d "
-                         "ms: connection closed", c->srv->url,
-                         KVN_REPLY_TIMEOUT_MS);
-            nng_pipe_close(c->pipe);
+            /* The connection does not read its replies: drop it (which
+             * also fails every other reply parked on it), once the server
+             * is quiet (kvn_closer). */
+            kvn_sctx_stalled(c);
         }
         kvn_sctx_recv(c);
+        return;
+    }
+    if (rv == NNG_ECANCELED) {
+        kvn_sctx_recv(c); /* taken back by the closer, or destroy */
         return;
     }
     if (rv != 0) {
@@ -349,7 +499,11 @@ kvx_status_t kvn_server_create_sec(const char *host, uint32_t port, int nctx,
     srv->arg  = arg;
     srv->nctx = nctx < 1 ? 1 : (nctx > KVN_MAX_CTX ? KVN_MAX_CTX : nctx);
     kvn_url_sec(host, port, sec, srv->url, sizeof(srv->url));
+    pthread_mutex_init(&srv->lk, NULL);
+    pthread_cond_init(&srv->cv, NULL);
     if ((rv = nng_rep0_open(&srv->sock)) != 0) {
+        pthread_cond_destroy(&srv->cv);
+        pthread_mutex_destroy(&srv->lk);
         free(srv);
         return kvc_error(KVX_ERR_CONTROL, "nng_rep0_open: %s",
                          nng_strerror(rv));
@@ -376,6 +530,12 @@ kvx_status_t kvn_server_create_sec(const char *host, uint32_t port, int nctx,
         kvn_server_destroy(srv);
         return st;
     }
+    if (pthread_create(&srv->closer, NULL, kvn_closer, srv) != 0) {
+        kvn_server_destroy(srv);
+        return kvc_error(KVX_ERR_NO_MEMORY, "%s: cannot start the thread "
+                         "that closes stalled connections", srv->url);
+    }
+    srv->closer_up = 1;
     for (int i = 0; i < srv->nctx; i++) {
         kvn_sctx_recv(&srv->ctxs[i]);
     }
@@ -388,11 +548,28 @@ void kvn_server_destroy(kvn_server_t *srv)
     if (srv == NULL) {
         return;
     }
-    /* Stop the aios first (see kvn_client_close), then close. */
+    /* The closer first (nothing is re-armed from here), then the aios
+     * (see kvn_client_close), then the socket. */
+    pthread_mutex_lock(&srv->lk);
+    srv->stop = 1;
+    pthread_cond_broadcast(&srv->cv);
+    pthread_mutex_unlock(&srv->lk);
+    if (srv->closer_up) {
+        pthread_join(srv->closer, NULL);
+    }
     for (int i = 0; i < srv->nctx; i++) {
         if (srv->ctxs[i].aio != NULL) {
             nng_aio_stop(srv->ctxs[i].aio);
         }
+    }
+    /* Nothing is armed any more; a connection that was just sending gets
+     * KVN_CLOSE_SETTLE_MS to finish its last read before nng_close closes
+     * it (see there). An idle server closes at once. */
+    if (kvc_mono_us() - __atomic_load_n(&srv->last_req_us, __ATOMIC_RELAXED) <
+        1000000u) {
+        struct timespec ts = {0, KVN_CLOSE_SETTLE_MS * 1000000L};
+
+        nanosleep(&ts, NULL);
     }
     nng_close(srv->sock);
     for (int i = 0; i < srv->nctx; i++) {
@@ -400,6 +577,8 @@ void kvn_server_destroy(kvn_server_t *srv)
             nng_aio_free(srv->ctxs[i].aio);
         }
     }
+    pthread_cond_destroy(&srv->cv);
+    pthread_mutex_destroy(&srv->lk);
     free(srv);
 }
 
