@@ -33,7 +33,11 @@
  * completing all the time. So a stalled connection is closed only once the
  * server is quiet: no context has a receive armed (none is re-armed while
  * a close waits), which lets the pipe's last read finish and park its
- * message inside nng; KVN_CLOSE_SETTLE_MS gives that read time to finish. */
+ * message inside nng; KVN_CLOSE_SETTLE_MS gives that read time to finish.
+ * When a whole socket closes, every connection's largest message is first
+ * set to 1 byte (kvn_refuse_reads): a read that completes then fails in
+ * nng's own receive path, which closes its pipe without re-arming a read,
+ * and a connection accepted meanwhile gets the same limit. */
 #define KVN_CLOSE_SETTLE_MS 50
 
 typedef struct kvn_sctx {
@@ -62,6 +66,8 @@ struct kvn_server {
     int             nclose;
     nng_pipe        close_q[KVN_MAX_CTX];
     uint64_t        last_req_us; /* monotonic time of the last request */
+    nng_listener    listener;
+    int             listening;
 };
 
 typedef struct kvn_cctx {
@@ -84,6 +90,8 @@ struct kvn_client {
     pthread_mutex_t wlock;      /* watch_fn, watch_arg */
     kvt_conn_fn     watch_fn;   /* connection up/lost, or NULL */
     void           *watch_arg;
+    nng_dialer      dialer;
+    int             dialing;
 };
 
 static void kvn_pin_once(void)
@@ -230,6 +238,18 @@ static kvx_status_t kvn_tls_config(const kvt_ctl_sec_t *sec, int server,
     }
     *cfg_p = cfg;
     return KVX_OK;
+}
+
+/* kvn_refuse_reads sets the largest message of an endpoint and of every
+ * connection it made to 1 byte (see KVN_CLOSE_SETTLE_MS). */
+static void kvn_refuse_reads(nng_listener *l, nng_dialer *d)
+{
+    if (l != NULL) {
+        nng_listener_set_size(*l, NNG_OPT_RECVMAXSZ, 1);
+    }
+    if (d != NULL) {
+        nng_dialer_set_size(*d, NNG_OPT_RECVMAXSZ, 1);
+    }
 }
 
 /* kvn_sctx_recv posts the context's next receive, or parks it while a
@@ -477,6 +497,10 @@ static int kvn_listen(kvn_server_t *srv, const kvt_ctl_sec_t *sec,
     if (rv == 0) {
         rv = nng_listener_start(l, 0);
     }
+    if (rv == 0) {
+        srv->listener  = l;
+        srv->listening = 1;
+    }
     if (tls != NULL) {
         nng_tls_config_free(tls); /* the listener holds its own reference */
     }
@@ -557,14 +581,18 @@ void kvn_server_destroy(kvn_server_t *srv)
     if (srv->closer_up) {
         pthread_join(srv->closer, NULL);
     }
+    if (srv->listening) {
+        kvn_refuse_reads(&srv->listener, NULL);
+    }
     for (int i = 0; i < srv->nctx; i++) {
         if (srv->ctxs[i].aio != NULL) {
             nng_aio_stop(srv->ctxs[i].aio);
         }
     }
-    /* Nothing is armed any more; a connection that was just sending gets
-     * KVN_CLOSE_SETTLE_MS to finish its last read before nng_close closes
-     * it (see there). An idle server closes at once. */
+    /* Nothing is armed any more and no message is accepted; a connection
+     * that was just sending gets KVN_CLOSE_SETTLE_MS to finish its last
+     * read before nng_close closes it (see there). An idle server closes
+     * at once. */
     if (kvc_mono_us() - __atomic_load_n(&srv->last_req_us, __ATOMIC_RELAXED) <
         1000000u) {
         struct timespec ts = {0, KVN_CLOSE_SETTLE_MS * 1000000L};
@@ -608,6 +636,10 @@ static int kvn_dial(kvn_client_t *cli, const kvt_ctl_sec_t *sec,
     }
     if (rv == 0) {
         rv = nng_dialer_start(d, NNG_FLAG_NONBLOCK);
+    }
+    if (rv == 0) {
+        cli->dialer  = d;
+        cli->dialing = 1;
     }
     if (tls != NULL) {
         nng_tls_config_free(tls); /* the dialer holds its own reference */
@@ -860,6 +892,11 @@ void kvn_client_close(kvn_client_t *cli)
      * (nng panics: pthread_mutex_lock: Invalid argument). */
     for (int i = 0; i < cli->nctx; i++) {
         nng_aio_stop(cli->ctxs[i].aio);
+    }
+    /* A late reply then fails inside nng instead of racing the close
+     * (KVN_CLOSE_SETTLE_MS). */
+    if (cli->dialing) {
+        kvn_refuse_reads(NULL, &cli->dialer);
     }
     /* No watch callback reaches the owner from here on; nng_close returns
      * only after the pipes' callbacks ran, so cli outlives them. */
