@@ -39,6 +39,11 @@ SELFTEST = "corrupt_selftest"
 MODES = ("read", "write")
 TLS = ("tcp", "sm")
 HS_TO, XFER_TO, DEFER_TO = 2, 2, 4
+# UCX 1.13's shared-memory FIFO has no recovery: a process killed between
+# reserving a FIFO element of its peer and publishing it blocks the peer's
+# receive FIFO for good, so after `restart` over sm the next transfer can
+# fail (at its deadline, on both sides). README "Known limits".
+SM_FIFO_LIMIT = "UCX 1.13 sm FIFO blocked by the killed process"
 LAYERS, POOL, NBLOCKS = 16, 64, 32
 CRASH_RE = re.compile(r"AddressSanitizer|LeakSanitizer|UndefinedBehavior|"
                       r"runtime error:|Fatal:|Assertion|assertion|panic|"
@@ -177,7 +182,9 @@ class Round:
         self.tag = "%s-%s-%s-%d" % (scen, mode, tls, seed)
         self.v = []  # violations
         self.reports = []  # the faulted transfers' reports (--json)
-        self.stats = {"ok": 0, "failed": 0, "late_ms": 0.0, "mid": 0}
+        self.stats = {"ok": 0, "failed": 0, "late_ms": 0.0, "mid": 0,
+                      "fifo_lost": 0}
+        self.notes = []  # known limits met (printed, not violations)
         self.peers = []
         self.deadp = XFER_TO if mode == "write" else DEFER_TO
 
@@ -228,15 +235,30 @@ class Round:
         D.send("REQ %s %d %d %s" % (tid, gen, NBLOCKS, params))
         return True
 
-    def clean_transfer(self, P, D, gen, what):
-        """A transfer without fault: both sides must report OK."""
+    def clean_transfer(self, P, D, gen, what, fifo_lost_ok=False):
+        """A transfer without fault: both sides must report OK. With
+        fifo_lost_ok (shared memory after a process was killed, see
+        SM_FIFO_LIMIT), a failure both sides report, with a reason, is
+        counted as that known limit instead; an OK must still be exact."""
         tid = "t%d-%d" % (self.seed, gen)
         if not self.start_pair(P, D, tid, gen):
             return
         end = now() + HS_TO + XFER_TO + DEFER_TO + 8
         d = self.xfer_result(D, tid, end)
         p = self.xfer_result(P, tid, end)
+        lost = fifo_lost_ok and d is not None and p is not None and \
+            (d["outcome"] != "ok" or p["outcome"] != "ok") and \
+            all(r["outcome"] == "ok" or r.get("reason") for r in (d, p))
+        if lost:
+            self.stats["fifo_lost"] += 1
+            self.notes.append("known limit (%s): %s transfer %s: D %s (%s), "
+                              "P %s (%s)" % (
+                                  SM_FIFO_LIMIT, what, tid, d["outcome"],
+                                  d.get("reason"), p["outcome"],
+                                  p.get("reason")))
         for side, r in (("D", d), ("P", p)):
+            if lost and r["outcome"] != "ok":
+                continue  # reported, with its reason: the known limit
             if r is None or r["outcome"] != "ok":
                 self.bad("%s transfer %s on %s: %s" % (
                     what, tid, side, r and {k: r.get(k) for k in (
@@ -409,7 +431,9 @@ class Round:
         alive_both = P.alive() and D.alive() and action != "destroy" and \
             action != "kill"
         if alive_both:
-            self.clean_transfer(P, D, 4, "after-fault")
+            self.clean_transfer(P, D, 4, "after-fault", fifo_lost_ok=(
+                self.tls == "sm" and action == "restart" and
+                not self.args.strict_sm))
         # Nothing pinned, nothing written after free.
         for pr in (P, D):
             if not pr.alive():
@@ -474,6 +498,9 @@ def main():
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--tls", default=",".join(TLS))
     ap.add_argument("--max-life", type=int, default=120)
+    ap.add_argument("--strict-sm", action="store_true",
+                    help="a transfer after a restart over shared memory "
+                    "must succeed (no SM_FIFO_LIMIT allowance)")
     ap.add_argument("--keep", help="directory for the peers' logs")
     ap.add_argument("--json", help="append one JSON line per round: "
                     "scenario, seed, violations, every report of a faulted "
@@ -511,7 +538,7 @@ def main():
         for mode in args.modes.split(","):
             for tls in args.tls.split(","):
                 row = {"n": 0, "pass": 0, "ok": 0, "failed": 0, "late": 0.0,
-                       "mid": 0, "seeds": []}
+                       "mid": 0, "fifo_lost": 0, "seeds": []}
                 for i in range(args.rounds):
                     rs = args.round_seed if args.round_seed is not None \
                         else rng.randrange(1 << 30)
@@ -522,6 +549,7 @@ def main():
                     row["ok"] += rd.stats["ok"]
                     row["failed"] += rd.stats["failed"]
                     row["mid"] += rd.stats["mid"]
+                    row["fifo_lost"] += rd.stats["fifo_lost"]
                     row["late"] = max(row["late"], rd.stats["late_ms"])
                     replay = ("/usr/bin/python3 %s --peer %s%s --scenarios %s "
                               "--modes %s --tls %s --round-seed %d" % (
@@ -539,6 +567,8 @@ def main():
                     print("%s %-9s %-5s %-3s round %d seed %d (%.1f s)" % (
                         state, scen, mode, tls, i + 1, rs, now() - t0),
                         flush=True)
+                    for x in rd.notes:
+                        print("    note: " + x, flush=True)
                     if v:
                         row["seeds"].append(rs)
                         failures.append((scen, mode, tls, rs, v, replay))
@@ -556,6 +586,11 @@ def main():
             scen, mode, tls, r["n"], r["pass"], r["ok"], r["failed"],
             r["late"], ",".join(map(str, r["seeds"][:5])) or "-"))
     nfail = sum(r["n"] - r["pass"] for _, _, _, r in table)
+    nlost = sum(r["fifo_lost"] for _, _, _, r in table)
+    if nlost:
+        print("\nfaultrun: %d after-restart transfers failed on shared "
+              "memory, reported in time on both sides (%s)" % (
+                  nlost, SM_FIFO_LIMIT))
     print("\nfaultrun: %d rounds, %d failed (campaign seed %d)" % (
         sum(r["n"] for _, _, _, r in table), nfail, seed))
     if nfail:
