@@ -71,6 +71,16 @@ static int tcp_connect(const char *host, int port)
 
 /* req_open: a REQ socket dialled (blocking, deadline) at url, with TLS when
  * tls is non-NULL. */
+/* sock_drop: this one-shot tool leaves its sockets to the process exit.
+ * libnng 1.5.2's nng_close can hang for ever when a connection it closes is
+ * completing a read (nng PR #1636; kvxfer works around it in kvn.c): seen
+ * here in `big` (15 iterations of the 9 MiB message, reaper and nng_close
+ * stuck). */
+static void sock_drop(nng_socket s)
+{
+    (void)s;
+}
+
 static int req_open(const char *url, nng_tls_config *tls, nng_socket *s)
 {
     nng_dialer d;
@@ -167,7 +177,7 @@ static int cmd_forge(char **a)
     r    = request(s, hs, strlen(hs), &rv);
     bad |= refused("get_meta", r, rv);
     free(r);
-    nng_close(s);
+    sock_drop(s);
     snprintf(url, sizeof(url), "tcp://%s;%s:%s", a[0], a[1], a[3]);
     if ((rv = req_open(url, NULL, &s)) != 0) {
         printf("forge: dial %s: %s\n", url, nng_strerror(rv));
@@ -178,7 +188,7 @@ static int cmd_forge(char **a)
         bad |= refused(msgs[i], r, rv);
         free(r);
     }
-    nng_close(s);
+    sock_drop(s);
     return bad;
 }
 
@@ -195,7 +205,7 @@ static int no_answer(const char *what, const char *url, nng_tls_config *tls)
         return 1;
     }
     r = request(s, hs, strlen(hs), &rv);
-    nng_close(s);
+    sock_drop(s);
     if (r != NULL) {
         printf("%s: answered '%.120s': FAIL\n", what, r);
         free(r);
@@ -368,7 +378,7 @@ static int cmd_big(char **a)
             return 1;
         }
         r = request(s, buf, len, &rv);
-        nng_close(s);
+        sock_drop(s);
         rc = r != NULL;
         printf("big: %zu-byte message: %s\n", len,
                r != NULL ? "answered: FAIL" : "no answer (dropped)");
@@ -395,7 +405,7 @@ static int cmd_fetch(char **a)
         printf("fetch: %s: %s\n", url, nng_strerror(rv));
         return 1;
     }
-    nng_close(s);
+    sock_drop(s);
     f = fopen(a[2], "w");
     if (f == NULL || fputs(r, f) < 0 || fclose(f) != 0) {
         printf("fetch: cannot write %s\n", a[2]);
@@ -471,7 +481,7 @@ static int cmd_respond(char **a)
         }
     }
     printf("respond: %s metadata served %d times\n", a[2], served);
-    nng_close(s);
+    sock_drop(s);
     free(meta);
     return 0;
 }

@@ -46,6 +46,8 @@ sanitizer_clean() {
     ! grep -l "ERROR: AddressSanitizer\|runtime error:\|ERROR: LeakSanitizer" "$@" 2>/dev/null
 }
 bad() { echo "FAIL: $*"; failed=$((failed + 1)); }
+# att: the attacker, every run bounded (a hang fails the step, not the suite).
+att() { timeout -k 5 120 "$ATTACK" "$@"; }
 
 # Under LeakSanitizer the prefill process that faced the stalled reader
 # reports a few lost reply messages (~1.8 KB each, allocated in libnng for
@@ -96,7 +98,7 @@ start_p() {
         >"$WORK/p.out" 2>>"$WORK/p.err" &
     P_PID=$!
     PIDS+=("$P_PID")
-    "$ATTACK" wait $H "$port" 30 || return 1
+    att wait $H "$port" 30 || return 1
     for _ in $(seq 1 300); do
         grep -q '^PARAMS' "$WORK/p.out" && return 0
         sleep 0.1 # polls a file the process writes; bounded (30 s)
@@ -159,12 +161,12 @@ wait_p() {
 # --- plain: forged messages, stalled reader, big message -------------------
 echo "== plain"
 if start_p "$BASE"; then
-    "$ATTACK" stall $H "$BASE" 20000 8 >"$WORK/stall.out" 2>&1 &
+    timeout -k 5 120 "$ATTACK" stall $H "$BASE" 20000 8 >"$WORK/stall.out" 2>&1 &
     STALL=$!
     PIDS+=("$STALL")
-    "$ATTACK" forge $U $H "$BASE" $((BASE + 1)) && ok "forged messages from an untrusted host refused" ||
+    att forge $U $H "$BASE" $((BASE + 1)) && ok "forged messages from an untrusted host refused" ||
         bad "forged messages from an untrusted host"
-    "$ATTACK" big $H $((BASE + 1)) 9 && ok "9 MiB message dropped" || bad "big message answered"
+    att big $H $((BASE + 1)) 9 && ok "9 MiB message dropped" || bad "big message answered"
     if run_d "$BASE" "$WORK/d.out"; then
         grep -q "verified" "$WORK/d.out" && ok "D byte-exact during the attacks" ||
             bad "D did not verify"
@@ -190,13 +192,13 @@ declare -A RULE=(
     [bad_rkey]="layers\[0\].rkey: 30000 bytes: must be 1..16384"
     [bad_layer]="must be non-empty, not wrap and fit the length"
 )
-if start_p "$BASE" && "$ATTACK" fetch $H "$BASE" "$WORK/meta.json"; then
+if start_p "$BASE" && att fetch $H "$BASE" "$WORK/meta.json"; then
     F=$((BASE + 4))
     for mode in other_engine bad_addr bad_rkey bad_layer; do
-        "$ATTACK" respond $H $F $mode 20 "$WORK/meta.json" >"$WORK/resp.out" 2>&1 &
+        timeout -k 5 120 "$ATTACK" respond $H $F $mode 20 "$WORK/meta.json" >"$WORK/resp.out" 2>&1 &
         R=$!
         PIDS+=("$R")
-        "$ATTACK" wait $H $F 10 >/dev/null
+        att wait $H $F 10 >/dev/null
         if run_d $F "$WORK/d-$mode.out"; then
             bad "$mode: D accepted the fake reply"
         elif grep -q "${RULE[$mode]}" "$WORK/d-$mode.out"; then
@@ -217,12 +219,12 @@ fi
 echo "== tls"
 T="--tls-dir $WORK/pki"
 if start_p "$BASE" $T; then
-    "$ATTACK" plain $H "$BASE" && "$ATTACK" plain $H $((BASE + 1)) &&
+    att plain $H "$BASE" && att plain $H $((BASE + 1)) &&
         ok "plain TCP to TLS ports: no answer" || bad "plain TCP answered"
-    "$ATTACK" tlsid $H "$BASE" "$WORK/pki/intruder.crt" "$WORK/pki/intruder.key" \
+    att tlsid $H "$BASE" "$WORK/pki/intruder.crt" "$WORK/pki/intruder.key" \
         "$WORK/pki/ca.crt" kvxfer-peer &&
         ok "right CA, wrong name: no answer" || bad "wrong-name certificate answered"
-    "$ATTACK" tlsid $H $((BASE + 1)) "$WORK/rogue/peer.crt" "$WORK/rogue/peer.key" \
+    att tlsid $H $((BASE + 1)) "$WORK/rogue/peer.crt" "$WORK/rogue/peer.key" \
         "$WORK/pki/ca.crt" kvxfer-peer &&
         ok "other CA, right name: no answer" || bad "rogue-CA certificate answered"
     if run_d "$BASE" "$WORK/d.out" $T && grep -q verified "$WORK/d.out"; then
@@ -237,10 +239,10 @@ fi
 # A TLS D refuses a plain responder (plain refused both ways).
 if start_p "$BASE" $T; then
     F=$((BASE + 4))
-    "$ATTACK" respond $H $F other_engine 20 "$WORK/meta.json" >/dev/null 2>&1 &
+    timeout -k 5 120 "$ATTACK" respond $H $F other_engine 20 "$WORK/meta.json" >/dev/null 2>&1 &
     R=$!
     PIDS+=("$R")
-    "$ATTACK" wait $H $F 10 >/dev/null
+    att wait $H $F 10 >/dev/null
     if run_d $F "$WORK/d-plain.out" $T; then
         bad "TLS D accepted a plain responder"
     elif grep -q "tls+tcp" "$WORK/d-plain.out" && ! grep -q "HANDSHAKE-OK" "$WORK/d-plain.out"; then
