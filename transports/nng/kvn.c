@@ -293,6 +293,18 @@ static void kvn_sctx_stalled(kvn_sctx_t *c)
     pthread_mutex_unlock(&srv->lk);
 }
 
+/* kvn_ts_in: the pthread_cond_timedwait deadline ms from now. */
+static struct timespec kvn_ts_in(long ms)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += ms * 1000000L;
+    ts.tv_sec += ts.tv_nsec / 1000000000L;
+    ts.tv_nsec %= 1000000000L;
+    return ts;
+}
+
 /* kvn_closer: closes the queued stalled connections once no context has a
  * receive armed (see KVN_CLOSE_SETTLE_MS), then re-arms the held
  * contexts. */
@@ -329,20 +341,10 @@ static void *kvn_closer(void *arg)
                 nng_aio_cancel(armed[i]);
             }
             pthread_mutex_lock(&srv->lk);
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_nsec += 10 * 1000000L;
-            if (ts.tv_nsec >= 1000000000L) {
-                ts.tv_sec++;
-                ts.tv_nsec -= 1000000000L;
-            }
+            ts = kvn_ts_in(10);
             pthread_cond_timedwait(&srv->cv, &srv->lk, &ts);
         }
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += KVN_CLOSE_SETTLE_MS * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
+        ts = kvn_ts_in(KVN_CLOSE_SETTLE_MS);
         while (!srv->stop &&
                pthread_cond_timedwait(&srv->cv, &srv->lk, &ts) == 0) {
         }
