@@ -26,6 +26,10 @@
 #define KVC_VAL_SHOWN      64 /* bytes of an offending value quoted */
 #define KVC_NELEM(a)       (sizeof(a) / sizeof((a)[0]))
 
+_Static_assert(KVC_GEOM_BYTES_MAX == KVC_JSON_SAFE_MAX,
+               "registration (layout.c) and handshake decoding agree on the "
+               "largest geometry byte count");
+
 static const char *const kvc_what_msg   = "control message";
 static const char *const kvc_what_reply = "control reply";
 static const char *const kvc_what_hsreq = "handshake request";

@@ -554,6 +554,43 @@ static int kvc_match_desc(kvc_match_t *m, kvc_geom_t *g)
     return kvc_match_5d(m, g);
 }
 
+/* kvc_geom_wire_check: every quantity of g within what handshake metadata
+ * carries (kvc_geom_ints in ctlmsg.c): byte counts at most
+ * KVC_GEOM_BYTES_MAX (a stride can exceed the extent: block_stride with one
+ * block, kv_stride of a split shape whose strides put K and V far apart),
+ * counts of tokens, heads and elements at most INT32_MAX. */
+static kvx_status_t kvc_geom_wire_check(const kvx_layer_desc_t *desc,
+                                        const char *shape,
+                                        const kvc_geom_t *g)
+{
+    const uint64_t i32 = INT32_MAX;
+    const struct {
+        const char *name;
+        uint64_t    v, max;
+        const char *rule;
+    } f[] = {
+        {"num_blocks", g->num_blocks, KVC_GEOM_BYTES_MAX, "2^53"},
+        {"block_len", g->block_len, KVC_GEOM_BYTES_MAX, "2^53"},
+        {"block_stride", g->block_stride, KVC_GEOM_BYTES_MAX, "2^53"},
+        {"kv_stride", g->kv_stride, KVC_GEOM_BYTES_MAX, "2^53"},
+        {"block_size", g->block_size, i32, "2^31-1"},
+        {"kernel_block_size", g->kernel_block_size, i32, "2^31-1"},
+        {"num_kv_heads", g->num_kv_heads, i32, "2^31-1"},
+        {"head_size", g->head_size, i32, "2^31-1"},
+        {"head_size_v", g->head_size_v, i32, "2^31-1"},
+    };
+
+    for (size_t i = 0; i < sizeof(f) / sizeof(f[0]); i++) {
+        if (f[i].v > f[i].max) {
+            return kvc_error(KVX_ERR_INVALID_PARAM, "layer %s: shape %s: %s "
+                             "%" PRIu64 " is above %s (the most handshake "
+                             "metadata carries)", kvc_desc_name(desc), shape,
+                             f[i].name, f[i].v, f[i].rule);
+        }
+    }
+    return KVX_OK;
+}
+
 kvx_status_t kvc_geom_from_desc(const struct kvx_layer_desc *desc,
                                 kvc_geom_t *geom)
 {
@@ -590,6 +627,10 @@ kvx_status_t kvc_geom_from_desc(const struct kvx_layer_desc *desc,
         return kvc_error(KVX_ERR_INVALID_PARAM, "layer %s: layout needs %"
                          PRIu64 " bytes but length is %zu",
                          kvc_desc_name(desc), extent, desc->length);
+    }
+    st = kvc_geom_wire_check(desc, shape, &g);
+    if (st != KVX_OK) {
+        return st;
     }
     *geom = g;
     return KVX_OK;

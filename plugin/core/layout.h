@@ -74,10 +74,17 @@ typedef struct kvc_geom {
 
 struct kvx_layer_desc;
 
+/* KVC_GEOM_BYTES_MAX: the largest byte count (num_blocks, block_len,
+ * block_stride, kv_stride) a geometry may hold. Handshake metadata carries
+ * them as JSON integers, exact only up to 2^53, so registration refuses
+ * more: whatever a layer accepts, the peer can decode. */
+#define KVC_GEOM_BYTES_MAX (UINT64_C(1) << 53)
+
 /* kvc_geom_from_desc: KVX_ERR_LAYOUT (with the reason: which dimension did
  * not match which spec value, or that two axes match ambiguously) or
  * KVX_ERR_INVALID_PARAM (zero sizes, ndim out of range, extent of the
- * geometry larger than desc->length). */
+ * geometry larger than desc->length, a byte count above
+ * KVC_GEOM_BYTES_MAX). */
 kvx_status_t kvc_geom_from_desc(const struct kvx_layer_desc *desc,
                                 kvc_geom_t *geom);
 

@@ -20,6 +20,7 @@ class EngineAio:
         self._fd = engine.event_fd()
         self._loop = None
         self._changed = None  # asyncio.Event, set when events arrived
+        self._known = 0       # engine._ev_count the waiters were woken for
 
     def _attach(self):
         loop = asyncio.get_running_loop()
@@ -35,12 +36,23 @@ class EngineAio:
 
     def _on_readable(self):
         self._eng._take_events()  # drains the eventfd
-        self._changed.set()
+        self._wake()
+
+    def _wake(self):
+        """Wakes every waiter if events were taken since the last wake-up.
+        Every take (take_event, poll_events, _take_events) drains the
+        descriptor, so the reader callback does not fire for what a
+        coroutine took directly: the other waiters must hear of it here or
+        they sleep until their deadline with their event queued."""
+        if self._eng._ev_count != self._known:
+            self._known = self._eng._ev_count
+            self._changed.set()
 
     async def _wait_change(self, seen, deadline):
         """Waits until more events than `seen` were taken from the library
         (True) or the deadline passed (False)."""
         self._eng._take_events()  # queued before the reader was attached
+        self._wake()
         while self._eng._ev_count == seen:
             self._changed.clear()
             timeout = None if deadline is None \
@@ -62,6 +74,7 @@ class EngineAio:
         deadline = None if timeout is None else self._loop.time() + timeout
         while True:
             ev = self._eng.take_event(transfer_id)
+            self._wake()
             if ev is not None:
                 if not ev.ok:
                     raise TransferFailed(ev)
@@ -77,7 +90,9 @@ class EngineAio:
         consumer breaks or the task is cancelled)."""
         self._attach()
         while True:
-            for ev in self._eng.poll_events():
+            evs = self._eng.poll_events()
+            self._wake()
+            for ev in evs:
                 yield ev
             with self._eng._plock:
                 if self._eng._pending:  # taken while the consumer ran

@@ -7,6 +7,7 @@ import threading
 import pytest
 
 import kvxfer
+import kvxfer.aio
 from kvxfer import demo
 
 
@@ -94,3 +95,77 @@ def test_await_timeout_and_failure(read_pair):
     assert e.value.event.type == "FAILED"
     assert e.value.event.block_ids == [3, 4]
     assert e.value.name.startswith("KVX_ERR_")
+
+
+class _FakeEngine:
+    """The part of Engine that EngineAio uses, with a pipe as the event
+    descriptor: readable while the 'library' holds events, drained by every
+    take, as the real one is."""
+
+    def __init__(self):
+        self._r, self._w = os.pipe()
+        os.set_blocking(self._r, False)
+        self._plock = threading.Lock()
+        self._pending = []
+        self._ev_count = 0
+        self._lib = []
+
+    def event_fd(self):
+        return self._r
+
+    def push(self, tid):
+        self._lib.append(kvxfer.Event("FINISHED_RECVING", 0, "KVX_OK", tid,
+                                      "rid", "", []))
+        os.write(self._w, b"x")
+
+    def _take_events(self):
+        try:
+            while os.read(self._r, 64):
+                pass
+        except BlockingIOError:
+            pass
+        with self._plock:
+            self._pending.extend(self._lib)
+            self._ev_count += len(self._lib)
+            self._lib.clear()
+
+    def take_event(self, tid):
+        self._take_events()
+        with self._plock:
+            for i, e in enumerate(self._pending):
+                if e.transfer_id == tid:
+                    return self._pending.pop(i)
+        return None
+
+    def close(self):
+        os.close(self._r)
+        os.close(self._w)
+
+
+def test_waiter_wakes_when_another_coroutine_took_its_event():
+    """CI saw tx-aio-0 time out in test_await_many_transfers_concurrently:
+    a second waiter's take_event drained the descriptor together with the
+    first waiter's event, so the reader callback never fired and the first
+    slept to its deadline. Here the interleaving is forced: A waits, both
+    events arrive, B takes them before the loop polls the descriptor."""
+    eng = _FakeEngine()
+    aio = kvxfer.aio.EngineAio(eng)
+
+    async def main():
+        a = asyncio.ensure_future(aio.wait_transfer("a", timeout=5))
+        for _ in range(100):        # yield to the loop until A is parked
+            if aio._changed is not None and aio._changed._waiters:
+                break
+            await asyncio.sleep(0)
+        assert aio._changed._waiters and not a.done()
+        eng.push("a")
+        eng.push("b")
+        evb = await aio.wait_transfer("b", timeout=5)  # drains both
+        assert evb.transfer_id == "b"
+        return (await a).transfer_id
+
+    try:
+        assert asyncio.run(asyncio.wait_for(main(), 10)) == "a"
+    finally:
+        aio.close()
+        eng.close()

@@ -520,6 +520,16 @@ const RejectRow kRejectRows[] = {
      {{2, 8, 4, 2, 3}, {INT64_MAX, INT64_MAX / 32, 6, 3, 1}, 4, 2, 3, 0, 0,
       SIZE_MAX},
      KVX_ERR_INVALID_PARAM, {"overflow"}},
+    // Found by fuzz_plan (corpus/plan/kv-stride-above-2p53): accepted here,
+    // then every peer rejected the handshake metadata that carried it.
+    {"KvStrideAbove2p53",
+     {{2, 8, 4, 2, 3}, {INT64_C(1) << 53, 24, 6, 3, 1}, 4, 2, 3, 0, 0,
+      SIZE_MAX},
+     KVX_ERR_INVALID_PARAM,
+     {"shape (2,8,4,2,3)", "kv_stride 18014398509481984 is above 2^53"}},
+    {"BlockStrideAbove2p53", {{1, 4, 3}, {INT64_C(1) << 53, 3, 1}, 4, 1, 3, 0,
+                              1, 1000},
+     KVX_ERR_INVALID_PARAM, {"block_stride 18014398509481984 is above 2^53"}},
 };
 
 INSTANTIATE_TEST_SUITE_P(SpecLayouts, LayoutReject,
