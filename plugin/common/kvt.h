@@ -113,6 +113,16 @@ typedef struct kvt_data_params {
                                     KEY=VALUE ...); NULL: "auto" */
     int         remote_access;   /* what peers may do to memory registered
                                     on this context: KVT_ACCESS_* */
+    /* authorize: a transport that serves a peer's get or put itself (in
+     * software, kvxfer's own active messages) asks it for every request
+     * that passed its registration and access checks: 0 refuses the
+     * request (answered KVX_ERR_OUT_OF_BOUNDS, memory untouched). Called on
+     * the progress owner with the transport's locks held: it must not call
+     * the transport. NULL: registration checks only. Hardware RMA (rkeys
+     * on zero-copy lanes) is not asked: it checks registrations only. */
+    int       (*authorize)(void *arg, uint64_t addr, uint64_t len,
+                           int is_put);
+    void       *authorize_arg;
 } kvt_data_params_t;
 
 /* kvt_data_params_t.remote_access: the least the engine's role needs (READ:

@@ -670,6 +670,54 @@ uint64_t kvc_geom_extent(const kvc_geom_t *geom)
     return ovf ? UINT64_MAX : end;
 }
 
+/* kvc_geom_unit_at: the block whose unit holds byte o (and the bytes left
+ * in that unit from o), or 0 when no unit does. */
+static int kvc_geom_unit_at(const kvc_geom_t *g, uint64_t o, uint64_t *block,
+                            uint64_t *left)
+{
+    for (uint32_t u = 0; u < g->transfers_per_block && u < 2; u++) {
+        uint64_t r = o, b, in;
+
+        if (u == 1) {
+            if (o < g->kv_stride) {
+                continue;
+            }
+            r = o - g->kv_stride;
+        }
+        /* One block may be longer than the stride (nothing follows it);
+         * with more, block_len <= block_stride and r / stride is the only
+         * candidate. */
+        b  = g->num_blocks > 1 && g->block_stride != 0 ? r / g->block_stride
+                                                       : 0;
+        in = r - b * g->block_stride; /* b * stride <= r: no overflow */
+        if (b < g->num_blocks && in < g->block_len) {
+            *block = b;
+            *left  = g->block_len - in;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+int kvc_geom_cover(const kvc_geom_t *g, uint64_t off, uint64_t len,
+                   int (*ok)(void *arg, uint64_t block), void *arg)
+{
+    uint64_t block, left;
+
+    if (len == 0) {
+        return 0;
+    }
+    while (len > 0) {
+        if (!kvc_geom_unit_at(g, off, &block, &left) || !ok(arg, block)) {
+            return 0;
+        }
+        left = left < len ? left : len;
+        off += left;
+        len -= left;
+    }
+    return 1;
+}
+
 /* kvc_geom_field_t: one compared geometry quantity, local and remote. */
 typedef struct kvc_geom_field {
     const char *name;

@@ -102,6 +102,14 @@ void kvc_geom_for_peer(const kvc_geom_t *like, uint64_t remote_num_blocks,
  * highest offset + length any valid block can touch). */
 uint64_t kvc_geom_extent(const kvc_geom_t *geom);
 
+/* kvc_geom_cover: 1 when every byte of [off, off + len) (offsets from the
+ * layer's start) lies in a transfer unit (K or V unit of a block < num_blocks)
+ * whose block passes ok(arg, block), else 0 (also for len 0). Units never
+ * overlap (kvc_geom_from_desc), so each byte has at most one owner; the walk
+ * takes one step per unit piece. */
+int kvc_geom_cover(const kvc_geom_t *g, uint64_t off, uint64_t len,
+                   int (*ok)(void *arg, uint64_t block), void *arg);
+
 /* kvc_geom_compatible: KVX_OK when a and b have the same kind and per-block
  * shape (everything but num_blocks and kv_stride); otherwise
  * KVX_ERR_PEER_INCOMPATIBLE naming the first differing field and both

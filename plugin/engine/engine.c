@@ -171,6 +171,7 @@ kvx_status_t kvx_engine_create(const kvt_env_t *env, const char *json,
     eng->ev_fd = -1;
     pthread_mutex_init(&eng->lock, NULL);
     pthread_cond_init(&eng->cond, NULL);
+    kvc_expo_init(&eng->expo);
     st = kvc_config_parse(json, &eng->cfg, NULL, NULL);
     if (st != KVX_OK) {
         goto err_free;
@@ -214,6 +215,8 @@ kvx_status_t kvx_engine_create(const kvt_env_t *env, const char *json,
     up.max_inflight_bytes = eng->cfg.max_inflight_bytes;
     up.tick               = kvc_engine_tick;
     up.tick_arg           = eng;
+    up.authorize          = kvc_expo_authorize;
+    up.authorize_arg      = eng;
     up.name               = eng->engine_id;
     up.remote_access = eng->cfg.read_mode ? (eng->cfg.is_producer
                                                  ? KVT_ACCESS_READ
@@ -237,6 +240,7 @@ err_trust:
 err_cfg:
     kvc_config_fini(&eng->cfg);
 err_free:
+    kvc_expo_fini(&eng->expo);
     pthread_cond_destroy(&eng->cond);
     pthread_mutex_destroy(&eng->lock);
     free(eng);
@@ -385,6 +389,7 @@ void kvx_engine_destroy(struct kvx_engine *eng)
     kvc_timerq_fini(&eng->timers);
     kvc_trust_fini(&eng->trust);
     kvc_config_fini(&eng->cfg);
+    kvc_expo_fini(&eng->expo); /* after ctx_destroy: no authorize calls */
     pthread_cond_destroy(&eng->cond);
     pthread_mutex_destroy(&eng->lock);
     free(eng);

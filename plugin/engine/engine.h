@@ -252,7 +252,36 @@ typedef struct kvc_xfer {
     uint32_t          released;
     uint64_t          released_mask; /* consumer ranks seen (< 64) */
     struct kvc_xfer  *hnext;       /* hash chain */
+    int               exposed;     /* its blocks counted in eng->expo */
 } kvc_xfer_t;
+
+/* kvc_expo_t: blocks peers may get/put through a transport that serves
+ * them in software (expose.c). */
+typedef struct kvc_expo_layer {
+    uint64_t   base, len;
+    kvc_geom_t geom;
+} kvc_expo_layer_t;
+
+typedef struct kvc_expo {
+    pthread_mutex_t   lock;    /* leaf: see expose.c */
+    uint32_t         *cnt;     /* per block id: live transfers exposing it */
+    uint64_t          nblocks;
+    kvc_expo_layer_t *layers;  /* copy of eng->layers' placement */
+    size_t            nlayers;
+    uint64_t          refused; /* requests refused */
+} kvc_expo_t;
+
+struct kvx_engine;
+void kvc_expo_init(kvc_expo_t *e);
+void kvc_expo_fini(kvc_expo_t *e);
+/* kvc_expose / kvc_unexpose (eng->lock held): x's local blocks start /
+ * stop being open to peers (only P READ and D WRITE transfers open any;
+ * idempotent). */
+void kvc_expose(struct kvx_engine *eng, kvc_xfer_t *x);
+void kvc_unexpose(struct kvx_engine *eng, kvc_xfer_t *x);
+/* kvc_expo_authorize (kvt_data_params_t.authorize, arg the engine): 1 when
+ * every byte of [addr, addr + len) lies in a unit of an exposed block. */
+int  kvc_expo_authorize(void *arg, uint64_t addr, uint64_t len, int is_put);
 
 typedef struct kvc_event_node {
     kvx_event_t            ev;
@@ -312,6 +341,7 @@ struct kvx_engine {
     kvc_idset_t       failed;      /* P WRITE ids that ended FAILED: later
                                       layer_ready / seal_transfer say so */
     kvc_timerq_t      timers;        /* transfer deadlines */
+    kvc_expo_t        expo;          /* blocks open to peers (expose.c) */
     kvc_early_t      *early_head, *early_tail; /* arrival order */
     size_t            nearly, early_bytes;
     struct {
@@ -386,8 +416,10 @@ char        *kvc_xfer_response(struct kvx_engine *eng, const kvc_xfer_t *x);
  * = resp, on error x and resp are freed. */
 kvx_status_t kvc_xfer_publish(struct kvx_engine *eng, kvc_xfer_t *x,
                               char *resp, char **response_p);
+/* kvc_event_push queues x's terminal event; x's blocks stop being exposed
+ * to peers (expose.c) as the framework may reuse them from now on. */
 void         kvc_event_push(struct kvx_engine *eng, kvx_event_type_t type,
-                            kvx_status_t status, const kvc_xfer_t *x,
+                            kvx_status_t status, kvc_xfer_t *x,
                             const char *reason, int with_blocks);
 kvx_status_t kvc_xfer_wait(struct kvx_engine *eng, const char *tid,
                            int64_t layer, int64_t timeout_ms);

@@ -73,6 +73,11 @@ kvx_status_t kvc_report_stats(struct kvx_engine *eng, char **json_p)
     KVC_STAT(bytes_read);
     KVC_STAT(bytes_written);
 #undef KVC_STAT
+    pthread_mutex_lock(&eng->expo.lock);
+    /* Peers' software gets/puts outside the blocks of live transfers. */
+    json_object_object_add(o, "data_refused",
+                           json_object_new_int64((int64_t)eng->expo.refused));
+    pthread_mutex_unlock(&eng->expo.lock);
     {
         const kvc_lat_t *l = &eng->stats.ctl_rtt;
         json_object     *r = json_object_new_object();

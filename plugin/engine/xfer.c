@@ -104,6 +104,7 @@ kvx_status_t kvc_xfer_insert(struct kvx_engine *eng, kvc_xfer_t *x)
         x->subs[k]->tq = &eng->timers;
         kvc_xfer_arm(eng, x->subs[k], x->subs[k]->deadline_us);
     }
+    kvc_expose(eng, x); /* P READ, D WRITE: peers may touch its blocks */
     return KVX_OK;
 }
 
@@ -145,6 +146,7 @@ void kvc_xfer_remove(struct kvx_engine *eng, kvc_xfer_t *x)
             *pp = x->hnext;
             eng->nxfers--;
             kvc_xfer_disarm(x);
+            kvc_unexpose(eng, x);
             return;
         }
     }
@@ -300,10 +302,13 @@ kvx_status_t kvc_xfer_publish(struct kvx_engine *eng, kvc_xfer_t *x,
 }
 
 void kvc_event_push(struct kvx_engine *eng, kvx_event_type_t type,
-                    kvx_status_t status, const kvc_xfer_t *x,
+                    kvx_status_t status, kvc_xfer_t *x,
                     const char *reason, int with_blocks)
 {
-    kvc_event_node_t *n = calloc(1, sizeof(*n));
+    kvc_event_node_t *n;
+
+    kvc_unexpose(eng, x);
+    n = calloc(1, sizeof(*n));
 
     if (n == NULL) {
         kvc_log_error("KVX-EVENT-LOST", "transfer %s: event lost (no memory)",

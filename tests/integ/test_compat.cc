@@ -122,6 +122,14 @@ TEST(Compat, MixedModelReadWithDifferentNumBlocks)
     std::vector<uint64_t> pids = {47, 0, 13, 14, 15, 30};
     std::vector<uint64_t> dids = {19, 0, 1, 2, 3, 10};
     std::string tid = "tx-mixed-read";
+    // P holds the blocks first (SPEC §7): peers may read only the blocks of
+    // P's live transfers (plugin/engine/expose.c).
+    char       *resp = nullptr;
+    std::string pp   = "{\"transfer_id\":\"" + tid + "\",\"do_remote_decode\":true}";
+    ASSERT_EQ(KVX_OK, Api()->producer_request(p.eng, "r", pp.c_str(), pids.data(),
+                                              pids.size(), &resp))
+        << Api()->last_error();
+    Api()->free(resp);
     std::string prm = Params(tid, "127.0.0.1", hs, (uint16_t)(hs + 20000), pids, 1);
     ASSERT_EQ(KVX_OK, Api()->consumer_request(d.eng, "r", prm.c_str(), dids.data(),
                                               dids.size()));

@@ -109,6 +109,23 @@ static kvx_status_t CopyRun(World *w, SimOp *op, size_t idx)
     if (w->copy_check && !w->copy_check(ci)) {
         return KVX_ERR_OUT_OF_BOUNDS;
     }
+    // The target's exposure (kvt_data_params_t.authorize, what a transport
+    // serving the op in software asks): it must admit every op the
+    // scenario admits, or real transfers would fail for nothing.
+    if (peer->p.authorize != nullptr &&
+        !peer->p.authorize(peer->p.authorize_arg, raddr, run.len,
+                           op->is_put)) {
+        if (w->copy_check) {
+            snprintf(buf, sizeof(buf), "%s of op %" PRIu64 " from %s: %s "
+                     "refuses %" PRIu64 " bytes at offset %" PRIu64 " of its "
+                     "registration that a live transfer owns (exposure "
+                     "misses a block)", op->is_put ? "put" : "get", op->id,
+                     own->name.c_str(), peer->name.c_str(), run.len,
+                     raddr - reinterpret_cast<uint64_t>(rm->second->base));
+            w->Violate(buf);
+        }
+        return KVX_ERR_OUT_OF_BOUNDS;
+    }
     memmove(ci.dst, ci.src, run.len);
     return KVX_OK;
 }

@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <atomic>
 #include <vector>
 
 #include <stdlib.h>
@@ -57,10 +58,14 @@ struct Side {
     kvu_mem_t           *mem = nullptr;
     std::vector<uint8_t> buf;
 
-    Side(const char *name, const char *tls, int access, uint8_t fill)
+    Side(const char *name, const char *tls, int access, uint8_t fill,
+         int (*auth)(void *, uint64_t, uint64_t, int) = nullptr,
+         void *auth_arg = nullptr)
         : buf(65536, fill)
     {
         kvu_params_t p{};
+        p.authorize          = auth;
+        p.authorize_arg      = auth_arg;
         p.tls                = tls;
         p.err_mode_peer      = 1;
         p.max_inflight_bytes = 1 << 20;
@@ -82,8 +87,10 @@ struct Pair {
     kvu_ep_t   *ep   = nullptr;
     kvu_rkey_t *rkey = nullptr;
 
-    Pair(const char *tls, int target_access)
-        : target("am-target", tls, target_access, 0x5a),
+    Pair(const char *tls, int target_access,
+         int (*auth)(void *, uint64_t, uint64_t, int) = nullptr,
+         void *auth_arg = nullptr)
+        : target("am-target", tls, target_access, 0x5a, auth, auth_arg),
           origin("am-origin", tls, KVT_ACCESS_LOCAL, 0x00)
     {
         const void *addr, *rk;
@@ -196,6 +203,58 @@ TEST_P(KvuAm, WriteRoleTakesPutsAndRefusesGets)
     memset(pr.origin.buf.data(), 0, 65536);
     EXPECT_EQ(pr.post(0, pr.tbase(), 0, 4096), KVX_ERR_OUT_OF_BOUNDS);
     EXPECT_TRUE(all_eq(pr.origin.buf.data(), 65536, 0));
+}
+
+// The engine's exposure (kvt_data_params_t.authorize): a request inside
+// registered memory is still refused unless the hook admits its range.
+struct Window {
+    std::atomic<uint64_t> lo{0}, hi{0};
+    std::atomic<int>      calls{0};
+
+    static int admit(void *arg, uint64_t addr, uint64_t len, int is_put)
+    {
+        Window *w = static_cast<Window *>(arg);
+
+        (void)is_put;
+        w->calls++;
+        return addr >= w->lo && len <= w->hi - w->lo &&
+               addr - w->lo <= w->hi - w->lo - len;
+    }
+};
+
+TEST_P(KvuAm, RangesOutsideTheExposedBlocksAreRefused)
+{
+    Window win;
+    Pair   rd(GetParam(), KVT_ACCESS_READ, Window::admit, &win);
+
+    expect_am_route(GetParam(), rd);
+    for (size_t i = 0; i < rd.target.buf.size(); i++) {
+        rd.target.buf[i] = (uint8_t)(i * 5 + 2);
+    }
+    win.lo = rd.tbase() + 8192;
+    win.hi = rd.tbase() + 16384;
+    EXPECT_EQ(rd.post(0, rd.tbase(), 8192, 8192), KVX_OK);
+    EXPECT_EQ(memcmp(rd.origin.buf.data(), rd.target.buf.data() + 8192, 8192),
+              0);
+    memset(rd.origin.buf.data(), 0, 65536);
+    EXPECT_EQ(rd.post(0, rd.tbase(), 8192, 8193), KVX_ERR_OUT_OF_BOUNDS);
+    EXPECT_EQ(rd.post(0, rd.tbase(), 0, 4096), KVX_ERR_OUT_OF_BOUNDS);
+    win.hi = rd.tbase() + 8192; // the transfer ended: nothing exposed
+    EXPECT_EQ(rd.post(0, rd.tbase(), 8192, 4096), KVX_ERR_OUT_OF_BOUNDS);
+    EXPECT_TRUE(all_eq(rd.origin.buf.data(), 65536, 0));
+    EXPECT_GE(win.calls.load(), 4);
+
+    Window wwin;
+    Pair   wr(GetParam(), KVT_ACCESS_WRITE, Window::admit, &wwin);
+    memset(wr.origin.buf.data(), 0xc3, 65536);
+    wwin.lo = wr.tbase() + 4096;
+    wwin.hi = wr.tbase() + 8192;
+    EXPECT_EQ(wr.post(1, wr.tbase(), 4096, 4096), KVX_OK);
+    EXPECT_TRUE(all_eq(wr.target.buf.data() + 4096, 4096, 0xc3));
+    std::vector<uint8_t> before = wr.target.buf;
+    EXPECT_EQ(wr.post(1, wr.tbase(), 4000, 200), KVX_ERR_OUT_OF_BOUNDS);
+    EXPECT_EQ(wr.post(1, wr.tbase(), 32768, 4096), KVX_ERR_OUT_OF_BOUNDS);
+    EXPECT_EQ(wr.target.buf, before);
 }
 
 TEST_P(KvuAm, FlushWaitsForAcknowledgedPuts)

@@ -440,6 +440,79 @@ TEST(LayoutPeer, ExtentCoversLastVUnit)
     EXPECT_EQ(0u, kvc_geom_extent(&peer));
 }
 
+// kvc_geom_cover: which bytes of a layer belong to which blocks (the engine's
+// exposure check for peers' software gets and puts).
+int AllowSet(void *arg, uint64_t block)
+{
+    const std::vector<uint64_t> *ids = static_cast<std::vector<uint64_t> *>(arg);
+
+    for (uint64_t id : *ids) {
+        if (id == block) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+TEST(LayoutCover, EveryByteMustBelongToAnAllowedBlock)
+{
+    kvx_layer_desc_t      d = MakeDesc(kSplit); // 8 blocks, K/V units of 48 B
+    kvc_geom_t            g;
+    std::vector<uint64_t> ids = {1, 2, 7};
+
+    ASSERT_EQ(KVX_OK, kvc_geom_from_desc(&d, &g));
+    ASSERT_EQ(48u, g.block_len);
+    ASSERT_EQ(384u, g.kv_stride);
+    EXPECT_EQ(1, kvc_geom_cover(&g, 48, 48, AllowSet, &ids));      // K of 1
+    EXPECT_EQ(1, kvc_geom_cover(&g, 50, 90, AllowSet, &ids));      // K 1..2
+    EXPECT_EQ(0, kvc_geom_cover(&g, 47, 2, AllowSet, &ids));       // 0 and 1
+    EXPECT_EQ(0, kvc_geom_cover(&g, 96, 49, AllowSet, &ids));      // 2 and 3
+    EXPECT_EQ(1, kvc_geom_cover(&g, 384 + 48, 96, AllowSet, &ids)); // V 1..2
+    EXPECT_EQ(0, kvc_geom_cover(&g, 7 * 48, 48 + 48, AllowSet, &ids))
+        << "K of 7 runs into V of 0, which is not allowed";
+    ids.push_back(0);
+    EXPECT_EQ(1, kvc_geom_cover(&g, 7 * 48, 96, AllowSet, &ids));  // K7, V0
+    EXPECT_EQ(0, kvc_geom_cover(&g, 768, 1, AllowSet, &ids));      // past V7
+    EXPECT_EQ(0, kvc_geom_cover(&g, 48, 0, AllowSet, &ids));       // empty
+    EXPECT_EQ(0, kvc_geom_cover(&g, UINT64_MAX - 4, 8, AllowSet, &ids));
+}
+
+TEST(LayoutCover, GapsBetweenUnitsBelongToNoBlock)
+{
+    // Key-only blocks padded to 64 bytes: 24 bytes of latent, 40 of nothing.
+    kvx_layer_desc_t d = MakeDesc({{8, 4, 3}, {32, 3, 1}, 4, 1, 3, 0, 1,
+                                   8 * 64});
+    kvc_geom_t            g;
+    std::vector<uint64_t> ids = {0, 1, 2, 3, 4, 5, 6, 7};
+
+    ASSERT_EQ(KVX_OK, kvc_geom_from_desc(&d, &g)) << kvc_last_error();
+    ASSERT_EQ(64u, g.block_stride);
+    ASSERT_EQ(24u, g.block_len);
+    EXPECT_EQ(1, kvc_geom_cover(&g, 64, 24, AllowSet, &ids));
+    EXPECT_EQ(0, kvc_geom_cover(&g, 64, 25, AllowSet, &ids)) << "padding";
+    EXPECT_EQ(0, kvc_geom_cover(&g, 60, 1, AllowSet, &ids)) << "padding";
+    EXPECT_EQ(1, kvc_geom_cover(&g, 7 * 64, 24, AllowSet, &ids));
+}
+
+TEST(LayoutCover, OneBlockLongerThanItsStride)
+{
+    // Found by layout_engines (case 6822): a one-block layer whose unit
+    // (192 bytes) is longer than the block stride (48), which no second
+    // block constrains.
+    kvc_geom_t            g{};
+    std::vector<uint64_t> ids = {0};
+
+    g.num_blocks          = 1;
+    g.block_len           = 192;
+    g.block_stride        = 48;
+    g.transfers_per_block = 1;
+    EXPECT_EQ(1, kvc_geom_cover(&g, 96, 48, AllowSet, &ids));
+    EXPECT_EQ(1, kvc_geom_cover(&g, 0, 192, AllowSet, &ids));
+    EXPECT_EQ(0, kvc_geom_cover(&g, 144, 49, AllowSet, &ids));
+    ids.clear();
+    EXPECT_EQ(0, kvc_geom_cover(&g, 96, 48, AllowSet, &ids));
+}
+
 // ---------------------------------------------------------------- rejects
 
 struct RejectRow {

@@ -605,6 +605,7 @@ static ucs_status_t kvu_am_on_request(kvu_ctx_t *ctx, int is_put,
 {
     kvu_am_hdr_t h;
     kvu_mem_t   *mem;
+    const char  *why;
     int          rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
 
     if (rndv) {
@@ -623,15 +624,20 @@ static ucs_status_t kvu_am_on_request(kvu_ctx_t *ctx, int is_put,
         return UCS_OK;
     }
     mem = kvu_am_find_mem(ctx, h.addr, h.len, h.token, is_put);
-    if (mem == NULL || rndv || (is_put ? len != h.len : len != 0)) {
+    why = mem == NULL ? "not inside memory registered for this remote access"
+          : rndv || (is_put ? len != h.len : len != 0) ? "malformed message"
+          : NULL;
+    if (why == NULL && ctx->params.authorize != NULL &&
+        !ctx->params.authorize(ctx->params.authorize_arg, h.addr, h.len,
+                               is_put)) {
+        why = "not inside the blocks of a live transfer";
+    }
+    if (why != NULL) {
         if (kvu_am_log_refusal(ctx)) {
             kvc_log_warn("KVX-UCX-AM", "%s: %s of %llu bytes at 0x%llx "
                          "refused: %s (%llu refused so far)", ctx->name,
                          is_put ? "put" : "get", (unsigned long long)h.len,
-                         (unsigned long long)h.addr,
-                         mem == NULL ? "not inside memory registered for "
-                                       "this remote access"
-                                     : "malformed message",
+                         (unsigned long long)h.addr, why,
                          (unsigned long long)ctx->am_refused);
         }
         kvu_am_answer_send(ctx, param->reply_ep,
