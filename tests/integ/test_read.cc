@@ -123,6 +123,64 @@ TEST_P(ReadTransfer, EveryByteLandsAndBothSidesFinish)
     Api()->free(json);
 }
 
+// A peer reads only blocks P holds for a live transfer (issue 11): after
+// P's transfer finished, D (a legitimate, handshaken peer) asking for the
+// same blocks again under a transfer id P never accepted gets nothing, and
+// none of D's blocks change. Over tcp the gets are kvxfer's own active
+// messages, whose target asks the engine's exposure for every range.
+TEST(ReadExposure, BlocksPNoLongerHoldsAreNotServed)
+{
+    Pair pair;
+    MakePair(&pair, 1, "tcp");
+    if (HasFatalFailure()) {
+        return;
+    }
+    Rank                       &p = *pair.p[0], &d = *pair.d[0];
+    const std::vector<uint64_t> premote = {3, 4, 5};
+    const std::vector<uint64_t> dlocal  = {0, 1, 2};
+    char                       *resp    = nullptr;
+
+    ASSERT_EQ(KVX_OK, Api()->producer_request(p.eng, "req-1",
+                                              "{\"transfer_id\":\"tx-held\"}",
+                                              premote.data(), premote.size(),
+                                              &resp))
+        << Api()->last_error();
+    Api()->free(resp);
+    std::string params = Params("tx-held", "127.0.0.1", pair.hs,
+                                (uint16_t)(pair.hs + 20000), premote, 1);
+    ASSERT_EQ(KVX_OK, Api()->consumer_request(d.eng, "req-1", params.c_str(),
+                                              dlocal.data(), dlocal.size()));
+    ASSERT_EQ(KVX_OK, Api()->wait_transfer(d.eng, "tx-held", 20000))
+        << Api()->last_error();
+    EXPECT_EQ("", VerifyPull(pair.model, d, 0, dlocal, premote));
+    std::vector<kvx_event_t> pev, dev;
+    ASSERT_TRUE(WaitFor([&] { DrainEvents(p.eng, &pev); return !pev.empty(); },
+                        10000));
+    EXPECT_EQ(KVX_EVENT_FINISHED_SENDING, pev[0].type); // P may reuse them
+    FreeEvents(&pev);
+    DrainEvents(d.eng, &dev);
+    FreeEvents(&dev);
+    EXPECT_EQ(0, StatCount(p.eng, "data_refused"));
+
+    // The same blocks again, under an id P never accepted.
+    const std::vector<uint64_t> dother = {10, 11, 12};
+    std::vector<std::vector<uint8_t>> before = d.bufs;
+    params = Params("tx-unheld", "127.0.0.1", pair.hs,
+                    (uint16_t)(pair.hs + 20000), premote, 1);
+    ASSERT_EQ(KVX_OK, Api()->consumer_request(d.eng, "req-2", params.c_str(),
+                                              dother.data(), dother.size()));
+    EXPECT_NE(KVX_OK, Api()->wait_transfer(d.eng, "tx-unheld", 20000));
+    ASSERT_TRUE(WaitFor([&] { DrainEvents(d.eng, &dev); return !dev.empty(); },
+                        10000));
+    EXPECT_EQ(KVX_EVENT_FAILED, dev[0].type);
+    EXPECT_EQ(dother.size(), dev[0].num_block_ids);
+    FreeEvents(&dev);
+    EXPECT_GT(StatCount(p.eng, "data_refused"), 0);
+    for (size_t l = 0; l < d.bufs.size(); l++) {
+        EXPECT_TRUE(d.bufs[l] == before[l]) << "layer " << l << " changed";
+    }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     TlsTp, ReadTransfer,
     ::testing::Combine(::testing::Values(std::string("tcp"), std::string("sm")),
