@@ -77,10 +77,11 @@ extern "C" {
     X(KVX_ERR_TIMEOUT, -27, "deadline expired")                                \
     X(KVX_ERR_ENDPOINT, -40, "data plane endpoint failure")                    \
     X(KVX_ERR_TRANSFER_TIMEOUT, -41, "transfer timed out")                     \
-    X(KVX_ERR_OUT_OF_BOUNDS, -42, "range outside registered memory or live blocks") \
+    X(KVX_ERR_OUT_OF_BOUNDS, -42, "block or range outside registered memory")  \
     X(KVX_ERR_CANCELED, -43, "operation canceled")                             \
     X(KVX_ERR_TRANSPORT, -44, "required transport not available")             \
     X(KVX_ERR_DEVICE, -45, "device memory not supported here")                 \
+    X(KVX_ERR_NOT_EXPOSED, -46, "blocks not held by a live transfer of the peer") \
     X(KVX_ERR_NO_MEMORY, -90, "out of memory")                                 \
     X(KVX_ERR_INTERNAL, -91, "internal error")
 

@@ -5,13 +5,20 @@
  * release / write_done use), with messages of a release's size. compare.sh
  * prints kvxfer's measured round trips next to these.
  *
- * Usage: kvxfer_ctl_baseline [-n ITERS] [-p PORT] [-c]   (-c: CSV line)
- * Every receive has a 5 s deadline; the server process is ended at exit.
+ * Usage: kvxfer_ctl_baseline [-n ITERS] [-p PORT] [-c] [-t DIR]
+ *   -c      CSV lines
+ *   -t DIR  also nng req/rep over mutual TLS (tls+tcp, DIR/ca.crt,
+ *           DIR/peer.crt, DIR/peer.key, peer name kvxfer-peer: what
+ *           kvxfer_perf --tls-dir uses): the floor under kvxfer's TLS round
+ *           trips (row "nng_tls")
+ * Every receive has a 5 s deadline; the server processes are ended at
+ * exit.
  */
 #define _GNU_SOURCE
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/rep.h>
 #include <nng/protocol/reqrep0/req.h>
+#include <nng/supplemental/tls/tls.h>
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -86,6 +93,8 @@ static void set_deadline(int fd)
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
 
+static void rep_loop(nng_socket rep);
+
 /* Server process: raw TCP echo on port, nng REP on port + 1. */
 static void server(int port, int lfd)
 {
@@ -97,7 +106,6 @@ static void server(int port, int lfd)
     if (nng_rep0_open(&rep) != 0 || nng_listen(rep, url, NULL, 0) != 0) {
         _exit(2);
     }
-    nng_socket_set_ms(rep, NNG_OPT_RECVTIMEO, DEADLINE * 1000);
     fd = accept(lfd, NULL, NULL);
     if (fd < 0) {
         _exit(2);
@@ -107,6 +115,70 @@ static void server(int port, int lfd)
            full_io(fd, buf, REP_LEN, 1) == 0) {
     }
     close(fd);
+    rep_loop(rep);
+}
+
+/* read_file: the whole file as a string (caller frees), NULL on error. */
+static char *read_file(const char *dir, const char *name)
+{
+    char  path[512], *buf;
+    FILE *f;
+    long  n;
+
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    f = fopen(path, "rb");
+    if (f == NULL || fseek(f, 0, SEEK_END) != 0 || (n = ftell(f)) <= 0 ||
+        fseek(f, 0, SEEK_SET) != 0 || (buf = malloc((size_t)n + 1)) == NULL) {
+        if (f != NULL) {
+            fclose(f);
+        }
+        return NULL;
+    }
+    if (fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        free(buf);
+        buf = NULL;
+    } else {
+        buf[n] = '\0';
+    }
+    fclose(f);
+    return buf;
+}
+
+/* tls_cfg: mutual TLS as kvxfer configures it (transports/nng/kvn.c). */
+static nng_tls_config *tls_cfg(const char *dir, int server)
+{
+    nng_tls_config *cfg  = NULL;
+    char           *cert = read_file(dir, "peer.crt");
+    char           *key  = read_file(dir, "peer.key");
+    char            ca[512];
+    int             rv;
+
+    snprintf(ca, sizeof(ca), "%s/ca.crt", dir);
+    rv = cert != NULL && key != NULL ? 0 : NNG_ENOENT;
+    rv = rv ? rv : nng_tls_config_alloc(&cfg, server ? NNG_TLS_MODE_SERVER
+                                                     : NNG_TLS_MODE_CLIENT);
+    rv = rv ? rv : nng_tls_config_own_cert(cfg, cert, key, NULL);
+    rv = rv ? rv : nng_tls_config_ca_file(cfg, ca);
+    rv = rv ? rv : nng_tls_config_server_name(cfg, "kvxfer-peer");
+    rv = rv ? rv : nng_tls_config_auth_mode(cfg, NNG_TLS_AUTH_MODE_REQUIRED);
+    free(cert);
+    free(key);
+    if (rv != 0) {
+        fprintf(stderr, "ctl_baseline: TLS config from %s: %s\n", dir,
+                nng_strerror(rv));
+        if (cfg != NULL) {
+            nng_tls_config_free(cfg);
+        }
+        return NULL;
+    }
+    return cfg;
+}
+
+/* rep_loop: echo REP_LEN bytes of every request until a receive times
+ * out. */
+static void rep_loop(nng_socket rep)
+{
+    nng_socket_set_ms(rep, NNG_OPT_RECVTIMEO, DEADLINE * 1000);
     for (;;) {
         nng_msg *m;
 
@@ -120,6 +192,44 @@ static void server(int port, int lfd)
     }
 }
 
+/* tls_server: nng REP over tls+tcp on port (a process of its own). */
+static void tls_server(int port, const char *dir)
+{
+    nng_socket      rep;
+    nng_listener    l;
+    nng_tls_config *cfg = tls_cfg(dir, 1);
+    char            url[64];
+
+    snprintf(url, sizeof(url), "tls+tcp://127.0.0.1:%d", port);
+    if (cfg == NULL || nng_rep0_open(&rep) != 0 ||
+        nng_listener_create(&l, rep, url) != 0 ||
+        nng_listener_set_ptr(l, NNG_OPT_TLS_CONFIG, cfg) != 0 ||
+        nng_listener_start(l, 0) != 0) {
+        _exit(2);
+    }
+    rep_loop(rep);
+}
+
+/* ping_pong: n timed req/rep round trips (after n/10 untimed) into v. */
+static int ping_pong(nng_socket req, char *buf, double *v, int n)
+{
+    nng_socket_set_ms(req, NNG_OPT_RECVTIMEO, DEADLINE * 1000);
+    for (int i = -n / 10; i < n; i++) {
+        double   t = now_us();
+        nng_msg *m;
+
+        if (nng_msg_alloc(&m, 0) != 0 || nng_msg_append(m, buf, REQ_LEN) ||
+            nng_sendmsg(req, m, 0) != 0 || nng_recvmsg(req, &m, 0) != 0) {
+            return -1;
+        }
+        nng_msg_free(m);
+        if (i >= 0) {
+            v[i] = now_us() - t;
+        }
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     int                n = 2000, port = 14590, csv = 0, lfd, fd, one = 1;
@@ -128,6 +238,7 @@ int main(int argc, char **argv)
     double            *v;
     pid_t              pid;
     nng_socket         req;
+    const char        *tls_dir = NULL;
 
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "-n") == 0 && i + 1 < argc) {
@@ -136,8 +247,11 @@ int main(int argc, char **argv)
             port = atoi(argv[++i]);
         } else if (strcmp(argv[i], "-c") == 0) {
             csv = 1;
+        } else if (strcmp(argv[i], "-t") == 0 && i + 1 < argc) {
+            tls_dir = argv[++i];
         } else {
-            fprintf(stderr, "usage: %s [-n ITERS] [-p PORT] [-c]\n", argv[0]);
+            fprintf(stderr, "usage: %s [-n ITERS] [-p PORT] [-c] [-t DIR]\n",
+                    argv[0]);
             return 2;
         }
     }
@@ -192,26 +306,47 @@ int main(int argc, char **argv)
         kill(pid, SIGTERM);
         return 1;
     }
-    nng_socket_set_ms(req, NNG_OPT_RECVTIMEO, DEADLINE * 1000);
-    for (int i = -n / 10; i < n; i++) {
-        double   t = now_us();
-        nng_msg *m;
-
-        if (nng_msg_alloc(&m, 0) != 0 || nng_msg_append(m, buf, REQ_LEN) ||
-            nng_sendmsg(req, m, 0) != 0 || nng_recvmsg(req, &m, 0) != 0) {
-            fprintf(stderr, "ctl_baseline: nng ping-pong failed\n");
-            kill(pid, SIGTERM);
-            return 1;
-        }
-        nng_msg_free(m);
-        if (i >= 0) {
-            v[i] = now_us() - t;
-        }
+    if (ping_pong(req, buf, v, n) != 0) {
+        fprintf(stderr, "ctl_baseline: nng ping-pong failed\n");
+        kill(pid, SIGTERM);
+        return 1;
     }
     summary("nng", v, n, csv);
     nng_close(req);
     kill(pid, SIGTERM);
     waitpid(pid, NULL, 0);
+    if (tls_dir != NULL) {
+        nng_dialer      d;
+        nng_tls_config *cfg = tls_cfg(tls_dir, 0);
+        int             rc  = 1;
+
+        pid = cfg != NULL ? fork() : -1;
+        if (pid == 0) {
+            tls_server(port + 2, tls_dir);
+        }
+        snprintf(url, sizeof(url), "tls+tcp://127.0.0.1:%d", port + 2);
+        /* The server may not listen yet: the dial retries (blocking dial
+         * with nng's reconnect) for at most DEADLINE s. */
+        if (pid > 0 && nng_req0_open(&req) == 0 &&
+            nng_dialer_create(&d, req, url) == 0 &&
+            nng_dialer_set_ptr(d, NNG_OPT_TLS_CONFIG, cfg) == 0 &&
+            nng_dialer_start(d, NNG_FLAG_NONBLOCK) == 0 &&
+            ping_pong(req, buf, v, n) == 0) {
+            summary("nng_tls", v, n, csv);
+            rc = 0;
+        } else {
+            fprintf(stderr, "ctl_baseline: nng TLS ping-pong failed\n");
+        }
+        nng_close(req);
+        if (pid > 0) {
+            kill(pid, SIGTERM);
+            waitpid(pid, NULL, 0);
+        }
+        if (rc != 0) {
+            free(v);
+            return 1;
+        }
+    }
     free(v);
     return 0;
 }

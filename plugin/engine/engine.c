@@ -104,6 +104,9 @@ static void kvc_engine_tick(void *arg)
         while ((t = kvc_timerq_pop_due(&eng->timers, now)) != NULL) {
             eng->mode->on_timer(eng, kvc_xfer_of_timer(t));
         }
+        if (eng->mode->on_tick != NULL) {
+            eng->mode->on_tick(eng, now);
+        }
         kvc_early_expire(eng, now);
         kvc_reg_tick(eng);
         kvc_peers_prefault(eng);

@@ -172,6 +172,13 @@ typedef struct kvc_layer_op {
     kvx_status_t    status;
     kvc_run_t      *runs;   /* borrowed from xfer->plans */
     size_t          nruns;
+    /* READ: the source had not exposed the blocks yet (its
+     * producer_request may come after D's gets): re-posted at retry_us
+     * from eng->retry (mode_read.c), until the transfer's deadline. */
+    uint64_t        retry_us;
+    uint32_t        retries;
+    int             waiting;  /* in eng->retry, not posted */
+    struct kvc_layer_op *rnext;
 } kvc_layer_op_t;
 
 typedef struct kvc_xfer {
@@ -342,6 +349,7 @@ struct kvx_engine {
                                       layer_ready / seal_transfer say so */
     kvc_timerq_t      timers;        /* transfer deadlines */
     kvc_expo_t        expo;          /* blocks open to peers (expose.c) */
+    kvc_layer_op_t   *retry;         /* READ ops waiting to be re-posted */
     kvc_early_t      *early_head, *early_tail; /* arrival order */
     size_t            nearly, early_bytes;
     struct {
@@ -354,6 +362,7 @@ struct kvx_engine {
         uint64_t handshakes_ok, handshakes_failed;
         uint64_t peers_collected; /* control clients closed: gone, idle */
         uint64_t bytes_read, bytes_written;
+        uint64_t read_retries;    /* gets re-posted: blocks not exposed yet */
         uint64_t reg_sent, reg_failed; /* registrations to the proxy */
         kvc_lat_t ctl_rtt;        /* control message queued -> reply */
         uint64_t  hs_last_us[4];  /* last handshake: metadata, endpoint,

@@ -11,8 +11,14 @@
  *
  * Locking: the transport calls in from its progress owner with its own locks
  * held, so expo.lock is a leaf: taken under eng->lock (expose, unexpose)
- * and under the transport's locks (authorize), never the other way round,
- * and nothing is called while it is held.
+ * and under the transport's locks (authorize), never the other way round;
+ * no other lock is taken while it is held (kvc_expose may allocate and log
+ * under it).
+ *
+ * In READ, D's gets may reach a P rank before that rank's producer_request
+ * (SPEC §7): they are answered "not exposed" and D retries them until its
+ * deadline (mode_read.c). Without producer_request nothing of P is ever
+ * served.
  */
 #include "engine.h"
 

@@ -58,6 +58,8 @@ typedef struct kvc_mode {
     kvc_msg_fn on_msg[KVC_MSG_NTYPES + 1];
     /* on_timer: x's deadline passed (its timer fired). */
     void (*on_timer)(struct kvx_engine *eng, struct kvc_xfer *x);
+    /* on_tick (may be NULL): every engine tick (at least every 20 ms). */
+    void (*on_tick)(struct kvx_engine *eng, uint64_t now_us);
     /* destroy_xfer (may be NULL): engine_destroy gives up on live
      * transfer x as the framework's abort would, telling its peers (once;
      * called again while it returns 1). Returns 1 while a peer may still

@@ -48,6 +48,17 @@ static void kvc_read_finish(struct kvx_engine *eng, kvc_xfer_t *x)
     pthread_cond_broadcast(&eng->cond);
 }
 
+/* kvc_read_retry_wanted: a get refused because the source has not exposed
+ * the blocks yet is retried while x is in flight and healthy (SPEC §7: D
+ * may read before P's own bookkeeping; the deadline bounds the wait). */
+static int kvc_read_retry_wanted(const kvc_xfer_t *x, const kvc_layer_op_t *lop,
+                                 kvx_status_t st)
+{
+    return st == KVX_ERR_NOT_EXPOSED && x->status == KVX_OK &&
+           !x->timed_out && x->state == KVC_XFER_INFLIGHT &&
+           lop->peer->state == KVC_PEER_READY;
+}
+
 static void kvc_read_op_done(kvt_op_t *op)
 {
     kvc_layer_op_t    *lop = op->arg;
@@ -56,6 +67,25 @@ static void kvc_read_op_done(kvt_op_t *op)
     kvx_status_t       st  = (kvx_status_t)atomic_load(&op->status);
 
     pthread_mutex_lock(&eng->lock);
+    if (kvc_read_retry_wanted(x, lop, st)) {
+        /* 1, 2, 4 .. 32 ms, then every 32 ms. */
+        uint32_t shift = lop->retries < 5 ? lop->retries : 5;
+
+        if (lop->retries == 0) {
+            kvc_log_info("KVX-READ-RETRY", "transfer %s: layer %u: %s has "
+                         "not exposed the blocks yet (its producer_request "
+                         "has not run): retrying until the deadline",
+                         x->transfer_id, lop->index, lop->peer->name);
+        }
+        lop->retries++;
+        eng->stats.read_retries++;
+        lop->retry_us = kvc_now_us(eng) + (1000u << shift);
+        lop->waiting  = 1;
+        lop->rnext    = eng->retry;
+        eng->retry    = lop;
+        pthread_mutex_unlock(&eng->lock);
+        return;
+    }
     lop->done   = 1;
     lop->status = st;
     if (st == KVX_OK) {
@@ -160,6 +190,29 @@ static int kvc_read_bound_check(struct kvx_engine *eng, kvc_xfer_t *x,
     return 1;
 }
 
+/* kvc_read_post_op posts lop's gets (a failure to post fails x). */
+static void kvc_read_post_op(struct kvx_engine *eng, kvc_layer_op_t *lop)
+{
+    kvc_xfer_t        *x    = lop->xfer;
+    kvc_peer_t        *peer = lop->peer;
+    const kvc_layer_t *l    = &eng->layers[lop->index];
+    int                j    = peer->layer_map[lop->index];
+    kvx_status_t       st;
+
+    lop->op.done = kvc_read_op_done;
+    lop->op.arg  = lop;
+    atomic_store(&lop->op.status, KVX_OK);
+    st = KVD(eng)->post(peer->ep, 0, l->mem, (uint64_t)(uintptr_t)l->base,
+                        peer->rkeys[j], peer->meta.layers[j].base, lop->runs,
+                        lop->nruns, &lop->op);
+    if (st != KVX_OK) {
+        lop->done   = 1;
+        lop->status = st;
+        kvc_xfer_fail(x, st, kvc_last_error());
+        x->layers_pending--;
+    }
+}
+
 static void kvc_read_post(struct kvx_engine *eng, kvc_xfer_t *x)
 {
     kvx_status_t st    = kvc_xfer_plan(eng, x, x->local_ids, x->nlocal);
@@ -183,20 +236,52 @@ static void kvc_read_post(struct kvx_engine *eng, kvc_xfer_t *x)
             x->layers_pending--;
             continue;
         }
-        lop->op.done = kvc_read_op_done;
-        lop->op.arg  = lop;
-        st = KVD(eng)->post(peer->ep, 0, l->mem, (uint64_t)(uintptr_t)l->base,
-                      peer->rkeys[j], peer->meta.layers[j].base, lop->runs,
-                      lop->nruns, &lop->op);
-        if (st != KVX_OK) {
-            lop->done   = 1;
-            lop->status = st;
-            kvc_xfer_fail(x, st, kvc_last_error());
-            x->layers_pending--;
-        }
+        (void)l;
+        (void)j;
+        (void)peer;
+        kvc_read_post_op(eng, lop);
     }
     if (x->layers_pending == 0) {
         kvc_read_finish(eng, x);
+    }
+}
+
+/* kvc_read_on_tick: re-posts the ops whose retry time came; one whose
+ * transfer failed, timed out or lost its source in the meantime completes
+ * with that failure. */
+static void kvc_read_on_tick(struct kvx_engine *eng, uint64_t now)
+{
+    kvc_layer_op_t **pp = &eng->retry;
+
+    while (*pp != NULL) {
+        kvc_layer_op_t *lop = *pp;
+        kvc_xfer_t     *x   = lop->xfer;
+
+        if (kvc_read_retry_wanted(x, lop, KVX_ERR_NOT_EXPOSED) &&
+            now < lop->retry_us) {
+            pp = &lop->rnext;
+            continue;
+        }
+        *pp          = lop->rnext;
+        lop->rnext   = NULL;
+        lop->waiting = 0;
+        if (kvc_read_retry_wanted(x, lop, KVX_ERR_NOT_EXPOSED)) {
+            kvc_read_post_op(eng, lop);
+        } else {
+            char why[KVX_REASON_MAX];
+
+            snprintf(why, sizeof(why), "layer %u: %s never exposed the "
+                     "blocks (%u tries)", lop->index, lop->peer->name,
+                     lop->retries);
+            lop->done   = 1;
+            lop->status = KVX_ERR_NOT_EXPOSED;
+            kvc_xfer_fail(x, x->timed_out ? KVX_ERR_TRANSFER_TIMEOUT
+                                          : KVX_ERR_NOT_EXPOSED, why);
+            x->layers_pending--;
+        }
+        if (x->layers_pending == 0) {
+            kvc_read_finish(eng, x);
+        }
     }
 }
 
@@ -413,6 +498,20 @@ kvx_status_t kvc_read_producer(struct kvx_engine *eng, const char *req_id,
 
 /* --- deadlines ---------------------------------------------------------- */
 
+/* kvc_read_inflight: ops of x posted and not completed (retries waiting
+ * in eng->retry are not in flight). */
+static int kvc_read_inflight(const struct kvx_engine *eng, const kvc_xfer_t *x)
+{
+    size_t nops = eng->nlayers * kvc_xfer_nsrc(x);
+
+    for (size_t o = 0; x->ops != NULL && o < nops; o++) {
+        if (!x->ops[o].done && !x->ops[o].waiting) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
 static void kvc_read_tick_xfer(struct kvx_engine *eng, kvc_xfer_t *x,
                                uint64_t now)
 {
@@ -433,12 +532,17 @@ static void kvc_read_tick_xfer(struct kvx_engine *eng, kvc_xfer_t *x,
     snprintf(why, sizeof(why), "transfer_timeout %.3f s expired %s",
              eng->cfg.transfer_timeout,
              x->state == KVC_XFER_WAIT_PEER ? "before the handshake finished"
-                                            : "with gets in flight");
-    (void)now;
+             : kvc_read_inflight(eng, x) ? "with gets in flight"
+                                         : "before the source exposed the "
+                                           "blocks");
     x->timed_out = 1;
     kvc_xfer_fail(x, KVX_ERR_TRANSFER_TIMEOUT, why);
     if (x->state == KVC_XFER_WAIT_PEER) {
         kvc_read_finish(eng, x);
+    } else if (!kvc_read_inflight(eng, x)) {
+        /* Only gets waiting to be retried: nothing can touch the blocks,
+         * the endpoints (shared with other transfers) stay up. */
+        kvc_read_on_tick(eng, now);
     } else {
         /* Force-close the endpoints: in-flight gets complete with errors and
          * only then are the blocks reported (SPEC §10). */
@@ -528,5 +632,6 @@ const kvc_mode_t kvc_mode_read = {
         [KVC_MSG_HEARTBEAT] = kvc_msg_ignore,
     },
     .on_timer         = kvc_read_on_timer,
+    .on_tick          = kvc_read_on_tick,
     .destroy_xfer     = kvc_read_destroy_xfer,
 };

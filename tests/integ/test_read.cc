@@ -169,16 +169,62 @@ TEST(ReadExposure, BlocksPNoLongerHoldsAreNotServed)
                     (uint16_t)(pair.hs + 20000), premote, 1);
     ASSERT_EQ(KVX_OK, Api()->consumer_request(d.eng, "req-2", params.c_str(),
                                               dother.data(), dother.size()));
+    // Refused as not exposed, D retries (P's producer_request could still
+    // come) until its deadline; here the framework gives up first.
+    ASSERT_TRUE(WaitFor([&] { return StatCount(d.eng, "read_retries") > 2; },
+                        10000));
+    ASSERT_EQ(KVX_OK, Api()->consumer_abort(d.eng, "req-2", params.c_str()));
     EXPECT_NE(KVX_OK, Api()->wait_transfer(d.eng, "tx-unheld", 20000));
     ASSERT_TRUE(WaitFor([&] { DrainEvents(d.eng, &dev); return !dev.empty(); },
                         10000));
     EXPECT_EQ(KVX_EVENT_FAILED, dev[0].type);
+    EXPECT_EQ(KVX_ERR_CANCELED, dev[0].status);
     EXPECT_EQ(dother.size(), dev[0].num_block_ids);
     FreeEvents(&dev);
     EXPECT_GT(StatCount(p.eng, "data_refused"), 0);
     for (size_t l = 0; l < d.bufs.size(); l++) {
         EXPECT_TRUE(d.bufs[l] == before[l]) << "layer " << l << " changed";
     }
+}
+
+// D's gets may reach a P rank before that rank's producer_request (SPEC
+// §7: a release can overtake P's own bookkeeping; params built from
+// config): they are refused as not exposed yet and retried until the
+// deadline, and the transfer is byte-exact once P holds the blocks.
+TEST(ReadExposure, GetsBeforeProducerRequestWaitForIt)
+{
+    Pair pair;
+    MakePair(&pair, 1, "tcp");
+    if (HasFatalFailure()) {
+        return;
+    }
+    Rank                       &p = *pair.p[0], &d = *pair.d[0];
+    const std::vector<uint64_t> premote = {6, 2, 9, 10};
+    const std::vector<uint64_t> dlocal  = {1, 3, 4, 5};
+    char                       *resp    = nullptr;
+
+    std::string params = Params("tx-early", "127.0.0.1", pair.hs,
+                                (uint16_t)(pair.hs + 20000), premote, 1);
+    ASSERT_EQ(KVX_OK, Api()->consumer_request(d.eng, "req-1", params.c_str(),
+                                              dlocal.data(), dlocal.size()));
+    ASSERT_TRUE(WaitFor([&] { return StatCount(d.eng, "read_retries") > 0; },
+                        10000))
+        << "D's gets were not refused as not exposed";
+    EXPECT_GT(StatCount(p.eng, "data_refused"), 0);
+    ASSERT_EQ(KVX_OK, Api()->producer_request(p.eng, "req-1",
+                                              "{\"transfer_id\":\"tx-early\"}",
+                                              premote.data(), premote.size(),
+                                              &resp))
+        << Api()->last_error();
+    Api()->free(resp);
+    ASSERT_EQ(KVX_OK, Api()->wait_transfer(d.eng, "tx-early", 20000))
+        << Api()->last_error();
+    EXPECT_EQ("", VerifyPull(pair.model, d, 0, dlocal, premote));
+    std::vector<kvx_event_t> pev;
+    ASSERT_TRUE(WaitFor([&] { DrainEvents(p.eng, &pev); return !pev.empty(); },
+                        10000));
+    EXPECT_EQ(KVX_EVENT_FINISHED_SENDING, pev[0].type);
+    FreeEvents(&pev);
 }
 
 INSTANTIATE_TEST_SUITE_P(

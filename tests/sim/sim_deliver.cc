@@ -124,7 +124,7 @@ static kvx_status_t CopyRun(World *w, SimOp *op, size_t idx)
                      raddr - reinterpret_cast<uint64_t>(rm->second->base));
             w->Violate(buf);
         }
-        return KVX_ERR_OUT_OF_BOUNDS;
+        return KVX_ERR_NOT_EXPOSED;
     }
     memmove(ci.dst, ci.src, run.len);
     return KVX_OK;

@@ -206,7 +206,8 @@ TEST_P(KvuAm, WriteRoleTakesPutsAndRefusesGets)
 }
 
 // The engine's exposure (kvt_data_params_t.authorize): a request inside
-// registered memory is still refused unless the hook admits its range.
+// registered memory is still refused, as not exposed (the engine may retry
+// it), unless the hook admits its range.
 struct Window {
     std::atomic<uint64_t> lo{0}, hi{0};
     std::atomic<int>      calls{0};
@@ -237,10 +238,12 @@ TEST_P(KvuAm, RangesOutsideTheExposedBlocksAreRefused)
     EXPECT_EQ(memcmp(rd.origin.buf.data(), rd.target.buf.data() + 8192, 8192),
               0);
     memset(rd.origin.buf.data(), 0, 65536);
-    EXPECT_EQ(rd.post(0, rd.tbase(), 8192, 8193), KVX_ERR_OUT_OF_BOUNDS);
-    EXPECT_EQ(rd.post(0, rd.tbase(), 0, 4096), KVX_ERR_OUT_OF_BOUNDS);
+    EXPECT_EQ(rd.post(0, rd.tbase(), 8192, 8193), KVX_ERR_NOT_EXPOSED);
+    EXPECT_EQ(rd.post(0, rd.tbase(), 0, 4096), KVX_ERR_NOT_EXPOSED);
+    // Outside the registration stays out of bounds (checked first).
+    EXPECT_EQ(rd.post(0, rd.tbase(), 65536 - 8, 16), KVX_ERR_OUT_OF_BOUNDS);
     win.hi = rd.tbase() + 8192; // the transfer ended: nothing exposed
-    EXPECT_EQ(rd.post(0, rd.tbase(), 8192, 4096), KVX_ERR_OUT_OF_BOUNDS);
+    EXPECT_EQ(rd.post(0, rd.tbase(), 8192, 4096), KVX_ERR_NOT_EXPOSED);
     EXPECT_TRUE(all_eq(rd.origin.buf.data(), 65536, 0));
     EXPECT_GE(win.calls.load(), 4);
 
@@ -252,8 +255,8 @@ TEST_P(KvuAm, RangesOutsideTheExposedBlocksAreRefused)
     EXPECT_EQ(wr.post(1, wr.tbase(), 4096, 4096), KVX_OK);
     EXPECT_TRUE(all_eq(wr.target.buf.data() + 4096, 4096, 0xc3));
     std::vector<uint8_t> before = wr.target.buf;
-    EXPECT_EQ(wr.post(1, wr.tbase(), 4000, 200), KVX_ERR_OUT_OF_BOUNDS);
-    EXPECT_EQ(wr.post(1, wr.tbase(), 32768, 4096), KVX_ERR_OUT_OF_BOUNDS);
+    EXPECT_EQ(wr.post(1, wr.tbase(), 4000, 200), KVX_ERR_NOT_EXPOSED);
+    EXPECT_EQ(wr.post(1, wr.tbase(), 32768, 4096), KVX_ERR_NOT_EXPOSED);
     EXPECT_EQ(wr.target.buf, before);
 }
 

@@ -104,8 +104,10 @@ typedef struct kvu_amp {
 /* kvu_amr_t: a target's answer in flight (header and memory pinned). */
 typedef struct kvu_amr {
     kvu_am_hdr_t     hdr;
-    kvu_dt_state_t   dts;      /* GETREP data */
-    struct kvu_mem  *mem;      /* GETREP data source, or NULL */
+    kvu_dt_state_t   dts;      /* GETREP data: data[] below */
+    unsigned char    data[];   /* copied while the range was authorized:
+                                  UCX packs fragments later, when the
+                                  block may already be reused */
 } kvu_amr_t;
 
 typedef struct kvu_job kvu_job_t;
@@ -151,9 +153,6 @@ struct kvu_mem {
     uint8_t   *pub;            /* rkey_buf + token: what peers get */
     size_t     pub_len;
     int        host;           /* host memory (AM requests may copy) */
-    uint64_t   am_refs;        /* GETREP sends reading it (ctx lock) */
-    int        orphan;         /* released with am_refs > 0: the last
-                                  reply frees the struct */
     kvu_mem_t *next;           /* ctx->mems */
 };
 
@@ -526,9 +525,6 @@ static void kvu_am_reply_cb(void *request, ucs_status_t status,
     kvu_amr_t *amr = user_data;
 
     (void)status; /* the origin went away: nothing to do */
-    if (amr->mem != NULL && --amr->mem->am_refs == 0 && amr->mem->orphan) {
-        free(amr->mem);
-    }
     free(amr);
     ucp_request_free(request);
 }
@@ -537,10 +533,10 @@ static void kvu_am_reply_cb(void *request, ucs_status_t status,
  * requester's reply endpoint; a failure is dropped (origin gone). */
 static void kvu_am_answer_send(kvu_ctx_t *ctx, ucp_ep_h reply_ep,
                                unsigned am_id, const kvu_am_hdr_t *req,
-                               kvx_status_t status, kvu_mem_t *mem,
-                               const void *data, size_t len)
+                               kvx_status_t status, const void *data,
+                               size_t len)
 {
-    kvu_amr_t          *amr = calloc(1, sizeof(*amr));
+    kvu_amr_t          *amr = malloc(sizeof(*amr) + len);
     ucp_request_param_t prm;
     ucs_status_ptr_t    sp;
 
@@ -552,7 +548,6 @@ static void kvu_am_answer_send(kvu_ctx_t *ctx, ucp_ep_h reply_ep,
     amr->hdr.status  = (int32_t)status;
     amr->hdr.id      = req->id;
     amr->hdr.nonce   = req->nonce;
-    amr->mem         = mem;
     memset(&prm, 0, sizeof(prm));
     prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
                        UCP_OP_ATTR_FIELD_USER_DATA |
@@ -564,16 +559,15 @@ static void kvu_am_answer_send(kvu_ctx_t *ctx, ucp_ep_h reply_ep,
         prm.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
         prm.datatype      = ctx->am_dt;
     }
-    amr->dts.buf = data;
+    if (len > 0) {
+        memcpy(amr->data, data, len);
+    }
+    amr->dts.buf = amr->data;
     amr->dts.len = len;
     sp = ucp_am_send_nbx(reply_ep, am_id, &amr->hdr, sizeof(amr->hdr),
                          len > 0 ? (const void *)&amr->dts : NULL, len, &prm);
     if (sp == NULL || UCS_PTR_IS_ERR(sp)) {
         free(amr);
-        return;
-    }
-    if (mem != NULL) {
-        mem->am_refs++;
     }
 }
 
@@ -606,6 +600,7 @@ static ucs_status_t kvu_am_on_request(kvu_ctx_t *ctx, int is_put,
     kvu_am_hdr_t h;
     kvu_mem_t   *mem;
     const char  *why;
+    kvx_status_t refusal;
     int          rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
 
     if (rndv) {
@@ -627,10 +622,14 @@ static ucs_status_t kvu_am_on_request(kvu_ctx_t *ctx, int is_put,
     why = mem == NULL ? "not inside memory registered for this remote access"
           : rndv || (is_put ? len != h.len : len != 0) ? "malformed message"
           : NULL;
+    refusal = KVX_ERR_OUT_OF_BOUNDS;
     if (why == NULL && ctx->params.authorize != NULL &&
         !ctx->params.authorize(ctx->params.authorize_arg, h.addr, h.len,
                                is_put)) {
-        why = "not inside the blocks of a live transfer";
+        /* Registered, but no live transfer holds it (yet: a P rank's
+         * producer_request may come after D's first gets). */
+        why     = "not inside the blocks of a live transfer";
+        refusal = KVX_ERR_NOT_EXPOSED;
     }
     if (why != NULL) {
         if (kvu_am_log_refusal(ctx)) {
@@ -642,7 +641,7 @@ static ucs_status_t kvu_am_on_request(kvu_ctx_t *ctx, int is_put,
         }
         kvu_am_answer_send(ctx, param->reply_ep,
                            is_put ? KVU_AM_PUTACK : KVU_AM_GETREP, &h,
-                           KVX_ERR_OUT_OF_BOUNDS, NULL, NULL, 0);
+                           refusal, NULL, 0);
         return UCS_OK;
     }
     ctx->am_served++;
@@ -654,10 +653,10 @@ static ucs_status_t kvu_am_on_request(kvu_ctx_t *ctx, int is_put,
     if (is_put) {
         memcpy((void *)(uintptr_t)h.addr, data, h.len);
         kvu_am_answer_send(ctx, param->reply_ep, KVU_AM_PUTACK, &h, KVX_OK,
-                           NULL, NULL, 0);
+                           NULL, 0);
     } else {
         kvu_am_answer_send(ctx, param->reply_ep, KVU_AM_GETREP, &h, KVX_OK,
-                           mem, (const void *)(uintptr_t)h.addr, h.len);
+                           (const void *)(uintptr_t)h.addr, h.len);
     }
     return UCS_OK;
 }
@@ -693,6 +692,13 @@ static ucs_status_t kvu_am_on_answer(kvu_ctx_t *ctx, int is_put,
         kvc_log_warn("KVX-UCX-AM", "%s: malformed %s answer from %s",
                      ctx->name, is_put ? "put" : "get", amp->ep->peer);
         st = KVX_ERR_ENDPOINT;
+    } else if (h.status == KVX_ERR_NOT_EXPOSED) {
+        /* Not held by a live transfer (yet): the engine decides whether
+         * to retry; not an error of the endpoint, logged at debug. */
+        st = KVX_ERR_NOT_EXPOSED;
+        kvc_log_debug("KVX-UCX-AM", "%s: %s of %llu bytes: %s has not "
+                      "exposed the range", ctx->name, is_put ? "put" : "get",
+                      (unsigned long long)amp->len, amp->ep->peer);
     } else if (h.status != KVX_OK) {
         st = h.status == KVX_ERR_OUT_OF_BOUNDS ? KVX_ERR_OUT_OF_BOUNDS
                                                : KVX_ERR_ENDPOINT;
@@ -1882,30 +1888,8 @@ void kvu_mem_release(kvu_mem_t *mem)
             break;
         }
     }
-    /* AM get replies still reading it (zero-copy sends): wait a bounded
-     * time for UCX to finish them (the progress thread signals cond). */
-    {
-        uint64_t deadline = kvc_mono_us() + KVU_DRAIN_MS * 1000u;
-
-        while (mem->am_refs > 0 && !kvu_in_progress_thread(mem->ctx) &&
-               kvc_mono_us() < deadline) {
-            struct timespec ts;
-
-            kvc_abs_realtime(&ts, 10);
-            pthread_cond_timedwait(&mem->ctx->cond, &mem->ctx->lock, &ts);
-        }
-        if (mem->am_refs > 0) {
-            kvc_log_warn("KVX-UCX-AM", "%s: memory released while %llu "
-                         "get replies still read it", mem->ctx->name,
-                         (unsigned long long)mem->am_refs);
-        }
-    }
+    /* AM get replies carry their own copy of the data (kvu_amr_t). */
     ucp_mem_unmap(mem->ctx->ucp, mem->memh);
-    if (mem->am_refs > 0) {
-        mem->orphan = 1;
-        pthread_mutex_unlock(&mem->ctx->lock);
-        return;
-    }
     pthread_mutex_unlock(&mem->ctx->lock);
     free(mem);
 }
