@@ -93,7 +93,7 @@ static void set_deadline(int fd)
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
 
-static void rep_loop(nng_socket rep);
+static void rep_loop(nng_socket rep, int first_ms);
 
 /* Server process: raw TCP echo on port, nng REP on port + 1. */
 static void server(int port, int lfd)
@@ -115,7 +115,7 @@ static void server(int port, int lfd)
            full_io(fd, buf, REP_LEN, 1) == 0) {
     }
     close(fd);
-    rep_loop(rep);
+    rep_loop(rep, DEADLINE * 1000);
 }
 
 /* read_file: the whole file as a string (caller frees), NULL on error. */
@@ -175,16 +175,17 @@ static nng_tls_config *tls_cfg(const char *dir, int server)
 }
 
 /* rep_loop: echo REP_LEN bytes of every request until a receive times
- * out. */
-static void rep_loop(nng_socket rep)
+ * out (first_ms for the first request, DEADLINE s later on). */
+static void rep_loop(nng_socket rep, int first_ms)
 {
-    nng_socket_set_ms(rep, NNG_OPT_RECVTIMEO, DEADLINE * 1000);
+    nng_socket_set_ms(rep, NNG_OPT_RECVTIMEO, first_ms);
     for (;;) {
         nng_msg *m;
 
         if (nng_recvmsg(rep, &m, 0) != 0) {
             _exit(0);
         }
+        nng_socket_set_ms(rep, NNG_OPT_RECVTIMEO, DEADLINE * 1000);
         nng_msg_chop(m, nng_msg_len(m) - REP_LEN);
         if (nng_sendmsg(rep, m, 0) != 0) {
             nng_msg_free(m);
@@ -207,7 +208,7 @@ static void tls_server(int port, const char *dir)
         nng_listener_start(l, 0) != 0) {
         _exit(2);
     }
-    rep_loop(rep);
+    rep_loop(rep, 120 * 1000); /* the plain rows run first */
 }
 
 /* ping_pong: n timed req/rep round trips (after n/10 untimed) into v. */
@@ -230,6 +231,17 @@ static int ping_pong(nng_socket req, char *buf, double *v, int n)
     return 0;
 }
 
+/* stop: ends the server processes (pid <= 0: none). */
+static void stop(pid_t a, pid_t b)
+{
+    if (a > 0) {
+        kill(a, SIGTERM);
+    }
+    if (b > 0) {
+        kill(b, SIGTERM);
+    }
+}
+
 int main(int argc, char **argv)
 {
     int                n = 2000, port = 14590, csv = 0, lfd, fd, one = 1;
@@ -239,6 +251,7 @@ int main(int argc, char **argv)
     pid_t              pid;
     nng_socket         req;
     const char        *tls_dir = NULL;
+    pid_t              tls_pid;
 
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "-n") == 0 && i + 1 < argc) {
@@ -271,16 +284,22 @@ int main(int argc, char **argv)
         perror("ctl_baseline: listen");
         return 1;
     }
+    /* Every server forks before this process touches nng (libnng panics
+     * on use after fork). */
     pid = fork();
     if (pid == 0) {
         server(port, lfd);
     }
     close(lfd);
+    tls_pid = tls_dir != NULL ? fork() : -1;
+    if (tls_pid == 0) {
+        tls_server(port + 2, tls_dir);
+    }
     memset(buf, 'x', sizeof(buf));
     fd = socket(AF_INET, SOCK_STREAM, 0);
     if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
         perror("ctl_baseline: connect");
-        kill(pid, SIGTERM);
+        stop(pid, tls_pid);
         return 1;
     }
     set_deadline(fd);
@@ -290,7 +309,7 @@ int main(int argc, char **argv)
         if (full_io(fd, buf, REQ_LEN, 1) != 0 ||
             full_io(fd, buf, REP_LEN, 0) != 0) {
             fprintf(stderr, "ctl_baseline: tcp ping-pong failed\n");
-            kill(pid, SIGTERM);
+            stop(pid, tls_pid);
             return 1;
         }
         if (i >= 0) {
@@ -303,12 +322,12 @@ int main(int argc, char **argv)
     snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", port + 1);
     if (nng_req0_open(&req) != 0 || nng_dial(req, url, NULL, 0) != 0) {
         fprintf(stderr, "ctl_baseline: nng dial %s failed\n", url);
-        kill(pid, SIGTERM);
+        stop(pid, tls_pid);
         return 1;
     }
     if (ping_pong(req, buf, v, n) != 0) {
         fprintf(stderr, "ctl_baseline: nng ping-pong failed\n");
-        kill(pid, SIGTERM);
+        stop(pid, tls_pid);
         return 1;
     }
     summary("nng", v, n, csv);
@@ -320,14 +339,11 @@ int main(int argc, char **argv)
         nng_tls_config *cfg = tls_cfg(tls_dir, 0);
         int             rc  = 1;
 
-        pid = cfg != NULL ? fork() : -1;
-        if (pid == 0) {
-            tls_server(port + 2, tls_dir);
-        }
+        pid = tls_pid;
         snprintf(url, sizeof(url), "tls+tcp://127.0.0.1:%d", port + 2);
         /* The server may not listen yet: the dial retries (blocking dial
          * with nng's reconnect) for at most DEADLINE s. */
-        if (pid > 0 && nng_req0_open(&req) == 0 &&
+        if (pid > 0 && cfg != NULL && nng_req0_open(&req) == 0 &&
             nng_dialer_create(&d, req, url) == 0 &&
             nng_dialer_set_ptr(d, NNG_OPT_TLS_CONFIG, cfg) == 0 &&
             nng_dialer_start(d, NNG_FLAG_NONBLOCK) == 0 &&
