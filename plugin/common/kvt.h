@@ -80,6 +80,10 @@ typedef void (*kvt_job_fn)(kvt_job_t *job);
 struct kvt_op {
     kvt_op_done_fn   done;      /* set by the caller */
     void            *arg;       /* the caller's */
+    uint64_t         tag;       /* set by the caller: the transfer the
+                                   runs belong to (kvc_xfer_tag), carried
+                                   to a target that serves them in
+                                   software and given to its authorize */
     KVT_ATOMIC(int64_t) remaining; /* internal: runs not yet completed */
     KVT_ATOMIC(int)  status;    /* first error (kvx_status_t), 0 = ok */
     uint64_t         bytes;     /* bytes posted */
@@ -115,13 +119,16 @@ typedef struct kvt_data_params {
                                     on this context: KVT_ACCESS_* */
     /* authorize: a transport that serves a peer's get or put itself (in
      * software, kvxfer's own active messages) asks it for every request
-     * that passed its registration and access checks: 0 refuses the
-     * request (answered KVX_ERR_OUT_OF_BOUNDS, memory untouched). Called on
-     * the progress owner with the transport's locks held: it must not call
-     * the transport. NULL: registration checks only. Hardware RMA (rkeys
-     * on zero-copy lanes) is not asked: it checks registrations only. */
-    int       (*authorize)(void *arg, uint64_t addr, uint64_t len,
-                           int is_put);
+     * that passed its registration and access checks, with the tag the
+     * origin's op carried: KVX_OK serves it; KVX_ERR_NOT_EXPOSED (no live
+     * transfer of that tag here yet: the origin may retry) and
+     * KVX_ERR_OUT_OF_BOUNDS (not that transfer's blocks, or the transfer
+     * ended) refuse it, memory untouched, the status going back to the
+     * origin's op. Called on the progress owner with the transport's
+     * locks held: it must not call the transport. NULL: registration
+     * checks only. Hardware RMA (rkeys on zero-copy lanes) is not asked. */
+    kvx_status_t (*authorize)(void *arg, uint64_t tag, uint64_t addr,
+                              uint64_t len, int is_put);
     void       *authorize_arg;
 } kvt_data_params_t;
 

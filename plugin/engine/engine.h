@@ -178,6 +178,8 @@ typedef struct kvc_layer_op {
     uint64_t        retry_us;
     uint32_t        retries;
     int             waiting;  /* in eng->retry, not posted */
+    uint64_t        inst;     /* peer->inst when first posted: a retry
+                                 goes only to that instance */
     struct kvc_layer_op *rnext;
 } kvc_layer_op_t;
 
@@ -262,33 +264,47 @@ typedef struct kvc_xfer {
     int               exposed;     /* its blocks counted in eng->expo */
 } kvc_xfer_t;
 
-/* kvc_expo_t: blocks peers may get/put through a transport that serves
- * them in software (expose.c). */
+/* kvc_expo_t: blocks peers may get/put, per live transfer, through a
+ * transport that serves them in software (expose.c). */
 typedef struct kvc_expo_layer {
     uint64_t   base, len;
     kvc_geom_t geom;
 } kvc_expo_layer_t;
 
+typedef struct kvc_expo_xfer {
+    uint64_t              tag;  /* kvc_xfer_tag(transfer_id) */
+    struct kvc_expo_xfer *next;
+    size_t                n;
+    uint64_t              ids[]; /* its local block ids, sorted */
+} kvc_expo_xfer_t;
+
+#define KVC_EXPO_BUCKETS 4096
+#define KVC_EXPO_ENDED   4096 /* ended tags remembered (ring) */
+
 typedef struct kvc_expo {
     pthread_mutex_t   lock;    /* leaf: see expose.c */
-    uint32_t         *cnt;     /* per block id: live transfers exposing it */
-    uint64_t          nblocks;
+    kvc_expo_xfer_t  *live[KVC_EXPO_BUCKETS];
+    uint64_t          ended[KVC_EXPO_ENDED];
+    uint64_t          nended;
     kvc_expo_layer_t *layers;  /* copy of eng->layers' placement */
     size_t            nlayers;
-    uint64_t          refused; /* requests refused */
+    uint64_t          refused[2]; /* [0] final, [1] not exposed yet */
 } kvc_expo_t;
 
 struct kvx_engine;
+/* kvc_xfer_tag: the 64-bit tag of a transfer id (FNV-1a, never 0) that
+ * ops carry to the peer (kvt_op_t.tag). */
+uint64_t kvc_xfer_tag(const char *transfer_id);
 void kvc_expo_init(kvc_expo_t *e);
 void kvc_expo_fini(kvc_expo_t *e);
 /* kvc_expose / kvc_unexpose (eng->lock held): x's local blocks start /
- * stop being open to peers (only P READ and D WRITE transfers open any;
- * idempotent). */
+ * stop being open to peers naming x (only P READ and D WRITE transfers
+ * open any; idempotent). */
 void kvc_expose(struct kvx_engine *eng, kvc_xfer_t *x);
 void kvc_unexpose(struct kvx_engine *eng, kvc_xfer_t *x);
-/* kvc_expo_authorize (kvt_data_params_t.authorize, arg the engine): 1 when
- * every byte of [addr, addr + len) lies in a unit of an exposed block. */
-int  kvc_expo_authorize(void *arg, uint64_t addr, uint64_t len, int is_put);
+/* kvc_expo_authorize (kvt_data_params_t.authorize, arg the engine). */
+kvx_status_t kvc_expo_authorize(void *arg, uint64_t tag, uint64_t addr,
+                                uint64_t len, int is_put);
 
 typedef struct kvc_event_node {
     kvx_event_t            ev;

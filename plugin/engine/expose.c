@@ -1,29 +1,46 @@
 /*
- * expose.c - which local blocks peers may read or write right now.
+ * expose.c - which local blocks a peer may read or write right now, per
+ * transfer.
  *
  * A transport that serves a peer's get or put itself (kvxfer's own active
  * messages, transports/ucx) asks kvc_expo_authorize before it touches
- * memory: every byte must lie in a unit of a block that a live transfer
- * exposes. READ: a P transfer exposes its blocks from producer_request until
- * its FINISHED_SENDING / FAILED event (the framework may reuse them then);
+ * memory, with the tag the origin's op carried (kvc_xfer_tag: a hash of the
+ * transfer id, the same on both sides): every byte must lie in a transfer
+ * unit (K or V) of a block that the live transfer of that tag exposes.
+ * READ: a P transfer exposes its blocks from producer_request until its
+ * FINISHED_SENDING / FAILED event (the framework may reuse them then);
  * WRITE: a D transfer exposes its destination blocks from consumer_request
- * until its terminal event. Blocks of several transfers are counted.
+ * until its terminal event. So a peer reading for one transfer never gets
+ * the blocks of another, and a transfer that ended (P's defer_timeout, then
+ * its blocks reused by a new transfer) is never served again.
+ *
+ * Answers: KVX_OK; KVX_ERR_NOT_EXPOSED when no transfer of the tag is live
+ * and none ended recently (READ: D's gets may reach a P rank before its
+ * producer_request, SPEC §7: D retries until its deadline, mode_read.c);
+ * KVX_ERR_OUT_OF_BOUNDS otherwise (final).
  *
  * Locking: the transport calls in from its progress owner with its own locks
- * held, so expo.lock is a leaf: taken under eng->lock (expose, unexpose)
- * and under the transport's locks (authorize), never the other way round;
- * no other lock is taken while it is held (kvc_expose may allocate and log
- * under it).
- *
- * In READ, D's gets may reach a P rank before that rank's producer_request
- * (SPEC §7): they are answered "not exposed" and D retries them until its
- * deadline (mode_read.c). Without producer_request nothing of P is ever
- * served.
+ * held, so expo.lock is a leaf: taken under eng->lock (expose, unexpose,
+ * stats) and under the transport's locks (authorize), never the other way
+ * round; no other lock is taken while it is held (kvc_expose may allocate
+ * and log under it).
  */
 #include "engine.h"
 
 #include <stdlib.h>
 #include <string.h>
+
+uint64_t kvc_xfer_tag(const char *transfer_id)
+{
+    uint64_t h = UINT64_C(0xcbf29ce484222325); /* FNV-1a 64 */
+
+    for (const unsigned char *p = (const unsigned char *)transfer_id;
+         *p != '\0'; p++) {
+        h ^= *p;
+        h *= UINT64_C(0x100000001b3);
+    }
+    return h != 0 ? h : 1; /* 0: an op without a transfer */
+}
 
 void kvc_expo_init(kvc_expo_t *e)
 {
@@ -33,48 +50,40 @@ void kvc_expo_init(kvc_expo_t *e)
 
 void kvc_expo_fini(kvc_expo_t *e)
 {
-    free(e->cnt);
+    for (size_t b = 0; b < KVC_EXPO_BUCKETS; b++) {
+        while (e->live[b] != NULL) {
+            kvc_expo_xfer_t *t = e->live[b];
+
+            e->live[b] = t->next;
+            free(t);
+        }
+    }
     free(e->layers);
     pthread_mutex_destroy(&e->lock);
 }
 
-/* kvc_expo_sync: the layer table and counter array follow eng->layers
- * (registration happens before transfers; a later one is picked up at the
- * next exposure). expo.lock held. 0, or -1 without memory. */
+/* kvc_expo_sync: the layer table follows eng->layers (registration happens
+ * before transfers; a later one is picked up at the next exposure).
+ * expo.lock held. 0, or -1 without memory. */
 static int kvc_expo_sync(struct kvx_engine *eng, kvc_expo_t *e)
 {
-    uint64_t nb = 0;
+    kvc_expo_layer_t *l;
 
-    if (e->nlayers != eng->nlayers) {
-        kvc_expo_layer_t *l = calloc(eng->nlayers ? eng->nlayers : 1,
-                                     sizeof(*l));
-
-        if (l == NULL) {
-            return -1;
-        }
-        for (size_t i = 0; i < eng->nlayers; i++) {
-            l[i].base = (uint64_t)(uintptr_t)eng->layers[i].base;
-            l[i].len  = eng->layers[i].length;
-            l[i].geom = eng->layers[i].geom;
-        }
-        free(e->layers);
-        e->layers  = l;
-        e->nlayers = eng->nlayers;
+    if (e->nlayers == eng->nlayers) {
+        return 0;
     }
-    for (size_t i = 0; i < e->nlayers; i++) {
-        nb = e->layers[i].geom.num_blocks > nb ? e->layers[i].geom.num_blocks
-                                               : nb;
+    l = calloc(eng->nlayers ? eng->nlayers : 1, sizeof(*l));
+    if (l == NULL) {
+        return -1;
     }
-    if (nb > e->nblocks) {
-        uint32_t *c = realloc(e->cnt, nb * sizeof(*c));
-
-        if (c == NULL) {
-            return -1;
-        }
-        memset(c + e->nblocks, 0, (nb - e->nblocks) * sizeof(*c));
-        e->cnt     = c;
-        e->nblocks = nb;
+    for (size_t i = 0; i < eng->nlayers; i++) {
+        l[i].base = (uint64_t)(uintptr_t)eng->layers[i].base;
+        l[i].len  = eng->layers[i].length;
+        l[i].geom = eng->layers[i].geom;
     }
+    free(e->layers);
+    e->layers  = l;
+    e->nlayers = eng->nlayers;
     return 0;
 }
 
@@ -85,74 +94,123 @@ static int kvc_expo_wanted(const kvc_xfer_t *x)
            ((x->is_producer && !x->write) || (!x->is_producer && x->write));
 }
 
+static int kvc_u64_cmp(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+    return x < y ? -1 : x > y;
+}
+
 void kvc_expose(struct kvx_engine *eng, kvc_xfer_t *x)
 {
-    kvc_expo_t *e = &eng->expo;
+    kvc_expo_t      *e = &eng->expo;
+    kvc_expo_xfer_t *t;
+    uint64_t         tag;
 
-    if (x->exposed || !kvc_expo_wanted(x) || x->nlocal == 0) {
+    if (x->exposed || !kvc_expo_wanted(x)) {
         return;
     }
+    tag = kvc_xfer_tag(x->transfer_id);
+    t   = malloc(sizeof(*t) + x->nlocal * sizeof(uint64_t));
     pthread_mutex_lock(&e->lock);
-    if (kvc_expo_sync(eng, e) == 0) {
-        for (size_t i = 0; i < x->nlocal; i++) {
-            if (x->local_ids[i] < e->nblocks) {
-                e->cnt[x->local_ids[i]]++;
-            }
-        }
+    if (t != NULL && kvc_expo_sync(eng, e) == 0) {
+        t->tag = tag;
+        t->n   = x->nlocal;
+        memcpy(t->ids, x->local_ids, x->nlocal * sizeof(uint64_t));
+        qsort(t->ids, t->n, sizeof(uint64_t), kvc_u64_cmp);
+        t->next = e->live[tag % KVC_EXPO_BUCKETS];
+        e->live[tag % KVC_EXPO_BUCKETS] = t;
         x->exposed = 1;
+        t          = NULL;
     } else {
-        /* Not exposed: peers' software gets/puts of x are refused and x
-         * fails at its deadline; said loudly. */
+        /* Not exposed: peers' software gets/puts of x are refused (as not
+         * exposed yet) and x fails at its deadline; said loudly. */
         kvc_log_error("KVX-EXPOSE", "transfer %s: no memory to expose its "
                       "blocks", x->transfer_id);
     }
     pthread_mutex_unlock(&e->lock);
+    free(t);
 }
 
 void kvc_unexpose(struct kvx_engine *eng, kvc_xfer_t *x)
 {
-    kvc_expo_t *e = &eng->expo;
+    kvc_expo_t       *e = &eng->expo;
+    uint64_t          tag;
+    kvc_expo_xfer_t **pp;
 
     if (!x->exposed) {
         return;
     }
+    tag = kvc_xfer_tag(x->transfer_id);
     pthread_mutex_lock(&e->lock);
-    for (size_t i = 0; i < x->nlocal; i++) {
-        if (x->local_ids[i] < e->nblocks && e->cnt[x->local_ids[i]] > 0) {
-            e->cnt[x->local_ids[i]]--;
+    for (pp = &e->live[tag % KVC_EXPO_BUCKETS]; *pp != NULL;
+         pp = &(*pp)->next) {
+        if ((*pp)->tag == tag) {
+            kvc_expo_xfer_t *t = *pp;
+
+            *pp = t->next;
+            free(t);
+            break;
         }
     }
+    /* Remembered (bounded ring): later requests of this tag are refused
+     * for good instead of retried. */
+    e->ended[e->nended++ % KVC_EXPO_ENDED] = tag;
     x->exposed = 0;
     pthread_mutex_unlock(&e->lock);
 }
 
 static int kvc_expo_block_ok(void *arg, uint64_t block)
 {
-    const kvc_expo_t *e = arg;
+    const kvc_expo_xfer_t *t = arg;
 
-    return block < e->nblocks && e->cnt[block] > 0;
+    return bsearch(&block, t->ids, t->n, sizeof(uint64_t), kvc_u64_cmp) !=
+           NULL;
 }
 
-int kvc_expo_authorize(void *arg, uint64_t addr, uint64_t len, int is_put)
+/* kvc_expo_ended: tag ended recently (expo.lock held). */
+static int kvc_expo_ended(const kvc_expo_t *e, uint64_t tag)
+{
+    size_t n = e->nended < KVC_EXPO_ENDED ? e->nended : KVC_EXPO_ENDED;
+
+    for (size_t i = 0; i < n; i++) {
+        if (e->ended[i] == tag) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+kvx_status_t kvc_expo_authorize(void *arg, uint64_t tag, uint64_t addr,
+                                uint64_t len, int is_put)
 {
     struct kvx_engine *eng = arg;
     kvc_expo_t        *e   = &eng->expo;
-    int                ok  = 0;
+    kvc_expo_xfer_t   *t;
+    kvx_status_t       st  = KVX_ERR_OUT_OF_BOUNDS;
 
     (void)is_put; /* the transport checked the access of the role */
     pthread_mutex_lock(&e->lock);
-    for (size_t i = 0; i < e->nlayers && !ok; i++) {
+    for (t = e->live[tag % KVC_EXPO_BUCKETS]; t != NULL && t->tag != tag;
+         t = t->next) {
+    }
+    if (t == NULL) {
+        st = tag != 0 && !kvc_expo_ended(e, tag) ? KVX_ERR_NOT_EXPOSED
+                                                 : KVX_ERR_OUT_OF_BOUNDS;
+    }
+    for (size_t i = 0; t != NULL && i < e->nlayers && st != KVX_OK; i++) {
         const kvc_expo_layer_t *l = &e->layers[i];
 
         if (addr >= l->base && addr - l->base < l->len &&
-            len <= l->len - (addr - l->base)) {
-            ok = kvc_geom_cover(&l->geom, addr - l->base, len,
-                                kvc_expo_block_ok, e);
+            len <= l->len - (addr - l->base) &&
+            kvc_geom_cover(&l->geom, addr - l->base, len, kvc_expo_block_ok,
+                           t)) {
+            st = KVX_OK;
         }
     }
-    if (!ok) {
-        e->refused++;
+    if (st != KVX_OK) {
+        e->refused[st == KVX_ERR_NOT_EXPOSED]++;
     }
     pthread_mutex_unlock(&e->lock);
-    return ok;
+    return st;
 }

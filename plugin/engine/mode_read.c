@@ -56,7 +56,7 @@ static int kvc_read_retry_wanted(const kvc_xfer_t *x, const kvc_layer_op_t *lop,
 {
     return st == KVX_ERR_NOT_EXPOSED && x->status == KVX_OK &&
            !x->timed_out && x->state == KVC_XFER_INFLIGHT &&
-           lop->peer->state == KVC_PEER_READY;
+           lop->peer->state == KVC_PEER_READY && lop->peer->inst == lop->inst;
 }
 
 static void kvc_read_op_done(kvt_op_t *op)
@@ -93,8 +93,12 @@ static void kvc_read_op_done(kvt_op_t *op)
     } else {
         char why[KVX_REASON_MAX];
 
-        snprintf(why, sizeof(why), "layer %u gets from %s failed: %s",
-                 lop->index, lop->peer->name, kvc_status_string(st));
+        snprintf(why, sizeof(why), "layer %u gets from %s failed: %s%s",
+                 lop->index, lop->peer->name, kvc_status_string(st),
+                 st == KVX_ERR_OUT_OF_BOUNDS
+                     ? " (or outside what the source holds for this "
+                       "transfer: its hold ended, or not these blocks)"
+                     : "");
         kvc_xfer_fail(x, x->timed_out ? KVX_ERR_TRANSFER_TIMEOUT : st, why);
     }
     if (--x->layers_pending == 0) {
@@ -201,6 +205,10 @@ static void kvc_read_post_op(struct kvx_engine *eng, kvc_layer_op_t *lop)
 
     lop->op.done = kvc_read_op_done;
     lop->op.arg  = lop;
+    lop->op.tag  = kvc_xfer_tag(x->transfer_id);
+    if (!lop->waiting && lop->retries == 0) {
+        lop->inst = peer->inst;
+    }
     atomic_store(&lop->op.status, KVX_OK);
     st = KVD(eng)->post(peer->ep, 0, l->mem, (uint64_t)(uintptr_t)l->base,
                         peer->rkeys[j], peer->meta.layers[j].base, lop->runs,
@@ -268,15 +276,21 @@ static void kvc_read_on_tick(struct kvx_engine *eng, uint64_t now)
         if (kvc_read_retry_wanted(x, lop, KVX_ERR_NOT_EXPOSED)) {
             kvc_read_post_op(eng, lop);
         } else {
-            char why[KVX_REASON_MAX];
+            char         why[KVX_REASON_MAX];
+            kvx_status_t st = x->timed_out ? KVX_ERR_TRANSFER_TIMEOUT
+                              : lop->peer->state != KVC_PEER_READY ||
+                                      lop->peer->inst != lop->inst
+                                  ? KVX_ERR_ENDPOINT
+                                  : KVX_ERR_NOT_EXPOSED;
 
-            snprintf(why, sizeof(why), "layer %u: %s never exposed the "
-                     "blocks (%u tries)", lop->index, lop->peer->name,
-                     lop->retries);
+            snprintf(why, sizeof(why), "layer %u: %s had not exposed the "
+                     "blocks after %u tries%s", lop->index, lop->peer->name,
+                     lop->retries, st == KVX_ERR_ENDPOINT
+                                       ? " and the connection to it was lost"
+                                       : "");
             lop->done   = 1;
-            lop->status = KVX_ERR_NOT_EXPOSED;
-            kvc_xfer_fail(x, x->timed_out ? KVX_ERR_TRANSFER_TIMEOUT
-                                          : KVX_ERR_NOT_EXPOSED, why);
+            lop->status = st;
+            kvc_xfer_fail(x, st, why);
             x->layers_pending--;
         }
         if (x->layers_pending == 0) {

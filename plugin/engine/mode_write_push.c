@@ -202,6 +202,7 @@ void kvc_write_pump(struct kvx_engine *eng, kvc_xfer_t *x)
         x->nposted++;
         x->ops[i].op.done = kvc_write_op_done;
         x->ops[i].op.arg  = &x->ops[i];
+        x->ops[i].op.tag  = kvc_xfer_tag(x->transfer_id);
         st = KVD(eng)->post(peer->ep, 1, l->mem, (uint64_t)(uintptr_t)l->base,
                       peer->rkeys[j], peer->meta.layers[j].base,
                       x->ops[i].runs, x->ops[i].nruns, &x->ops[i].op);

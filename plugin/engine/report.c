@@ -77,7 +77,12 @@ kvx_status_t kvc_report_stats(struct kvx_engine *eng, char **json_p)
     pthread_mutex_lock(&eng->expo.lock);
     /* Peers' software gets/puts outside the blocks of live transfers. */
     json_object_object_add(o, "data_refused",
-                           json_object_new_int64((int64_t)eng->expo.refused));
+                           json_object_new_int64(
+                               (int64_t)eng->expo.refused[0]));
+    /* Early gets (READ before P's producer_request), retried by D. */
+    json_object_object_add(o, "data_not_exposed",
+                           json_object_new_int64(
+                               (int64_t)eng->expo.refused[1]));
     pthread_mutex_unlock(&eng->expo.lock);
     {
         const kvc_lat_t *l = &eng->stats.ctl_rtt;

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -181,7 +182,7 @@ TEST(ReadExposure, BlocksPNoLongerHoldsAreNotServed)
     EXPECT_EQ(KVX_ERR_CANCELED, dev[0].status);
     EXPECT_EQ(dother.size(), dev[0].num_block_ids);
     FreeEvents(&dev);
-    EXPECT_GT(StatCount(p.eng, "data_refused"), 0);
+    EXPECT_GT(StatCount(p.eng, "data_not_exposed"), 0);
     for (size_t l = 0; l < d.bufs.size(); l++) {
         EXPECT_TRUE(d.bufs[l] == before[l]) << "layer " << l << " changed";
     }
@@ -210,7 +211,7 @@ TEST(ReadExposure, GetsBeforeProducerRequestWaitForIt)
     ASSERT_TRUE(WaitFor([&] { return StatCount(d.eng, "read_retries") > 0; },
                         10000))
         << "D's gets were not refused as not exposed";
-    EXPECT_GT(StatCount(p.eng, "data_refused"), 0);
+    EXPECT_GT(StatCount(p.eng, "data_not_exposed"), 0);
     ASSERT_EQ(KVX_OK, Api()->producer_request(p.eng, "req-1",
                                               "{\"transfer_id\":\"tx-early\"}",
                                               premote.data(), premote.size(),
@@ -225,6 +226,66 @@ TEST(ReadExposure, GetsBeforeProducerRequestWaitForIt)
                         10000));
     EXPECT_EQ(KVX_EVENT_FINISHED_SENDING, pev[0].type);
     FreeEvents(&pev);
+}
+
+// Found in review: "not exposed" must not be retried into another
+// transfer's hold. P's hold of tx-old expires (defer_timeout), P reuses the
+// blocks for tx-new; D's late request of tx-old must fail, not read tx-new's
+// bytes: the check is per transfer, and an ended transfer is final.
+TEST(ReadExposure, ExpiredHoldReusedByAnotherTransferIsNotServed)
+{
+    ModelSpec model = ThreeLayerModel();
+    uint16_t  hs    = PortBase(2);
+    Rank      p, d;
+    RankOpts  po, dopt;
+
+    po.producer      = true;
+    po.num_blocks    = 32;
+    po.hs_port       = hs;
+    po.notify_port   = (uint16_t)(hs + 20000);
+    po.defer_timeout = 0.3;
+    dopt.producer    = false;
+    dopt.num_blocks  = 24;
+    dopt.hs_port     = (uint16_t)(hs + 1);
+    dopt.notify_port = (uint16_t)(hs + 1 + 20000);
+    ASSERT_EQ(KVX_OK, MakeRank(model, po, &p)) << Api()->last_error();
+    ASSERT_EQ(KVX_OK, MakeRank(model, dopt, &d)) << Api()->last_error();
+    const std::vector<uint64_t> ids    = {3, 4, 5};
+    const std::vector<uint64_t> dlocal = {0, 1, 2};
+    char                       *resp   = nullptr;
+    std::vector<kvx_event_t>    pev, dev;
+
+    ASSERT_EQ(KVX_OK, Api()->producer_request(p.eng, "req-1",
+                                              "{\"transfer_id\":\"tx-old\"}",
+                                              ids.data(), ids.size(), &resp));
+    Api()->free(resp);
+    ASSERT_TRUE(WaitFor([&] { DrainEvents(p.eng, &pev); return !pev.empty(); },
+                        10000));
+    EXPECT_EQ(KVX_EVENT_FAILED, pev[0].type); // defer_timeout: blocks free
+    FreeEvents(&pev);
+    for (auto &b : p.bufs) {
+        memset(b.data(), 0x77, b.size()); // the framework reuses them
+    }
+    ASSERT_EQ(KVX_OK, Api()->producer_request(p.eng, "req-2",
+                                              "{\"transfer_id\":\"tx-new\"}",
+                                              ids.data(), ids.size(), &resp));
+    Api()->free(resp);
+    std::vector<std::vector<uint8_t>> before = d.bufs;
+    std::string params = Params("tx-old", "127.0.0.1", hs,
+                                (uint16_t)(hs + 20000), ids, 1);
+    ASSERT_EQ(KVX_OK, Api()->consumer_request(d.eng, "req-1", params.c_str(),
+                                              dlocal.data(), dlocal.size()));
+    EXPECT_NE(KVX_OK, Api()->wait_transfer(d.eng, "tx-old", 10000));
+    ASSERT_TRUE(WaitFor([&] { DrainEvents(d.eng, &dev); return !dev.empty(); },
+                        10000));
+    EXPECT_EQ(KVX_EVENT_FAILED, dev[0].type);
+    EXPECT_EQ(KVX_ERR_OUT_OF_BOUNDS, dev[0].status) << dev[0].reason;
+    FreeEvents(&dev);
+    EXPECT_EQ(0, StatCount(d.eng, "read_retries"));
+    EXPECT_GT(StatCount(p.eng, "data_refused"), 0);
+    for (size_t l = 0; l < d.bufs.size(); l++) {
+        EXPECT_TRUE(d.bufs[l] == before[l]) << "layer " << l << " changed";
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(

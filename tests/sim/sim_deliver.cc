@@ -112,19 +112,22 @@ static kvx_status_t CopyRun(World *w, SimOp *op, size_t idx)
     // The target's exposure (kvt_data_params_t.authorize, what a transport
     // serving the op in software asks): it must admit every op the
     // scenario admits, or real transfers would fail for nothing.
-    if (peer->p.authorize != nullptr &&
-        !peer->p.authorize(peer->p.authorize_arg, raddr, run.len,
-                           op->is_put)) {
+    kvx_status_t auth = peer->p.authorize == nullptr
+                            ? KVX_OK
+                            : peer->p.authorize(peer->p.authorize_arg, op->op->tag,
+                                                raddr, run.len, op->is_put);
+    if (auth != KVX_OK) {
         if (w->copy_check) {
             snprintf(buf, sizeof(buf), "%s of op %" PRIu64 " from %s: %s "
-                     "refuses %" PRIu64 " bytes at offset %" PRIu64 " of its "
-                     "registration that a live transfer owns (exposure "
+                     "refuses (%d) %" PRIu64 " bytes at offset %" PRIu64 " of "
+                     "its registration that a live transfer owns (exposure "
                      "misses a block)", op->is_put ? "put" : "get", op->id,
-                     own->name.c_str(), peer->name.c_str(), run.len,
+                     own->name.c_str(), peer->name.c_str(), (int)auth,
+                     run.len,
                      raddr - reinterpret_cast<uint64_t>(rm->second->base));
             w->Violate(buf);
         }
-        return KVX_ERR_NOT_EXPOSED;
+        return auth;
     }
     memmove(ci.dst, ci.src, run.len);
     return KVX_OK;

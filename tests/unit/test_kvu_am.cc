@@ -59,7 +59,8 @@ struct Side {
     std::vector<uint8_t> buf;
 
     Side(const char *name, const char *tls, int access, uint8_t fill,
-         int (*auth)(void *, uint64_t, uint64_t, int) = nullptr,
+         kvx_status_t (*auth)(void *, uint64_t, uint64_t, uint64_t,
+                              int) = nullptr,
          void *auth_arg = nullptr)
         : buf(65536, fill)
     {
@@ -88,7 +89,8 @@ struct Pair {
     kvu_rkey_t *rkey = nullptr;
 
     Pair(const char *tls, int target_access,
-         int (*auth)(void *, uint64_t, uint64_t, int) = nullptr,
+         kvx_status_t (*auth)(void *, uint64_t, uint64_t, uint64_t,
+                              int) = nullptr,
          void *auth_arg = nullptr)
         : target("am-target", tls, target_access, 0x5a, auth, auth_arg),
           origin("am-origin", tls, KVT_ACCESS_LOCAL, 0x00)
@@ -107,13 +109,15 @@ struct Pair {
         kvu_rkey_destroy(rkey);
         kvu_ep_close(ep);
     }
-    int post(int is_put, uint64_t remote_base, uint64_t roff, uint64_t len)
+    int post(int is_put, uint64_t remote_base, uint64_t roff, uint64_t len,
+             uint64_t tag = 0)
     {
         Waiter    w;
         kvc_run_t run = {0, roff, len};
 
         w.op.done = Waiter::cb;
         w.op.arg  = &w;
+        w.op.tag  = tag;
         EXPECT_EQ(kvu_post(ep, is_put, origin.mem,
                            (uint64_t)(uintptr_t)origin.buf.data(), rkey,
                            remote_base, &run, 1, &w.op), KVX_OK);
@@ -206,20 +210,27 @@ TEST_P(KvuAm, WriteRoleTakesPutsAndRefusesGets)
 }
 
 // The engine's exposure (kvt_data_params_t.authorize): a request inside
-// registered memory is still refused, as not exposed (the engine may retry
-// it), unless the hook admits its range.
+// registered memory is served only if the hook admits its range for the
+// tag the origin's op carried; its answer goes back to the origin's op.
 struct Window {
-    std::atomic<uint64_t> lo{0}, hi{0};
+    std::atomic<uint64_t> lo{0}, hi{0}, tag{0}, seen{0};
     std::atomic<int>      calls{0};
 
-    static int admit(void *arg, uint64_t addr, uint64_t len, int is_put)
+    static kvx_status_t admit(void *arg, uint64_t tag, uint64_t addr,
+                              uint64_t len, int is_put)
     {
         Window *w = static_cast<Window *>(arg);
 
         (void)is_put;
         w->calls++;
+        w->seen = tag;
+        if (tag != w->tag) {
+            return KVX_ERR_NOT_EXPOSED;
+        }
         return addr >= w->lo && len <= w->hi - w->lo &&
-               addr - w->lo <= w->hi - w->lo - len;
+                       addr - w->lo <= w->hi - w->lo - len
+                   ? KVX_OK
+                   : KVX_ERR_OUT_OF_BOUNDS;
     }
 };
 
@@ -232,31 +243,40 @@ TEST_P(KvuAm, RangesOutsideTheExposedBlocksAreRefused)
     for (size_t i = 0; i < rd.target.buf.size(); i++) {
         rd.target.buf[i] = (uint8_t)(i * 5 + 2);
     }
-    win.lo = rd.tbase() + 8192;
-    win.hi = rd.tbase() + 16384;
-    EXPECT_EQ(rd.post(0, rd.tbase(), 8192, 8192), KVX_OK);
+    win.tag = 0x7a6;
+    win.lo  = rd.tbase() + 8192;
+    win.hi  = rd.tbase() + 16384;
+    EXPECT_EQ(rd.post(0, rd.tbase(), 8192, 8192, 0x7a6), KVX_OK);
+    EXPECT_EQ(win.seen.load(), 0x7a6u) << "the op's tag reaches the target";
     EXPECT_EQ(memcmp(rd.origin.buf.data(), rd.target.buf.data() + 8192, 8192),
               0);
     memset(rd.origin.buf.data(), 0, 65536);
-    EXPECT_EQ(rd.post(0, rd.tbase(), 8192, 8193), KVX_ERR_NOT_EXPOSED);
-    EXPECT_EQ(rd.post(0, rd.tbase(), 0, 4096), KVX_ERR_NOT_EXPOSED);
-    // Outside the registration stays out of bounds (checked first).
-    EXPECT_EQ(rd.post(0, rd.tbase(), 65536 - 8, 16), KVX_ERR_OUT_OF_BOUNDS);
+    EXPECT_EQ(rd.post(0, rd.tbase(), 8192, 8193, 0x7a6), KVX_ERR_OUT_OF_BOUNDS);
+    EXPECT_EQ(rd.post(0, rd.tbase(), 0, 4096, 0x7a6), KVX_ERR_OUT_OF_BOUNDS);
+    // Another transfer's request: not exposed for it (the engine may
+    // retry: its transfer may not be held yet).
+    EXPECT_EQ(rd.post(0, rd.tbase(), 8192, 4096, 0x7a7), KVX_ERR_NOT_EXPOSED);
     win.hi = rd.tbase() + 8192; // the transfer ended: nothing exposed
-    EXPECT_EQ(rd.post(0, rd.tbase(), 8192, 4096), KVX_ERR_NOT_EXPOSED);
+    EXPECT_EQ(rd.post(0, rd.tbase(), 8192, 4096, 0x7a6), KVX_ERR_OUT_OF_BOUNDS);
+    // Outside the registration stays out of bounds (checked first).
+    int calls = win.calls;
+    EXPECT_EQ(rd.post(0, rd.tbase(), 65536 - 8, 16, 0x7a6),
+              KVX_ERR_OUT_OF_BOUNDS);
+    EXPECT_EQ(calls, win.calls.load());
     EXPECT_TRUE(all_eq(rd.origin.buf.data(), 65536, 0));
-    EXPECT_GE(win.calls.load(), 4);
 
     Window wwin;
     Pair   wr(GetParam(), KVT_ACCESS_WRITE, Window::admit, &wwin);
     memset(wr.origin.buf.data(), 0xc3, 65536);
-    wwin.lo = wr.tbase() + 4096;
-    wwin.hi = wr.tbase() + 8192;
-    EXPECT_EQ(wr.post(1, wr.tbase(), 4096, 4096), KVX_OK);
+    wwin.tag = 9;
+    wwin.lo  = wr.tbase() + 4096;
+    wwin.hi  = wr.tbase() + 8192;
+    EXPECT_EQ(wr.post(1, wr.tbase(), 4096, 4096, 9), KVX_OK);
     EXPECT_TRUE(all_eq(wr.target.buf.data() + 4096, 4096, 0xc3));
     std::vector<uint8_t> before = wr.target.buf;
-    EXPECT_EQ(wr.post(1, wr.tbase(), 4000, 200), KVX_ERR_NOT_EXPOSED);
-    EXPECT_EQ(wr.post(1, wr.tbase(), 32768, 4096), KVX_ERR_NOT_EXPOSED);
+    EXPECT_EQ(wr.post(1, wr.tbase(), 4000, 200, 9), KVX_ERR_OUT_OF_BOUNDS);
+    EXPECT_EQ(wr.post(1, wr.tbase(), 32768, 4096, 9), KVX_ERR_OUT_OF_BOUNDS);
+    EXPECT_EQ(wr.post(1, wr.tbase(), 4096, 4096, 10), KVX_ERR_NOT_EXPOSED);
     EXPECT_EQ(wr.target.buf, before);
 }
 
@@ -489,7 +509,7 @@ struct AmHdr {
     uint16_t version, pad;
     int32_t  status;
     uint32_t pad2;
-    uint64_t id, addr, len, token, nonce;
+    uint64_t id, addr, len, token, nonce, tag;
 };
 
 // A third worker that never saw a get answers it (GETREP with the likely
@@ -536,7 +556,7 @@ TEST(KvuAmForge, AnswerFromAThirdWorkerIsDropped)
     uint64_t             dropped0 = kvu_am_dropped_answers(origin.ctx);
     static AmHdr         h[4];
     for (uint64_t id = 1; id <= 4; id++) {
-        h[id - 1] = AmHdr{0x4d41564bu, 2, 0, 0, 0, id, 0, 0, 0, 0};
+        h[id - 1] = AmHdr{0x4d41564bu, 3, 0, 0, 0, id, 0, 0, 0, 0, 0};
         ucp_request_param_t rp{};
         rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
         rp.flags        = UCP_AM_SEND_FLAG_EAGER;

@@ -53,15 +53,17 @@
  * Every message is eager (UCP_AM_SEND_FLAG_EAGER: no rendezvous, whose
  * internal requests would have the same defect). The target checks every
  * request against the memory it registered and the remote access it
- * granted (kvt.h KVT_ACCESS_*): anything else is answered with
- * KVX_ERR_OUT_OF_BOUNDS and never touches memory. The environment variable
+ * granted (kvt.h KVT_ACCESS_*), then asks the engine (params.authorize)
+ * whether the transfer the request's tag names holds the range: anything
+ * else is answered KVX_ERR_OUT_OF_BOUNDS (or KVX_ERR_NOT_EXPOSED: that
+ * transfer is not held here yet) and never touches memory. The variable
  * KVX_UCX_AM_RMA=0 turns it off (UCX's own emulation). */
 #define KVU_AM_GETREQ     0x4b1
 #define KVU_AM_GETREP     0x4b2
 #define KVU_AM_PUT        0x4b3
 #define KVU_AM_PUTACK     0x4b4
 #define KVU_AM_MAGIC      0x4d41564bu /* "KVAM" */
-#define KVU_AM_VERSION    2 /* 2: token and nonce */
+#define KVU_AM_VERSION    3 /* 2: token and nonce; 3: transfer tag */
 #define KVU_AM_MAX_LEN    (64u << 10) /* bytes per message */
 #define KVU_AMP_BUCKETS   1024
 
@@ -76,6 +78,7 @@ typedef struct kvu_am_hdr {
     uint64_t len;      /* requests: bytes */
     uint64_t token;    /* requests: the target region's token (its rkey) */
     uint64_t nonce;    /* random per request, echoed by the answer */
+    uint64_t tag;      /* requests: the origin op's transfer tag */
 } kvu_am_hdr_t;
 
 /* kvu_amp_t: one AM get/put at the origin, until it was answered (reply,
@@ -101,7 +104,7 @@ typedef struct kvu_amp {
     struct kvu_amp *hnext;     /* ctx->amp[] bucket */
 } kvu_amp_t;
 
-/* kvu_amr_t: a target's answer in flight (header and memory pinned). */
+/* kvu_amr_t: a target's answer in flight, with its own copy of the data. */
 typedef struct kvu_amr {
     kvu_am_hdr_t     hdr;
     kvu_dt_state_t   dts;      /* GETREP data: data[] below */
@@ -446,6 +449,7 @@ static int kvu_am_issue(kvu_ep_t *ep, kvu_job_t *job, void *lbuf,
     amp->hdr.addr    = raddr;
     amp->hdr.len     = len;
     amp->hdr.token   = job->token;
+    amp->hdr.tag     = job->op->tag;
     amp->hdr.nonce   = kvu_splitmix64(&ctx->am_nonce);
 
     amp->ep          = ep;
@@ -623,22 +627,30 @@ static ucs_status_t kvu_am_on_request(kvu_ctx_t *ctx, int is_put,
           : rndv || (is_put ? len != h.len : len != 0) ? "malformed message"
           : NULL;
     refusal = KVX_ERR_OUT_OF_BOUNDS;
-    if (why == NULL && ctx->params.authorize != NULL &&
-        !ctx->params.authorize(ctx->params.authorize_arg, h.addr, h.len,
-                               is_put)) {
-        /* Registered, but no live transfer holds it (yet: a P rank's
-         * producer_request may come after D's first gets). */
-        why     = "not inside the blocks of a live transfer";
-        refusal = KVX_ERR_NOT_EXPOSED;
+    if (why == NULL && ctx->params.authorize != NULL) {
+        refusal = ctx->params.authorize(ctx->params.authorize_arg, h.tag,
+                                        h.addr, h.len, is_put);
+        why     = refusal == KVX_OK ? NULL
+                  : refusal == KVX_ERR_NOT_EXPOSED
+                      ? "its transfer is not (yet) held here"
+                      : "not inside the blocks of its live transfer";
+        refusal = refusal == KVX_ERR_NOT_EXPOSED ? KVX_ERR_NOT_EXPOSED
+                                                 : KVX_ERR_OUT_OF_BOUNDS;
     }
-    if (why != NULL) {
-        if (kvu_am_log_refusal(ctx)) {
-            kvc_log_warn("KVX-UCX-AM", "%s: %s of %llu bytes at 0x%llx "
+    if (why != NULL && refusal == KVX_ERR_NOT_EXPOSED) {
+        /* An early get (READ: before P's producer_request): normal. */
+        kvc_log_debug("KVX-UCX-AM", "%s: %s of %llu bytes at 0x%llx: %s",
+                      ctx->name, is_put ? "put" : "get",
+                      (unsigned long long)h.len, (unsigned long long)h.addr,
+                      why);
+    } else if (why != NULL && kvu_am_log_refusal(ctx)) {
+        kvc_log_warn("KVX-UCX-AM", "%s: %s of %llu bytes at 0x%llx "
                          "refused: %s (%llu refused so far)", ctx->name,
                          is_put ? "put" : "get", (unsigned long long)h.len,
                          (unsigned long long)h.addr, why,
                          (unsigned long long)ctx->am_refused);
-        }
+    }
+    if (why != NULL) {
         kvu_am_answer_send(ctx, param->reply_ep,
                            is_put ? KVU_AM_PUTACK : KVU_AM_GETREP, &h,
                            refusal, NULL, 0);
