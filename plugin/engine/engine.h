@@ -273,6 +273,7 @@ typedef struct kvc_expo_layer {
 
 typedef struct kvc_expo_xfer {
     uint64_t              tag;  /* kvc_xfer_tag(transfer_id) */
+    const void           *owner; /* the kvc_xfer_t (identity only) */
     struct kvc_expo_xfer *next;
     size_t                n;
     uint64_t              ids[]; /* its local block ids, sorted */

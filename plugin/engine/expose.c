@@ -19,6 +19,12 @@
  * producer_request, SPEC §7: D retries until its deadline, mode_read.c);
  * KVX_ERR_OUT_OF_BOUNDS otherwise (final).
  *
+ * Limits: a transfer id must not be reused while a peer may still ask for
+ * the old transfer (an ended id is remembered, KVC_EXPO_ENDED of them: an
+ * early get of a reused id is refused for good instead of retried); the
+ * check and the copy that follows it are not atomic (a get copied, or a
+ * put written, microseconds after the transfer ended on another thread).
+ *
  * Locking: the transport calls in from its progress owner with its own locks
  * held, so expo.lock is a leaf: taken under eng->lock (expose, unexpose,
  * stats) and under the transport's locks (authorize), never the other way
@@ -114,8 +120,9 @@ void kvc_expose(struct kvx_engine *eng, kvc_xfer_t *x)
     t   = malloc(sizeof(*t) + x->nlocal * sizeof(uint64_t));
     pthread_mutex_lock(&e->lock);
     if (t != NULL && kvc_expo_sync(eng, e) == 0) {
-        t->tag = tag;
-        t->n   = x->nlocal;
+        t->tag   = tag;
+        t->owner = x;
+        t->n     = x->nlocal;
         memcpy(t->ids, x->local_ids, x->nlocal * sizeof(uint64_t));
         qsort(t->ids, t->n, sizeof(uint64_t), kvc_u64_cmp);
         t->next = e->live[tag % KVC_EXPO_BUCKETS];
@@ -145,7 +152,7 @@ void kvc_unexpose(struct kvx_engine *eng, kvc_xfer_t *x)
     pthread_mutex_lock(&e->lock);
     for (pp = &e->live[tag % KVC_EXPO_BUCKETS]; *pp != NULL;
          pp = &(*pp)->next) {
-        if ((*pp)->tag == tag) {
+        if ((*pp)->owner == x) { /* not by tag: two ids may collide */
             kvc_expo_xfer_t *t = *pp;
 
             *pp = t->next;
@@ -187,26 +194,32 @@ kvx_status_t kvc_expo_authorize(void *arg, uint64_t tag, uint64_t addr,
     struct kvx_engine *eng = arg;
     kvc_expo_t        *e   = &eng->expo;
     kvc_expo_xfer_t   *t;
-    kvx_status_t       st  = KVX_ERR_OUT_OF_BOUNDS;
+    kvx_status_t       st    = KVX_ERR_OUT_OF_BOUNDS;
+    int                found = 0;
 
     (void)is_put; /* the transport checked the access of the role */
     pthread_mutex_lock(&e->lock);
-    for (t = e->live[tag % KVC_EXPO_BUCKETS]; t != NULL && t->tag != tag;
+    /* Every live transfer of the tag (two ids may hash alike) may admit. */
+    for (t = e->live[tag % KVC_EXPO_BUCKETS]; t != NULL && st != KVX_OK;
          t = t->next) {
+        if (t->tag != tag) {
+            continue;
+        }
+        found = 1;
+        for (size_t i = 0; i < e->nlayers && st != KVX_OK; i++) {
+            const kvc_expo_layer_t *l = &e->layers[i];
+
+            if (addr >= l->base && addr - l->base < l->len &&
+                len <= l->len - (addr - l->base) &&
+                kvc_geom_cover(&l->geom, addr - l->base, len,
+                               kvc_expo_block_ok, t)) {
+                st = KVX_OK;
+            }
+        }
     }
-    if (t == NULL) {
+    if (!found) {
         st = tag != 0 && !kvc_expo_ended(e, tag) ? KVX_ERR_NOT_EXPOSED
                                                  : KVX_ERR_OUT_OF_BOUNDS;
-    }
-    for (size_t i = 0; t != NULL && i < e->nlayers && st != KVX_OK; i++) {
-        const kvc_expo_layer_t *l = &e->layers[i];
-
-        if (addr >= l->base && addr - l->base < l->len &&
-            len <= l->len - (addr - l->base) &&
-            kvc_geom_cover(&l->geom, addr - l->base, len, kvc_expo_block_ok,
-                           t)) {
-            st = KVX_OK;
-        }
     }
     if (st != KVX_OK) {
         e->refused[st == KVX_ERR_NOT_EXPOSED]++;

@@ -110,14 +110,21 @@ static kvx_status_t CopyRun(World *w, SimOp *op, size_t idx)
         return KVX_ERR_OUT_OF_BOUNDS;
     }
     // The target's exposure (kvt_data_params_t.authorize, what a transport
-    // serving the op in software asks): it must admit every op the
-    // scenario admits, or real transfers would fail for nothing.
+    // serving the op in software asks): it must not refuse for good an op
+    // the scenario admits, or real transfers would fail for nothing. "Not
+    // exposed (yet)" is not flagged: the scenario also admits, and counts,
+    // stale reads from a restarted P instance that never held the transfer,
+    // which the exposure rightly refuses; an exposure opened too late shows
+    // as a failed transfer instead.
     kvx_status_t auth = peer->p.authorize == nullptr
                             ? KVX_OK
                             : peer->p.authorize(peer->p.authorize_arg, op->op->tag,
                                                 raddr, run.len, op->is_put);
     if (auth != KVX_OK) {
-        if (w->copy_check) {
+        w->Trace("  %s of op %" PRIu64 " from %s refused by %s's exposure "
+                 "(%d)", op->is_put ? "put" : "get", op->id, own->name.c_str(),
+                 peer->name.c_str(), (int)auth);
+        if (w->copy_check && auth != KVX_ERR_NOT_EXPOSED) {
             snprintf(buf, sizeof(buf), "%s of op %" PRIu64 " from %s: %s "
                      "refuses (%d) %" PRIu64 " bytes at offset %" PRIu64 " of "
                      "its registration that a live transfer owns (exposure "
