@@ -123,7 +123,9 @@ void kvc_expose(struct kvx_engine *eng, kvc_xfer_t *x)
         t->tag   = tag;
         t->owner = x;
         t->n     = x->nlocal;
-        memcpy(t->ids, x->local_ids, x->nlocal * sizeof(uint64_t));
+        if (x->nlocal > 0) { /* local_ids is NULL for none */
+            memcpy(t->ids, x->local_ids, x->nlocal * sizeof(uint64_t));
+        }
         qsort(t->ids, t->n, sizeof(uint64_t), kvc_u64_cmp);
         t->next = e->live[tag % KVC_EXPO_BUCKETS];
         e->live[tag % KVC_EXPO_BUCKETS] = t;
