@@ -234,19 +234,13 @@ static void kvc_read_post(struct kvx_engine *eng, kvc_xfer_t *x)
     x->state          = KVC_XFER_INFLIGHT;
     x->layers_pending = (uint32_t)nops; /* ops, not layers, when gathering */
     for (size_t o = 0; o < nops; o++) {
-        kvc_layer_op_t    *lop  = &x->ops[o];
-        kvc_peer_t        *peer = lop->peer;
-        const kvc_layer_t *l    = &eng->layers[lop->index];
-        int                j    = peer->layer_map[lop->index];
+        kvc_layer_op_t *lop = &x->ops[o];
 
         if (lop->runs == NULL) { /* nothing to read from this source */
             lop->done = 1;
             x->layers_pending--;
             continue;
         }
-        (void)l;
-        (void)j;
-        (void)peer;
         kvc_read_post_op(eng, lop);
     }
     if (x->layers_pending == 0) {
