@@ -130,6 +130,12 @@ typedef struct kvt_data_params {
     kvx_status_t (*authorize)(void *arg, uint64_t tag, uint64_t addr,
                               uint64_t len, int is_put);
     void       *authorize_arg;
+    /* worker_reset: the context replaced its worker (a blocked
+     * shared-memory receive FIFO, transports/ucx/README.md): worker_address
+     * now answers the new one, which handshakes must publish. Called on
+     * the progress owner without the transport's locks; NULL: ignored. */
+    void      (*worker_reset)(void *arg);
+    void       *worker_reset_arg;
 } kvt_data_params_t;
 
 /* kvt_data_params_t.remote_access: the least the engine's role needs (READ:

@@ -220,6 +220,8 @@ kvx_status_t kvx_engine_create(const kvt_env_t *env, const char *json,
     up.tick_arg           = eng;
     up.authorize          = kvc_expo_authorize;
     up.authorize_arg      = eng;
+    up.worker_reset       = kvc_meta_worker_reset;
+    up.worker_reset_arg   = eng;
     up.name               = eng->engine_id;
     up.remote_access = eng->cfg.read_mode ? (eng->cfg.is_producer
                                                  ? KVT_ACCESS_READ

@@ -542,6 +542,10 @@ void        kvc_peers_free(struct kvx_engine *eng);
 
 /* handshake.c */
 kvx_status_t kvc_meta_build(struct kvx_engine *eng);
+/* kvc_meta_worker_reset (kvt_data_params_t.worker_reset, progress owner):
+ * the transport replaced its worker; the metadata handshakes send is
+ * rebuilt with the new worker address. */
+void         kvc_meta_worker_reset(void *arg);
 void         kvc_peer_hs_start(kvc_peer_t *peer);
 #define KVC_PREFAULT_CHUNK (32u << 20) /* bytes per tick */
 void         kvc_peers_prefault(struct kvx_engine *eng);

@@ -620,6 +620,34 @@ kvx_status_t kvc_meta_build(struct kvx_engine *eng)
     return KVX_OK;
 }
 
+void kvc_meta_worker_reset(void *arg)
+{
+    struct kvx_engine *eng = arg;
+
+    pthread_mutex_lock(&eng->lock);
+    /* Not once destroy began: the layers' memory (their rkeys) is
+     * released before the transport's progress thread stops. */
+    if (eng->meta_json != NULL && !eng->closing) {
+        /* (else kvx_engine_start builds it) */
+        char  *old     = eng->meta_json;
+        size_t old_len = eng->meta_len;
+
+        eng->meta_json = NULL;
+        if (kvc_meta_build(eng) != KVX_OK) {
+            kvc_log_error("KVX-UCX-FIFO", "%s: the handshake metadata keeps "
+                          "the retired worker's address: %s", eng->engine_id,
+                          kvc_last_error());
+            eng->meta_json = old;
+            eng->meta_len  = old_len;
+        } else {
+            free(old);
+            kvc_log_info("KVX-UCX-FIFO", "%s: handshakes now publish the new "
+                         "worker's address", eng->engine_id);
+        }
+    }
+    pthread_mutex_unlock(&eng->lock);
+}
+
 void kvc_from_host(const char *from, char *host, size_t len)
 {
     const char *colon = strrchr(from, ':');
@@ -662,11 +690,16 @@ void kvc_hs_handler(void *arg, const char *from, const char *msg,
                   reply_p, len_p);
         return;
     }
+    /* The metadata is rebuilt when the transport replaces its worker
+     * (kvc_meta_worker_reset): copied under the lock. */
+    pthread_mutex_lock(&eng->lock);
     *reply_p = malloc(eng->meta_len);
+    if (*reply_p != NULL) {
+        memcpy(*reply_p, eng->meta_json, eng->meta_len);
+        *len_p = eng->meta_len;
+    }
+    pthread_mutex_unlock(&eng->lock);
     if (*reply_p == NULL) {
         kvc_reply(0, "out of memory", reply_p, len_p);
-        return;
     }
-    memcpy(*reply_p, eng->meta_json, eng->meta_len);
-    *len_p = eng->meta_len;
 }

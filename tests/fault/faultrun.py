@@ -148,6 +148,13 @@ class Peer:
         self.err.close()
         return rc
 
+    def fifo_retirements(self):
+        """Workers this process retired because its shared-memory receive
+        FIFO was blocked (transports/ucx/README.md, the watchdog)."""
+        with open(self.errpath, errors="replace") as f:
+            return sum(1 for l in f if "[KVX-UCX-FIFO]" in l and
+                       "retired" in l)
+
     def stderr_problems(self):
         with open(self.errpath, errors="replace") as f:
             text = f.read()
@@ -183,7 +190,7 @@ class Round:
         self.v = []  # violations
         self.reports = []  # the faulted transfers' reports (--json)
         self.stats = {"ok": 0, "failed": 0, "late_ms": 0.0, "mid": 0,
-                      "fifo_lost": 0}
+                      "fifo_lost": 0, "fifo_retired": 0}
         self.notes = []  # known limits met (printed, not violations)
         self.peers = []
         self.deadp = XFER_TO if mode == "write" else DEFER_TO
@@ -433,7 +440,7 @@ class Round:
         if alive_both:
             self.clean_transfer(P, D, 4, "after-fault", fifo_lost_ok=(
                 self.tls == "sm" and action == "restart" and
-                not self.args.strict_sm))
+                self.args.allow_sm_fifo_loss))
         # Nothing pinned, nothing written after free.
         for pr in (P, D):
             if not pr.alive():
@@ -470,6 +477,7 @@ class Round:
                     self.bad("%s%d: engine_destroy (%s) took %.0f ms (bound "
                              "transfer_timeout + 1 s)" % (
                                  pr.side, pr.inst, d["why"], d["ms"]))
+            self.stats["fifo_retired"] += pr.fifo_retirements()
             want = -int(pr.expect_signal) if pr.expect_signal else 0
             if rc == "hang":
                 self.bad("%s%d did not exit within 10 s of QUIT (killed)" % (
@@ -499,8 +507,12 @@ def main():
     ap.add_argument("--tls", default=",".join(TLS))
     ap.add_argument("--max-life", type=int, default=120)
     ap.add_argument("--strict-sm", action="store_true",
-                    help="a transfer after a restart over shared memory "
-                    "must succeed (no SM_FIFO_LIMIT allowance)")
+                    help="(the default since the receive-FIFO watchdog; "
+                    "kept for old command lines)")
+    ap.add_argument("--allow-sm-fifo-loss", action="store_true",
+                    help="for builds without the receive-FIFO watchdog: "
+                    "a transfer after a restart over shared memory may fail "
+                    "when both sides report it (SM_FIFO_LIMIT)")
     ap.add_argument("--keep", help="directory for the peers' logs")
     ap.add_argument("--json", help="append one JSON line per round: "
                     "scenario, seed, violations, every report of a faulted "
@@ -538,7 +550,8 @@ def main():
         for mode in args.modes.split(","):
             for tls in args.tls.split(","):
                 row = {"n": 0, "pass": 0, "ok": 0, "failed": 0, "late": 0.0,
-                       "mid": 0, "fifo_lost": 0, "seeds": []}
+                       "mid": 0, "fifo_lost": 0, "fifo_retired": 0,
+                       "seeds": []}
                 for i in range(args.rounds):
                     rs = args.round_seed if args.round_seed is not None \
                         else rng.randrange(1 << 30)
@@ -550,6 +563,7 @@ def main():
                     row["failed"] += rd.stats["failed"]
                     row["mid"] += rd.stats["mid"]
                     row["fifo_lost"] += rd.stats["fifo_lost"]
+                    row["fifo_retired"] += rd.stats["fifo_retired"]
                     row["late"] = max(row["late"], rd.stats["late_ms"])
                     replay = ("/usr/bin/python3 %s --peer %s%s --scenarios %s "
                               "--modes %s --tls %s --round-seed %d" % (
@@ -587,6 +601,14 @@ def main():
             r["late"], ",".join(map(str, r["seeds"][:5])) or "-"))
     nfail = sum(r["n"] - r["pass"] for _, _, _, r in table)
     nlost = sum(r["fifo_lost"] for _, _, _, r in table)
+    nret = sum(r["fifo_retired"] for _, _, _, r in table)
+    if nret:
+        print("\nfaultrun: %d workers retired by the receive-FIFO watchdog "
+              "(a killed peer blocked a shared-memory FIFO; %s)" % (
+                  nret, ", ".join("%s %s %s: %d" % (sc, mo, tl,
+                                                   r["fifo_retired"])
+                                  for sc, mo, tl, r in table
+                                  if r["fifo_retired"])))
     if nlost:
         print("\nfaultrun: %d after-restart transfers failed on shared "
               "memory, reported in time on both sides (%s)" % (

@@ -17,6 +17,8 @@
 #include <time.h>
 #include <ucp/api/ucp.h>
 
+#include "kvu_test_util.h"
+
 extern "C" {
 #include "ucx/kvu.h"
 }
@@ -141,16 +143,6 @@ void expect_am_route(const char *tls, Pair &pr)
 }
 
 class KvuAm : public ::testing::TestWithParam<const char *> {};
-
-bool all_eq(const uint8_t *p, size_t n, uint8_t v)
-{
-    for (size_t i = 0; i < n; i++) {
-        if (p[i] != v) {
-            return false;
-        }
-    }
-    return true;
-}
 
 TEST_P(KvuAm, ReadRoleServesGetsAndRefusesTheRest)
 {

@@ -62,6 +62,7 @@
 #define KVU_AM_GETREP     0x4b2
 #define KVU_AM_PUT        0x4b3
 #define KVU_AM_PUTACK     0x4b4
+#define KVU_AM_PROBE      0x4b5 /* the receive-FIFO watchdog's token */
 #define KVU_AM_MAGIC      0x4d41564bu /* "KVAM" */
 #define KVU_AM_VERSION    3 /* 2: token and nonce; 3: transfer tag */
 #define KVU_AM_MAX_LEN    (64u << 10) /* bytes per message */
@@ -197,11 +198,27 @@ struct kvu_ep {
     kvu_ep_t     *next;          /* ctx->eps or ctx->closing */
 };
 
+/* kvu_wk_t: one UCP worker of the context. wk[nwk - 1] is the current
+ * one (new endpoints, the published address); earlier ones were retired by
+ * the receive-FIFO watchdog (kvu_fifo_*) and are still progressed until the
+ * context is destroyed, for the endpoints created on them. */
+typedef struct kvu_wk {
+    kvu_ctx_t     *ctx;
+    ucp_worker_h   worker;
+    int            efd;
+    ucp_address_t *addr;
+    size_t         addr_len;
+} kvu_wk_t;
+
+/* At most this many workers per context: the watchdog retires a worker at
+ * most KVU_WORKERS_MAX - 1 times, then only logs. */
+#define KVU_WORKERS_MAX 4
+
 struct kvu_ctx {
     ucp_context_h   ucp;
-    ucp_worker_h    worker;
-    ucp_address_t  *addr;
-    size_t          addr_len;
+    ucp_worker_h    worker;      /* wk[nwk - 1].worker */
+    kvu_wk_t        wk[KVU_WORKERS_MAX];
+    unsigned        nwk;
     pthread_mutex_t lock;
     pthread_cond_t  cond;
     pthread_t       thread;
@@ -237,6 +254,18 @@ struct kvu_ctx {
     uint64_t        am_nonce;    /* splitmix64 state of request nonces */
     ucp_datatype_t  am_dt;       /* bytes, packed by copy (kvu_dt_*) */
     kvu_amp_t      *amp[KVU_AMP_BUCKETS]; /* unanswered AM ops, by id */
+    /* The receive-FIFO watchdog (progress thread only; kvu_fifo_*). */
+    ucp_context_h   probe_ucp;
+    ucp_worker_h    probe_worker;
+    ucp_ep_h        probe_ep[KVU_WORKERS_MAX]; /* to wk[i] */
+    int             probe_on;
+    uint64_t        probe_hdr;   /* the token of the probe in flight */
+    uint64_t        probe_seen;  /* the last token the current worker got */
+    uint64_t        probe_sent_us;
+    uint64_t        probe_sent_pass;
+    _Atomic uint64_t passes;     /* progress passes */
+    int             reset_pending; /* params.worker_reset to call */
+    _Atomic uint64_t worker_resets;
 };
 
 kvx_status_t kvu_status_from_ucs(int ucs_status)
@@ -596,7 +625,8 @@ static int kvu_am_hdr_ok(const void *header, size_t header_length,
 
 /* kvu_am_on_request: the target side of GETREQ and PUT (inside
  * ucp_worker_progress, ctx lock held). */
-static ucs_status_t kvu_am_on_request(kvu_ctx_t *ctx, int is_put,
+static ucs_status_t kvu_am_on_request(kvu_ctx_t *ctx, ucp_worker_h worker,
+                                      int is_put,
                                       const void *header, size_t hlen,
                                       void *data, size_t len,
                                       const ucp_am_recv_param_t *param)
@@ -609,7 +639,7 @@ static ucs_status_t kvu_am_on_request(kvu_ctx_t *ctx, int is_put,
 
     if (rndv) {
         /* Never sent by kvxfer (eager only); not received. */
-        ucp_am_data_release(ctx->worker, data);
+        ucp_am_data_release(worker, data);
     }
     if (!kvu_am_hdr_ok(header, hlen, &h) ||
         !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ||
@@ -674,7 +704,8 @@ static ucs_status_t kvu_am_on_request(kvu_ctx_t *ctx, int is_put,
 }
 
 /* kvu_am_on_answer: the origin side of GETREP and PUTACK. */
-static ucs_status_t kvu_am_on_answer(kvu_ctx_t *ctx, int is_put,
+static ucs_status_t kvu_am_on_answer(kvu_ctx_t *ctx, ucp_worker_h worker,
+                                     int is_put,
                                      const void *header, size_t hlen,
                                      void *data, size_t len,
                                      const ucp_am_recv_param_t *param)
@@ -685,7 +716,7 @@ static ucs_status_t kvu_am_on_answer(kvu_ctx_t *ctx, int is_put,
     int          rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
 
     if (rndv) {
-        ucp_am_data_release(ctx->worker, data);
+        ucp_am_data_release(worker, data);
     }
     if (!kvu_am_hdr_ok(header, hlen, &h)) {
         kvc_log_warn("KVX-UCX-AM", "%s: malformed %s answer dropped",
@@ -732,28 +763,40 @@ static ucs_status_t kvu_am_getreq_cb(void *arg, const void *header,
                                      size_t hlen, void *data, size_t len,
                                      const ucp_am_recv_param_t *param)
 {
-    return kvu_am_on_request(arg, 0, header, hlen, data, len, param);
+    kvu_wk_t *wk = arg;
+
+    return kvu_am_on_request(wk->ctx, wk->worker, 0, header, hlen, data, len,
+                        param);
 }
 
 static ucs_status_t kvu_am_put_cb(void *arg, const void *header, size_t hlen,
                                   void *data, size_t len,
                                   const ucp_am_recv_param_t *param)
 {
-    return kvu_am_on_request(arg, 1, header, hlen, data, len, param);
+    kvu_wk_t *wk = arg;
+
+    return kvu_am_on_request(wk->ctx, wk->worker, 1, header, hlen, data, len,
+                        param);
 }
 
 static ucs_status_t kvu_am_getrep_cb(void *arg, const void *header,
                                      size_t hlen, void *data, size_t len,
                                      const ucp_am_recv_param_t *param)
 {
-    return kvu_am_on_answer(arg, 0, header, hlen, data, len, param);
+    kvu_wk_t *wk = arg;
+
+    return kvu_am_on_answer(wk->ctx, wk->worker, 0, header, hlen, data, len,
+                        param);
 }
 
 static ucs_status_t kvu_am_putack_cb(void *arg, const void *header,
                                      size_t hlen, void *data, size_t len,
                                      const ucp_am_recv_param_t *param)
 {
-    return kvu_am_on_answer(arg, 1, header, hlen, data, len, param);
+    kvu_wk_t *wk = arg;
+
+    return kvu_am_on_answer(wk->ctx, wk->worker, 1, header, hlen, data, len,
+                        param);
 }
 
 /* A generic datatype of bytes: UCX can only copy it (bcopy), never send it
@@ -821,7 +864,13 @@ static const ucp_generic_dt_ops_t kvu_dt_ops = {
     .finish       = kvu_dt_finish,
 };
 
-static kvx_status_t kvu_am_init(kvu_ctx_t *ctx)
+static ucs_status_t kvu_am_probe_cb(void *arg, const void *header,
+                                    size_t hlen, void *data, size_t len,
+                                    const ucp_am_recv_param_t *param);
+
+/* kvu_am_handlers installs kvxfer's active-message handlers on one worker
+ * (argument: the worker's kvu_wk_t). */
+static kvx_status_t kvu_am_handlers(kvu_wk_t *wk)
 {
     static const struct {
         unsigned        id;
@@ -829,14 +878,9 @@ static kvx_status_t kvu_am_init(kvu_ctx_t *ctx)
     } h[] = {
         {KVU_AM_GETREQ, kvu_am_getreq_cb}, {KVU_AM_GETREP, kvu_am_getrep_cb},
         {KVU_AM_PUT, kvu_am_put_cb},       {KVU_AM_PUTACK, kvu_am_putack_cb},
+        {KVU_AM_PROBE, kvu_am_probe_cb},
     };
-    ucs_status_t dst;
 
-    dst = ucp_dt_create_generic(&kvu_dt_ops, NULL, &ctx->am_dt);
-    if (dst != UCS_OK) {
-        return kvc_error(KVX_ERR_TRANSPORT, "ucp_dt_create_generic: %s",
-                         ucs_status_string(dst));
-    }
     for (size_t i = 0; i < sizeof(h) / sizeof(h[0]); i++) {
         ucp_am_handler_param_t hp;
         ucs_status_t           st;
@@ -849,8 +893,8 @@ static kvx_status_t kvu_am_init(kvu_ctx_t *ctx)
         hp.id         = h[i].id;
         hp.flags      = UCP_AM_FLAG_WHOLE_MSG;
         hp.cb         = h[i].cb;
-        hp.arg        = ctx;
-        st = ucp_worker_set_am_recv_handler(ctx->worker, &hp);
+        hp.arg        = wk;
+        st = ucp_worker_set_am_recv_handler(wk->worker, &hp);
         if (st != UCS_OK) {
             return kvc_error(KVX_ERR_TRANSPORT,
                              "ucp_worker_set_am_recv_handler: %s",
@@ -1170,10 +1214,16 @@ static void kvu_wait(kvu_ctx_t *ctx, uint64_t seen)
 {
     struct pollfd pfd[2];
     ucs_status_t  st;
+    unsigned      n  = 0;
     uint64_t      val;
 
+    /* Only the current worker is armed: a retired one whose FIFO is
+     * blocked answers BUSY for good (the thread would never sleep); it is
+     * progressed on every pass, at least every KVU_TICK_MS. */
     pthread_mutex_lock(&ctx->lock);
-    st = ucp_worker_arm(ctx->worker);
+    st              = ucp_worker_arm(ctx->worker);
+    pfd[n].fd       = ctx->wk[ctx->nwk - 1].efd;
+    pfd[n++].events = POLLIN;
     pthread_mutex_unlock(&ctx->lock);
     if (st == UCS_ERR_BUSY) {
         return;
@@ -1183,11 +1233,9 @@ static void kvu_wait(kvu_ctx_t *ctx, uint64_t seen)
         atomic_store(&ctx->sleeping, 0);
         return;
     }
-    pfd[0].fd     = ctx->efd;
-    pfd[0].events = POLLIN;
-    pfd[1].fd     = ctx->wakefd;
-    pfd[1].events = POLLIN;
-    if (poll(pfd, 2, KVU_TICK_MS) > 0 && (pfd[1].revents & POLLIN)) {
+    pfd[n].fd     = ctx->wakefd;
+    pfd[n].events = POLLIN;
+    if (poll(pfd, n + 1, KVU_TICK_MS) > 0 && (pfd[n].revents & POLLIN)) {
         ssize_t rc = read(ctx->wakefd, &val, sizeof(val));
         (void)rc;
     }
@@ -1262,6 +1310,8 @@ void kvu_defer(kvu_ctx_t *ctx, kvt_job_t *job)
     kvu_ctx_kick(ctx);
 }
 
+static void kvu_fifo_check(kvu_ctx_t *ctx, uint64_t now);
+
 static void *kvu_progress_main(void *arg)
 {
     kvu_ctx_t *ctx       = arg;
@@ -1281,11 +1331,16 @@ static void *kvu_progress_main(void *arg)
         while (ucp_worker_progress(ctx->worker) != 0 && n < 1024) {
             n++;
         }
+        for (unsigned i = 0; i + 1 < ctx->nwk; i++) { /* retired workers */
+            n += ucp_worker_progress(ctx->wk[i].worker);
+        }
         pthread_mutex_unlock(&ctx->lock);
         pthread_cond_broadcast(&ctx->cond);
         n += (unsigned int)kvu_deliver(ctx);
         n += (unsigned int)kvu_run_deferred(ctx);
         now = kvc_mono_us();
+        ctx->passes++;
+        kvu_fifo_check(ctx, now);
         if (ctx->params.tick != NULL &&
             now - last_tick >= KVU_TICK_MS * 1000u / 2) {
             last_tick = now;
@@ -1557,48 +1612,85 @@ static kvx_status_t kvu_ucp_init(kvu_ctx_t *ctx)
     return KVX_OK;
 }
 
-static kvx_status_t kvu_worker_init(kvu_ctx_t *ctx)
+/* kvu_worker_open creates a worker of ctx into wk (its event fd, address
+ * and active-message handlers); on error wk may hold a partial worker,
+ * released by kvu_worker_close. */
+static kvx_status_t kvu_worker_open(kvu_ctx_t *ctx, kvu_wk_t *wk)
 {
     ucp_worker_params_t wp;
-    ucp_context_attr_t  ca;
     ucs_status_t        st;
 
-    memset(&ca, 0, sizeof(ca));
-    ca.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
-    if (ucp_context_query(ctx->ucp, &ca) == UCS_OK) {
-        ctx->mem_types = ca.memory_types;
-    }
+    memset(wk, 0, sizeof(*wk));
+    wk->ctx = ctx;
+    wk->efd = -1;
     memset(&wp, 0, sizeof(wp));
     wp.field_mask  = UCP_WORKER_PARAM_FIELD_THREAD_MODE |
                      UCP_WORKER_PARAM_FIELD_EVENTS;
     wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;
     wp.events      = UCP_WAKEUP_RMA | UCP_WAKEUP_AMO | UCP_WAKEUP_TAG_SEND |
                      UCP_WAKEUP_TAG_RECV | UCP_WAKEUP_TX | UCP_WAKEUP_RX;
-    st = ucp_worker_create(ctx->ucp, &wp, &ctx->worker);
+    st = ucp_worker_create(ctx->ucp, &wp, &wk->worker);
     if (st != UCS_OK) {
+        wk->worker = NULL;
         return kvc_error(KVX_ERR_TRANSPORT, "ucp_worker_create: %s",
                          ucs_status_string(st));
     }
-    st = ucp_worker_get_efd(ctx->worker, &ctx->efd);
+    st = ucp_worker_get_efd(wk->worker, &wk->efd);
     if (st != UCS_OK) {
         return kvc_error(KVX_ERR_TRANSPORT, "ucp_worker_get_efd: %s",
                          ucs_status_string(st));
     }
-    st = ucp_worker_get_address(ctx->worker, &ctx->addr, &ctx->addr_len);
+    st = ucp_worker_get_address(wk->worker, &wk->addr, &wk->addr_len);
     if (st != UCS_OK) {
+        wk->addr = NULL;
         return kvc_error(KVX_ERR_TRANSPORT, "ucp_worker_get_address: %s",
                          ucs_status_string(st));
     }
-    return kvu_am_init(ctx);
+    return kvu_am_handlers(wk);
 }
+
+static void kvu_worker_close(kvu_wk_t *wk)
+{
+    if (wk->addr != NULL) {
+        ucp_worker_release_address(wk->worker, wk->addr);
+        wk->addr = NULL;
+    }
+    if (wk->worker != NULL) {
+        ucp_worker_destroy(wk->worker);
+        wk->worker = NULL;
+    }
+}
+
+static kvx_status_t kvu_worker_init(kvu_ctx_t *ctx)
+{
+    ucp_context_attr_t ca;
+    ucs_status_t       st;
+    kvx_status_t       status;
+
+    memset(&ca, 0, sizeof(ca));
+    ca.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
+    if (ucp_context_query(ctx->ucp, &ca) == UCS_OK) {
+        ctx->mem_types = ca.memory_types;
+    }
+    st = ucp_dt_create_generic(&kvu_dt_ops, NULL, &ctx->am_dt);
+    if (st != UCS_OK) {
+        ctx->am_dt = 0;
+        return kvc_error(KVX_ERR_TRANSPORT, "ucp_dt_create_generic: %s",
+                         ucs_status_string(st));
+    }
+    ctx->nwk = 1;
+    status   = kvu_worker_open(ctx, &ctx->wk[0]);
+    ctx->worker = ctx->wk[0].worker;
+    return status;
+}
+
+static void kvu_fifo_fini(kvu_ctx_t *ctx);
 
 static void kvu_ctx_free(kvu_ctx_t *ctx)
 {
-    if (ctx->addr != NULL) {
-        ucp_worker_release_address(ctx->worker, ctx->addr);
-    }
-    if (ctx->worker != NULL) {
-        ucp_worker_destroy(ctx->worker);
+    kvu_fifo_fini(ctx); /* its endpoints reach ctx's workers */
+    for (unsigned i = ctx->nwk; i-- > 0;) {
+        kvu_worker_close(&ctx->wk[i]);
     }
     if (ctx->am_dt != 0) {
         ucp_dt_destroy(ctx->am_dt);
@@ -1624,6 +1716,297 @@ static void kvu_ctx_free(kvu_ctx_t *ctx)
     kvu_log_release(); /* the hold of kvu_ctx_create */
 }
 
+/* --- the receive-FIFO watchdog ------------------------------------------
+ * UCX's sysv/posix transports deliver every message through the receiver's
+ * FIFO in shared memory, strictly in order; a sender killed between
+ * reserving an element and marking it ready (inside the pack callback)
+ * blocks that FIFO for good, and with it every shared-memory message from
+ * every peer into this worker (UCX 1.13 .. master; transports/ucx/README.md
+ * "A peer killed while writing into this process's shared-memory FIFO").
+ *
+ * The watchdog sends a token to the current worker over shared memory from
+ * a small probe context of its own (sysv,posix only): when a shared-memory
+ * endpoint is created (kvu_fifo_verify: 20 passes and 50 ms), and every
+ * KVU_PROBE_EVERY_MS (lost after KVU_PROBE_LOST_MS and KVU_PROBE_PASSES
+ * progress passes). A token not received means the FIFO is blocked: the
+ * worker is retired (still progressed, for its endpoints over other lanes)
+ * and a new one takes its place. Endpoints whose active-message lane is
+ * shared memory fail with the reason (their peers' answers would arrive in
+ * the blocked FIFO), so their transfers fail now instead of at their
+ * deadline; the endpoint being created, and every later one, is made on
+ * the new worker, whose address the engine publishes from then on
+ * (params.worker_reset: it rebuilds its handshake metadata). Peers holding
+ * the old address reach the new one after their own deadline and a new
+ * handshake (transports/ucx/README.md).
+ * KVX_UCX_FIFO_WATCHDOG=0 turns it off. */
+#define KVU_PROBE_EVERY_MS 100
+#define KVU_PROBE_LOST_MS  1000
+#define KVU_PROBE_PASSES   20
+
+static ucs_status_t kvu_am_probe_cb(void *arg, const void *header,
+                                    size_t hlen, void *data, size_t len,
+                                    const ucp_am_recv_param_t *param)
+{
+    kvu_wk_t  *wk  = arg;
+    kvu_ctx_t *ctx = wk->ctx;
+    uint64_t   tok;
+
+    (void)data;
+    (void)len;
+    if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+        ucp_am_data_release(wk->worker, data);
+    }
+    /* Progress thread, ctx lock held. Only the current worker's tokens
+     * count; anything else (a forged or late probe) changes nothing. */
+    if (header != NULL && hlen == sizeof(tok) &&
+        wk == &ctx->wk[ctx->nwk - 1]) {
+        memcpy(&tok, header, sizeof(tok));
+        if (tok == ctx->probe_hdr) {
+            ctx->probe_seen = tok;
+        }
+    }
+    return UCS_OK;
+}
+
+/* kvu_fifo_connect: the probe's endpoint to wk[idx] (ctx lock held); 0
+ * when shared memory cannot reach it (no sysv/posix lane: nothing to
+ * watch). No endpoint of wk[idx] to the probe: UCX 1.13 aborts ("endpoint
+ * reconfiguration not supported yet") with endpoints both ways between
+ * the two; a worker's interfaces without endpoints are woken by their
+ * event (UCX activates them on a message). */
+static int kvu_fifo_connect(kvu_ctx_t *ctx, unsigned idx)
+{
+    ucp_ep_params_t ep;
+    ucs_status_t    st;
+
+    memset(&ep, 0, sizeof(ep));
+    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
+                    UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+    ep.address    = ctx->wk[idx].addr;
+    ep.err_mode   = UCP_ERR_HANDLING_MODE_NONE;
+    st = ucp_ep_create(ctx->probe_worker, &ep, &ctx->probe_ep[idx]);
+    if (st != UCS_OK) {
+        ctx->probe_ep[idx] = NULL;
+        kvc_log_debug("KVX-UCX-FIFO", "%s: no shared-memory probe (%s): "
+                      "the receive-FIFO watchdog is off", ctx->name,
+                      ucs_status_string(st));
+        return 0;
+    }
+    return 1;
+}
+
+static void kvu_fifo_fini(kvu_ctx_t *ctx)
+{
+    ctx->probe_on = 0;
+    if (ctx->probe_worker != NULL) {
+        ucp_worker_destroy(ctx->probe_worker); /* and its endpoints */
+        ctx->probe_worker = NULL;
+    }
+    if (ctx->probe_ucp != NULL) {
+        ucp_cleanup(ctx->probe_ucp);
+        ctx->probe_ucp = NULL;
+    }
+}
+
+/* kvu_fifo_init starts the watchdog when ctx may use shared memory (best
+ * effort: without it the context works as before). */
+static void kvu_fifo_init(kvu_ctx_t *ctx)
+{
+    const char         *env = getenv("KVX_UCX_FIFO_WATCHDOG");
+    ucp_config_t       *config;
+    ucp_params_t        params;
+    ucp_worker_params_t wp;
+
+    if ((env != NULL && strcmp(env, "0") == 0) ||
+        !kvu_tls_has_mm(ctx->params.tls) ||
+        ucp_config_read(NULL, NULL, &config) != UCS_OK) {
+        return;
+    }
+    memset(&params, 0, sizeof(params));
+    params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
+    params.features   = UCP_FEATURE_AM;
+    params.name       = "kvxfer-fifo-probe";
+    /* The probe only sends: a small receive pool (UCX's default grows
+     * by 512 segments of 8 KiB, 4 MiB per transport), best effort. */
+    (void)ucp_config_modify(config, "RX_BUFS_GROW", "16");
+    if (ucp_config_modify(config, "TLS", "sysv,posix") != UCS_OK ||
+        ucp_init(&params, config, &ctx->probe_ucp) != UCS_OK) {
+        ctx->probe_ucp = NULL;
+        ucp_config_release(config);
+        kvc_log_debug("KVX-UCX-FIFO", "%s: no shared-memory probe context: "
+                      "the receive-FIFO watchdog is off", ctx->name);
+        return;
+    }
+    ucp_config_release(config);
+    memset(&wp, 0, sizeof(wp));
+    wp.field_mask  = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    wp.thread_mode = UCS_THREAD_MODE_SERIALIZED; /* under ctx->lock */
+    if (ucp_worker_create(ctx->probe_ucp, &wp, &ctx->probe_worker) !=
+            UCS_OK) {
+        ctx->probe_worker = NULL;
+        kvu_fifo_fini(ctx);
+        return;
+    }
+    if (!kvu_fifo_connect(ctx, 0)) {
+        kvu_fifo_fini(ctx);
+        return;
+    }
+    ctx->probe_on = 1;
+}
+
+/* kvu_fifo_retire: the current worker's FIFO is blocked; a new worker takes
+ * its place (ctx lock held). Returns 1 when it did; the engine is told by
+ * the progress thread (reset_pending), never from here: a caller of
+ * kvu_ep_create may hold the engine's lock. */
+static int kvu_fifo_retire(kvu_ctx_t *ctx, uint64_t now, const char *how)
+{
+    char         why[256];
+    unsigned     idx = ctx->nwk;
+    kvx_status_t status;
+    unsigned     nfailed = 0;
+
+    snprintf(why, sizeof(why), "this process's shared-memory receive FIFO "
+             "is blocked (a peer killed while writing into it): endpoint "
+             "retired with its worker");
+    if (idx >= KVU_WORKERS_MAX) {
+        ctx->probe_on = 0;
+        kvc_log_error("KVX-UCX-FIFO", "%s: the shared-memory receive FIFO "
+                      "is blocked again and %u workers were already "
+                      "retired: no further recovery, shared-memory "
+                      "transfers of this process time out until it "
+                      "restarts", ctx->name, idx - 1);
+        return 0;
+    }
+    status = kvu_worker_open(ctx, &ctx->wk[idx]);
+    if (status != KVX_OK) {
+        kvu_worker_close(&ctx->wk[idx]);
+        ctx->probe_sent_us   = now; /* try again after another period */
+        ctx->probe_sent_pass = ctx->passes;
+        kvc_log_error("KVX-UCX-FIFO", "%s: the shared-memory receive FIFO "
+                      "is blocked and no new worker could be created: %s",
+                      ctx->name, kvc_last_error());
+        return 0;
+    }
+    ctx->nwk       = idx + 1;
+    ctx->worker    = ctx->wk[idx].worker;
+    ctx->probe_hdr = 0; /* the next check probes the new worker */
+    if (!kvu_fifo_connect(ctx, idx)) {
+        ctx->probe_on = 0;
+    }
+    for (kvu_ep_t *ep = ctx->eps; ep != NULL; ep = ep->next) {
+        if (ep->am_fifo && !ep->failed && !ep->closed) {
+            ep->failed      = 1;
+            ep->fail_status = KVX_ERR_ENDPOINT;
+            snprintf(ep->fail_reason, sizeof(ep->fail_reason),
+                     "UCX endpoint to %.50s failed: %.160s", ep->peer, why);
+            ep->err_pending = 1;
+            atomic_store(&ep->dead, 1);
+            kvu_job_cancel_all(ep, KVX_ERR_ENDPOINT);
+            nfailed++;
+        }
+    }
+    atomic_fetch_add(&ctx->worker_resets, 1);
+    ctx->reset_pending = 1;
+    kvc_log_error("KVX-UCX-FIFO", "%s: %s (%s): worker %u retired, %u "
+                  "shared-memory endpoints failed, new endpoints and "
+                  "handshakes use worker %u", ctx->name, why, how, idx - 1,
+                  nfailed, idx);
+    return 1;
+}
+
+/* kvu_fifo_send sends a new token to the current worker (ctx lock held). */
+static void kvu_fifo_send(kvu_ctx_t *ctx, uint64_t now)
+{
+    ucp_request_param_t prm;
+    ucs_status_ptr_t    sp;
+
+    do {
+        ctx->probe_hdr = kvu_random64();
+    } while (ctx->probe_hdr == 0);
+    ctx->probe_sent_us   = now;
+    ctx->probe_sent_pass = ctx->passes;
+    memset(&prm, 0, sizeof(prm));
+    prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    prm.flags        = UCP_AM_SEND_FLAG_EAGER;
+    sp = ucp_am_send_nbx(ctx->probe_ep[ctx->nwk - 1], KVU_AM_PROBE,
+                         &ctx->probe_hdr, sizeof(ctx->probe_hdr), NULL, 0,
+                         &prm);
+    if (UCS_PTR_IS_ERR(sp)) {
+        ctx->probe_on = 0;
+        kvc_log_warn("KVX-UCX-FIFO", "%s: probe send failed (%s): the "
+                     "receive-FIFO watchdog is off", ctx->name,
+                     ucs_status_string(UCS_PTR_STATUS(sp)));
+    } else if (sp != NULL) {
+        ucp_request_free(sp); /* released by UCX when it completes */
+    }
+}
+
+/* kvu_fifo_verify: is the current worker's FIFO delivering? Sends a token
+ * and progresses the worker until it arrives, or KVU_VERIFY_PASSES passes
+ * and KVU_VERIFY_MS went by (ctx lock held). Only meaningful while an
+ * endpoint keeps the worker's shared-memory interfaces progressed (UCX polls
+ * an interface only then; otherwise it waits for the interface's event).
+ * A healthy FIFO answers within a few passes; the window is as long as the
+ * periodic verdict's, so a live peer descheduled inside a message (a
+ * loaded machine) is not taken for a dead one: the wait costs up to 1 s of
+ * the caller (the progress thread) only when the FIFO is blocked. */
+#define KVU_VERIFY_PASSES 20
+#define KVU_VERIFY_MS     KVU_PROBE_LOST_MS
+
+static int kvu_fifo_verify(kvu_ctx_t *ctx)
+{
+    uint64_t t0 = kvc_mono_us();
+
+    kvu_fifo_send(ctx, t0);
+    for (unsigned pass = 1; ctx->probe_on; pass++) {
+        ucp_worker_progress(ctx->probe_worker);
+        ucp_worker_progress(ctx->worker);
+        if (ctx->probe_seen == ctx->probe_hdr) {
+            return 1;
+        }
+        if (pass >= KVU_VERIFY_PASSES &&
+            kvc_mono_us() - t0 >= KVU_VERIFY_MS * 1000u) {
+            return 0;
+        }
+    }
+    return 1; /* no probe: nothing known */
+}
+
+/* kvu_fifo_check: the periodic probe (progress thread). */
+static void kvu_fifo_check(kvu_ctx_t *ctx, uint64_t now)
+{
+    int reset = 0;
+
+    pthread_mutex_lock(&ctx->lock);
+    if (ctx->probe_on) {
+        while (ucp_worker_progress(ctx->probe_worker) != 0) {
+        }
+        if (ctx->probe_hdr != 0 && ctx->probe_seen != ctx->probe_hdr) {
+            if (now - ctx->probe_sent_us >= KVU_PROBE_LOST_MS * 1000u &&
+                ctx->passes - ctx->probe_sent_pass >= KVU_PROBE_PASSES) {
+                char how[64];
+
+                snprintf(how, sizeof(how), "no probe delivered for %llu ms",
+                         (unsigned long long)(now - ctx->probe_sent_us) /
+                             1000);
+                kvu_fifo_retire(ctx, now, how);
+            }
+        } else if (ctx->probe_hdr == 0 ||
+                   now - ctx->probe_sent_us >= KVU_PROBE_EVERY_MS * 1000u) {
+            kvu_fifo_send(ctx, now);
+        }
+    }
+    reset              = ctx->reset_pending;
+    ctx->reset_pending = 0;
+    pthread_mutex_unlock(&ctx->lock);
+    if (reset) {
+        if (ctx->params.worker_reset != NULL) {
+            ctx->params.worker_reset(ctx->params.worker_reset_arg);
+        }
+        kvu_ctx_kick(ctx);
+    }
+}
+
 kvx_status_t kvu_ctx_create(const kvu_params_t *params, kvu_ctx_t **ctx_p)
 {
     kvu_ctx_t   *ctx = calloc(1, sizeof(*ctx));
@@ -1634,7 +2017,6 @@ kvx_status_t kvu_ctx_create(const kvu_params_t *params, kvu_ctx_t **ctx_p)
     }
     kvu_log_hold(); /* released by kvu_ctx_free */
     ctx->params = *params;
-    ctx->efd    = -1;
     snprintf(ctx->name, sizeof(ctx->name), "%s",
              params->name ? params->name : "kvxfer");
     ctx->params.name = ctx->name;
@@ -1665,6 +2047,7 @@ kvx_status_t kvu_ctx_create(const kvu_params_t *params, kvu_ctx_t **ctx_p)
     if (status != KVX_OK) {
         goto err;
     }
+    kvu_fifo_init(ctx);
     if (pthread_create(&ctx->thread, NULL, kvu_progress_main, ctx) != 0) {
         status = kvc_error(KVX_ERR_INTERNAL, "progress thread: %s",
                            strerror(errno));
@@ -1725,8 +2108,13 @@ int kvu_in_progress_thread(const kvu_ctx_t *ctx)
 
 void kvu_worker_address(kvu_ctx_t *ctx, const void **addr_p, size_t *len_p)
 {
-    *addr_p = ctx->addr;
-    *len_p  = ctx->addr_len;
+    const kvu_wk_t *wk;
+
+    pthread_mutex_lock(&ctx->lock);
+    wk      = &ctx->wk[ctx->nwk - 1];
+    *addr_p = wk->addr;
+    *len_p  = wk->addr_len;
+    pthread_mutex_unlock(&ctx->lock);
 }
 
 /* --- memory ------------------------------------------------------------- */
@@ -2095,9 +2483,46 @@ kvx_status_t kvu_ep_create(kvu_ctx_t *ctx, const void *addr, size_t len,
                          "in peer mode)", peer_name, ucs_status_string(st),
                          ctx->params.err_mode_peer ? "peer" : "none");
     }
+    kvu_ep_describe(ep);
+    /* A new shared-memory endpoint first checks that this worker's FIFO
+     * delivers (the endpoint keeps its interface polled, so the probe's
+     * verdict is reliable): after a peer was killed mid-message, the
+     * endpoint to its successor is then made on a new worker instead of
+     * failing with the old one (kvu_fifo_*). */
+    if (ep->am_fifo && ctx->probe_on && !kvu_fifo_verify(ctx) &&
+        kvu_fifo_retire(ctx, kvc_mono_us(), "a probe sent when an "
+                        "endpoint was created was not delivered")) {
+        ucs_status_ptr_t    cl;
+        ucp_request_param_t cp;
+
+        memset(&cp, 0, sizeof(cp));
+        cp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+        cp.flags        = ctx->params.err_mode_peer ? UCP_EP_CLOSE_FLAG_FORCE
+                                                    : 0;
+        cl = ucp_ep_close_nbx(ep->ep, &cp); /* nothing was posted on it */
+        if (UCS_PTR_IS_PTR(cl)) {
+            ucp_request_free(cl); /* completes on the retired worker */
+        }
+        /* Whatever the first endpoint's error handler recorded during the
+         * probe is not this endpoint's. */
+        ep->failed       = 0;
+        ep->err_pending  = 0;
+        ep->fail_status  = KVX_OK;
+        ep->fail_reason[0] = '\0';
+        atomic_store(&ep->dead, 0);
+        st = ucp_ep_create(ctx->worker, &ep_params, &ep->ep);
+        if (st != UCS_OK) {
+            pthread_mutex_unlock(&ctx->lock);
+            kvu_ctx_kick(ctx);
+            free(ep);
+            return kvc_error(KVX_ERR_ENDPOINT, "ucp_ep_create to %s on a new "
+                             "worker: %s", peer_name, ucs_status_string(st));
+        }
+        kvu_ep_describe(ep);
+        kvu_ctx_kick(ctx); /* the progress thread tells the engine */
+    }
     ep->next = ctx->eps;
     ctx->eps = ep;
-    kvu_ep_describe(ep);
     status   = kvu_ep_wire_start(ep);
     pthread_mutex_unlock(&ctx->lock);
     if (status != KVX_OK) {

@@ -1,6 +1,8 @@
 /*
  * kvu.h - the UCX data plane: one UCP context and worker per engine, driven
- * by one progress thread (the progress owner, SPEC §11).
+ * by one progress thread (the progress owner, SPEC §11). (A worker whose
+ * shared-memory receive FIFO is found blocked is replaced by a new one of
+ * the same context: kvu.c, "the receive-FIFO watchdog".)
  *
  * All UCP calls on a worker are serialised by the context lock; the worker
  * is created UCS_THREAD_MODE_SERIALIZED. The progress thread keeps the worker
@@ -63,7 +65,10 @@ void         kvu_ctx_kick(kvu_ctx_t *ctx);
 /* kvu_defer runs job->fn(job) on the progress thread, unlocked, soon. */
 void         kvu_defer(kvu_ctx_t *ctx, kvt_job_t *job);
 
-/* kvu_worker_address: borrowed, valid until kvu_ctx_destroy. */
+/* kvu_worker_address: the current worker's address; borrowed, valid until
+ * kvu_ctx_destroy. It changes when the receive-FIFO watchdog replaces a
+ * worker whose shared-memory FIFO a killed peer blocked (kvu.c
+ * kvu_fifo_*; params.worker_reset is then called). */
 void kvu_worker_address(kvu_ctx_t *ctx, const void **addr_p, size_t *len_p);
 /* kvu_version: "1.13.1" style runtime version string (constant). */
 const char *kvu_version(void);
