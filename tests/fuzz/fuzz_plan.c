@@ -18,7 +18,12 @@
  *    regions (no wrap-around), at most the documented capacity of runs;
  *  - kvc_plan_build: runs in local offset order, and every transfer unit of
  *    every (local, remote) block pair is covered by one run at the same
- *    local-to-remote displacement (the plan moves exactly those bytes).
+ *    local-to-remote displacement (the plan moves exactly those bytes);
+ *  - kvc_geom_cover (the exposure check a peer's get/put goes through):
+ *    a byte range is admitted exactly when it lies inside the union of the
+ *    K/V units of the allowed blocks (the local id list), computed here
+ *    from block_stride, kv_stride and block_len; ok() is asked only about
+ *    blocks below num_blocks.
  */
 #include "fuzz.h"
 
@@ -160,6 +165,82 @@ static uint64_t fz_runs_inside(const kvc_run_t *runs, size_t n,
     return sum;
 }
 
+/* fz_allow_t: the blocks a cover check may admit (the local id list). */
+typedef struct fz_allow {
+    const kvc_geom_t *g;
+    const uint64_t   *ids;
+    size_t            n;
+} fz_allow_t;
+
+static int fz_allowed(void *arg, uint64_t block)
+{
+    const fz_allow_t *a = arg;
+
+    FZ_CHECK(block < a->g->num_blocks, "cover asked about block %llu of %llu",
+             (unsigned long long)block,
+             (unsigned long long)a->g->num_blocks);
+    for (size_t i = 0; i < a->n; i++) {
+        if (a->ids[i] == block) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* fz_cover_expected: 1 when [off, off + len) lies in the union of the
+ * units of the allowed blocks, by walking intervals computed here. */
+static int fz_cover_expected(const fz_allow_t *a, uint64_t off, uint64_t len)
+{
+    const kvc_geom_t *g = a->g;
+    uint64_t          pos = off, end = off + len;
+
+    if (len == 0) {
+        return 0;
+    }
+    while (pos < end) {
+        int found = 0;
+
+        for (size_t i = 0; i < a->n && !found; i++) {
+            if (a->ids[i] >= g->num_blocks) {
+                continue;
+            }
+            for (uint32_t u = 0; u < g->transfers_per_block && !found; u++) {
+                uint64_t s = a->ids[i] * g->block_stride + u * g->kv_stride;
+
+                if (s <= pos && pos - s < g->block_len) {
+                    pos   = s + g->block_len;
+                    found = 1;
+                }
+            }
+        }
+        if (!found) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* fz_cover: kvc_geom_cover against fz_cover_expected. The range comes from
+ * the input's last bytes; without them, the first allowed block's K unit
+ * (or byte 0). */
+static void fz_cover(fz_reader_t *r, const kvc_geom_t *g,
+                     const uint64_t *ids, size_t n)
+{
+    fz_allow_t a = {g, ids, n};
+    uint64_t   ext = kvc_geom_extent(g);
+    uint64_t   off = fz_take(r, 8), len = fz_take(r, 3);
+
+    if (off == 0 && len == 0 && n > 0 && ids[0] < g->num_blocks) {
+        off = ids[0] * g->block_stride;
+        len = g->block_len;
+    }
+    off %= ext + 64; /* around the layer, and a little past its end */
+    FZ_CHECK(kvc_geom_cover(g, off, len, fz_allowed, &a) ==
+                 fz_cover_expected(&a, off, len),
+             "cover of [%llu,+%llu) differs from the units' union",
+             (unsigned long long)off, (unsigned long long)len);
+}
+
 /* fz_plan_covers: kvc_plan_build's runs against the units computed here. */
 static void fz_plan_covers(const kvc_geom_t *lg, const kvc_geom_t *rg,
                            const uint64_t *lids, size_t nl,
@@ -237,6 +318,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     for (size_t i = 0; i < nr; i++) {
         rids[i] = (flags & 8u) ? fz_take(&r, 8) : fz_take(&r, 1);
     }
+
+    fz_cover(&r, &lg, lids, nl);
 
     switch ((flags >> 4) % 3u) {
     case 0:
