@@ -462,8 +462,8 @@ TEST(KvuRma, ForeignSoftwareRmaIsRefusedOverTcp)
 }
 
 // A peer that holds the target's address but not its region's token (the
-// last 8 bytes of what kvu_mem_rkey publishes) is refused, and nothing is
-// read or written.
+// 8 bytes before the protocol trailer in what kvu_mem_rkey publishes) is
+// refused, and nothing is read or written.
 TEST_P(KvuAm, RequestWithoutTheRegionTokenIsRefused)
 {
     Pair        pr(GetParam(), KVT_ACCESS_DEFAULT);
@@ -473,7 +473,7 @@ TEST_P(KvuAm, RequestWithoutTheRegionTokenIsRefused)
     kvu_mem_rkey(pr.target.mem, &rk, &rklen);
     std::vector<uint8_t> forged(static_cast<const uint8_t *>(rk),
                                 static_cast<const uint8_t *>(rk) + rklen);
-    forged[rklen - 1] ^= 0x01; // the token's last byte
+    forged[rklen - 9] ^= 0x01; // the token's last byte
     kvu_rkey_t *bad = nullptr;
     ASSERT_EQ(kvu_rkey_unpack(pr.ep, forged.data(), forged.size(), &bad),
               KVX_OK);
@@ -491,11 +491,45 @@ TEST_P(KvuAm, RequestWithoutTheRegionTokenIsRefused)
     EXPECT_EQ(pr.post(0, pr.tbase(), 0, 4096), KVX_OK);
     EXPECT_EQ(memcmp(pr.origin.buf.data(), pr.target.buf.data(), 4096), 0);
     // and a truncated rkey is refused at unpack
-    EXPECT_EQ(kvu_rkey_unpack(pr.ep, rk, 8, &bad), KVX_ERR_HANDSHAKE);
+    EXPECT_EQ(kvu_rkey_unpack(pr.ep, rk, 16, &bad), KVX_ERR_HANDSHAKE);
+}
+
+// Peers of different data-plane protocols refuse each other at unpack
+// (the handshake), naming both versions, instead of timing out on active
+// messages the other drops as malformed.
+TEST_P(KvuAm, OtherDataPlaneProtocolIsRefusedAtUnpack)
+{
+    Pair        pr(GetParam(), KVT_ACCESS_DEFAULT);
+    const void *rk;
+    size_t      rklen;
+    kvu_rkey_t *bad = nullptr;
+
+    kvu_mem_rkey(pr.target.mem, &rk, &rklen);
+    const uint8_t       *b = static_cast<const uint8_t *>(rk);
+    std::vector<uint8_t> other(b, b + rklen);
+    uint16_t             v;
+    memcpy(&v, &other[rklen - 4], sizeof(v)); // trailer: magic, version
+    EXPECT_EQ(v, 4);
+    v = 3;
+    memcpy(&other[rklen - 4], &v, sizeof(v));
+    EXPECT_EQ(kvu_rkey_unpack(pr.ep, other.data(), other.size(), &bad),
+              KVX_ERR_PEER_INCOMPATIBLE);
+    EXPECT_NE(strstr(kvc_last_error(), "protocol 3, this build speaks 4"),
+              nullptr) << kvc_last_error();
+    EXPECT_EQ(bad, nullptr);
+    // an older build published UCX's rkey and the token only
+    std::vector<uint8_t> old(b, b + rklen - 8);
+    EXPECT_EQ(kvu_rkey_unpack(pr.ep, old.data(), old.size(), &bad),
+              KVX_ERR_PEER_INCOMPATIBLE);
+    EXPECT_NE(strstr(kvc_last_error(), "no kvxfer data-plane protocol"),
+              nullptr) << kvc_last_error();
+    // the published rkey itself unpacks
+    ASSERT_EQ(kvu_rkey_unpack(pr.ep, rk, rklen, &bad), KVX_OK);
+    kvu_rkey_destroy(bad);
 }
 
 
-// The answer header of kvu.c (version 2).
+// The answer header of kvu.c (version 4).
 struct AmHdr {
     uint32_t magic;
     uint16_t version, pad;
@@ -548,7 +582,7 @@ TEST(KvuAmForge, AnswerFromAThirdWorkerIsDropped)
     uint64_t             dropped0 = kvu_am_dropped_answers(origin.ctx);
     static AmHdr         h[4];
     for (uint64_t id = 1; id <= 4; id++) {
-        h[id - 1] = AmHdr{0x4d41564bu, 3, 0, 0, 0, id, 0, 0, 0, 0, 0};
+        h[id - 1] = AmHdr{0x4d41564bu, 4, 0, 0, 0, id, 0, 0, 0, 0, 0};
         ucp_request_param_t rp{};
         rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
         rp.flags        = UCP_AM_SEND_FLAG_EAGER;

@@ -64,7 +64,8 @@
 #define KVU_AM_PUTACK     0x4b4
 #define KVU_AM_PROBE      0x4b5 /* the receive-FIFO watchdog's token */
 #define KVU_AM_MAGIC      0x4d41564bu /* "KVAM" */
-#define KVU_AM_VERSION    3 /* 2: token and nonce; 3: transfer tag */
+#define KVU_AM_VERSION    4 /* 2: token and nonce; 3: transfer tag;
+                               4: published rkeys end with kvu_pub_trailer */
 #define KVU_AM_MAX_LEN    (64u << 10) /* bytes per message */
 #define KVU_AMP_BUCKETS   1024
 
@@ -81,6 +82,18 @@ typedef struct kvu_am_hdr {
     uint64_t nonce;    /* random per request, echoed by the answer */
     uint64_t tag;      /* requests: the origin op's transfer tag */
 } kvu_am_hdr_t;
+
+/* kvu_pub_trailer_t: the last 8 bytes of every rkey kvxfer publishes
+ * (after UCX's packed rkey and the region's token): the data-plane
+ * protocol this build speaks, so that peers of different protocols refuse
+ * each other at the handshake, naming both versions, instead of timing out
+ * on active messages the other side drops as malformed. */
+#define KVU_PUB_MAGIC     0x5044564bu /* "KVDP" */
+typedef struct kvu_pub_trailer {
+    uint32_t magic;
+    uint16_t version; /* KVU_AM_VERSION */
+    uint16_t pad;
+} kvu_pub_trailer_t;
 
 /* kvu_amp_t: one AM get/put at the origin, until it was answered (reply,
  * error, cancel: the op's reference dropped) and its send completed. */
@@ -2133,8 +2146,10 @@ static kvx_status_t kvu_mem_finish(kvu_ctx_t *ctx, kvu_mem_t *mem)
     /* What peers get as the rkey: UCX's packed rkey, then the region's
      * random token, which kvxfer's active-message requests must carry
      * (kvu_am_find_mem): knowing an address is not enough. */
+    kvu_pub_trailer_t tr = {KVU_PUB_MAGIC, KVU_AM_VERSION, 0};
+
     mem->token   = kvu_random64();
-    mem->pub_len = mem->rkey_len + sizeof(mem->token);
+    mem->pub_len = mem->rkey_len + sizeof(mem->token) + sizeof(tr);
     mem->pub     = malloc(mem->pub_len);
     if (mem->pub == NULL) {
         ucp_rkey_buffer_release(mem->rkey_buf);
@@ -2144,6 +2159,7 @@ static kvx_status_t kvu_mem_finish(kvu_ctx_t *ctx, kvu_mem_t *mem)
     }
     memcpy(mem->pub, mem->rkey_buf, mem->rkey_len);
     memcpy(mem->pub + mem->rkey_len, &mem->token, sizeof(mem->token));
+    memcpy(mem->pub + mem->rkey_len + sizeof(mem->token), &tr, sizeof(tr));
     return KVX_OK;
 }
 
@@ -2747,20 +2763,37 @@ static kvx_status_t kvu_enqueue(kvu_ep_t *ep, kvu_job_t *job);
 kvx_status_t kvu_rkey_unpack(kvu_ep_t *ep, const void *buf, size_t len,
                              kvu_rkey_t **rkey_p)
 {
-    kvu_rkey_t  *rk;
-    ucs_status_t st;
+    kvu_rkey_t       *rk;
+    kvu_pub_trailer_t tr;
+    ucs_status_t      st;
+    const size_t      tail = sizeof(rk->token) + sizeof(tr);
 
-    /* kvu_mem_rkey's layout: UCX's packed rkey, then the 8-byte token. */
-    if (len <= sizeof(rk->token)) {
+    /* kvu_mem_finish's layout: UCX's packed rkey, the 8-byte token, the
+     * protocol trailer. */
+    if (len <= tail) {
         return kvc_error(KVX_ERR_HANDSHAKE, "rkey from %s: %zu bytes, want "
-                         "more than %zu (UCX's rkey and kvxfer's token)",
-                         ep->peer, len, sizeof(rk->token));
+                         "more than %zu (UCX's rkey, kvxfer's token and "
+                         "protocol trailer)", ep->peer, len, tail);
+    }
+    memcpy(&tr, (const uint8_t *)buf + len - sizeof(tr), sizeof(tr));
+    if (tr.magic != KVU_PUB_MAGIC) {
+        return kvc_error(KVX_ERR_PEER_INCOMPATIBLE, "rkey from %s: no "
+                         "kvxfer data-plane protocol trailer (a kvxfer "
+                         "build older than data-plane protocol 4); this "
+                         "build speaks protocol %d: run the same kvxfer "
+                         "on both sides", ep->peer, KVU_AM_VERSION);
+    }
+    if (tr.version != KVU_AM_VERSION) {
+        return kvc_error(KVX_ERR_PEER_INCOMPATIBLE, "rkey from %s: the peer "
+                         "speaks kvxfer data-plane protocol %u, this build "
+                         "speaks %d: run the same kvxfer on both sides",
+                         ep->peer, (unsigned)tr.version, KVU_AM_VERSION);
     }
     rk = calloc(1, sizeof(*rk));
     if (rk == NULL) {
         return kvc_error(KVX_ERR_NO_MEMORY, "kvu rkey: out of memory");
     }
-    memcpy(&rk->token, (const uint8_t *)buf + len - sizeof(rk->token),
+    memcpy(&rk->token, (const uint8_t *)buf + len - tail,
            sizeof(rk->token));
     pthread_mutex_lock(&ep->ctx->lock);
     st = ep->ep != NULL ? ucp_ep_rkey_unpack(ep->ep, buf, &rk->rkey)

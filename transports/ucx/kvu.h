@@ -87,7 +87,9 @@ kvx_status_t kvu_mem_alloc(kvu_ctx_t *ctx, size_t len, kvu_mem_t **mem_p,
 void         kvu_mem_release(kvu_mem_t *mem);
 void        *kvu_mem_base(const kvu_mem_t *mem);
 size_t       kvu_mem_length(const kvu_mem_t *mem);
-/* kvu_mem_rkey: packed rkey, borrowed until kvu_mem_release. */
+/* kvu_mem_rkey: what peers get as the rkey, borrowed until
+ * kvu_mem_release: UCX's packed rkey, the region's random token (8 bytes)
+ * and the data-plane protocol trailer (8 bytes). */
 void         kvu_mem_rkey(const kvu_mem_t *mem, const void **buf_p,
                           size_t *len_p);
 
@@ -139,6 +141,10 @@ void        *kvu_rkey_local(const kvu_rkey_t *rkey, uint64_t addr);
 void         kvu_prefault(void *ptr, size_t len);
 const char  *kvu_ep_peer(const kvu_ep_t *ep);
 
+/* kvu_rkey_unpack: a peer's published rkey (kvu_mem_rkey) for ep;
+ * KVX_ERR_PEER_INCOMPATIBLE naming both versions when the peer speaks
+ * another data-plane protocol (or none: an older build), KVX_ERR_HANDSHAKE
+ * when it is too short or UCX cannot unpack it. */
 kvx_status_t kvu_rkey_unpack(kvu_ep_t *ep, const void *buf, size_t len,
                              kvu_rkey_t **rkey_p);
 void         kvu_rkey_destroy(kvu_rkey_t *rkey);
