@@ -509,6 +509,22 @@ int         kvc_peer_lost(kvc_peer_t *peer, kvx_status_t status,
  * kvc_peer_lost. */
 int         kvc_peer_saw_instance(kvc_peer_t *peer, uint64_t inst,
                                   kvc_peer_conn_t *c);
+/* kvc_peer_why_sep, kvc_peer_why: ": " and why the peer failed while it is
+ * FAILED, else "" and "": an op that failed with its endpoint names the
+ * cause when the endpoint's error came first (e.g. "this process's
+ * shared-memory receive FIFO is blocked ...", "peer context destroyed"). */
+static inline const char *kvc_peer_why_sep(const kvc_peer_t *peer)
+{
+    return peer->state == KVC_PEER_FAILED && peer->fail_reason[0] != '\0'
+               ? ": "
+               : "";
+}
+
+static inline const char *kvc_peer_why(const kvc_peer_t *peer)
+{
+    return peer->state == KVC_PEER_FAILED ? peer->fail_reason : "";
+}
+
 /* kvc_peer_bound_lost: during mode->peer_failed, whether a transfer bound
  * to instance inst (0: not bound) of peer is hit. */
 static inline int kvc_peer_bound_lost(const kvc_peer_t *peer, uint64_t inst)

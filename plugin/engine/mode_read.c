@@ -93,12 +93,14 @@ static void kvc_read_op_done(kvt_op_t *op)
     } else {
         char why[KVX_REASON_MAX];
 
-        snprintf(why, sizeof(why), "layer %u gets from %s failed: %s%s",
-                 lop->index, lop->peer->name, kvc_status_string(st),
+        snprintf(why, sizeof(why), "layer %u gets from %.120s failed: %s%s"
+                 "%s%.200s", lop->index, lop->peer->name,
+                 kvc_status_string(st),
                  st == KVX_ERR_OUT_OF_BOUNDS
                      ? " (or outside what the source holds for this "
                        "transfer: its hold ended, or not these blocks)"
-                     : "");
+                     : "",
+                 kvc_peer_why_sep(lop->peer), kvc_peer_why(lop->peer));
         kvc_xfer_fail(x, x->timed_out ? KVX_ERR_TRANSFER_TIMEOUT : st, why);
     }
     if (--x->layers_pending == 0) {

@@ -150,8 +150,10 @@ static void kvc_write_op_done(kvt_op_t *op)
     } else {
         char why[KVX_REASON_MAX];
 
-        snprintf(why, sizeof(why), "layer %u puts to %s failed: %s",
-                 lop->index, x->src->name, kvc_status_string(st));
+        snprintf(why, sizeof(why), "layer %u puts to %.120s failed: %s%s"
+                 "%.200s", lop->index, x->src->name,
+                 kvc_status_string(st), kvc_peer_why_sep(x->src),
+                 kvc_peer_why(x->src));
         kvc_xfer_fail(x, x->timed_out ? KVX_ERR_TRANSFER_TIMEOUT : st, why);
     }
     kvc_write_check(eng, x);
