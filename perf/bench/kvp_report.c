@@ -282,7 +282,8 @@ static const char *kvp_csv_header =
 static void kvp_csv_row(FILE *f, const kvp_opts_t *o, const kvp_row_t *r,
                         const kvp_row_t *su)
 {
-    fprintf(f, "%s,%s,%s,%s,%s,%u,%u,%" PRIu64 ",%u,%u,%" PRIu64 ","
+    /* tls is a list ("sm,cma"): quoted, as transports */
+    fprintf(f, "%s,%s,%s,\"%s\",%s,%u,%u,%" PRIu64 ",%u,%u,%" PRIu64 ","
                "%.6f,%.6f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.1f,%.4f,"
                "%.3f,%.3f,%.6f,%.3f,%.1f,%.1f,%.1f,%.1f,%.1f,\"%s\",%s,%d,"
                "%" PRId64 ",%" PRId64

@@ -20,7 +20,10 @@
 #include <stdint.h>
 
 #define KVC_MSG_MAX_BYTES  (4u << 20) /* larger control messages rejected */
-#define KVC_PROTO_VERSION  1
+/* 2: the data plane speaks protocol 4 (published rkeys end with a trailer,
+ * transports/ucx/README.md): builds of protocol 1 and 2 refuse each other's
+ * handshake metadata, whichever side dials. */
+#define KVC_PROTO_VERSION  2
 
 typedef enum kvc_msg_type {
     KVC_MSG_REMOTE_BLOCKS = 1, /* D -> P (WRITE) */

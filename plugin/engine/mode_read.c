@@ -555,11 +555,17 @@ static void kvc_read_tick_xfer(struct kvx_engine *eng, kvc_xfer_t *x,
         kvc_read_on_tick(eng, now);
     } else {
         /* Force-close the endpoints: in-flight gets complete with errors and
-         * only then are the blocks reported (SPEC §10). */
+         * only then are the blocks reported (SPEC §10). Other transfers on
+         * them fail too; the reason names the one that timed out. */
+        char epwhy[KVX_REASON_MAX];
+
+        snprintf(epwhy, sizeof(epwhy), "closed when transfer '%.160s' "
+                 "timed out with gets in flight: %.200s", x->transfer_id,
+                 why);
         for (uint32_t k = 0; k < kvc_xfer_nsrc(x); k++) {
             if (kvc_xfer_source(x, k)->ep != NULL) {
                 KVD(eng)->ep_fail(kvc_xfer_source(x, k)->ep,
-                            KVX_ERR_TRANSFER_TIMEOUT, why);
+                            KVX_ERR_TRANSFER_TIMEOUT, epwhy);
             }
         }
     }

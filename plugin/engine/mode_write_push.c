@@ -430,7 +430,13 @@ static void kvc_write_tick_xfer(struct kvx_engine *eng, kvc_xfer_t *x)
                                      : KVX_ERR_TIMEOUT, why);
     if ((x->ncompleted != x->nposted || x->flushing) && x->src != NULL &&
         x->src->ep != NULL) {
-        KVD(eng)->ep_fail(x->src->ep, KVX_ERR_TRANSFER_TIMEOUT, why);
+        char epwhy[KVX_REASON_MAX];
+
+        /* Other transfers on the endpoint fail too: named here. */
+        snprintf(epwhy, sizeof(epwhy), "closed when transfer '%.160s' "
+                 "timed out with puts in flight: %.200s", x->transfer_id,
+                 why);
+        KVD(eng)->ep_fail(x->src->ep, KVX_ERR_TRANSFER_TIMEOUT, epwhy);
     } else {
         kvc_write_check(eng, x);
     }

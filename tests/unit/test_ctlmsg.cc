@@ -773,7 +773,7 @@ TEST(CtlHsRequest, RoundTripAndRejects)
 {
     size_t      len  = 0;
     std::string text = Take(kvc_hs_request_encode(&len));
-    EXPECT_EQ(text, "{\"type\":\"get_meta\",\"version\":1}");
+    EXPECT_EQ(text, "{\"type\":\"get_meta\",\"version\":2}");
     EXPECT_EQ(len, text.size());
     uint32_t version = 0;
     ASSERT_EQ(kvc_hs_request_decode(text.data(), text.size(), &version),

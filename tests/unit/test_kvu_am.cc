@@ -513,14 +513,14 @@ TEST_P(KvuAm, OtherDataPlaneProtocolIsRefusedAtUnpack)
     v = 3;
     memcpy(&other[rklen - 4], &v, sizeof(v));
     EXPECT_EQ(kvu_rkey_unpack(pr.ep, other.data(), other.size(), &bad),
-              KVX_ERR_PEER_INCOMPATIBLE);
+              KVX_ERR_PEER_VERSION);
     EXPECT_NE(strstr(kvc_last_error(), "protocol 3, this build speaks 4"),
               nullptr) << kvc_last_error();
     EXPECT_EQ(bad, nullptr);
     // an older build published UCX's rkey and the token only
     std::vector<uint8_t> old(b, b + rklen - 8);
     EXPECT_EQ(kvu_rkey_unpack(pr.ep, old.data(), old.size(), &bad),
-              KVX_ERR_PEER_INCOMPATIBLE);
+              KVX_ERR_PEER_VERSION);
     EXPECT_NE(strstr(kvc_last_error(), "no kvxfer data-plane protocol"),
               nullptr) << kvc_last_error();
     // the published rkey itself unpacks

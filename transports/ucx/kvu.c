@@ -167,7 +167,8 @@ struct kvu_mem {
     void      *rkey_buf;       /* UCX's packed rkey */
     size_t     rkey_len;
     uint64_t   token;          /* random: AM requests must name it */
-    uint8_t   *pub;            /* rkey_buf + token: what peers get */
+    uint8_t   *pub;            /* rkey_buf + token + kvu_pub_trailer_t:
+                                  what peers get */
     size_t     pub_len;
     int        host;           /* host memory (AM requests may copy) */
     kvu_mem_t *next;           /* ctx->mems */
@@ -2145,7 +2146,8 @@ static kvx_status_t kvu_mem_finish(kvu_ctx_t *ctx, kvu_mem_t *mem)
     }
     /* What peers get as the rkey: UCX's packed rkey, then the region's
      * random token, which kvxfer's active-message requests must carry
-     * (kvu_am_find_mem): knowing an address is not enough. */
+     * (kvu_am_find_mem): knowing an address is not enough; then the
+     * protocol trailer (kvu_rkey_unpack checks it). */
     kvu_pub_trailer_t tr = {KVU_PUB_MAGIC, KVU_AM_VERSION, 0};
 
     mem->token   = kvu_random64();
@@ -2777,14 +2779,14 @@ kvx_status_t kvu_rkey_unpack(kvu_ep_t *ep, const void *buf, size_t len,
     }
     memcpy(&tr, (const uint8_t *)buf + len - sizeof(tr), sizeof(tr));
     if (tr.magic != KVU_PUB_MAGIC) {
-        return kvc_error(KVX_ERR_PEER_INCOMPATIBLE, "rkey from %s: no "
-                         "kvxfer data-plane protocol trailer (a kvxfer "
-                         "build older than data-plane protocol 4); this "
-                         "build speaks protocol %d: run the same kvxfer "
-                         "on both sides", ep->peer, KVU_AM_VERSION);
+        return kvc_error(KVX_ERR_PEER_VERSION, "rkey from %s: no kvxfer "
+                         "data-plane protocol trailer (not a kvxfer rkey, "
+                         "or a kvxfer build older than data-plane protocol "
+                         "4); this build speaks protocol %d: run the same "
+                         "kvxfer on both sides", ep->peer, KVU_AM_VERSION);
     }
     if (tr.version != KVU_AM_VERSION) {
-        return kvc_error(KVX_ERR_PEER_INCOMPATIBLE, "rkey from %s: the peer "
+        return kvc_error(KVX_ERR_PEER_VERSION, "rkey from %s: the peer "
                          "speaks kvxfer data-plane protocol %u, this build "
                          "speaks %d: run the same kvxfer on both sides",
                          ep->peer, (unsigned)tr.version, KVU_AM_VERSION);

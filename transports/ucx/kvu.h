@@ -142,7 +142,7 @@ void         kvu_prefault(void *ptr, size_t len);
 const char  *kvu_ep_peer(const kvu_ep_t *ep);
 
 /* kvu_rkey_unpack: a peer's published rkey (kvu_mem_rkey) for ep;
- * KVX_ERR_PEER_INCOMPATIBLE naming both versions when the peer speaks
+ * KVX_ERR_PEER_VERSION naming both versions when the peer speaks
  * another data-plane protocol (or none: an older build), KVX_ERR_HANDSHAKE
  * when it is too short or UCX cannot unpack it. */
 kvx_status_t kvu_rkey_unpack(kvu_ep_t *ep, const void *buf, size_t len,
