@@ -66,16 +66,12 @@ echo "rep,tls,mem,case,test,size,window,iters,overall_MiBs,GBs,rc" > "$pt_csv"
     echo "# REPS=$REPS TLS_LIST=$TLS_LIST CASES=$CASES ITERS=$ITERS POOL=$POOL"
 } > "$out/env.txt"
 
-# load1: the 1-minute load average
-load1() { cut -d' ' -f1 /proc/loadavg; }
+. "$here/load.sh"
 
 # quiet_gate TAG: wait up to QUIET_WAIT s for a quiet machine, then record
 # the load before the run (the caller records it after).
 quiet_gate() {
-    local left=$QUIET_WAIT
-    while [ "$left" -gt 0 ] && awk -v l="$(load1)" -v m="$LOAD_MAX" 'BEGIN{exit !(l >= m)}'; do
-        sleep 5; left=$((left - 5))
-    done
+    wait_quiet "$LOAD_MAX" "$QUIET_WAIT"
     echo "$rep,$1,before,$(load1)" >> "$out/loads.csv"
 }
 

@@ -24,16 +24,16 @@ mkdir -p "$(dirname "$out")"
 csv=$(mktemp)
 trap 'rm -f "$csv"' EXIT
 
+. "$here/load.sh"
+
+# quiet: the load a run starts at, "LOADED:" before it when the machine
+# never got quiet within QUIET_WAIT s.
 quiet() {
-    local left=$QUIET_WAIT l
-    while :; do
-        l=$(cut -d' ' -f1 /proc/loadavg)
-        if awk -v l="$l" -v m="$LOAD_MAX" 'BEGIN{exit !(l < m)}'; then
-            echo "$l"; return
-        fi
-        [ "$left" -le 0 ] && { echo "LOADED:$l"; return; }
-        sleep 5; left=$((left - 5))
-    done
+    if wait_quiet "$LOAD_MAX" "$QUIET_WAIT"; then
+        load1
+    else
+        echo "LOADED:$(load1)"
+    fi
 }
 
 port=$((16000 + RANDOM % 1000))

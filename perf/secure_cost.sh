@@ -49,8 +49,7 @@ if [ "$mode" = tls ]; then
         2>/dev/null || { echo "secure_cost.sh: openssl failed"; exit 1; }
 fi
 
-load1() { cut -d' ' -f1 /proc/loadavg; }
-loaded() { awk -v l="$(load1)" -v m="$LOAD_MAX" 'BEGIN{exit !(l >= m)}'; }
+. "$here/load.sh"
 
 # run VARIANT PAIR CASE: one server + client kvxfer_perf run.
 run() {
@@ -88,10 +87,7 @@ run() {
     ucx_info -v | head -2
     echo "# mode=$mode PAIRS=$PAIRS ITERS=$ITERS load: $(cat /proc/loadavg)"
 } > "$out/env.txt"
-left=$QUIET_WAIT
-while loaded && [ "$left" -gt 0 ]; do
-    sleep 5; left=$((left - 5))
-done
+wait_quiet "$LOAD_MAX" "$QUIET_WAIT"
 echo "$(load1)" > "$out/start_load"
 for pair in $(seq 1 "$PAIRS"); do
     for cs in 1m 32k; do

@@ -1,0 +1,20 @@
+# load.sh - sourced by the perf scripts (compare.sh, secure_cost.sh,
+# overhead.sh): the quiet-window gate every series starts behind.
+
+# load1: the 1-minute load average
+load1() { cut -d' ' -f1 /proc/loadavg; }
+
+# loaded MAX: the 1-minute load is MAX or more
+loaded() { awk -v l="$(load1)" -v m="$1" 'BEGIN{exit !(l >= m)}'; }
+
+# wait_quiet MAX SECONDS: wait (5 s steps) until the 1-minute load is below
+# MAX, at most SECONDS; returns 1 when it never was.
+wait_quiet() {
+    local left=$2
+    while loaded "$1"; do
+        [ "$left" -gt 0 ] || return 1
+        sleep 5
+        left=$((left - 5))
+    done
+    return 0
+}
