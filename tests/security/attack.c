@@ -23,6 +23,11 @@
  *                                        fake handshake responder for SECS:
  *                                        the metadata in FILE altered by
  *                                        MODE (fake_meta)
+ *   attack rma     FILE SECS             UCX's software RMA against every
+ *                                        worker address in the metadata in
+ *                                        FILE, from a tcp-only UCP worker
+ *                                        of its own: a get of layer 0 that
+ *                                        completes was served (exit 1)
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -39,6 +44,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
+#include <ucp/api/ucp.h>
 #include <unistd.h>
 
 #define NO_REPLY_MS 2000
@@ -486,6 +492,167 @@ static int cmd_respond(char **a)
     return 0;
 }
 
+/* b64_decode: standard base64 (what the metadata carries); NULL when
+ * malformed. */
+static uint8_t *b64_decode(const char *in, size_t *len_p)
+{
+    size_t   n = strlen(in), o = 0;
+    uint8_t *out = malloc(n / 4 * 3 + 3);
+    uint32_t acc = 0;
+    int      bits = 0;
+
+    for (size_t i = 0; out != NULL && i < n && in[i] != '='; i++) {
+        const char *t = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                        "0123456789+/";
+        const char *c = strchr(t, in[i]);
+
+        if (c == NULL || in[i] == '\0') {
+            free(out);
+            return NULL;
+        }
+        acc = acc << 6 | (uint32_t)(c - t);
+        bits += 6;
+        if (bits >= 8) {
+            bits -= 8;
+            out[o++] = (uint8_t)(acc >> bits);
+        }
+    }
+    *len_p = o;
+    return out;
+}
+
+/* rma_try: one UCP endpoint from wk to addr, a get of 4096 bytes at base
+ * with the packed rkey, progressed for secs: 1 when it completed (served),
+ * 0 when it did not or no endpoint could be made (*reached says which). */
+static int rma_try(ucp_worker_h wk, const void *addr, const void *rkey,
+                   uint64_t base, double secs, int *reached)
+{
+    static uint8_t      buf[4096];
+    ucp_ep_params_t     ep_prm;
+    ucp_request_param_t rp;
+    ucp_ep_h            ep;
+    ucp_rkey_h          rk;
+    ucs_status_ptr_t    get, cl;
+    ucs_status_t        st = UCS_INPROGRESS;
+    double              end = now_s() + secs;
+
+    memset(&ep_prm, 0, sizeof(ep_prm));
+    ep_prm.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
+                        UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+    ep_prm.address    = addr;
+    ep_prm.err_mode   = UCP_ERR_HANDLING_MODE_PEER;
+    if (ucp_ep_create(wk, &ep_prm, &ep) != UCS_OK) {
+        return 0;
+    }
+    (*reached)++;
+    if (ucp_ep_rkey_unpack(ep, rkey, &rk) != UCS_OK) {
+        printf("rma: rkey unpack failed\n");
+        exit(2);
+    }
+    memset(&rp, 0, sizeof(rp));
+    get = ucp_get_nbx(ep, buf, sizeof(buf), base, rk, &rp);
+    while (UCS_PTR_IS_PTR(get) &&
+           (st = ucp_request_check_status(get)) == UCS_INPROGRESS &&
+           now_s() < end) {
+        ucp_worker_progress(wk);
+    }
+    if (!UCS_PTR_IS_PTR(get)) {
+        st = UCS_PTR_STATUS(get);
+    }
+    memset(&rp, 0, sizeof(rp));
+    rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    rp.flags        = UCP_EP_CLOSE_FLAG_FORCE;
+    cl = ucp_ep_close_nbx(ep, &rp);
+    while (UCS_PTR_IS_PTR(cl) &&
+           ucp_request_check_status(cl) == UCS_INPROGRESS &&
+           now_s() < end + 5) {
+        ucp_worker_progress(wk);
+    }
+    if (UCS_PTR_IS_PTR(get)) {
+        ucp_request_free(get);
+    }
+    if (UCS_PTR_IS_PTR(cl)) {
+        ucp_request_free(cl);
+    }
+    ucp_rkey_destroy(rk);
+    return st == UCS_OK;
+}
+
+static int cmd_rma(char **a)
+{
+    json_object        *o = json_object_from_file(a[0]), *layer, *v;
+    ucp_config_t       *cfg;
+    ucp_params_t        prm;
+    ucp_worker_params_t wp;
+    ucp_context_h       ucp;
+    ucp_worker_h        wk;
+    uint8_t            *addr, *rkey;
+    size_t              alen, rlen, off = 8;
+    uint32_t            magic;
+    uint16_t            n;
+    uint64_t            base;
+    int                 served = 0, reached = 0;
+
+    layer = o ? json_object_array_get_idx(json_object_object_get(o, "layers"),
+                                          0)
+              : NULL;
+    if (layer == NULL || !json_object_object_get_ex(o, "worker_addr", &v) ||
+        (addr = b64_decode(json_object_get_string(v), &alen)) == NULL ||
+        !json_object_object_get_ex(layer, "rkey", &v) ||
+        (rkey = b64_decode(json_object_get_string(v), &rlen)) == NULL ||
+        !json_object_object_get_ex(layer, "base", &v) || alen < 8) {
+        printf("rma: no worker address, layer 0 rkey and base in %s\n", a[0]);
+        return 2;
+    }
+    base = strtoull(json_object_get_string(v), NULL, 10);
+    memcpy(&magic, addr, 4); /* kvxfer's list of UCP addresses */
+    memcpy(&n, addr + 6, 2);
+    if (magic != 0x4157564bu || n < 1 || n > 8) {
+        printf("rma: worker address is not a kvxfer address list\n");
+        return 2;
+    }
+    if (ucp_config_read(NULL, NULL, &cfg) != UCS_OK ||
+        ucp_config_modify(cfg, "TLS", "tcp") != UCS_OK) {
+        return 2;
+    }
+    memset(&prm, 0, sizeof(prm));
+    prm.field_mask = UCP_PARAM_FIELD_FEATURES;
+    prm.features   = UCP_FEATURE_RMA | UCP_FEATURE_AM;
+    if (ucp_init(&prm, cfg, &ucp) != UCS_OK) {
+        return 2;
+    }
+    ucp_config_release(cfg);
+    memset(&wp, 0, sizeof(wp));
+    wp.field_mask  = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+    if (ucp_worker_create(ucp, &wp, &wk) != UCS_OK) {
+        return 2;
+    }
+    for (uint16_t i = 0; i < n; i++) {
+        uint32_t len;
+
+        if (alen - off < 4) {
+            break;
+        }
+        memcpy(&len, addr + off, 4);
+        off += 4;
+        if (len > alen - off) {
+            break;
+        }
+        served += rma_try(wk, addr + off, rkey, base, atof(a[1]), &reached);
+        off += len;
+    }
+    ucp_worker_destroy(wk);
+    ucp_cleanup(ucp);
+    free(addr);
+    free(rkey);
+    json_object_put(o);
+    printf("rma: %u worker addresses, %d reachable over tcp, %d served a "
+           "get of layer 0 at 0x%llx\n", (unsigned)n, reached, served,
+           (unsigned long long)base);
+    return served ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -498,6 +665,7 @@ int main(int argc, char **argv)
         {"plain", 2, cmd_plain}, {"tlsid", 6, cmd_tlsid},
         {"stall", 4, cmd_stall}, {"big", 3, cmd_big},
         {"respond", 5, cmd_respond}, {"fetch", 3, cmd_fetch},
+        {"rma", 2, cmd_rma},
     };
 
     for (size_t i = 0; argc >= 2 && i < sizeof(cmds) / sizeof(cmds[0]); i++) {

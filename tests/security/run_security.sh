@@ -15,6 +15,11 @@
 #   fake    fake handshake responders (another engine's metadata replayed
 #           on another port; worker address, rkey or layer length that the
 #           local side must not accept): D refuses each with the rule.
+#   rma     UCX's software RMA over tcp: a P allowing shared memory and tcp
+#           (like UCX's default) publishes its worker addresses and rkeys;
+#           the attacker's own UCP worker (tcp) gets nothing served through
+#           any of them, while D's transfer is byte-exact; control: the
+#           same get against a P on UCX's own emulation is served.
 #   tls     mutual TLS (certificates made here with openssl): plain TCP,
 #           a certificate of the right CA with the wrong name and one of
 #           another CA with the right name all get no answer, while the
@@ -214,6 +219,37 @@ if start_p "$BASE" && att fetch $H "$BASE" "$WORK/meta.json"; then
 else
     bad "prefill did not start: $(tail -3 "$WORK/p.err")"
 fi
+
+# --- data plane: UCX's software RMA over tcp --------------------------------
+echo "== rma"
+if start_p "$BASE" --tls sm,tcp && att fetch $H "$BASE" "$WORK/meta-rma.json"; then
+    if att rma "$WORK/meta-rma.json" 2 >"$WORK/rma.out" 2>&1; then
+        ok "foreign UCP get over tcp not served ($(tail -1 "$WORK/rma.out"))"
+    else
+        bad "foreign UCP get over tcp: $(tail -3 "$WORK/rma.out")"
+    fi
+    if run_d "$BASE" "$WORK/d-rma.out"; then
+        grep -q "verified" "$WORK/d-rma.out" &&
+            ok "D (tcp) byte-exact from a P with a tcp plane" || bad "D did not verify"
+    else
+        bad "transfer from a P with a tcp plane failed: $(tail -3 "$WORK/d-rma.out")"
+    fi
+    wait_p && ok "P (sm,tcp) released by D" || bad "P failed: $(tail -3 "$WORK/p.err")"
+else
+    bad "prefill (sm,tcp) did not start: $(tail -3 "$WORK/p.err")"
+fi
+export KVX_UCX_AM_RMA=0 # control: UCX's own emulation serves anyone
+if start_p "$BASE" --tls sm,tcp && att fetch $H "$BASE" "$WORK/meta-emu.json"; then
+    att rma "$WORK/meta-emu.json" 10 >"$WORK/rma-emu.out" 2>&1
+    rc=$?
+    [ $rc = 1 ] && ok "control: the same get is served by UCX's emulation ($(tail -1 "$WORK/rma-emu.out"))" ||
+        bad "control attack not served (rc $rc): $(tail -3 "$WORK/rma-emu.out")"
+    kill "$P_PID" 2>/dev/null
+    wait "$P_PID" 2>/dev/null
+else
+    bad "prefill (KVX_UCX_AM_RMA=0) did not start: $(tail -3 "$WORK/p.err")"
+fi
+unset KVX_UCX_AM_RMA
 
 # --- TLS: wrong identities --------------------------------------------------
 echo "== tls"

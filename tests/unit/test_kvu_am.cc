@@ -85,6 +85,36 @@ struct Side {
     }
 };
 
+// The UCP worker addresses inside ctx's published one (kvu_addr_entries).
+std::vector<std::string> Entries(kvu_ctx_t *ctx)
+{
+    const void *a, *ent[KVU_ADDR_MAX];
+    size_t      n, len[KVU_ADDR_MAX];
+    unsigned    k = 0;
+
+    kvu_worker_address(ctx, &a, &n);
+    EXPECT_EQ(KVX_OK, kvu_addr_entries(a, n, ent, len, &k));
+    std::vector<std::string> v;
+    for (unsigned i = 0; i < k; i++) {
+        v.emplace_back(static_cast<const char *>(ent[i]), len[i]);
+    }
+    return v;
+}
+
+// A bare UCP worker address in kvxfer's published form (one entry).
+std::string Publish(const void *a, size_t n, uint16_t version = 5)
+{
+    std::string s;
+    uint32_t    magic = 0x4157564bu, len = (uint32_t)n;
+    uint16_t    cnt   = 1;
+    s.append(reinterpret_cast<const char *>(&magic), 4);
+    s.append(reinterpret_cast<const char *>(&version), 2);
+    s.append(reinterpret_cast<const char *>(&cnt), 2);
+    s.append(reinterpret_cast<const char *>(&len), 4);
+    s.append(static_cast<const char *>(a), n);
+    return s;
+}
+
 struct Pair {
     Side        target, origin;
     kvu_ep_t   *ep   = nullptr;
@@ -93,9 +123,10 @@ struct Pair {
     Pair(const char *tls, int target_access,
          kvx_status_t (*auth)(void *, uint64_t, uint64_t, uint64_t,
                               int) = nullptr,
-         void *auth_arg = nullptr)
+         void *auth_arg = nullptr, const char *origin_tls = nullptr)
         : target("am-target", tls, target_access, 0x5a, auth, auth_arg),
-          origin("am-origin", tls, KVT_ACCESS_LOCAL, 0x00)
+          origin("am-origin", origin_tls ? origin_tls : tls,
+                 KVT_ACCESS_LOCAL, 0x00)
     {
         const void *addr, *rk;
         size_t      len, rklen;
@@ -377,21 +408,25 @@ struct RawWorker {
 // from a kvxfer context over tcp, with the context's real worker address
 // and rkey: UCX's software RMA handlers would serve any address. Returns
 // whether the put landed in the target's memory within 1 s.
-bool ForeignPutLands(Side &target, std::vector<uint8_t> *got)
+bool ForeignPutLandsAt(Side &target, const std::string &addr,
+                       std::vector<uint8_t> *got, int *reached)
 {
     RawWorker   attacker(UCP_FEATURE_RMA);
     ucp_worker_h wk = attacker.wk;
     ucp_ep_h    ep = nullptr;
     ucp_rkey_h  rk = nullptr;
 
-    const void *addr, *rkb;
-    size_t      alen, rklen;
-    kvu_worker_address(target.ctx, &addr, &alen);
+    const void *rkb;
+    size_t      rklen;
     kvu_mem_rkey(target.mem, &rkb, &rklen);
     ucp_ep_params_t ep_prm{};
     ep_prm.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
-    ep_prm.address    = static_cast<const ucp_address_t *>(addr);
-    EXPECT_EQ(UCS_OK, ucp_ep_create(wk, &ep_prm, &ep));
+    ep_prm.address    = reinterpret_cast<const ucp_address_t *>(addr.data());
+    got->assign(4096, 0);
+    if (ucp_ep_create(wk, &ep_prm, &ep) != UCS_OK) {
+        return false; // no common transport: nothing to attack through
+    }
+    (*reached)++;
     EXPECT_EQ(UCS_OK, ucp_ep_rkey_unpack(ep, rkb, &rk));
 
     std::vector<uint8_t> evil(4096, 0xee);
@@ -438,6 +473,22 @@ bool ForeignPutLands(Side &target, std::vector<uint8_t> *got)
     return landed;
 }
 
+// The attack through every worker address the target publishes (tcp only:
+// a host on the network); reached counts the addresses it could connect to.
+bool ForeignPutLands(Side &target, std::vector<uint8_t> *got,
+                     int *reached = nullptr)
+{
+    int  r      = 0;
+    bool landed = false;
+    for (const std::string &a : Entries(target.ctx)) {
+        landed = ForeignPutLandsAt(target, a, got, &r) || landed;
+    }
+    if (reached != nullptr) {
+        *reached = r;
+    }
+    return landed;
+}
+
 // With only tcp allowed, kvxfer does not ask UCX for RMA: UCX's software
 // RMA handlers are never installed, so a foreign UCP put/get through the
 // context's own worker address and rkey changes and returns nothing. The
@@ -449,6 +500,19 @@ TEST(KvuRma, ForeignSoftwareRmaIsRefusedOverTcp)
     {
         Side target("rma-target", "tcp", KVT_ACCESS_DEFAULT, 0x5a);
         EXPECT_FALSE(ForeignPutLands(target, &got));
+        EXPECT_TRUE(all_eq(target.buf.data(), target.buf.size(), 0x5a));
+        EXPECT_TRUE(all_eq(got.data(), got.size(), 0));
+    }
+    // UCX's default transports and an explicit list with tcp beside shared
+    // memory: tcp is a plane of its own without RMA (kvu_ucp_init), the
+    // RMA worker has no tcp. The attacker reaches exactly one address.
+    for (const char *tls : {"", "sm,tcp", "^rc"}) {
+        SCOPED_TRACE(std::string("ucx_tls '") + tls + "'");
+        Side target("rma-target-split", tls, KVT_ACCESS_DEFAULT, 0x5a);
+        int  reached = 0;
+        EXPECT_EQ(2u, Entries(target.ctx).size());
+        EXPECT_FALSE(ForeignPutLands(target, &got, &reached));
+        EXPECT_EQ(1, reached);
         EXPECT_TRUE(all_eq(target.buf.data(), target.buf.size(), 0x5a));
         EXPECT_TRUE(all_eq(got.data(), got.size(), 0));
     }
@@ -509,12 +573,12 @@ TEST_P(KvuAm, OtherDataPlaneProtocolIsRefusedAtUnpack)
     std::vector<uint8_t> other(b, b + rklen);
     uint16_t             v;
     memcpy(&v, &other[rklen - 4], sizeof(v)); // trailer: magic, version
-    EXPECT_EQ(v, 4);
-    v = 3;
+    EXPECT_EQ(v, 5);
+    v = 4;
     memcpy(&other[rklen - 4], &v, sizeof(v));
     EXPECT_EQ(kvu_rkey_unpack(pr.ep, other.data(), other.size(), &bad),
               KVX_ERR_PEER_VERSION);
-    EXPECT_NE(strstr(kvc_last_error(), "protocol 3, this build speaks 4"),
+    EXPECT_NE(strstr(kvc_last_error(), "protocol 4, this build speaks 5"),
               nullptr) << kvc_last_error();
     EXPECT_EQ(bad, nullptr);
     // an older build published UCX's rkey and the token only
@@ -552,9 +616,10 @@ TEST(KvuAmForge, AnswerFromAThirdWorkerIsDropped)
     ucp_address_t *sa  = nullptr;
     size_t         sal = 0;
     ASSERT_EQ(UCS_OK, ucp_worker_get_address(silent.wk, &sa, &sal));
-    kvu_ep_t *ep = nullptr;
-    ASSERT_EQ(kvu_ep_create(origin.ctx, sa, sal, "silent", nullptr, nullptr,
-                            &ep), KVX_OK);
+    kvu_ep_t   *ep = nullptr;
+    std::string pub = Publish(sa, sal);
+    ASSERT_EQ(kvu_ep_create(origin.ctx, pub.data(), pub.size(), "silent",
+                            nullptr, nullptr, &ep), KVX_OK);
     const void *rk;
     size_t      rklen;
     kvu_rkey_t *rkey = nullptr;
@@ -570,19 +635,17 @@ TEST(KvuAmForge, AnswerFromAThirdWorkerIsDropped)
     // the GETREQ reached the target: the get is pending at the origin
     ASSERT_TRUE(silent.ProgressUntil([&] { return silent.got >= 1; }, 5000));
 
-    const void *oaddr;
-    size_t      olen;
-    kvu_worker_address(origin.ctx, &oaddr, &olen);
+    std::string     oaddr = Entries(origin.ctx).at(0);
     ucp_ep_params_t ep_prm{};
     ep_prm.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
-    ep_prm.address    = static_cast<const ucp_address_t *>(oaddr);
+    ep_prm.address    = reinterpret_cast<const ucp_address_t *>(oaddr.data());
     ucp_ep_h fe       = nullptr;
     ASSERT_EQ(UCS_OK, ucp_ep_create(forger.wk, &ep_prm, &fe));
     std::vector<uint8_t> evil(4096, 0xee);
     uint64_t             dropped0 = kvu_am_dropped_answers(origin.ctx);
     static AmHdr         h[4];
     for (uint64_t id = 1; id <= 4; id++) {
-        h[id - 1] = AmHdr{0x4d41564bu, 4, 0, 0, 0, id, 0, 0, 0, 0, 0};
+        h[id - 1] = AmHdr{0x4d41564bu, 5, 0, 0, 0, id, 0, 0, 0, 0, 0};
         ucp_request_param_t rp{};
         rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
         rp.flags        = UCP_AM_SEND_FLAG_EAGER;
@@ -626,6 +689,109 @@ TEST(KvuAmForge, AnswerFromAThirdWorkerIsDropped)
         ucp_request_free(cl);
     }
     ucp_worker_release_address(silent.wk, sa);
+}
+
+// A published address is kvxfer's list of UCP addresses: anything that is
+// not one of this protocol, or whose lengths do not add up, is refused
+// before UCX parses a byte of it.
+TEST(KvuAddr, PublishedAddressIsCheckedBeforeUcxSeesIt)
+{
+    const void *ent[KVU_ADDR_MAX];
+    size_t      len[KVU_ADDR_MAX];
+    unsigned    n = 0;
+    std::string ok = Publish("abcdef", 6);
+
+    ASSERT_EQ(KVX_OK, kvu_addr_entries(ok.data(), ok.size(), ent, len, &n));
+    EXPECT_EQ(1u, n);
+    EXPECT_EQ(6u, len[0]);
+    EXPECT_EQ(0, memcmp(ent[0], "abcdef", 6));
+    std::string old = Publish("abcdef", 6, 4);
+    EXPECT_EQ(KVX_ERR_PEER_VERSION,
+              kvu_addr_entries(old.data(), old.size(), ent, len, &n));
+    EXPECT_NE(nullptr, strstr(kvc_last_error(), "protocol 4, this build "
+                                                "speaks 5"))
+        << kvc_last_error();
+    std::string raw = "\x01\x02\x03\x04\x05\x06\x07\x08\x09";
+    EXPECT_EQ(KVX_ERR_PEER_VERSION,
+              kvu_addr_entries(raw.data(), raw.size(), ent, len, &n));
+    EXPECT_EQ(KVX_ERR_HANDSHAKE, kvu_addr_entries(ok.data(), 7, ent, len, &n));
+    EXPECT_EQ(KVX_ERR_HANDSHAKE,
+              kvu_addr_entries(ok.data(), ok.size() - 1, ent, len, &n));
+    std::string extra = ok + "x";
+    EXPECT_EQ(KVX_ERR_HANDSHAKE,
+              kvu_addr_entries(extra.data(), extra.size(), ent, len, &n));
+    for (uint16_t cnt : {0, 3}) {
+        std::string bad = ok;
+        memcpy(&bad[6], &cnt, 2);
+        EXPECT_EQ(KVX_ERR_HANDSHAKE,
+                  kvu_addr_entries(bad.data(), bad.size(), ent, len, &n));
+    }
+    std::string huge = ok;
+    uint32_t    big  = 0xfffffff0u;
+    memcpy(&huge[8], &big, 4);
+    EXPECT_EQ(KVX_ERR_HANDSHAKE,
+              kvu_addr_entries(huge.data(), huge.size(), ent, len, &n));
+    uint32_t zero = 0;
+    memcpy(&huge[8], &zero, 4);
+    EXPECT_EQ(KVX_ERR_HANDSHAKE,
+              kvu_addr_entries(huge.data(), huge.size(), ent, len, &n));
+    kvu_ep_t *ep = nullptr;
+    Side      origin("addr-origin", "tcp", KVT_ACCESS_LOCAL, 0);
+    EXPECT_EQ(KVX_ERR_PEER_VERSION,
+              kvu_ep_create(origin.ctx, old.data(), old.size(), "old-peer",
+                            nullptr, nullptr, &ep));
+    EXPECT_NE(nullptr, strstr(kvc_last_error(), "old-peer"))
+        << kvc_last_error();
+}
+
+// A context whose transports put tcp in a plane of its own and one allowing
+// tcp only reach each other through the tcp plane, either way round: data
+// then moves over kvxfer's checked active messages, both roles.
+TEST(KvuPlanes, TcpPlaneCarriesDataEitherWay)
+{
+    for (int flip = 0; flip < 2; flip++) {
+        const char *t = flip ? "tcp" : "", *o = flip ? "" : "tcp";
+        SCOPED_TRACE(std::string("target '") + t + "', origin '" + o + "'");
+        {
+            Pair pr(t, KVT_ACCESS_READ, nullptr, nullptr, o);
+            EXPECT_TRUE(kvu_ep_rma_emulated(pr.ep)) << kvu_ep_transports(pr.ep);
+            EXPECT_NE(nullptr, strstr(kvu_ep_transports(pr.ep), "tcp"))
+                << kvu_ep_transports(pr.ep);
+            EXPECT_FALSE(kvu_rkey_direct(pr.rkey, pr.tbase()));
+            for (size_t i = 0; i < pr.target.buf.size(); i++) {
+                pr.target.buf[i] = (uint8_t)(i * 13 + 5);
+            }
+            EXPECT_EQ(pr.post(0, pr.tbase(), 0, 65536), KVX_OK);
+            EXPECT_EQ(0, memcmp(pr.origin.buf.data(), pr.target.buf.data(),
+                                65536));
+            EXPECT_EQ(pr.post(0, pr.tbase(), 60000, 8192),
+                      KVX_ERR_OUT_OF_BOUNDS);
+            EXPECT_EQ(pr.post(1, pr.tbase(), 0, 4096), KVX_ERR_OUT_OF_BOUNDS);
+        }
+        {
+            Pair pr(t, KVT_ACCESS_WRITE, nullptr, nullptr, o);
+            for (size_t i = 0; i < pr.origin.buf.size(); i++) {
+                pr.origin.buf[i] = (uint8_t)(i * 3 + 1);
+            }
+            EXPECT_EQ(pr.post(1, pr.tbase(), 4096, 32768), KVX_OK);
+            EXPECT_EQ(0, memcmp(pr.origin.buf.data(),
+                                pr.target.buf.data() + 4096, 32768));
+            EXPECT_TRUE(all_eq(pr.target.buf.data(), 4096, 0x5a));
+            EXPECT_EQ(pr.post(0, pr.tbase(), 0, 4096), KVX_ERR_OUT_OF_BOUNDS);
+        }
+    }
+}
+
+// Two contexts on UCX's default transports on one host reach each other
+// through their RMA workers (shared memory), not the tcp plane.
+TEST(KvuPlanes, SameHostDefaultsUseSharedMemory)
+{
+    Pair pr("", KVT_ACCESS_READ);
+    EXPECT_FALSE(kvu_ep_rma_emulated(pr.ep)) << kvu_ep_transports(pr.ep);
+    EXPECT_EQ(nullptr, strstr(kvu_ep_transports(pr.ep), "tcp"))
+        << kvu_ep_transports(pr.ep);
+    EXPECT_EQ(pr.post(0, pr.tbase(), 0, 65536), KVX_OK);
+    EXPECT_EQ(0, memcmp(pr.origin.buf.data(), pr.target.buf.data(), 65536));
 }
 
 INSTANTIATE_TEST_SUITE_P(Lanes, KvuAm, ::testing::Values("tcp", "sm"),

@@ -181,7 +181,15 @@ bool sabotage(const std::string &addr)
         ADD_FAILURE() << "KVT_FIFO_SABOTEUR is not set";
         return false;
     }
-    std::string h   = hex(addr);
+    const void *ent[KVU_ADDR_MAX];
+    size_t      len[KVU_ADDR_MAX];
+    unsigned    n = 0;
+    EXPECT_EQ(KVX_OK, kvu_addr_entries(addr.data(), addr.size(), ent, len, &n));
+    if (n == 0) {
+        return false;
+    }
+    std::string h   = hex(std::string(static_cast<const char *>(ent[0]),
+                                      len[0])); // the shared-memory worker
     pid_t       pid = fork();
     if (pid == 0) {
         execl(exe, exe, h.c_str(), (char *)nullptr);

@@ -64,8 +64,10 @@
 #define KVU_AM_PUTACK     0x4b4
 #define KVU_AM_PROBE      0x4b5 /* the receive-FIFO watchdog's token */
 #define KVU_AM_MAGIC      0x4d41564bu /* "KVAM" */
-#define KVU_AM_VERSION    4 /* 2: token and nonce; 3: transfer tag;
-                               4: published rkeys end with kvu_pub_trailer */
+#define KVU_AM_VERSION    5 /* 2: token and nonce; 3: transfer tag;
+                               4: published rkeys end with kvu_pub_trailer;
+                               5: published worker addresses are
+                                  kvu_addr_hdr_t lists (the tcp plane) */
 #define KVU_AM_MAX_LEN    (64u << 10) /* bytes per message */
 #define KVU_AMP_BUCKETS   1024
 
@@ -94,6 +96,17 @@ typedef struct kvu_pub_trailer {
     uint16_t version; /* KVU_AM_VERSION */
     uint16_t pad;
 } kvu_pub_trailer_t;
+
+/* kvu_addr_hdr_t: what kvu_worker_address publishes: this header, then
+ * n entries, each a 4-byte length and a UCP worker address: entry 0 the
+ * current worker's, entry 1 (split contexts only) the tcp plane's. Peers
+ * of another data-plane protocol are refused by kvu_addr_entries. */
+#define KVU_ADDR_MAGIC    0x4157564bu /* "KVWA" */
+typedef struct kvu_addr_hdr {
+    uint32_t magic;
+    uint16_t version; /* KVU_AM_VERSION */
+    uint16_t n;
+} kvu_addr_hdr_t;
 
 /* kvu_amp_t: one AM get/put at the origin, until it was answered (reply,
  * error, cancel: the op's reference dropped) and its send completed. */
@@ -190,6 +203,8 @@ struct kvu_ep {
     int           am_fifo;       /* AM lane is a shared-memory FIFO: gets
                                     capped at KVU_FIFO_MAX_GETS */
     int           am_rma;        /* gets/puts over kvxfer AMs (emulated) */
+    int           am_only;       /* this or the peer's end is a tcp plane
+                                    (no UCX RMA at all): kvxfer AMs only */
     uint64_t      am_npending;   /* AM gets/puts not answered yet */
     kvu_ep_err_fn err_cb;
     void         *err_arg;
@@ -222,6 +237,8 @@ typedef struct kvu_wk {
     int            efd;
     ucp_address_t *addr;
     size_t         addr_len;
+    uint8_t       *pub;      /* what peers get (kvu_addr_build) */
+    size_t         pub_len;
 } kvu_wk_t;
 
 /* At most this many workers per context: the watchdog retires a worker at
@@ -233,6 +250,13 @@ struct kvu_ctx {
     ucp_worker_h    worker;      /* wk[nwk - 1].worker */
     kvu_wk_t        wk[KVU_WORKERS_MAX];
     unsigned        nwk;
+    /* The tcp plane (kvu_tls_split): when tcp is allowed beside transports
+     * that copy for real, tcp lives in a context of its own without
+     * UCP_FEATURE_RMA (so without UCX's software RMA handlers), and ucp /
+     * wk[] keep every other transport. */
+    int             split;
+    ucp_context_h   ucp_tcp;
+    kvu_wk_t        wkt;
     pthread_mutex_t lock;
     pthread_cond_t  cond;
     pthread_t       thread;
@@ -1003,6 +1027,9 @@ static int kvu_job_route(const kvu_ep_t *ep, const kvu_job_t *job)
 {
     void *ptr = NULL;
 
+    if (ep->am_only) {
+        return KVU_ROUTE_AM; /* host memory: kvu_post */
+    }
     if (!ep->ctx->am_rma || !job->local_host) {
         /* kvxfer's active messages copy with memcpy: host memory only
          * (device memory stays with UCX, which knows memory types). */
@@ -1226,7 +1253,7 @@ static int kvu_deliver(kvu_ctx_t *ctx)
  * count when the current pass began. */
 static void kvu_wait(kvu_ctx_t *ctx, uint64_t seen)
 {
-    struct pollfd pfd[2];
+    struct pollfd pfd[3];
     ucs_status_t  st;
     unsigned      n  = 0;
     uint64_t      val;
@@ -1238,6 +1265,11 @@ static void kvu_wait(kvu_ctx_t *ctx, uint64_t seen)
     st              = ucp_worker_arm(ctx->worker);
     pfd[n].fd       = ctx->wk[ctx->nwk - 1].efd;
     pfd[n++].events = POLLIN;
+    if (st != UCS_ERR_BUSY && ctx->split) {
+        st              = ucp_worker_arm(ctx->wkt.worker);
+        pfd[n].fd       = ctx->wkt.efd;
+        pfd[n++].events = POLLIN;
+    }
     pthread_mutex_unlock(&ctx->lock);
     if (st == UCS_ERR_BUSY) {
         return;
@@ -1347,6 +1379,14 @@ static void *kvu_progress_main(void *arg)
         }
         for (unsigned i = 0; i + 1 < ctx->nwk; i++) { /* retired workers */
             n += ucp_worker_progress(ctx->wk[i].worker);
+        }
+        if (ctx->split) {
+            unsigned t = 0;
+
+            while (ucp_worker_progress(ctx->wkt.worker) != 0 && t < 1024) {
+                t++;
+            }
+            n += t;
         }
         pthread_mutex_unlock(&ctx->lock);
         pthread_cond_broadcast(&ctx->cond);
@@ -1547,10 +1587,66 @@ int kvu_rma_wanted(const char *tls, int am_rma)
     return 0;
 }
 
-static kvx_status_t kvu_ucp_init(kvu_ctx_t *ctx)
+/* kvu_tls_lists: is name one of the comma-separated names of list? */
+static int kvu_tls_lists(const char *list, const char *name)
+{
+    size_t len = strlen(name);
+
+    while (*list != '\0') {
+        size_t n = strcspn(list, ",");
+
+        if (n == len && strncmp(list, name, n) == 0) {
+            return 1;
+        }
+        list += n;
+        list += *list == ',';
+    }
+    return 0;
+}
+
+/* kvu_tls_split: does the transport list tls (UCX_TLS syntax; NULL or "":
+ * UCX's default) allow tcp beside transports that copy for real? Then 1,
+ * and main gets the list without tcp: the context asking for RMA is built
+ * from it, and tcp lives in a context of its own without RMA (kvu_ctx
+ * split). 0 when tcp is not allowed or is all there is (kvu_rma_wanted). */
+static int kvu_tls_split(const char *tls, char *main, size_t size)
+{
+    size_t used = 0;
+
+    if (tls == NULL || tls[0] == '\0' || kvu_tls_lists(tls, "all")) {
+        snprintf(main, size, "^tcp");
+        return 1;
+    }
+    if (tls[0] == '^') {
+        if (kvu_tls_lists(tls + 1, "tcp")) {
+            return 0;
+        }
+        return snprintf(main, size, "%s,tcp", tls) < (int)size;
+    }
+    if (!kvu_tls_lists(tls, "tcp")) {
+        return 0;
+    }
+    main[0] = '\0';
+    for (const char *p = tls; *p != '\0';) {
+        size_t n = strcspn(p, ",");
+
+        if (n > 0 && !(n == 3 && strncmp(p, "tcp", 3) == 0) &&
+            used + n + 2 < size) {
+            used += (size_t)snprintf(main + used, size - used, "%s%.*s",
+                                     used ? "," : "", (int)n, p);
+        }
+        p += n;
+        p += *p == ',';
+    }
+    return used > 0;
+}
+
+/* kvu_config_make: UCX's configuration for a context of ctx allowing the
+ * transports tls (NULL or "": UCX's default), with kvxfer's settings. */
+static kvx_status_t kvu_config_make(kvu_ctx_t *ctx, const char *tls,
+                                    ucp_config_t **config_p)
 {
     ucp_config_t *config;
-    ucp_params_t  params;
     ucs_status_t  st;
     kvx_status_t  status;
 
@@ -1559,13 +1655,18 @@ static kvx_status_t kvu_ucp_init(kvu_ctx_t *ctx)
         return kvc_error(KVX_ERR_TRANSPORT, "ucp_config_read: %s",
                          ucs_status_string(st));
     }
-    if (ctx->params.tls != NULL && ctx->params.tls[0] != '\0') {
-        st = ucp_config_modify(config, "TLS", ctx->params.tls);
+    if (tls != NULL && tls[0] != '\0') {
+        const char *configured = ctx->params.tls ? ctx->params.tls : "";
+        int         as         = strcmp(tls, configured) != 0;
+
+        st = ucp_config_modify(config, "TLS", tls);
         if (st != UCS_OK) {
             ucp_config_release(config);
             return kvc_error(KVX_ERR_CONFIG,
                              "kv_connector_extra_config.ucx_tls: value '%s': "
-                             "rejected by UCX: %s", ctx->params.tls,
+                             "rejected by UCX%s%s%s: %s", configured,
+                             as ? " (as '" : "", as ? tls : "",
+                             as ? "', kvu_tls_split)" : "",
                              ucs_status_string(st));
         }
     }
@@ -1596,29 +1697,44 @@ static kvx_status_t kvu_ucp_init(kvu_ctx_t *ctx)
         ucp_config_release(config);
         return status;
     }
+    *config_p = config;
+    return KVX_OK;
+}
+
+/* kvu_ucp_open: one UCP context of ctx (features: with or without RMA). */
+static kvx_status_t kvu_ucp_open(kvu_ctx_t *ctx, const char *tls, int rma,
+                                 const char *name, ucp_context_h *ucp_p)
+{
+    ucp_config_t *config = NULL;
+    ucp_params_t  params;
+    ucs_status_t  st;
+    kvx_status_t  status = kvu_config_make(ctx, tls, &config);
+
+    if (status != KVX_OK) {
+        return status;
+    }
     memset(&params, 0, sizeof(params));
     params.field_mask   = UCP_PARAM_FIELD_FEATURES |
                           UCP_PARAM_FIELD_REQUEST_SIZE |
                           UCP_PARAM_FIELD_MT_WORKERS_SHARED |
                           UCP_PARAM_FIELD_NAME;
-    {
-        const char *env = getenv("KVX_UCX_AM_RMA");
-
-        ctx->am_rma = env == NULL || strcmp(env, "0") != 0;
-    }
-    ctx->rma            = kvu_rma_wanted(ctx->params.tls, ctx->am_rma);
     params.features     = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP |
-                          (ctx->rma ? UCP_FEATURE_RMA : 0);
+                          (rma ? UCP_FEATURE_RMA : 0);
     params.request_size = sizeof(kvu_req_t);
     params.mt_workers_shared = 0;
-    params.name         = ctx->name;
-    st = ucp_init(&params, config, &ctx->ucp);
+    params.name         = name;
+    st = ucp_init(&params, config, ucp_p);
     ucp_config_release(config);
     if (st != UCS_OK) {
+        *ucp_p = NULL;
         return kvc_error(KVX_ERR_TRANSPORT,
-                         "ucp_init (ucx_tls '%s', net devices '%s'): %s; the "
-                         "requested transports/devices are not usable here",
+                         "ucp_init (ucx_tls '%s'%s%s%s, net devices '%s'): "
+                         "%s; the requested transports/devices are not "
+                         "usable here",
                          ctx->params.tls ? ctx->params.tls : "",
+                         tls != ctx->params.tls ? " as '" : "",
+                         tls != ctx->params.tls ? (tls ? tls : "") : "",
+                         tls != ctx->params.tls ? "'" : "",
                          ctx->params.net_devices ? ctx->params.net_devices
                                                  : "",
                          ucs_status_string(st));
@@ -1626,11 +1742,151 @@ static kvx_status_t kvu_ucp_init(kvu_ctx_t *ctx)
     return KVX_OK;
 }
 
-/* kvu_worker_open creates a worker of ctx into wk (its event fd, address
- * and active-message handlers); on error wk may hold a partial worker,
- * released by kvu_worker_close. */
-static kvx_status_t kvu_worker_open(kvu_ctx_t *ctx, kvu_wk_t *wk)
+/* kvu_ucp_init opens ctx's UCP contexts. UCP_FEATURE_RMA makes UCX
+ * install its software RMA handlers on every interface of the context, and
+ * they read or write whatever address a sender names (kvu_rma_wanted): so
+ * tcp, which anyone on the network can reach, never shares a context with
+ * RMA. When the transport list allows tcp beside transports that copy for
+ * real (UCX's default does), the RMA context gets every transport but tcp
+ * and a second context, the tcp plane, gets tcp without RMA; kvu_ep_create
+ * picks the plane that reaches the peer. */
+static kvx_status_t kvu_ucp_init(kvu_ctx_t *ctx)
 {
+    char         main[256], name[80];
+    kvx_status_t status;
+
+    {
+        const char *env = getenv("KVX_UCX_AM_RMA");
+
+        ctx->am_rma = env == NULL || strcmp(env, "0") != 0;
+    }
+    ctx->rma   = kvu_rma_wanted(ctx->params.tls, ctx->am_rma);
+    ctx->split = ctx->rma && ctx->am_rma &&
+                 kvu_tls_split(ctx->params.tls, main, sizeof(main));
+    if (!ctx->split) {
+        return kvu_ucp_open(ctx, ctx->params.tls, ctx->rma, ctx->name,
+                            &ctx->ucp);
+    }
+    snprintf(name, sizeof(name), "%s-tcp", ctx->name);
+    status = kvu_ucp_open(ctx, "tcp", 0, name, &ctx->ucp_tcp);
+    if (status != KVX_OK) {
+        /* No tcp here (e.g. no interface): the rest as one context. */
+        kvc_log_info("KVX-UCX-PLANES", "%s: no tcp plane (%s); transports "
+                     "'%s' only", ctx->name, kvc_last_error(), main);
+        ctx->split = 0;
+        return kvu_ucp_open(ctx, main, 1, ctx->name, &ctx->ucp);
+    }
+    status = kvu_ucp_open(ctx, main, 1, ctx->name, &ctx->ucp);
+    if (status != KVX_OK) {
+        /* Nothing but tcp usable here: tcp alone, without RMA. */
+        kvc_log_info("KVX-UCX-PLANES", "%s: transports '%s' unusable (%s); "
+                     "tcp only, over kvxfer's active messages", ctx->name,
+                     main, kvc_last_error());
+        ctx->ucp     = ctx->ucp_tcp;
+        ctx->ucp_tcp = NULL;
+        ctx->split   = 0;
+        ctx->rma     = 0;
+        return KVX_OK;
+    }
+    kvc_log_debug("KVX-UCX-PLANES", "%s: RMA context over '%s', tcp plane "
+                  "without RMA", ctx->name, main);
+    return KVX_OK;
+}
+
+/* kvu_addr_build: what peers get as wk's address (kvu_addr_hdr_t): wk's
+ * UCP address, then the tcp plane's when ctx is split. */
+static kvx_status_t kvu_addr_build(kvu_ctx_t *ctx, kvu_wk_t *wk)
+{
+    const kvu_wk_t *e[KVU_ADDR_MAX] = {wk, ctx->split ? &ctx->wkt : NULL};
+    kvu_addr_hdr_t  h = {KVU_ADDR_MAGIC, KVU_AM_VERSION,
+                         (uint16_t)(ctx->split ? 2 : 1)};
+    size_t          len = sizeof(h), off = sizeof(h);
+
+    for (unsigned i = 0; i < h.n; i++) {
+        len += sizeof(uint32_t) + e[i]->addr_len;
+    }
+    wk->pub = malloc(len);
+    if (wk->pub == NULL) {
+        return kvc_error(KVX_ERR_NO_MEMORY, "kvu address: out of memory");
+    }
+    memcpy(wk->pub, &h, sizeof(h));
+    for (unsigned i = 0; i < h.n; i++) {
+        uint32_t n = (uint32_t)e[i]->addr_len;
+
+        memcpy(wk->pub + off, &n, sizeof(n));
+        memcpy(wk->pub + off + sizeof(n), e[i]->addr, n);
+        off += sizeof(n) + n;
+    }
+    wk->pub_len = len;
+    return KVX_OK;
+}
+
+kvx_status_t kvu_addr_entries(const void *buf, size_t len,
+                              const void *ent[KVU_ADDR_MAX],
+                              size_t ent_len[KVU_ADDR_MAX], unsigned *n_p)
+{
+    const uint8_t *p = buf;
+    kvu_addr_hdr_t h;
+    size_t         off = sizeof(h);
+
+    if (buf == NULL || len < sizeof(h)) {
+        return kvc_error(KVX_ERR_HANDSHAKE, "peer worker address: %zu bytes, "
+                         "shorter than kvxfer's %zu-byte header", len,
+                         sizeof(h));
+    }
+    memcpy(&h, buf, sizeof(h));
+    if (h.magic != KVU_ADDR_MAGIC) {
+        return kvc_error(KVX_ERR_PEER_VERSION, "peer worker address: no "
+                         "kvxfer data-plane protocol header (a build older "
+                         "than protocol 5); this build speaks kvxfer "
+                         "data-plane protocol %d", KVU_AM_VERSION);
+    }
+    if (h.version != KVU_AM_VERSION) {
+        return kvc_error(KVX_ERR_PEER_VERSION, "the peer speaks kvxfer "
+                         "data-plane protocol %u, this build speaks %d",
+                         (unsigned)h.version, KVU_AM_VERSION);
+    }
+    if (h.n < 1 || h.n > KVU_ADDR_MAX) {
+        return kvc_error(KVX_ERR_HANDSHAKE, "peer worker address: %u "
+                         "entries, must be 1..%d", (unsigned)h.n,
+                         KVU_ADDR_MAX);
+    }
+    for (unsigned i = 0; i < h.n; i++) {
+        uint32_t n;
+
+        if (len - off < sizeof(n)) {
+            return kvc_error(KVX_ERR_HANDSHAKE, "peer worker address: entry "
+                             "%u of %u cut short at byte %zu of %zu", i,
+                             (unsigned)h.n, off, len);
+        }
+        memcpy(&n, p + off, sizeof(n));
+        off += sizeof(n);
+        if (n == 0 || n > len - off) {
+            return kvc_error(KVX_ERR_HANDSHAKE, "peer worker address: entry "
+                             "%u: length %u, must be 1..%zu (the bytes "
+                             "left)", i, (unsigned)n, len - off);
+        }
+        ent[i]     = p + off;
+        ent_len[i] = n;
+        off += n;
+    }
+    if (off != len) {
+        return kvc_error(KVX_ERR_HANDSHAKE, "peer worker address: %zu bytes "
+                         "after its %u entries", len - off, (unsigned)h.n);
+    }
+    *n_p = h.n;
+    return KVX_OK;
+}
+
+/* kvu_worker_open creates a worker of the UCP context ucp into wk (its
+ * event fd, address and active-message handlers; wk->pub unless wk is the
+ * tcp plane's); on error wk may hold a partial worker, released by
+ * kvu_worker_close. */
+static kvx_status_t kvu_worker_open(kvu_ctx_t *ctx, ucp_context_h ucp,
+                                    kvu_wk_t *wk)
+{
+    kvx_status_t status;
+
     ucp_worker_params_t wp;
     ucs_status_t        st;
 
@@ -1643,7 +1899,7 @@ static kvx_status_t kvu_worker_open(kvu_ctx_t *ctx, kvu_wk_t *wk)
     wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;
     wp.events      = UCP_WAKEUP_RMA | UCP_WAKEUP_AMO | UCP_WAKEUP_TAG_SEND |
                      UCP_WAKEUP_TAG_RECV | UCP_WAKEUP_TX | UCP_WAKEUP_RX;
-    st = ucp_worker_create(ctx->ucp, &wp, &wk->worker);
+    st = ucp_worker_create(ucp, &wp, &wk->worker);
     if (st != UCS_OK) {
         wk->worker = NULL;
         return kvc_error(KVX_ERR_TRANSPORT, "ucp_worker_create: %s",
@@ -1660,11 +1916,17 @@ static kvx_status_t kvu_worker_open(kvu_ctx_t *ctx, kvu_wk_t *wk)
         return kvc_error(KVX_ERR_TRANSPORT, "ucp_worker_get_address: %s",
                          ucs_status_string(st));
     }
-    return kvu_am_handlers(wk);
+    status = kvu_am_handlers(wk);
+    if (status == KVX_OK && wk != &ctx->wkt) {
+        status = kvu_addr_build(ctx, wk);
+    }
+    return status;
 }
 
 static void kvu_worker_close(kvu_wk_t *wk)
 {
+    free(wk->pub);
+    wk->pub = NULL;
     if (wk->addr != NULL) {
         ucp_worker_release_address(wk->worker, wk->addr);
         wk->addr = NULL;
@@ -1692,8 +1954,14 @@ static kvx_status_t kvu_worker_init(kvu_ctx_t *ctx)
         return kvc_error(KVX_ERR_TRANSPORT, "ucp_dt_create_generic: %s",
                          ucs_status_string(st));
     }
+    if (ctx->split) { /* first: every other worker's address names it */
+        status = kvu_worker_open(ctx, ctx->ucp_tcp, &ctx->wkt);
+        if (status != KVX_OK) {
+            return status;
+        }
+    }
     ctx->nwk = 1;
-    status   = kvu_worker_open(ctx, &ctx->wk[0]);
+    status   = kvu_worker_open(ctx, ctx->ucp, &ctx->wk[0]);
     ctx->worker = ctx->wk[0].worker;
     return status;
 }
@@ -1706,6 +1974,7 @@ static void kvu_ctx_free(kvu_ctx_t *ctx)
     for (unsigned i = ctx->nwk; i-- > 0;) {
         kvu_worker_close(&ctx->wk[i]);
     }
+    kvu_worker_close(&ctx->wkt);
     if (ctx->am_dt != 0) {
         ucp_dt_destroy(ctx->am_dt);
     }
@@ -1719,6 +1988,9 @@ static void kvu_ctx_free(kvu_ctx_t *ctx)
     }
     if (ctx->ucp != NULL) {
         ucp_cleanup(ctx->ucp);
+    }
+    if (ctx->ucp_tcp != NULL) {
+        ucp_cleanup(ctx->ucp_tcp);
     }
     if (ctx->wakefd >= 0) {
         close(ctx->wakefd);
@@ -1891,7 +2163,7 @@ static int kvu_fifo_retire(kvu_ctx_t *ctx, uint64_t now, const char *how)
                       "restarts", ctx->name, idx - 1);
         return 0;
     }
-    status = kvu_worker_open(ctx, &ctx->wk[idx]);
+    status = kvu_worker_open(ctx, ctx->ucp, &ctx->wk[idx]);
     if (status != KVX_OK) {
         kvu_worker_close(&ctx->wk[idx]);
         ctx->probe_sent_us   = now; /* try again after another period */
@@ -2126,8 +2398,8 @@ void kvu_worker_address(kvu_ctx_t *ctx, const void **addr_p, size_t *len_p)
 
     pthread_mutex_lock(&ctx->lock);
     wk      = &ctx->wk[ctx->nwk - 1];
-    *addr_p = wk->addr;
-    *len_p  = wk->addr_len;
+    *addr_p = wk->pub;
+    *len_p  = wk->pub_len;
     pthread_mutex_unlock(&ctx->lock);
 }
 
@@ -2428,7 +2700,7 @@ static void kvu_ep_describe(kvu_ep_t *ep)
     ep->emulated     = kvu_lanes_rma_emulated(&lanes);
     ep->rma_shm_only = kvu_lanes_rma_shm_only(&lanes);
     ep->am_fifo      = kvu_lanes_am_fifo(&lanes);
-    ep->am_rma       = ep->emulated && ep->ctx->am_rma;
+    ep->am_rma       = (ep->emulated && ep->ctx->am_rma) || ep->am_only;
     (void)kvu_lanes_format(&lanes, ep->transports, sizeof(ep->transports));
 }
 
@@ -2463,16 +2735,66 @@ static kvx_status_t kvu_ep_wire_start(kvu_ep_t *ep)
     return KVX_OK;
 }
 
+/* kvu_ep_connect creates ep->ep on the first pair of a local worker and
+ * a peer address entry (kvu_addr_entries) that reach each other: this
+ * context's RMA worker (the only one unless split) to the peer's first
+ * entry, then to its tcp plane; then this context's tcp plane to the
+ * peer's tcp plane, then to its first entry. Whatever ends on a tcp plane
+ * (no UCX RMA there) moves data over kvxfer's active messages (am_only).
+ * Pairs without a common transport fail in ucp_ep_create (lane selection
+ * is synchronous); UCX's complaints about them are logged at debug level.
+ * ctx lock held. */
+static ucs_status_t kvu_ep_connect(kvu_ctx_t *ctx, kvu_ep_t *ep,
+                                   ucp_ep_params_t *prm,
+                                   const void *const *ent, unsigned nent)
+{
+    static const struct {
+        int      tcp;
+        unsigned e;
+    } order[] = {{0, 0}, {0, 1}, {1, 1}, {1, 0}};
+    ucs_status_t st = UCS_ERR_UNREACHABLE;
+
+    for (size_t i = 0; i < sizeof(order) / sizeof(order[0]); i++) {
+        if (order[i].e >= nent || (order[i].tcp && !ctx->split)) {
+            continue;
+        }
+        prm->address = ent[order[i].e];
+        kvu_log_quiet(1);
+        st = ucp_ep_create(order[i].tcp ? ctx->wkt.worker : ctx->worker, prm,
+                           &ep->ep);
+        kvu_log_quiet(0);
+        if (st == UCS_OK) {
+            ep->am_only = order[i].tcp || order[i].e == 1;
+            return UCS_OK;
+        }
+        kvc_log_debug("KVX-UCX-EP", "%s: %s worker to %s's entry %u: %s",
+                      ctx->name, order[i].tcp ? "tcp-plane" : "RMA",
+                      ep->peer, order[i].e, ucs_status_string(st));
+    }
+    ep->ep = NULL;
+    return st;
+}
+
 kvx_status_t kvu_ep_create(kvu_ctx_t *ctx, const void *addr, size_t len,
                            const char *peer_name, kvu_ep_err_fn err_cb,
                            void *err_arg, kvu_ep_t **ep_p)
 {
     ucp_ep_params_t ep_params;
-    kvu_ep_t       *ep = calloc(1, sizeof(*ep));
+    kvu_ep_t       *ep;
     kvx_status_t    status;
     ucs_status_t    st;
+    const void     *ent[KVU_ADDR_MAX];
+    size_t          ent_len[KVU_ADDR_MAX];
+    unsigned        nent;
 
-    (void)len;
+    status = kvu_addr_entries(addr, len, ent, ent_len, &nent);
+    if (status != KVX_OK) {
+        char why[384];
+
+        snprintf(why, sizeof(why), "%s", kvc_last_error());
+        return kvc_error(status, "endpoint to %s: %s", peer_name, why);
+    }
+    ep = calloc(1, sizeof(*ep));
     if (ep == NULL) {
         return kvc_error(KVX_ERR_NO_MEMORY, "kvu ep: out of memory");
     }
@@ -2484,21 +2806,24 @@ kvx_status_t kvu_ep_create(kvu_ctx_t *ctx, const void *addr, size_t len,
     ep_params.field_mask      = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
                                 UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                                 UCP_EP_PARAM_FIELD_ERR_HANDLER;
-    ep_params.address         = addr;
     ep_params.err_mode        = ctx->params.err_mode_peer
                                     ? UCP_ERR_HANDLING_MODE_PEER
                                     : UCP_ERR_HANDLING_MODE_NONE;
     ep_params.err_handler.cb  = kvu_ep_err_handler;
     ep_params.err_handler.arg = ep;
     pthread_mutex_lock(&ctx->lock);
-    st = ucp_ep_create(ctx->worker, &ep_params, &ep->ep);
+    st = kvu_ep_connect(ctx, ep, &ep_params, ent, nent);
     if (st != UCS_OK) {
         pthread_mutex_unlock(&ctx->lock);
         free(ep);
         return kvc_error(KVX_ERR_ENDPOINT,
-                         "ucp_ep_create to %s: %s (error mode %s; a transport "
-                         "set without peer-failure support cannot be used "
-                         "in peer mode)", peer_name, ucs_status_string(st),
+                         "ucp_ep_create to %s: %s (no transport of ucx_tls "
+                         "'%s' reaches the peer's %u published worker%s; "
+                         "error mode %s: a transport set without "
+                         "peer-failure support cannot be used in peer mode)",
+                         peer_name, ucs_status_string(st),
+                         ctx->params.tls ? ctx->params.tls : "", nent,
+                         nent == 1 ? "" : "s",
                          ctx->params.err_mode_peer ? "peer" : "none");
     }
     kvu_ep_describe(ep);
@@ -2713,6 +3038,9 @@ int kvu_rkey_direct(const kvu_rkey_t *rkey, uint64_t addr)
     /* A shared-memory RMA lane copies directly only when the peer's memory
      * was allocated by UCX (its rkey then maps locally); otherwise UCX 1.13
      * emulates the operation (research/ucx.md §0.2). */
+    if (rkey->rkey == NULL) { /* an active-message-only endpoint */
+        return 0;
+    }
     pthread_mutex_lock(&rkey->ep->ctx->lock);
     st = ucp_rkey_ptr(rkey->rkey, addr, &ptr);
     pthread_mutex_unlock(&rkey->ep->ctx->lock);
@@ -2728,6 +3056,9 @@ void *kvu_rkey_local(const kvu_rkey_t *rkey, uint64_t addr)
     void        *ptr = NULL;
     ucs_status_t st;
 
+    if (rkey->rkey == NULL) {
+        return NULL;
+    }
     pthread_mutex_lock(&rkey->ep->ctx->lock);
     st = ucp_rkey_ptr(rkey->rkey, addr, &ptr);
     pthread_mutex_unlock(&rkey->ep->ctx->lock);
@@ -2797,9 +3128,12 @@ kvx_status_t kvu_rkey_unpack(kvu_ep_t *ep, const void *buf, size_t len,
     }
     memcpy(&rk->token, (const uint8_t *)buf + len - tail,
            sizeof(rk->token));
+    /* An active-message-only endpoint (a tcp plane at either end) never
+     * hands the rkey to UCX: only its token is used. */
     pthread_mutex_lock(&ep->ctx->lock);
-    st = ep->ep != NULL ? ucp_ep_rkey_unpack(ep->ep, buf, &rk->rkey)
-                        : UCS_ERR_NOT_CONNECTED;
+    st = ep->ep == NULL ? UCS_ERR_NOT_CONNECTED
+         : ep->am_only  ? UCS_OK
+                        : ucp_ep_rkey_unpack(ep->ep, buf, &rk->rkey);
     pthread_mutex_unlock(&ep->ctx->lock);
     if (st != UCS_OK) {
         free(rk);
@@ -2816,9 +3150,11 @@ void kvu_rkey_destroy(kvu_rkey_t *rkey)
     if (rkey == NULL) {
         return;
     }
-    pthread_mutex_lock(&rkey->ep->ctx->lock);
-    ucp_rkey_destroy(rkey->rkey);
-    pthread_mutex_unlock(&rkey->ep->ctx->lock);
+    if (rkey->rkey != NULL) {
+        pthread_mutex_lock(&rkey->ep->ctx->lock);
+        ucp_rkey_destroy(rkey->rkey);
+        pthread_mutex_unlock(&rkey->ep->ctx->lock);
+    }
     free(rkey);
 }
 
@@ -2827,8 +3163,18 @@ kvx_status_t kvu_post(kvu_ep_t *ep, int is_put, kvu_mem_t *local_mem,
                       uint64_t remote_base, const kvc_run_t *runs, size_t n,
                       kvu_op_t *op)
 {
-    kvu_job_t *job = calloc(1, sizeof(*job));
+    kvu_job_t *job;
 
+    if (ep->am_only && !local_mem->host) {
+        return kvc_error(KVX_ERR_NOT_SUPPORTED, "%s to %s: device memory "
+                         "over tcp: kvxfer carries tcp data as its own "
+                         "checked active messages, which copy host memory "
+                         "only (UCX's RMA over tcp would serve any address "
+                         "to anyone); give ucx_tls an RDMA or GPU transport "
+                         "that reaches the peer", is_put ? "put" : "get",
+                         ep->peer);
+    }
+    job = calloc(1, sizeof(*job));
     if (job == NULL) {
         return kvc_error(KVX_ERR_NO_MEMORY, "kvu post: out of memory");
     }

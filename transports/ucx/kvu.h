@@ -60,6 +60,9 @@ void         kvu_ctx_destroy(kvu_ctx_t *ctx);
  * messages go to kvxfer's logger while at least one hold is active. */
 void         kvu_log_hold(void);
 void         kvu_log_release(void);
+/* kvu_log_quiet: while on (this thread), UCX's messages are logged at
+ * debug level (e.g. its errors for a worker pair that was only tried). */
+void         kvu_log_quiet(int on);
 /* kvu_ctx_kick wakes the progress thread (e.g. after new work). */
 void         kvu_ctx_kick(kvu_ctx_t *ctx);
 /* kvu_defer runs job->fn(job) on the progress thread, unlocked, soon. */
@@ -70,6 +73,16 @@ void         kvu_defer(kvu_ctx_t *ctx, kvt_job_t *job);
  * worker whose shared-memory FIFO a killed peer blocked (kvu.c
  * kvu_fifo_*; params.worker_reset is then called). */
 void kvu_worker_address(kvu_ctx_t *ctx, const void **addr_p, size_t *len_p);
+/* kvu_addr_entries: the UCP worker addresses inside a published address
+ * (kvu_worker_address): entry 0 the worker that asks UCX for one-sided
+ * operations (or the only one), entry 1 the tcp plane's, a worker without
+ * them (kvu.c kvu_ucp_init). KVX_ERR_PEER_VERSION naming both versions
+ * when the address is of another data-plane protocol, KVX_ERR_HANDSHAKE
+ * when its lengths do not add up. Entries point into buf. */
+#define KVU_ADDR_MAX 2
+kvx_status_t kvu_addr_entries(const void *buf, size_t len,
+                              const void *ent[KVU_ADDR_MAX],
+                              size_t ent_len[KVU_ADDR_MAX], unsigned *n_p);
 /* kvu_version: "1.13.1" style runtime version string (constant). */
 const char *kvu_version(void);
 /* kvu_settings: the UCX settings kvxfer applied (ucx_lane_settings), as

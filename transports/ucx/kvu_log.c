@@ -22,6 +22,12 @@
 
 static pthread_mutex_t kvu_log_lock = PTHREAD_MUTEX_INITIALIZER;
 static unsigned        kvu_log_users;
+static __thread int    kvu_log_quiet_on;
+
+void kvu_log_quiet(int on)
+{
+    kvu_log_quiet_on = on;
+}
 
 static ucs_log_func_rc_t kvu_log_handler(const char *file, unsigned line,
                                          const char *function,
@@ -37,7 +43,8 @@ static ucs_log_func_rc_t kvu_log_handler(const char *file, unsigned line,
     if (level <= UCS_LOG_LEVEL_FATAL) {
         return UCS_LOG_FUNC_RC_CONTINUE;
     }
-    kl = level <= UCS_LOG_LEVEL_ERROR ? KVC_LOG_ERROR
+    kl = kvu_log_quiet_on                 ? KVC_LOG_DEBUG
+         : level <= UCS_LOG_LEVEL_ERROR ? KVC_LOG_ERROR
          : level <= UCS_LOG_LEVEL_WARN ? KVC_LOG_WARN
          : level <= UCS_LOG_LEVEL_INFO ? KVC_LOG_INFO
                                         : KVC_LOG_DEBUG;
