@@ -63,10 +63,12 @@ struct Side {
     Side(const char *name, const char *tls, int access, uint8_t fill,
          kvx_status_t (*auth)(void *, uint64_t, uint64_t, uint64_t,
                               int) = nullptr,
-         void *auth_arg = nullptr)
-        : buf(65536, fill)
+         void *auth_arg = nullptr, const char *settings = nullptr,
+         size_t size = 65536)
+        : buf(size, fill)
     {
         kvu_params_t p{};
+        p.lane_settings      = settings;
         p.authorize          = auth;
         p.authorize_arg      = auth_arg;
         p.tls                = tls;
@@ -689,6 +691,49 @@ TEST(KvuAmForge, AnswerFromAThirdWorkerIsDropped)
         ucp_request_free(cl);
     }
     ucp_worker_release_address(silent.wk, sa);
+}
+
+// Get answers go out packed from the block itself as far as UCX sends them
+// at once; what it would pack later is copied before the handler returns.
+// A 4 KiB socket send buffer (tcp) forces the later packs: 8 MiB read in
+// 64 KiB answers, many copied late, arrive byte-exact either way.
+TEST(KvuAmAnswer, LatePacksComeFromACopyAndAreExact)
+{
+    for (const char *settings : {"auto", "auto SNDBUF=4096"}) {
+        SCOPED_TRACE(settings);
+        Side target("late-target", "tcp", KVT_ACCESS_READ, 0, nullptr,
+                    nullptr, settings, 8u << 20);
+        Side origin("late-origin", "tcp", KVT_ACCESS_LOCAL, 0, nullptr,
+                    nullptr, nullptr, 8u << 20);
+        for (size_t i = 0; i < target.buf.size(); i++) {
+            target.buf[i] = (uint8_t)(i * 31 + (i >> 16));
+        }
+        const void *addr, *rk;
+        size_t      len, rklen;
+        kvu_ep_t   *ep   = nullptr;
+        kvu_rkey_t *rkey = nullptr;
+        kvu_worker_address(target.ctx, &addr, &len);
+        ASSERT_EQ(kvu_ep_create(origin.ctx, addr, len, "late-target",
+                                nullptr, nullptr, &ep), KVX_OK);
+        kvu_mem_rkey(target.mem, &rk, &rklen);
+        ASSERT_EQ(kvu_rkey_unpack(ep, rk, rklen, &rkey), KVX_OK);
+        Waiter    w;
+        kvc_run_t run = {0, 0, target.buf.size()};
+        w.op.done = Waiter::cb;
+        w.op.arg  = &w;
+        ASSERT_EQ(kvu_post(ep, 0, origin.mem,
+                           (uint64_t)(uintptr_t)origin.buf.data(), rkey,
+                           (uint64_t)(uintptr_t)target.buf.data(), &run, 1,
+                           &w.op), KVX_OK);
+        EXPECT_EQ(w.wait(), KVX_OK);
+        EXPECT_TRUE(origin.buf == target.buf);
+        if (strstr(settings, "SNDBUF") != nullptr) {
+            EXPECT_GT(kvu_am_late_copied(target.ctx), 0u)
+                << "no answer was packed after its handler returned";
+        }
+        kvu_rkey_destroy(rkey);
+        kvu_ep_close(ep);
+    }
 }
 
 // A published address is kvxfer's list of UCP addresses: anything that is

@@ -116,6 +116,7 @@ typedef struct kvu_addr_hdr {
 typedef struct kvu_dt_state {
     const uint8_t *buf;
     size_t         len;
+    size_t         last;   /* offset of the latest pack call */
 } kvu_dt_state_t;
 
 typedef struct kvu_amp {
@@ -135,9 +136,10 @@ typedef struct kvu_amp {
 typedef struct kvu_amr {
     kvu_am_hdr_t     hdr;
     kvu_dt_state_t   dts;      /* GETREP data: data[] below */
-    unsigned char    data[];   /* copied while the range was authorized:
-                                  UCX packs fragments later, when the
-                                  block may already be reused */
+    unsigned char    data[];   /* what UCX had not packed when the send
+                                  returned, copied then (while the range
+                                  was authorized): UCX packs the rest
+                                  later, when the block may be reused */
 } kvu_amr_t;
 
 typedef struct kvu_job kvu_job_t;
@@ -289,6 +291,7 @@ struct kvu_ctx {
     uint64_t        am_refused;  /* AM requests refused (log throttle) */
     uint64_t        am_served;   /* AM requests answered (debug log) */
     uint64_t        am_dropped;  /* AM answers matching no request */
+    uint64_t        am_late_copied; /* GETREP bytes copied for a later pack */
     uint64_t        am_nonce;    /* splitmix64 state of request nonces */
     ucp_datatype_t  am_dt;       /* bytes, packed by copy (kvu_dt_*) */
     kvu_amp_t      *amp[KVU_AMP_BUCKETS]; /* unanswered AM ops, by id */
@@ -630,15 +633,25 @@ static void kvu_am_answer_send(kvu_ctx_t *ctx, ucp_ep_h reply_ep,
         prm.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
         prm.datatype      = ctx->am_dt;
     }
-    if (len > 0) {
-        memcpy(amr->data, data, len);
-    }
-    amr->dts.buf = amr->data;
-    amr->dts.len = len;
+    /* UCX packs what it can send now from the block itself, inside this
+     * call (kvu_dt_pack, while the range is authorized); whatever it will
+     * pack later is copied before this handler returns. A fragment whose
+     * send UCX rewinds is packed again from its start (dts.last), so the
+     * copy starts there. */
+    amr->dts.buf  = data;
+    amr->dts.len  = len;
+    amr->dts.last = 0;
     sp = ucp_am_send_nbx(reply_ep, am_id, &amr->hdr, sizeof(amr->hdr),
                          len > 0 ? (const void *)&amr->dts : NULL, len, &prm);
     if (sp == NULL || UCS_PTR_IS_ERR(sp)) {
         free(amr);
+        return;
+    }
+    if (len > 0) {
+        memcpy(amr->data + amr->dts.last,
+               (const uint8_t *)data + amr->dts.last, len - amr->dts.last);
+        amr->dts.buf = amr->data;
+        ctx->am_late_copied += len - amr->dts.last;
     }
 }
 
@@ -873,6 +886,7 @@ static size_t kvu_dt_pack(void *state, size_t offset, void *dest,
     if (offset >= st->len) {
         return 0;
     }
+    st->last = offset;
     n = st->len - offset < max_length ? st->len - offset : max_length;
     memcpy(dest, st->buf + offset, n);
     return n;
@@ -3021,6 +3035,16 @@ uint64_t kvu_am_dropped_answers(kvu_ctx_t *ctx)
 
     pthread_mutex_lock(&ctx->lock);
     n = ctx->am_dropped;
+    pthread_mutex_unlock(&ctx->lock);
+    return n;
+}
+
+uint64_t kvu_am_late_copied(kvu_ctx_t *ctx)
+{
+    uint64_t n;
+
+    pthread_mutex_lock(&ctx->lock);
+    n = ctx->am_late_copied;
     pthread_mutex_unlock(&ctx->lock);
     return n;
 }

@@ -131,6 +131,10 @@ const char  *kvu_ep_transports(const kvu_ep_t *ep);
 /* kvu_am_dropped_answers: active-message answers that matched no pending
  * request of this context (canceled meanwhile, or forged: wrong nonce). */
 uint64_t     kvu_am_dropped_answers(kvu_ctx_t *ctx);
+/* kvu_am_late_copied: bytes of get answers this context (as target) copied
+ * because UCX would pack them after the handler returned (the rest was
+ * packed from the block while its range was authorized). */
+uint64_t     kvu_am_late_copied(kvu_ctx_t *ctx);
 /* kvu_rma_wanted: 1 when a context allowing transports tls (UCX_TLS syntax;
  * NULL or "": UCX's default) asks UCX for one-sided operations; 0 when every
  * transport is tcp or self and am_rma (kvxfer's own active messages) is on:
