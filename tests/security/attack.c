@@ -597,8 +597,10 @@ static int cmd_rma(char **a)
                                           0)
               : NULL;
     if (layer == NULL || !json_object_object_get_ex(o, "worker_addr", &v) ||
+        !json_object_is_type(v, json_type_string) ||
         (addr = b64_decode(json_object_get_string(v), &alen)) == NULL ||
         !json_object_object_get_ex(layer, "rkey", &v) ||
+        !json_object_is_type(v, json_type_string) ||
         (rkey = b64_decode(json_object_get_string(v), &rlen)) == NULL ||
         !json_object_object_get_ex(layer, "base", &v) || alen < 8) {
         printf("rma: no worker address, layer 0 rkey and base in %s\n", a[0]);
@@ -635,6 +637,7 @@ static int cmd_rma(char **a)
             break;
         }
         memcpy(&len, addr + off, 4);
+        len &= 0x7fffffffu; /* the top bit: "serves no UCX RMA" */
         off += 4;
         if (len > alen - off) {
             break;

@@ -184,7 +184,7 @@ bool sabotage(const std::string &addr)
     const void *ent[KVU_ADDR_MAX];
     size_t      len[KVU_ADDR_MAX];
     unsigned    n = 0;
-    EXPECT_EQ(KVX_OK, kvu_addr_entries(addr.data(), addr.size(), ent, len, &n));
+    EXPECT_EQ(KVX_OK, kvu_addr_entries(addr.data(), addr.size(), ent, len, nullptr, &n));
     if (n == 0) {
         return false;
     }

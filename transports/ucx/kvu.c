@@ -98,10 +98,14 @@ typedef struct kvu_pub_trailer {
 } kvu_pub_trailer_t;
 
 /* kvu_addr_hdr_t: what kvu_worker_address publishes: this header, then
- * n entries, each a 4-byte length and a UCP worker address: entry 0 the
+ * n entries, each a 4-byte length (its top bit KVU_ADDR_NO_RMA) and a UCP
+ * worker address: entry 0 the
  * current worker's, entry 1 (split contexts only) the tcp plane's. Peers
  * of another data-plane protocol are refused by kvu_addr_entries. */
 #define KVU_ADDR_MAGIC    0x4157564bu /* "KVWA" */
+#define KVU_ADDR_NO_RMA   0x80000000u /* in an entry's length: the worker
+                                         serves no UCX RMA (tcp plane,
+                                         tcp-only context) */
 typedef struct kvu_addr_hdr {
     uint32_t magic;
     uint16_t version; /* KVU_AM_VERSION */
@@ -258,6 +262,7 @@ struct kvu_ctx {
      * wk[] keep every other transport. */
     int             split;
     ucp_context_h   ucp_tcp;
+    char            tls[512];    /* the transport list in force */
     kvu_wk_t        wkt;
     pthread_mutex_t lock;
     pthread_cond_t  cond;
@@ -1491,7 +1496,7 @@ static kvx_status_t kvu_setting(kvu_ctx_t *ctx, ucp_config_t *config,
  * shared-memory lanes in peer error mode. */
 static kvx_status_t kvu_settings_auto(kvu_ctx_t *ctx, ucp_config_t *config)
 {
-    if (ctx->params.err_mode_peer && kvu_tls_has_mm(ctx->params.tls)) {
+    if (ctx->params.err_mode_peer && kvu_tls_has_mm(ctx->tls)) {
         /* Peer error mode drops the sysv/posix lanes on 1.13 unless they
          * advertise peer-failure support (research/ucx.md §0.5, exp. G). */
         return kvu_setting(ctx, config, "MM_ERROR_HANDLING", "y", 1);
@@ -1581,18 +1586,34 @@ const char *kvu_settings(const kvu_ctx_t *ctx)
  * moves over kvxfer's own checked active messages. Any other transport
  * list keeps the feature (shared memory, RDMA and GPU lanes copy for real).
  * KVX_UCX_AM_RMA=0 (UCX's own emulation) needs it too. */
+/* kvu_tl_is: is the UCX_TLS token tok (n bytes) the transport name? UCX
+ * also takes "\name" (that name only, no alias) and "name:aux" (auxiliary
+ * use). */
+static int kvu_tl_is(const char *tok, size_t n, const char *name)
+{
+    size_t len = strlen(name);
+
+    if (n > 0 && tok[0] == '\\') {
+        tok++;
+        n--;
+    }
+    if (n > 4 && strncmp(tok + n - 4, ":aux", 4) == 0) {
+        n -= 4;
+    }
+    return n == len && strncmp(tok, name, n) == 0;
+}
+
 int kvu_rma_wanted(const char *tls, int am_rma)
 {
     const char *p = tls;
 
-    if (!am_rma || tls == NULL || tls[0] == '\0') {
+    if (!am_rma || tls == NULL || tls[0] == '\0' || tls[0] == '^') {
         return 1;
     }
     while (*p != '\0') {
         size_t n = strcspn(p, ",");
 
-        if (!((n == 3 && strncmp(p, "tcp", 3) == 0) ||
-              (n == 4 && strncmp(p, "self", 4) == 0))) {
+        if (n > 0 && !kvu_tl_is(p, n, "tcp") && !kvu_tl_is(p, n, "self")) {
             return 1;
         }
         p += n;
@@ -1604,12 +1625,10 @@ int kvu_rma_wanted(const char *tls, int am_rma)
 /* kvu_tls_lists: is name one of the comma-separated names of list? */
 static int kvu_tls_lists(const char *list, const char *name)
 {
-    size_t len = strlen(name);
-
     while (*list != '\0') {
         size_t n = strcspn(list, ",");
 
-        if (n == len && strncmp(list, name, n) == 0) {
+        if (kvu_tl_is(list, n, name)) {
             return 1;
         }
         list += n;
@@ -1618,41 +1637,85 @@ static int kvu_tls_lists(const char *list, const char *name)
     return 0;
 }
 
-/* kvu_tls_split: does the transport list tls (UCX_TLS syntax; NULL or "":
- * UCX's default) allow tcp beside transports that copy for real? Then 1,
- * and main gets the list without tcp: the context asking for RMA is built
- * from it, and tcp lives in a context of its own without RMA (kvu_ctx
- * split). 0 when tcp is not allowed or is all there is (kvu_rma_wanted). */
-static int kvu_tls_split(const char *tls, char *main, size_t size)
-{
-    size_t used = 0;
+/* Transports that copy but carry no messages (UCX needs a message-capable
+ * one beside them for wire-up). */
+static const char *const kvu_tl_rma_only[] = {
+    "cma", "knem", "cuda", "cuda_copy", "cuda_ipc", "gdr_copy", "rocm",
+    "rocm_copy", "rocm_ipc", "rocm_gdr"};
 
+int kvu_tls_split(const char *tls, char **main_p)
+{
+    size_t len = tls ? strlen(tls) : 0;
+    char  *main;
+    size_t used = 0;
+    int    msg  = 0;
+
+    *main_p = NULL;
     if (tls == NULL || tls[0] == '\0' || kvu_tls_lists(tls, "all")) {
-        snprintf(main, size, "^tcp");
-        return 1;
-    }
-    if (tls[0] == '^') {
+        main = strdup("^tcp");
+    } else if (tls[0] == '^') {
         if (kvu_tls_lists(tls + 1, "tcp")) {
             return 0;
         }
-        return snprintf(main, size, "%s,tcp", tls) < (int)size;
-    }
-    if (!kvu_tls_lists(tls, "tcp")) {
-        return 0;
-    }
-    main[0] = '\0';
-    for (const char *p = tls; *p != '\0';) {
-        size_t n = strcspn(p, ",");
-
-        if (n > 0 && !(n == 3 && strncmp(p, "tcp", 3) == 0) &&
-            used + n + 2 < size) {
-            used += (size_t)snprintf(main + used, size - used, "%s%.*s",
-                                     used ? "," : "", (int)n, p);
+        main = malloc(len + 5);
+        if (main != NULL) {
+            snprintf(main, len + 5, "%s,tcp", tls);
         }
-        p += n;
-        p += *p == ',';
+    } else {
+        if (!kvu_tls_lists(tls, "tcp")) {
+            return 0;
+        }
+        main = malloc(len + 1);
+        if (main == NULL) {
+            return -2;
+        }
+        main[0] = '\0';
+        for (const char *p = tls; *p != '\0';) {
+            size_t n = strcspn(p, ",");
+
+            if (n > 0 && !kvu_tl_is(p, n, "tcp")) {
+                int rma_only = 0;
+
+                for (size_t i = 0; i < sizeof(kvu_tl_rma_only) /
+                                       sizeof(kvu_tl_rma_only[0]); i++) {
+                    rma_only |= kvu_tl_is(p, n, kvu_tl_rma_only[i]);
+                }
+                msg |= !rma_only && !kvu_tl_is(p, n, "self");
+                used += (size_t)snprintf(main + used, len + 1 - used,
+                                         "%s%.*s", used ? "," : "", (int)n,
+                                         p);
+            }
+            p += n;
+            p += *p == ',';
+        }
+        if (!msg) { /* tcp carries the others' wire-up: cannot split */
+            free(main);
+            return -1;
+        }
     }
-    return used > 0;
+    if (main == NULL) {
+        return -2;
+    }
+    *main_p = main;
+    return 1;
+}
+
+/* kvu_ucp_has_tcp: does the UCP context hold a tcp interface? */
+static int kvu_ucp_has_tcp(ucp_context_h ucp)
+{
+    char  *text = NULL;
+    size_t len  = 0;
+    FILE  *f    = open_memstream(&text, &len);
+    int    has;
+
+    if (f == NULL) {
+        return 1; /* cannot tell: assume the worst */
+    }
+    ucp_context_print_info(ucp, f);
+    fclose(f);
+    has = text == NULL || strstr(text, "-- tcp/") != NULL;
+    free(text);
+    return has;
 }
 
 /* kvu_config_make: UCX's configuration for a context of ctx allowing the
@@ -1723,10 +1786,12 @@ static kvx_status_t kvu_ucp_open(kvu_ctx_t *ctx, const char *tls, int rma,
     ucp_params_t  params;
     ucs_status_t  st;
     kvx_status_t  status = kvu_config_make(ctx, tls, &config);
+    int           as;
 
     if (status != KVX_OK) {
         return status;
     }
+    as = strcmp(tls ? tls : "", ctx->params.tls ? ctx->params.tls : "") != 0;
     memset(&params, 0, sizeof(params));
     params.field_mask   = UCP_PARAM_FIELD_FEATURES |
                           UCP_PARAM_FIELD_REQUEST_SIZE |
@@ -1746,9 +1811,8 @@ static kvx_status_t kvu_ucp_open(kvu_ctx_t *ctx, const char *tls, int rma,
                          "%s; the requested transports/devices are not "
                          "usable here",
                          ctx->params.tls ? ctx->params.tls : "",
-                         tls != ctx->params.tls ? " as '" : "",
-                         tls != ctx->params.tls ? (tls ? tls : "") : "",
-                         tls != ctx->params.tls ? "'" : "",
+                         as ? " as '" : "", as ? (tls ? tls : "") : "",
+                         as ? "'" : "",
                          ctx->params.net_devices ? ctx->params.net_devices
                                                  : "",
                          ucs_status_string(st));
@@ -1766,20 +1830,43 @@ static kvx_status_t kvu_ucp_open(kvu_ctx_t *ctx, const char *tls, int rma,
  * picks the plane that reaches the peer. */
 static kvx_status_t kvu_ucp_init(kvu_ctx_t *ctx)
 {
-    char         main[256], name[80];
+    char         name[80], *main = NULL;
+    const char  *tls;
     kvx_status_t status;
+    int          split;
 
     {
         const char *env = getenv("KVX_UCX_AM_RMA");
 
         ctx->am_rma = env == NULL || strcmp(env, "0") != 0;
     }
-    ctx->rma   = kvu_rma_wanted(ctx->params.tls, ctx->am_rma);
-    ctx->split = ctx->rma && ctx->am_rma &&
-                 kvu_tls_split(ctx->params.tls, main, sizeof(main));
+    /* The list in force: ucx_tls, else the UCX_TLS the process was started
+     * with (ucp_config_read reads it), else UCX's default. */
+    tls = ctx->params.tls != NULL && ctx->params.tls[0] != '\0'
+              ? ctx->params.tls
+              : getenv("UCX_TLS") != NULL ? getenv("UCX_TLS") : "";
+    snprintf(ctx->tls, sizeof(ctx->tls), "%s", tls);
+    if (strlen(tls) >= sizeof(ctx->tls)) {
+        return kvc_error(KVX_ERR_CONFIG, "UCX_TLS: %zu characters, at most "
+                         "%zu", strlen(tls), sizeof(ctx->tls) - 1);
+    }
+    ctx->rma = kvu_rma_wanted(ctx->tls, ctx->am_rma);
+    split    = ctx->rma && ctx->am_rma ? kvu_tls_split(ctx->tls, &main) : 0;
+    if (split == -2) {
+        return kvc_error(KVX_ERR_NO_MEMORY, "kvu context: out of memory");
+    }
+    if (split == -1) {
+        kvc_log_warn("KVX-UCX-PLANES", "%s: ucx_tls '%s': besides tcp only "
+                     "transports that carry no messages (tcp carries their "
+                     "wire-up), so tcp stays in the context that asks for "
+                     "RMA and UCX's software RMA handlers, which serve any "
+                     "address, are reachable over tcp; add sm (same host) "
+                     "or an RDMA transport to keep tcp apart", ctx->name,
+                     ctx->tls);
+    }
+    ctx->split = split == 1;
     if (!ctx->split) {
-        return kvu_ucp_open(ctx, ctx->params.tls, ctx->rma, ctx->name,
-                            &ctx->ucp);
+        return kvu_ucp_open(ctx, ctx->tls, ctx->rma, ctx->name, &ctx->ucp);
     }
     snprintf(name, sizeof(name), "%s-tcp", ctx->name);
     status = kvu_ucp_open(ctx, "tcp", 0, name, &ctx->ucp_tcp);
@@ -1788,10 +1875,9 @@ static kvx_status_t kvu_ucp_init(kvu_ctx_t *ctx)
         kvc_log_info("KVX-UCX-PLANES", "%s: no tcp plane (%s); transports "
                      "'%s' only", ctx->name, kvc_last_error(), main);
         ctx->split = 0;
-        return kvu_ucp_open(ctx, main, 1, ctx->name, &ctx->ucp);
-    }
-    status = kvu_ucp_open(ctx, main, 1, ctx->name, &ctx->ucp);
-    if (status != KVX_OK) {
+        status     = kvu_ucp_open(ctx, main, 1, ctx->name, &ctx->ucp);
+    } else if ((status = kvu_ucp_open(ctx, main, 1, ctx->name,
+                                      &ctx->ucp)) != KVX_OK) {
         /* Nothing but tcp usable here: tcp alone, without RMA. */
         kvc_log_info("KVX-UCX-PLANES", "%s: transports '%s' unusable (%s); "
                      "tcp only, over kvxfer's active messages", ctx->name,
@@ -1800,11 +1886,23 @@ static kvx_status_t kvu_ucp_init(kvu_ctx_t *ctx)
         ctx->ucp_tcp = NULL;
         ctx->split   = 0;
         ctx->rma     = 0;
-        return KVX_OK;
+        status       = KVX_OK;
+    } else {
+        kvc_log_debug("KVX-UCX-PLANES", "%s: RMA context over '%s', tcp "
+                      "plane without RMA", ctx->name, main);
     }
-    kvc_log_debug("KVX-UCX-PLANES", "%s: RMA context over '%s', tcp plane "
-                  "without RMA", ctx->name, main);
-    return KVX_OK;
+    /* Whatever the list said: the context that asks for RMA must not hold
+     * a tcp interface (the split's whole point). */
+    if (status == KVX_OK && ctx->rma && ctx->split &&
+        kvu_ucp_has_tcp(ctx->ucp)) {
+        status = kvc_error(KVX_ERR_CONFIG, "kv_connector_extra_config."
+                           "ucx_tls '%s': the context asking for RMA (as "
+                           "'%s') still holds a tcp interface; refusing to "
+                           "serve UCX's software RMA over tcp", ctx->tls,
+                           main);
+    }
+    free(main);
+    return status;
 }
 
 /* kvu_addr_build: what peers get as wk's address (kvu_addr_hdr_t): wk's
@@ -1826,8 +1924,9 @@ static kvx_status_t kvu_addr_build(kvu_ctx_t *ctx, kvu_wk_t *wk)
     memcpy(wk->pub, &h, sizeof(h));
     for (unsigned i = 0; i < h.n; i++) {
         uint32_t n = (uint32_t)e[i]->addr_len;
+        uint32_t w = n | (i == 1 || !ctx->rma ? KVU_ADDR_NO_RMA : 0);
 
-        memcpy(wk->pub + off, &n, sizeof(n));
+        memcpy(wk->pub + off, &w, sizeof(w));
         memcpy(wk->pub + off + sizeof(n), e[i]->addr, n);
         off += sizeof(n) + n;
     }
@@ -1837,7 +1936,8 @@ static kvx_status_t kvu_addr_build(kvu_ctx_t *ctx, kvu_wk_t *wk)
 
 kvx_status_t kvu_addr_entries(const void *buf, size_t len,
                               const void *ent[KVU_ADDR_MAX],
-                              size_t ent_len[KVU_ADDR_MAX], unsigned *n_p)
+                              size_t ent_len[KVU_ADDR_MAX],
+                              int no_rma[KVU_ADDR_MAX], unsigned *n_p)
 {
     const uint8_t *p = buf;
     kvu_addr_hdr_t h;
@@ -1875,6 +1975,10 @@ kvx_status_t kvu_addr_entries(const void *buf, size_t len,
         }
         memcpy(&n, p + off, sizeof(n));
         off += sizeof(n);
+        if (no_rma != NULL) {
+            no_rma[i] = (n & KVU_ADDR_NO_RMA) != 0;
+        }
+        n &= ~KVU_ADDR_NO_RMA;
         if (n == 0 || n > len - off) {
             return kvc_error(KVX_ERR_HANDSHAKE, "peer worker address: entry "
                              "%u: length %u, must be 1..%zu (the bytes "
@@ -2118,7 +2222,7 @@ static void kvu_fifo_init(kvu_ctx_t *ctx)
     ucp_worker_params_t wp;
 
     if ((env != NULL && strcmp(env, "0") == 0) ||
-        !kvu_tls_has_mm(ctx->params.tls) ||
+        !kvu_tls_has_mm(ctx->tls) ||
         ucp_config_read(NULL, NULL, &config) != UCS_OK) {
         return;
     }
@@ -2753,14 +2857,16 @@ static kvx_status_t kvu_ep_wire_start(kvu_ep_t *ep)
  * a peer address entry (kvu_addr_entries) that reach each other: this
  * context's RMA worker (the only one unless split) to the peer's first
  * entry, then to its tcp plane; then this context's tcp plane to the
- * peer's tcp plane, then to its first entry. Whatever ends on a tcp plane
- * (no UCX RMA there) moves data over kvxfer's active messages (am_only).
+ * peer's tcp plane, then to its first entry. Whatever ends on a worker
+ * that serves no UCX RMA at either end (a tcp plane, a tcp-only context:
+ * KVU_ADDR_NO_RMA) moves data over kvxfer's active messages (am_only).
  * Pairs without a common transport fail in ucp_ep_create (lane selection
  * is synchronous); UCX's complaints about them are logged at debug level.
  * ctx lock held. */
 static ucs_status_t kvu_ep_connect(kvu_ctx_t *ctx, kvu_ep_t *ep,
                                    ucp_ep_params_t *prm,
-                                   const void *const *ent, unsigned nent)
+                                   const void *const *ent, const int *no_rma,
+                                   unsigned nent)
 {
     static const struct {
         int      tcp;
@@ -2778,7 +2884,7 @@ static ucs_status_t kvu_ep_connect(kvu_ctx_t *ctx, kvu_ep_t *ep,
                            &ep->ep);
         kvu_log_quiet(0);
         if (st == UCS_OK) {
-            ep->am_only = order[i].tcp || order[i].e == 1;
+            ep->am_only = order[i].tcp || no_rma[order[i].e] || !ctx->rma;
             return UCS_OK;
         }
         kvc_log_debug("KVX-UCX-EP", "%s: %s worker to %s's entry %u: %s",
@@ -2799,9 +2905,10 @@ kvx_status_t kvu_ep_create(kvu_ctx_t *ctx, const void *addr, size_t len,
     ucs_status_t    st;
     const void     *ent[KVU_ADDR_MAX];
     size_t          ent_len[KVU_ADDR_MAX];
+    int             no_rma[KVU_ADDR_MAX];
     unsigned        nent;
 
-    status = kvu_addr_entries(addr, len, ent, ent_len, &nent);
+    status = kvu_addr_entries(addr, len, ent, ent_len, no_rma, &nent);
     if (status != KVX_OK) {
         char why[384];
 
@@ -2826,7 +2933,7 @@ kvx_status_t kvu_ep_create(kvu_ctx_t *ctx, const void *addr, size_t len,
     ep_params.err_handler.cb  = kvu_ep_err_handler;
     ep_params.err_handler.arg = ep;
     pthread_mutex_lock(&ctx->lock);
-    st = kvu_ep_connect(ctx, ep, &ep_params, ent, nent);
+    st = kvu_ep_connect(ctx, ep, &ep_params, ent, no_rma, nent);
     if (st != UCS_OK) {
         pthread_mutex_unlock(&ctx->lock);
         free(ep);
@@ -3191,12 +3298,14 @@ kvx_status_t kvu_post(kvu_ep_t *ep, int is_put, kvu_mem_t *local_mem,
 
     if (ep->am_only && !local_mem->host) {
         return kvc_error(KVX_ERR_NOT_SUPPORTED, "%s to %s: device memory "
-                         "over tcp: kvxfer carries tcp data as its own "
+                         "over %s: kvxfer carries such data as its own "
                          "checked active messages, which copy host memory "
-                         "only (UCX's RMA over tcp would serve any address "
-                         "to anyone); give ucx_tls an RDMA or GPU transport "
-                         "that reaches the peer", is_put ? "put" : "get",
-                         ep->peer);
+                         "only (UCX's RMA there would serve any address to "
+                         "anyone who reaches the port); give ucx_tls an "
+                         "RDMA transport that reaches the peer (or set "
+                         "KVX_UCX_AM_RMA=0 on both sides to let UCX "
+                         "emulate RMA, with that exposure)",
+                         is_put ? "put" : "get", ep->peer, ep->transports);
     }
     job = calloc(1, sizeof(*job));
     if (job == NULL) {

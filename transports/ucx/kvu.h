@@ -78,11 +78,13 @@ void kvu_worker_address(kvu_ctx_t *ctx, const void **addr_p, size_t *len_p);
  * operations (or the only one), entry 1 the tcp plane's, a worker without
  * them (kvu.c kvu_ucp_init). KVX_ERR_PEER_VERSION naming both versions
  * when the address is of another data-plane protocol, KVX_ERR_HANDSHAKE
- * when its lengths do not add up. Entries point into buf. */
+ * when its lengths do not add up. Entries point into buf; no_rma (may be
+ * NULL) says which entries serve no UCX RMA (kvxfer active messages only). */
 #define KVU_ADDR_MAX 2
 kvx_status_t kvu_addr_entries(const void *buf, size_t len,
                               const void *ent[KVU_ADDR_MAX],
-                              size_t ent_len[KVU_ADDR_MAX], unsigned *n_p);
+                              size_t ent_len[KVU_ADDR_MAX],
+                              int no_rma[KVU_ADDR_MAX], unsigned *n_p);
 /* kvu_version: "1.13.1" style runtime version string (constant). */
 const char *kvu_version(void);
 /* kvu_settings: the UCX settings kvxfer applied (ucx_lane_settings), as
@@ -141,6 +143,15 @@ uint64_t     kvu_am_late_copied(kvu_ctx_t *ctx);
  * UCX's software RMA handlers, which serve any address, are then never
  * installed (kvu.c). */
 int          kvu_rma_wanted(const char *tls, int am_rma);
+/* kvu_tls_split: 1 when the transport list tls (UCX_TLS syntax, "" = UCX's
+ * default) allows tcp beside transports that copy for real and carry
+ * messages: *main_p (malloc'ed) is then the list without tcp, for the
+ * context asking for RMA, and tcp gets a context of its own without it
+ * (kvu.c kvu_ucp_init). 0 when tcp is not allowed; -1 when besides tcp
+ * only transports that carry no messages are (cma, cuda_*, rocm_*: tcp
+ * carries their wire-up, no split); -2 without memory. Names are matched
+ * as UCX does ("\tcp", "tcp:aux"). */
+int          kvu_tls_split(const char *tls, char **main_p);
 /* kvu_ep_rma_emulated: 1 when the endpoint has no RMA lane (every put/get
  * goes over active messages). */
 int          kvu_ep_rma_emulated(const kvu_ep_t *ep);
