@@ -69,6 +69,7 @@
                                5: published worker addresses are
                                   kvu_addr_hdr_t lists (the tcp plane) */
 #define KVU_AM_MAX_LEN    (64u << 10) /* bytes per message */
+#define KVU_TCP_SEG       "80k" /* a whole message, headers included */
 #define KVU_AMP_BUCKETS   1024
 
 typedef struct kvu_am_hdr {
@@ -1433,6 +1434,8 @@ static void *kvu_progress_main(void *arg)
 
 /* --- context ------------------------------------------------------------ */
 
+static int kvu_tls_lists(const char *list, const char *name);
+
 /* kvu_tls_has_mm: does the UCX_TLS list enable sysv/posix shared memory? */
 static int kvu_tls_has_mm(const char *tls)
 {
@@ -1440,6 +1443,13 @@ static int kvu_tls_has_mm(const char *tls)
 
     if (tls == NULL || tls[0] == '\0') {
         return 1;
+    }
+    if (tls[0] == '^') { /* everything but the names listed */
+        const char *l = tls + 1;
+
+        return !(kvu_tls_lists(l, "sm") || kvu_tls_lists(l, "shm") ||
+                 kvu_tls_lists(l, "mm") ||
+                 (kvu_tls_lists(l, "sysv") && kvu_tls_lists(l, "posix")));
     }
     for (size_t i = 0; i < sizeof(mm) / sizeof(mm[0]); i++) {
         const char *p = tls;
@@ -1491,17 +1501,32 @@ static kvx_status_t kvu_setting(kvu_ctx_t *ctx, ucp_config_t *config,
     return KVX_OK;
 }
 
-/* kvu_settings_auto: kvxfer's choice. Until a quiet-window measurement
- * shows a faster correct path per lane (issue 14), only what keeps the
- * shared-memory lanes in peer error mode. */
-static kvx_status_t kvu_settings_auto(kvu_ctx_t *ctx, ucp_config_t *config)
+/* kvu_settings_auto: kvxfer's choice, per context (tls: its transport
+ * list; figures in transports/ucx/README.md "Lane settings"):
+ * - shared memory in peer error mode: MM_ERROR_HANDLING=y (peer error mode
+ *   drops the sysv/posix lanes on 1.13 unless they advertise peer-failure
+ *   support, research/ucx.md §0.5, exp. G);
+ * - a tcp-only context (the tcp plane, or a tcp-only list), whose data are
+ *   kvxfer's active messages of up to KVU_AM_MAX_LEN: tcp segments that
+ *   hold a whole message (TX_SEG_SIZE, RX_SEG_SIZE), so UCX neither
+ *   fragments it nor reassembles it into a buffer of its own before the
+ *   handler copies it (tcp READ 2.8x, WRITE 2.3x at 1 MiB). */
+static kvx_status_t kvu_settings_auto(kvu_ctx_t *ctx, ucp_config_t *config,
+                                      const char *tls)
 {
-    if (ctx->params.err_mode_peer && kvu_tls_has_mm(ctx->tls)) {
-        /* Peer error mode drops the sysv/posix lanes on 1.13 unless they
-         * advertise peer-failure support (research/ucx.md §0.5, exp. G). */
-        return kvu_setting(ctx, config, "MM_ERROR_HANDLING", "y", 1);
+    kvx_status_t status = KVX_OK;
+
+    if (ctx->params.err_mode_peer && kvu_tls_has_mm(tls)) {
+        status = kvu_setting(ctx, config, "MM_ERROR_HANDLING", "y", 1);
     }
-    return KVX_OK;
+    if (status == KVX_OK && ctx->am_rma && tls != NULL && tls[0] != '\0' &&
+        !kvu_rma_wanted(tls, 1)) {
+        status = kvu_setting(ctx, config, "TX_SEG_SIZE", KVU_TCP_SEG, 1);
+        if (status == KVX_OK) {
+            status = kvu_setting(ctx, config, "RX_SEG_SIZE", KVU_TCP_SEG, 1);
+        }
+    }
+    return status;
 }
 
 /* kvu_settings_token applies one KEY=VALUE token of ucx_lane_settings. */
@@ -1537,7 +1562,8 @@ static kvx_status_t kvu_settings_token(kvu_ctx_t *ctx, ucp_config_t *config,
     return kvu_setting(ctx, config, key, val, 0);
 }
 
-static kvx_status_t kvu_settings_apply(kvu_ctx_t *ctx, ucp_config_t *config)
+static kvx_status_t kvu_settings_apply(kvu_ctx_t *ctx, ucp_config_t *config,
+                                       const char *tls)
 {
     const char  *p = ctx->params.lane_settings ? ctx->params.lane_settings
                                                : "auto";
@@ -1553,7 +1579,7 @@ static kvx_status_t kvu_settings_apply(kvu_ctx_t *ctx, ucp_config_t *config)
         }
         n = strcspn(p, " \t");
         if (n == 4 && strncmp(p, "auto", 4) == 0) {
-            status = kvu_settings_auto(ctx, config);
+            status = kvu_settings_auto(ctx, config, tls);
         } else if (!(n == 4 && strncmp(p, "none", 4) == 0)) {
             status = kvu_settings_token(ctx, config, p, n);
         }
@@ -1769,7 +1795,7 @@ static kvx_status_t kvu_config_make(kvu_ctx_t *ctx, const char *tls,
                          "ucx_tcp_port_range: value '%s': rejected by UCX: %s",
                          ctx->params.tcp_port_range, ucs_status_string(st));
     }
-    status = kvu_settings_apply(ctx, config);
+    status = kvu_settings_apply(ctx, config, tls);
     if (status != KVX_OK) {
         ucp_config_release(config);
         return status;
@@ -1830,7 +1856,7 @@ static kvx_status_t kvu_ucp_open(kvu_ctx_t *ctx, const char *tls, int rma,
  * picks the plane that reaches the peer. */
 static kvx_status_t kvu_ucp_init(kvu_ctx_t *ctx)
 {
-    char         name[80], *main = NULL;
+    char         name[80], *main = NULL, tcp_settings[sizeof(ctx->settings)];
     const char  *tls;
     kvx_status_t status;
     int          split;
@@ -1870,6 +1896,7 @@ static kvx_status_t kvu_ucp_init(kvu_ctx_t *ctx)
     }
     snprintf(name, sizeof(name), "%s-tcp", ctx->name);
     status = kvu_ucp_open(ctx, "tcp", 0, name, &ctx->ucp_tcp);
+    snprintf(tcp_settings, sizeof(tcp_settings), "%s", ctx->settings);
     if (status != KVX_OK) {
         /* No tcp here (e.g. no interface): the rest as one context. */
         kvc_log_info("KVX-UCX-PLANES", "%s: no tcp plane (%s); transports "
@@ -1888,6 +1915,11 @@ static kvx_status_t kvu_ucp_init(kvu_ctx_t *ctx)
         ctx->rma     = 0;
         status       = KVX_OK;
     } else {
+        size_t used = strlen(ctx->settings);
+
+        snprintf(ctx->settings + used, sizeof(ctx->settings) - used,
+                 "%stcp plane: %s", used ? "; " : "",
+                 tcp_settings[0] ? tcp_settings : "UCX defaults");
         kvc_log_debug("KVX-UCX-PLANES", "%s: RMA context over '%s', tcp "
                       "plane without RMA", ctx->name, main);
     }
