@@ -1986,7 +1986,7 @@ TEST(LaneSettings, ExplicitSettingIsAppliedAndReportedWithThePeer)
     ASSERT_EQ(KVX_OK, Api()->transports(pr.d->eng, &json));
     std::string js(json);
     Api()->free(json);
-    EXPECT_TRUE(Contains(js, "\"settings\":\"TX_SEG_SIZE=80k RX_SEG_SIZE=80k "
+    EXPECT_TRUE(Contains(js, "\"settings\":\"TX_SEG_SIZE=272k RX_SEG_SIZE=272k "
                              "RNDV_THRESH=16k\"")) << js;
     EXPECT_TRUE(Contains(js, "\"transports\":\"tcp")) << js;
     EXPECT_FALSE(Contains(js, "4294967295")) << js;

@@ -879,8 +879,8 @@ TEST(KvuPlanes, SameHostDefaultsUseSharedMemory)
     Pair pr("", KVT_ACCESS_READ);
     // shared memory kept in peer error mode; the tcp plane's segments hold
     // a whole active message
-    EXPECT_STREQ("MM_ERROR_HANDLING=y; tcp plane: TX_SEG_SIZE=80k "
-                 "RX_SEG_SIZE=80k", kvu_settings(pr.target.ctx));
+    EXPECT_STREQ("MM_ERROR_HANDLING=y; tcp plane: TX_SEG_SIZE=272k "
+                 "RX_SEG_SIZE=272k", kvu_settings(pr.target.ctx));
     EXPECT_FALSE(kvu_ep_rma_emulated(pr.ep)) << kvu_ep_transports(pr.ep);
     EXPECT_EQ(nullptr, strstr(kvu_ep_transports(pr.ep), "tcp"))
         << kvu_ep_transports(pr.ep);

@@ -68,8 +68,11 @@
                                4: published rkeys end with kvu_pub_trailer;
                                5: published worker addresses are
                                   kvu_addr_hdr_t lists (the tcp plane) */
-#define KVU_AM_MAX_LEN    (64u << 10) /* bytes per message */
-#define KVU_TCP_SEG       "80k" /* a whole message, headers included */
+#define KVU_AM_MAX_LEN    (256u << 10) /* bytes per message (tcp) */
+#define KVU_AM_FIFO_LEN   (64u << 10)  /* over a shared-memory FIFO (its
+                                          gets cap, KVU_FIFO_MAX_GETS, is
+                                          sized for it) */
+#define KVU_TCP_SEG       "272k" /* a whole message, headers included */
 #define KVU_AMP_BUCKETS   1024
 
 typedef struct kvu_am_hdr {
@@ -1098,8 +1101,9 @@ static void kvu_ep_drain(kvu_ep_t *ep)
             if (len > ctx->chunk) {
                 len = ctx->chunk;
             }
-            if (job->route == KVU_ROUTE_AM && len > KVU_AM_MAX_LEN) {
-                len = KVU_AM_MAX_LEN;
+            if (job->route == KVU_ROUTE_AM &&
+                len > (ep->am_fifo ? KVU_AM_FIFO_LEN : KVU_AM_MAX_LEN)) {
+                len = ep->am_fifo ? KVU_AM_FIFO_LEN : KVU_AM_MAX_LEN;
             }
             if (len > 0 && kvu_issue(ep, job, len) != 0) {
                 job->idx = job->n;
