@@ -637,7 +637,7 @@ static int cmd_rma(char **a)
             break;
         }
         memcpy(&len, addr + off, 4);
-        len &= 0x7fffffffu; /* the top bit: "serves no UCX RMA" */
+        len &= 0x3fffffffu; /* the top two bits are flags */
         off += 4;
         if (len > alen - off) {
             break;

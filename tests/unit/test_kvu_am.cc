@@ -781,6 +781,58 @@ TEST(KvuAmAnswer, LatePacksComeFromACopyAndAreExact)
     }
 }
 
+// A context whose tcp segments hold a whole 256 KiB message ("auto") and
+// one with UCX's default segments ("none": 64k receive) exchange 1 MiB
+// both ways, gets and puts: a message sent as one large segment must fit
+// the receiver's (KVU_ADDR_BIG_RX), or UCX asserts (or, without
+// assertions, overruns its receive buffer).
+TEST(KvuAmSegments, LargeAndDefaultSegmentsInterwork)
+{
+    const size_t sz = 1u << 20;
+    for (int dir = 0; dir < 2; dir++) {
+        // fresh contexts per direction: an endpoint created while the
+        // other direction's is still closing races UCX's connection
+        // matching (test_kvu_fifo.cc)
+        Side big("seg-big", "tcp", KVT_ACCESS_DEFAULT, 0, nullptr, nullptr,
+                 "auto", sz);
+        Side small("seg-small", "tcp", KVT_ACCESS_DEFAULT, 0, nullptr,
+                   nullptr, "none", sz);
+        EXPECT_STREQ("TX_SEG_SIZE=272k RX_SEG_SIZE=272k",
+                     kvu_settings(big.ctx));
+        EXPECT_STREQ("", kvu_settings(small.ctx));
+        Side &o = dir ? big : small, &t = dir ? small : big;
+        const void *addr, *rk;
+        size_t      len, rklen;
+        kvu_ep_t   *ep   = nullptr;
+        kvu_rkey_t *rkey = nullptr;
+        kvu_worker_address(t.ctx, &addr, &len);
+        ASSERT_EQ(kvu_ep_create(o.ctx, addr, len, "seg-peer", nullptr,
+                                nullptr, &ep), KVX_OK);
+        kvu_mem_rkey(t.mem, &rk, &rklen);
+        ASSERT_EQ(kvu_rkey_unpack(ep, rk, rklen, &rkey), KVX_OK);
+        for (int is_put = 0; is_put < 2; is_put++) {
+            SCOPED_TRACE(std::string(dir ? "large -> default" : "default -> large") +
+                         (is_put ? " put" : " get"));
+            Side &src = is_put ? o : t;
+            for (size_t i = 0; i < sz; i++) {
+                src.buf[i] = (uint8_t)(i * 7 + dir * 3 + is_put);
+            }
+            Waiter    w;
+            kvc_run_t run = {0, 0, sz};
+            w.op.done = Waiter::cb;
+            w.op.arg  = &w;
+            ASSERT_EQ(kvu_post(ep, is_put, o.mem,
+                               (uint64_t)(uintptr_t)o.buf.data(), rkey,
+                               (uint64_t)(uintptr_t)t.buf.data(), &run, 1,
+                               &w.op), KVX_OK);
+            EXPECT_EQ(w.wait(), KVX_OK);
+            EXPECT_TRUE(o.buf == t.buf);
+        }
+        kvu_rkey_destroy(rkey);
+        kvu_ep_close(ep);
+    }
+}
+
 // A published address is kvxfer's list of UCP addresses: anything that is
 // not one of this protocol, or whose lengths do not add up, is refused
 // before UCX parses a byte of it.

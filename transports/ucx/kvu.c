@@ -69,6 +69,10 @@
                                5: published worker addresses are
                                   kvu_addr_hdr_t lists (the tcp plane) */
 #define KVU_AM_MAX_LEN    (256u << 10) /* bytes per message (tcp) */
+#define KVU_AM_SMALL_LEN  (60u << 10)  /* to or from a worker whose tcp
+                                          receive segments are UCX's
+                                          default 64k (one segment each
+                                          when the sender's are large) */
 #define KVU_AM_FIFO_LEN   (64u << 10)  /* over a shared-memory FIFO (its
                                           gets cap, KVU_FIFO_MAX_GETS, is
                                           sized for it) */
@@ -102,14 +106,13 @@ typedef struct kvu_pub_trailer {
 } kvu_pub_trailer_t;
 
 /* kvu_addr_hdr_t: what kvu_worker_address publishes: this header, then
- * n entries, each a 4-byte length (its top bit KVU_ADDR_NO_RMA) and a UCP
+ * n entries, each a 4-byte length (its top bits flags: kvu.h
+ * KVU_ADDR_NO_RMA, KVU_ADDR_BIG_RX) and a UCP
  * worker address: entry 0 the
  * current worker's, entry 1 (split contexts only) the tcp plane's. Peers
  * of another data-plane protocol are refused by kvu_addr_entries. */
 #define KVU_ADDR_MAGIC    0x4157564bu /* "KVWA" */
-#define KVU_ADDR_NO_RMA   0x80000000u /* in an entry's length: the worker
-                                         serves no UCX RMA (tcp plane,
-                                         tcp-only context) */
+#define KVU_ADDR_LEN_MASK 0x3fffffffu
 typedef struct kvu_addr_hdr {
     uint32_t magic;
     uint16_t version; /* KVU_AM_VERSION */
@@ -215,6 +218,9 @@ struct kvu_ep {
     int           am_rma;        /* gets/puts over kvxfer AMs (emulated) */
     int           am_only;       /* this or the peer's end is a tcp plane
                                     (no UCX RMA at all): kvxfer AMs only */
+    uint64_t      am_get_max;    /* bytes per AM get: this side's receive
+                                    segments (KVU_ADDR_BIG_RX) */
+    uint64_t      am_put_max;    /* bytes per AM put: the peer's */
     uint64_t      am_npending;   /* AM gets/puts not answered yet */
     kvu_ep_err_fn err_cb;
     void         *err_arg;
@@ -267,6 +273,9 @@ struct kvu_ctx {
     int             split;
     ucp_context_h   ucp_tcp;
     char            tls[512];    /* the transport list in force */
+    int             big_rx_main; /* tcp receive segments hold KVU_AM_MAX_LEN */
+    int             big_rx_tcp;  /* the same for the tcp plane */
+    int             big_rx_last; /* set by kvu_settings_apply */
     kvu_wk_t        wkt;
     pthread_mutex_t lock;
     pthread_cond_t  cond;
@@ -1101,9 +1110,15 @@ static void kvu_ep_drain(kvu_ep_t *ep)
             if (len > ctx->chunk) {
                 len = ctx->chunk;
             }
-            if (job->route == KVU_ROUTE_AM &&
-                len > (ep->am_fifo ? KVU_AM_FIFO_LEN : KVU_AM_MAX_LEN)) {
-                len = ep->am_fifo ? KVU_AM_FIFO_LEN : KVU_AM_MAX_LEN;
+            if (job->route == KVU_ROUTE_AM) {
+                uint64_t max = job->is_put ? ep->am_put_max : ep->am_get_max;
+
+                if (ep->am_fifo && max > KVU_AM_FIFO_LEN) {
+                    max = KVU_AM_FIFO_LEN;
+                }
+                if (len > max) {
+                    len = max;
+                }
             }
             if (len > 0 && kvu_issue(ep, job, len) != 0) {
                 job->idx = job->n;
@@ -1527,7 +1542,12 @@ static kvx_status_t kvu_settings_auto(kvu_ctx_t *ctx, ucp_config_t *config,
         !kvu_rma_wanted(tls, 1)) {
         status = kvu_setting(ctx, config, "TX_SEG_SIZE", KVU_TCP_SEG, 1);
         if (status == KVX_OK) {
+            size_t before = strlen(ctx->settings);
+
             status = kvu_setting(ctx, config, "RX_SEG_SIZE", KVU_TCP_SEG, 1);
+            /* applied (a UCX that does not know it skips it, unlisted) */
+            ctx->big_rx_last = status == KVX_OK &&
+                               strlen(ctx->settings) > before;
         }
     }
     return status;
@@ -1563,6 +1583,10 @@ static kvx_status_t kvu_settings_token(kvu_ctx_t *ctx, ucp_config_t *config,
                              ? "give UCX's name without the UCX_ prefix"
                              : "set it with ucx_tls / ucx_net_devices");
     }
+    if (strcmp(key, "RX_SEG_SIZE") == 0 || strcmp(key, "TX_SEG_SIZE") == 0 ||
+        strcmp(key, "SEG_SIZE") == 0) {
+        ctx->big_rx_last = 0; /* the user's segments: small messages */
+    }
     return kvu_setting(ctx, config, key, val, 0);
 }
 
@@ -1574,6 +1598,7 @@ static kvx_status_t kvu_settings_apply(kvu_ctx_t *ctx, ucp_config_t *config,
     kvx_status_t status = KVX_OK;
 
     ctx->settings[0] = '\0';
+    ctx->big_rx_last = 0;
     while (status == KVX_OK) {
         size_t n;
 
@@ -1896,17 +1921,22 @@ static kvx_status_t kvu_ucp_init(kvu_ctx_t *ctx)
     }
     ctx->split = split == 1;
     if (!ctx->split) {
-        return kvu_ucp_open(ctx, ctx->tls, ctx->rma, ctx->name, &ctx->ucp);
+        status = kvu_ucp_open(ctx, ctx->tls, ctx->rma, ctx->name, &ctx->ucp);
+        ctx->big_rx_main = ctx->big_rx_last;
+        return status;
     }
     snprintf(name, sizeof(name), "%s-tcp", ctx->name);
     status = kvu_ucp_open(ctx, "tcp", 0, name, &ctx->ucp_tcp);
     snprintf(tcp_settings, sizeof(tcp_settings), "%s", ctx->settings);
+    ctx->big_rx_tcp = status == KVX_OK && ctx->big_rx_last;
     if (status != KVX_OK) {
         /* No tcp here (e.g. no interface): the rest as one context. */
         kvc_log_info("KVX-UCX-PLANES", "%s: no tcp plane (%s); transports "
                      "'%s' only", ctx->name, kvc_last_error(), main);
-        ctx->split = 0;
-        status     = kvu_ucp_open(ctx, main, 1, ctx->name, &ctx->ucp);
+        ctx->split      = 0;
+        ctx->big_rx_tcp = 0;
+        status          = kvu_ucp_open(ctx, main, 1, ctx->name, &ctx->ucp);
+        ctx->big_rx_main = ctx->big_rx_last;
     } else if ((status = kvu_ucp_open(ctx, main, 1, ctx->name,
                                       &ctx->ucp)) != KVX_OK) {
         /* Nothing but tcp usable here: tcp alone, without RMA. */
@@ -1918,9 +1948,13 @@ static kvx_status_t kvu_ucp_init(kvu_ctx_t *ctx)
         ctx->split   = 0;
         ctx->rma     = 0;
         status       = KVX_OK;
+        ctx->big_rx_main = ctx->big_rx_tcp;
+        ctx->big_rx_tcp  = 0;
+        memcpy(ctx->settings, tcp_settings, sizeof(ctx->settings));
     } else {
         size_t used = strlen(ctx->settings);
 
+        ctx->big_rx_main = ctx->big_rx_last;
         snprintf(ctx->settings + used, sizeof(ctx->settings) - used,
                  "%stcp plane: %s", used ? "; " : "",
                  tcp_settings[0] ? tcp_settings : "UCX defaults");
@@ -1960,7 +1994,9 @@ static kvx_status_t kvu_addr_build(kvu_ctx_t *ctx, kvu_wk_t *wk)
     memcpy(wk->pub, &h, sizeof(h));
     for (unsigned i = 0; i < h.n; i++) {
         uint32_t n = (uint32_t)e[i]->addr_len;
-        uint32_t w = n | (i == 1 || !ctx->rma ? KVU_ADDR_NO_RMA : 0);
+        int      big = i == 1 ? ctx->big_rx_tcp : ctx->big_rx_main;
+        uint32_t w   = n | (i == 1 || !ctx->rma ? KVU_ADDR_NO_RMA : 0) |
+                     (big ? KVU_ADDR_BIG_RX : 0);
 
         memcpy(wk->pub + off, &w, sizeof(w));
         memcpy(wk->pub + off + sizeof(n), e[i]->addr, n);
@@ -1973,7 +2009,7 @@ static kvx_status_t kvu_addr_build(kvu_ctx_t *ctx, kvu_wk_t *wk)
 kvx_status_t kvu_addr_entries(const void *buf, size_t len,
                               const void *ent[KVU_ADDR_MAX],
                               size_t ent_len[KVU_ADDR_MAX],
-                              int no_rma[KVU_ADDR_MAX], unsigned *n_p)
+                              uint32_t flags[KVU_ADDR_MAX], unsigned *n_p)
 {
     const uint8_t *p = buf;
     kvu_addr_hdr_t h;
@@ -2011,10 +2047,10 @@ kvx_status_t kvu_addr_entries(const void *buf, size_t len,
         }
         memcpy(&n, p + off, sizeof(n));
         off += sizeof(n);
-        if (no_rma != NULL) {
-            no_rma[i] = (n & KVU_ADDR_NO_RMA) != 0;
+        if (flags != NULL) {
+            flags[i] = n & ~KVU_ADDR_LEN_MASK;
         }
-        n &= ~KVU_ADDR_NO_RMA;
+        n &= KVU_ADDR_LEN_MASK;
         if (n == 0 || n > len - off) {
             return kvc_error(KVX_ERR_HANDSHAKE, "peer worker address: entry "
                              "%u: length %u, must be 1..%zu (the bytes "
@@ -2901,8 +2937,8 @@ static kvx_status_t kvu_ep_wire_start(kvu_ep_t *ep)
  * ctx lock held. */
 static ucs_status_t kvu_ep_connect(kvu_ctx_t *ctx, kvu_ep_t *ep,
                                    ucp_ep_params_t *prm,
-                                   const void *const *ent, const int *no_rma,
-                                   unsigned nent)
+                                   const void *const *ent,
+                                   const uint32_t *flags, unsigned nent)
 {
     static const struct {
         int      tcp;
@@ -2920,7 +2956,15 @@ static ucs_status_t kvu_ep_connect(kvu_ctx_t *ctx, kvu_ep_t *ep,
                            &ep->ep);
         kvu_log_quiet(0);
         if (st == UCS_OK) {
-            ep->am_only = order[i].tcp || no_rma[order[i].e] || !ctx->rma;
+            int local_big = order[i].tcp ? ctx->big_rx_tcp : ctx->big_rx_main;
+
+            ep->am_only = order[i].tcp ||
+                          (flags[order[i].e] & KVU_ADDR_NO_RMA) || !ctx->rma;
+            /* A message travels as one tcp segment when the sender's are
+             * large (kvu_settings_auto): it must fit the receiver's. */
+            ep->am_get_max = local_big ? KVU_AM_MAX_LEN : KVU_AM_SMALL_LEN;
+            ep->am_put_max = (flags[order[i].e] & KVU_ADDR_BIG_RX)
+                                 ? KVU_AM_MAX_LEN : KVU_AM_SMALL_LEN;
             return UCS_OK;
         }
         kvc_log_debug("KVX-UCX-EP", "%s: %s worker to %s's entry %u: %s",
@@ -2941,10 +2985,10 @@ kvx_status_t kvu_ep_create(kvu_ctx_t *ctx, const void *addr, size_t len,
     ucs_status_t    st;
     const void     *ent[KVU_ADDR_MAX];
     size_t          ent_len[KVU_ADDR_MAX];
-    int             no_rma[KVU_ADDR_MAX];
+    uint32_t        flags[KVU_ADDR_MAX];
     unsigned        nent;
 
-    status = kvu_addr_entries(addr, len, ent, ent_len, no_rma, &nent);
+    status = kvu_addr_entries(addr, len, ent, ent_len, flags, &nent);
     if (status != KVX_OK) {
         char why[384];
 
@@ -2969,7 +3013,7 @@ kvx_status_t kvu_ep_create(kvu_ctx_t *ctx, const void *addr, size_t len,
     ep_params.err_handler.cb  = kvu_ep_err_handler;
     ep_params.err_handler.arg = ep;
     pthread_mutex_lock(&ctx->lock);
-    st = kvu_ep_connect(ctx, ep, &ep_params, ent, no_rma, nent);
+    st = kvu_ep_connect(ctx, ep, &ep_params, ent, flags, nent);
     if (st != UCS_OK) {
         pthread_mutex_unlock(&ctx->lock);
         free(ep);

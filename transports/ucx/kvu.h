@@ -78,13 +78,18 @@ void kvu_worker_address(kvu_ctx_t *ctx, const void **addr_p, size_t *len_p);
  * operations (or the only one), entry 1 the tcp plane's, a worker without
  * them (kvu.c kvu_ucp_init). KVX_ERR_PEER_VERSION naming both versions
  * when the address is of another data-plane protocol, KVX_ERR_HANDSHAKE
- * when its lengths do not add up. Entries point into buf; no_rma (may be
- * NULL) says which entries serve no UCX RMA (kvxfer active messages only). */
-#define KVU_ADDR_MAX 2
+ * when its lengths do not add up. Entries point into buf; flags (may be
+ * NULL) get each entry's KVU_ADDR_* flags. */
+#define KVU_ADDR_MAX    2
+#define KVU_ADDR_NO_RMA 0x80000000u /* the worker serves no UCX RMA (tcp
+                                       plane, tcp-only context) */
+#define KVU_ADDR_BIG_RX 0x40000000u /* its tcp receive segments hold a
+                                       whole active message of the largest
+                                       size (kvu.c KVU_AM_MAX_LEN) */
 kvx_status_t kvu_addr_entries(const void *buf, size_t len,
                               const void *ent[KVU_ADDR_MAX],
                               size_t ent_len[KVU_ADDR_MAX],
-                              int no_rma[KVU_ADDR_MAX], unsigned *n_p);
+                              uint32_t flags[KVU_ADDR_MAX], unsigned *n_p);
 /* kvu_version: "1.13.1" style runtime version string (constant). */
 const char *kvu_version(void);
 /* kvu_settings: the UCX settings kvxfer applied (ucx_lane_settings), as
