@@ -3216,24 +3216,25 @@ const char *kvu_ep_transports(const kvu_ep_t *ep)
     return ep->transports;
 }
 
-uint64_t kvu_am_dropped_answers(kvu_ctx_t *ctx)
+/* kvu_ctx_counter reads a counter the progress thread keeps under lock. */
+static uint64_t kvu_ctx_counter(kvu_ctx_t *ctx, const uint64_t *counter)
 {
     uint64_t n;
 
     pthread_mutex_lock(&ctx->lock);
-    n = ctx->am_dropped;
+    n = *counter;
     pthread_mutex_unlock(&ctx->lock);
     return n;
 }
 
+uint64_t kvu_am_dropped_answers(kvu_ctx_t *ctx)
+{
+    return kvu_ctx_counter(ctx, &ctx->am_dropped);
+}
+
 uint64_t kvu_am_late_copied(kvu_ctx_t *ctx)
 {
-    uint64_t n;
-
-    pthread_mutex_lock(&ctx->lock);
-    n = ctx->am_late_copied;
-    pthread_mutex_unlock(&ctx->lock);
-    return n;
+    return kvu_ctx_counter(ctx, &ctx->am_late_copied);
 }
 
 int kvu_ep_rma_emulated(const kvu_ep_t *ep)
