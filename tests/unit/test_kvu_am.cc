@@ -836,6 +836,38 @@ TEST(KvuAmSegments, LargeAndDefaultSegmentsInterwork)
     }
 }
 
+// Receive segments a peer's one-segment message would overrun are refused,
+// naming the setting; 64k and up (and sizes UCX reads otherwise) are taken.
+TEST(KvuAmSegments, ReceiveSegmentsBelow64kAreRefused)
+{
+    for (const char *bad : {"auto RX_SEG_SIZE=32k", "none RX_SEG_SIZE=8192",
+                            "auto TCP_RX_SEG_SIZE=60K"}) {
+        kvu_params_t p{};
+        kvu_ctx_t   *ctx = nullptr;
+        p.tls           = "tcp";
+        p.err_mode_peer = 1;
+        p.name          = "seg-refused";
+        p.lane_settings = bad;
+        EXPECT_EQ(KVX_ERR_CONFIG, kvu_ctx_create(&p, &ctx)) << bad;
+        EXPECT_NE(nullptr, strstr(kvc_last_error(), "at least 64k"))
+            << kvc_last_error();
+    }
+    setenv("UCX_TCP_RX_SEG_SIZE", "16k", 1);
+    {
+        kvu_params_t p{};
+        kvu_ctx_t   *ctx = nullptr;
+        p.tls  = "tcp";
+        p.name = "seg-env";
+        EXPECT_EQ(KVX_ERR_CONFIG, kvu_ctx_create(&p, &ctx));
+        EXPECT_NE(nullptr, strstr(kvc_last_error(), "UCX_TCP_RX_SEG_SIZE"))
+            << kvc_last_error();
+    }
+    unsetenv("UCX_TCP_RX_SEG_SIZE");
+    Side ok("seg-ok", "tcp", KVT_ACCESS_DEFAULT, 0, nullptr, nullptr,
+            "none RX_SEG_SIZE=64k", 4096);
+    EXPECT_STREQ("RX_SEG_SIZE=64k", kvu_settings(ok.ctx));
+}
+
 // A published address is kvxfer's list of UCP addresses: anything that is
 // not one of this protocol, or whose lengths do not add up, is refused
 // before UCX parses a byte of it.

@@ -1553,6 +1553,29 @@ static kvx_status_t kvu_settings_auto(kvu_ctx_t *ctx, ucp_config_t *config,
     return status;
 }
 
+/* kvu_rx_seg_too_small: is the size val ("32k", "65536", "1m") below the
+ * 64k receive segment a peer may fill with one message (KVU_AM_SMALL_LEN
+ * and headers)? Sizes this cannot read are left to UCX. */
+static int kvu_rx_seg_too_small(const char *val)
+{
+    char              *end;
+    unsigned long long v = strtoull(val, &end, 10);
+
+    if (end == val) {
+        return 0;
+    }
+    switch (*end) {
+    case 'k': case 'K': v <<= 10; end++; break;
+    case 'm': case 'M': v <<= 20; end++; break;
+    case 'g': case 'G': v <<= 30; end++; break;
+    default: break;
+    }
+    if (*end == 'b' || *end == 'B') {
+        end++;
+    }
+    return *end == '\0' && v < (64u << 10);
+}
+
 /* kvu_settings_token applies one KEY=VALUE token of ucx_lane_settings. */
 static kvx_status_t kvu_settings_token(kvu_ctx_t *ctx, ucp_config_t *config,
                                        const char *tok, size_t n)
@@ -1583,9 +1606,16 @@ static kvx_status_t kvu_settings_token(kvu_ctx_t *ctx, ucp_config_t *config,
                              ? "give UCX's name without the UCX_ prefix"
                              : "set it with ucx_tls / ucx_net_devices");
     }
-    if (strcmp(key, "RX_SEG_SIZE") == 0 || strcmp(key, "TX_SEG_SIZE") == 0 ||
-        strcmp(key, "SEG_SIZE") == 0) {
+    if (klen >= 8 && strcmp(key + klen - 8, "SEG_SIZE") == 0) {
         ctx->big_rx_last = 0; /* the user's segments: small messages */
+        if (klen >= 11 && strcmp(key + klen - 11, "RX_SEG_SIZE") == 0 &&
+            kvu_rx_seg_too_small(val)) {
+            return kvc_error(KVX_ERR_CONFIG,
+                             "kv_connector_extra_config.ucx_lane_settings: "
+                             "'%s=%s': must be at least 64k (peers send "
+                             "kvxfer's active messages of up to 60 KiB as "
+                             "one segment)", key, val);
+        }
     }
     return kvu_setting(ctx, config, key, val, 0);
 }
@@ -1904,6 +1934,13 @@ static kvx_status_t kvu_ucp_init(kvu_ctx_t *ctx)
     if (strlen(tls) >= sizeof(ctx->tls)) {
         return kvc_error(KVX_ERR_CONFIG, "UCX_TLS: %zu characters, at most "
                          "%zu", strlen(tls), sizeof(ctx->tls) - 1);
+    }
+    if (getenv("UCX_TCP_RX_SEG_SIZE") != NULL &&
+        kvu_rx_seg_too_small(getenv("UCX_TCP_RX_SEG_SIZE"))) {
+        return kvc_error(KVX_ERR_CONFIG, "UCX_TCP_RX_SEG_SIZE=%s (environment):"
+                         " must be at least 64k (peers send kvxfer's active "
+                         "messages of up to 60 KiB as one segment)",
+                         getenv("UCX_TCP_RX_SEG_SIZE"));
     }
     ctx->rma = kvu_rma_wanted(ctx->tls, ctx->am_rma);
     split    = ctx->rma && ctx->am_rma ? kvu_tls_split(ctx->tls, &main) : 0;
