@@ -1471,17 +1471,8 @@ static int kvu_tls_has_mm(const char *tls)
                  (kvu_tls_lists(l, "sysv") && kvu_tls_lists(l, "posix")));
     }
     for (size_t i = 0; i < sizeof(mm) / sizeof(mm[0]); i++) {
-        const char *p = tls;
-        size_t      n = strlen(mm[i]);
-
-        while ((p = strstr(p, mm[i])) != NULL) {
-            int start = p == tls || p[-1] == ',' || p[-1] == '^';
-            int end   = p[n] == '\0' || p[n] == ',';
-
-            if (start && end) {
-                return 1;
-            }
-            p += n;
+        if (kvu_tls_lists(tls, mm[i])) {
+            return 1;
         }
     }
     return 0;
