@@ -8,6 +8,7 @@
  * matches only the same name (case-insensitive), never an address.
  */
 #include "addr.h"
+#include "siphash.h"
 
 #include <arpa/inet.h>
 #include <json-c/json.h>
@@ -289,15 +290,14 @@ static int kvc_ip_loopback(int fam, const uint8_t a[16])
            (fam == 6 && memcmp(a, one6, 16) == 0);
 }
 
-int kvc_from_matches(const char *from, const char *host)
+/* kvc_from_ip: the IP literal of a sender address ("ip:port", "[v6]:port")
+ * into ip (len bytes); 0, or -1 when there is none. */
+static int kvc_from_ip(const char *from, char *ip, size_t iplen)
 {
-    char        ip[64];
     const char *end;
     size_t      len;
-    uint8_t     a[16], b[16];
-    int         fa, fb;
 
-    if (from == NULL || host == NULL || from[0] == '\0') {
+    if (from == NULL || from[0] == '\0') {
         return -1;
     }
     if (from[0] == '[') {
@@ -307,11 +307,50 @@ int kvc_from_matches(const char *from, const char *host)
         end = strrchr(from, ':');
     }
     len = end != NULL ? (size_t)(end - from) : strlen(from);
-    if (len == 0 || len >= sizeof(ip)) {
+    if (len == 0 || len >= iplen) {
         return -1;
     }
     memcpy(ip, from, len);
     ip[len] = '\0';
+    return 0;
+}
+
+uint64_t kvc_host_session(const uint64_t key[2], const char *addr,
+                          int with_port)
+{
+    char     ip[64];
+    uint8_t  in[17];
+    uint64_t s;
+    int      fam;
+
+    if (addr == NULL ||
+        (with_port ? kvc_from_ip(addr, ip, sizeof(ip))
+                   : snprintf(ip, sizeof(ip), "%s", addr) >= (int)sizeof(ip)
+                         ? -1 : 0) != 0 ||
+        (fam = kvc_ip_parse(ip, in + 1)) == 0) {
+        return 0;
+    }
+    if (kvc_ip_loopback(fam, in + 1)) {
+        /* Loopback addresses are one host (kvc_from_matches). */
+        fam = 4;
+        memset(in + 1, 0, 16);
+        in[1] = 127;
+        in[4] = 1;
+    }
+    in[0] = (uint8_t)fam;
+    s     = kvc_siphash24(key, in, sizeof(in));
+    return s != 0 ? s : 1;
+}
+
+int kvc_from_matches(const char *from, const char *host)
+{
+    char        ip[64];
+    uint8_t     a[16], b[16];
+    int         fa, fb;
+
+    if (host == NULL || kvc_from_ip(from, ip, sizeof(ip)) != 0) {
+        return -1;
+    }
     fa = kvc_ip_parse(ip, a);
     fb = kvc_ip_parse(host, b);
     if (fa == 0 || fb == 0) {

@@ -96,6 +96,17 @@ kvx_status_t kvc_trust_check(const kvc_trust_t *trust, const char *host,
 int kvc_from_matches(const char *from, const char *host);
 
 /*
+ * kvc_host_session: the data-plane session of a host under key (a keyed
+ * hash, kvc_siphash24, of its address: family and 16 bytes, every loopback
+ * address counted as 127.0.0.1, as kvc_from_matches counts them). addr is
+ * a sender address ("ip:port", "[v6]:port") when with_port, else a host;
+ * never 0 for an IP literal, 0 for anything else (a host name, "", NULL).
+ * A session of one host tells nothing of another's without the key.
+ */
+uint64_t kvc_host_session(const uint64_t key[2], const char *addr,
+                          int with_port);
+
+/*
  * kvc_host_resolve (SPEC §4): n <= 1 → advertised; else world =
  * remote_dp_size*remote_tp_size, world % n != 0 → KVX_ERR_CONFIG ("world W
  * is not a multiple of N remote_hosts"); index = (remote_dp_rank *

@@ -804,6 +804,11 @@ static const kvc_config_field_t kvc_cfg_fields[] = {
     {.key = "read_mode", .dfl_json = "false", .type = &kvc_cfg_bool_loose,
      .off = KVC_OFF(read_mode), .flags = KVC_X,
      .doc = "true: D pulls (READ); false: P pushes (WRITE)"},
+    {.key = "read_bind_decode_host", .dfl_json = "false",
+     .type = &kvc_cfg_bool_loose, .off = KVC_OFF(read_bind_decode_host),
+     .flags = KVC_X,
+     .doc = "READ, P: only the decode host a request id names may read or "
+            "release its transfer (each decode instance on one host)"},
     {.key = "node_hosts", .dfl_fn = kvc_cfg_auto_node_hosts,
      .type = &kvc_cfg_host_list, .off = KVC_OFF(node_hosts),
      .off_n = KVC_OFF(num_node_hosts), .lo = 1, .flags = KVC_X,

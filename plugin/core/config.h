@@ -43,6 +43,9 @@ typedef struct kvc_config {
     uint32_t notify_port;           /* [61005], same rule */
     int      read_mode;             /* [false]; true/false/"true"/"false"/
                                        "1"/"0"/1/0 */
+    int      read_bind_decode_host; /* [false], as read_mode: a READ P
+                                       transfer is bound to the decode host
+                                       its request id names (expose.c) */
     char   **node_hosts;            /* owned; [host_ip]; list or comma string,
                                        entries trimmed, empties dropped */
     size_t   num_node_hosts;

@@ -1309,6 +1309,9 @@ char *kvc_hs_encode(const kvc_hs_meta_t *meta, size_t *len_p)
     rc  = rc ? rc : kvc_jadd(obj, "is_producer",
                              json_object_new_boolean(meta->is_producer != 0));
     rc  = rc ? rc : kvc_jadd_dec(obj, "epoch", meta->epoch);
+    if (meta->session != 0) {
+        rc = rc ? rc : kvc_jadd_dec(obj, "session", meta->session);
+    }
     rc  = rc ? rc : kvc_jadd_b64(obj, "worker_addr", meta->worker_addr,
                                  meta->worker_addr_len);
     rc  = rc ? rc : kvc_hs_layers_encode(obj, meta);
@@ -1527,6 +1530,9 @@ static kvx_status_t kvc_hs_ident_decode(json_object *obj, kvc_hs_meta_t *m)
                     : kvc_fld_dec(kvc_what_meta, obj, "epoch", "epoch",
                                   &m->epoch);
     status = status ? status
+                    : kvc_fld_dec_opt(kvc_what_meta, obj, "session",
+                                      &m->session);
+    status = status ? status
                     : kvc_fld_str(kvc_what_meta, obj, "engine_id", 1,
                                   m->engine_id, sizeof(m->engine_id), 1);
     status = status ? status
@@ -1579,6 +1585,35 @@ kvx_status_t kvc_hs_decode(const char *buf, size_t len, kvc_hs_meta_t *meta)
     }
     *meta = tmp;
     return KVX_OK;
+}
+
+char *kvc_hs_with_session(const char *meta, size_t len, uint64_t session,
+                          size_t *len_p)
+{
+    char   member[48];
+    char  *out;
+    size_t end = len, n;
+
+    while (end > 0 && meta[end - 1] != '}') {
+        end--;
+    }
+    if (end < 2 || meta[0] != '{') {
+        kvc_error(KVX_ERR_INVALID_PARAM, "handshake metadata: not a JSON "
+                  "object");
+        return NULL;
+    }
+    /* "{}" takes no separating comma. */
+    n   = (size_t)snprintf(member, sizeof(member), "%s\"session\":\"%" PRIu64
+                           "\"}", end > 2 ? "," : "", session);
+    out = malloc(end - 1 + n + 1);
+    if (out == NULL) {
+        kvc_error(KVX_ERR_NO_MEMORY, "handshake metadata: out of memory");
+        return NULL;
+    }
+    memcpy(out, meta, end - 1);
+    memcpy(out + end - 1, member, n + 1);
+    *len_p = end - 1 + n;
+    return out;
 }
 
 void kvc_hs_fini(kvc_hs_meta_t *meta)

@@ -167,6 +167,9 @@ typedef struct kvc_hs_meta {
     uint32_t        dp_rank, dp_size, tp_rank, tp_size;
     uint32_t        is_producer;
     uint64_t        epoch;             /* random per engine start */
+    uint64_t        session;           /* the requester's data-plane
+                                          session (kvc_hs_with_session);
+                                          0: none */
     uint8_t        *worker_addr;       /* owned; UCP worker address */
     size_t          worker_addr_len;
     kvc_hs_layer_t *layers;            /* owned */
@@ -181,6 +184,12 @@ char        *kvc_hs_encode(const kvc_hs_meta_t *meta, size_t *len_p);
  * block_len > 0 ...). KVX_ERR_BAD_MESSAGE naming the field; nothing to free
  * on error. */
 kvx_status_t kvc_hs_decode(const char *buf, size_t len, kvc_hs_meta_t *meta);
+/* kvc_hs_with_session: the encoded metadata (kvc_hs_encode, no session)
+ * with member "session" (a decimal string) added for one requester:
+ * malloc'd, NUL-terminated, length in *len_p; NULL without memory or when
+ * meta is no JSON object text. */
+char *kvc_hs_with_session(const char *meta, size_t len, uint64_t session,
+                          size_t *len_p);
 void         kvc_hs_fini(kvc_hs_meta_t *meta);
 
 /* kvc_hs_digest: FNV-1a 64 over each layer's name, kind, block_len,

@@ -8,10 +8,12 @@
 #define _GNU_SOURCE
 #include "engine.h"
 
+#include <errno.h>
 #include <json-c/json.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 uint64_t kvc_now_us(const struct kvx_engine *eng)
 {
@@ -175,6 +177,14 @@ kvx_status_t kvx_engine_create(const kvt_env_t *env, const char *json,
     pthread_mutex_init(&eng->lock, NULL);
     pthread_cond_init(&eng->cond, NULL);
     kvc_expo_init(&eng->expo);
+    /* The data-plane session key (expose.c): secret, random per engine. */
+    if (getrandom(eng->expo.key, sizeof(eng->expo.key), 0) !=
+        (ssize_t)sizeof(eng->expo.key)) {
+        st = kvc_error(KVX_ERR_INTERNAL, "engine: getrandom(2) gave no "
+                       "key for the data-plane sessions: %s",
+                       strerror(errno));
+        goto err_free;
+    }
     st = kvc_config_parse(json, &eng->cfg, NULL, NULL);
     if (st != KVX_OK) {
         goto err_free;

@@ -271,10 +271,17 @@ typedef struct kvc_expo_layer {
     kvc_geom_t geom;
 } kvc_expo_layer_t;
 
+#define KVC_EXPO_SESS 8 /* distinct peer hosts a transfer is bound to */
+
 typedef struct kvc_expo_xfer {
     uint64_t              tag;  /* kvc_xfer_tag(transfer_id) */
     const void           *owner; /* the kvc_xfer_t (identity only) */
     struct kvc_expo_xfer *next;
+    /* The sessions (kvc_host_session) of the peer hosts the transfer is
+     * bound to; nsess 0: any session (the hosts are not known as
+     * addresses here). */
+    uint32_t              nsess;
+    uint64_t              sess[KVC_EXPO_SESS];
     size_t                n;
     uint64_t              ids[]; /* its local block ids, sorted */
 } kvc_expo_xfer_t;
@@ -289,7 +296,9 @@ typedef struct kvc_expo {
     uint64_t          nended;
     kvc_expo_layer_t *layers;  /* copy of eng->layers' placement */
     size_t            nlayers;
-    uint64_t          refused[2]; /* [0] final, [1] not exposed yet */
+    uint64_t          refused[3]; /* [0] final, [1] not exposed yet,
+                                     [2] the transfer's peer is another */
+    uint64_t          key[2];     /* kvc_host_session key (random) */
 } kvc_expo_t;
 
 struct kvx_engine;
@@ -304,8 +313,13 @@ void kvc_expo_fini(kvc_expo_t *e);
 void kvc_expose(struct kvx_engine *eng, kvc_xfer_t *x);
 void kvc_unexpose(struct kvx_engine *eng, kvc_xfer_t *x);
 /* kvc_expo_authorize (kvt_data_params_t.authorize, arg the engine). */
-kvx_status_t kvc_expo_authorize(void *arg, uint64_t tag, uint64_t addr,
-                                uint64_t len, int is_put);
+kvx_status_t kvc_expo_authorize(void *arg, uint64_t tag, uint64_t session,
+                                uint64_t addr, uint64_t len, int is_put);
+/* kvc_expo_bound_host (READ, P): with read_bind_decode_host, the decode
+ * host a P transfer is bound to, from its request id (SPEC §3 proxy
+ * format) into host; 0, or -1 when unset or the request id names none. */
+int kvc_expo_bound_host(const struct kvx_engine *eng, const kvc_xfer_t *x,
+                        char *host, size_t len);
 
 typedef struct kvc_event_node {
     kvx_event_t            ev;

@@ -14,10 +14,27 @@
  * the blocks of another, and a transfer that ended (P's defer_timeout, then
  * its blocks reused by a new transfer) is never served again.
  *
+ * Each transfer is also bound to the peer hosts it serves: WRITE, the hosts
+ * of the P ranks D's request maps to (rel[]); READ, with
+ * read_bind_decode_host, the decode host its request id names (vLLM's proxy
+ * format, "___decode_addr_..."; not by default: the ranks of a decode
+ * instance spread over several hosts read from P ranks whose request id
+ * names only the first host, and P learns no other). A request
+ * carries the session its origin got in its handshake reply, a keyed hash
+ * of the address the handshake came from (kvc_host_session, key random per
+ * engine; handshake.c), and is served only when that session is one of a
+ * bound host: a peer that passed the handshake cannot touch the blocks of a
+ * transfer bound to another host even when it knows the transfer id and
+ * block ids. A transfer whose hosts are not IP literals here (host names,
+ * or a READ request id in another format) is bound to no session: any
+ * session is served, as before.
+ *
  * Answers: KVX_OK; KVX_ERR_NOT_EXPOSED when no transfer of the tag is live
  * and none ended recently (READ: D's gets may reach a P rank before its
  * producer_request, SPEC §7: D retries until its deadline, mode_read.c);
- * KVX_ERR_OUT_OF_BOUNDS otherwise (final).
+ * KVX_ERR_UNTRUSTED_PEER when live transfers of the tag admit the range but
+ * are bound to other sessions (final); KVX_ERR_OUT_OF_BOUNDS otherwise
+ * (final).
  *
  * Limits: a transfer id must not be reused while a peer may still ask for
  * the old transfer (an ended id is remembered, KVC_EXPO_ENDED of them: an
@@ -33,6 +50,7 @@
  */
 #include "engine.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -100,6 +118,62 @@ static int kvc_expo_wanted(const kvc_xfer_t *x)
            ((x->is_producer && !x->write) || (!x->is_producer && x->write));
 }
 
+int kvc_expo_bound_host(const struct kvx_engine *eng, const kvc_xfer_t *x,
+                        char *host, size_t len)
+{
+    kvc_peer_addr_t a;
+
+    if (!eng->cfg.read_bind_decode_host) {
+        return -1;
+    }
+    if (kvc_reqid_parse(x->request_id, 0, &a) != KVX_OK) {
+        kvc_error_clear();
+        return -1;
+    }
+    snprintf(host, len, "%s", a.host);
+    return 0;
+}
+
+/* kvc_expo_bind: t's sessions, from the hosts x is bound to (nsess 0 when
+ * one of them is no IP literal, or none is known). */
+static void kvc_expo_bind(const struct kvx_engine *eng, const kvc_expo_t *e,
+                          const kvc_xfer_t *x, kvc_expo_xfer_t *t)
+{
+    const char *hosts[KVC_RANKMAP_MAX];
+    char        dhost[KVC_HOST_MAX];
+    uint32_t    n = 0;
+
+    t->nsess = 0;
+    if (x->is_producer) {
+        if (kvc_expo_bound_host(eng, x, dhost, sizeof(dhost)) == 0) {
+            hosts[n++] = dhost;
+        }
+    } else {
+        for (uint32_t k = 0; k < x->nrel && k < KVC_RANKMAP_MAX; k++) {
+            hosts[n++] = x->rel[k]->host;
+        }
+    }
+    for (uint32_t k = 0; k < n; k++) {
+        uint64_t s = kvc_host_session(e->key, hosts[k], 0);
+        uint32_t j = 0;
+
+        if (s == 0) {
+            t->nsess = 0; /* a host name: cannot tell, bound to none */
+            return;
+        }
+        while (j < t->nsess && t->sess[j] != s) {
+            j++;
+        }
+        if (j == t->nsess) {
+            if (t->nsess == KVC_EXPO_SESS) {
+                t->nsess = 0; /* more hosts than kept: bound to none */
+                return;
+            }
+            t->sess[t->nsess++] = s;
+        }
+    }
+}
+
 static int kvc_u64_cmp(const void *a, const void *b)
 {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
@@ -118,6 +192,9 @@ void kvc_expose(struct kvx_engine *eng, kvc_xfer_t *x)
     }
     tag = kvc_xfer_tag(x->transfer_id);
     t   = malloc(sizeof(*t) + x->nlocal * sizeof(uint64_t));
+    if (t != NULL) {
+        kvc_expo_bind(eng, e, x, t); /* e->key is set once, at creation */
+    }
     pthread_mutex_lock(&e->lock);
     if (t != NULL && kvc_expo_sync(eng, e) == 0) {
         t->tag   = tag;
@@ -190,14 +267,25 @@ static int kvc_expo_ended(const kvc_expo_t *e, uint64_t tag)
     return 0;
 }
 
-kvx_status_t kvc_expo_authorize(void *arg, uint64_t tag, uint64_t addr,
-                                uint64_t len, int is_put)
+/* kvc_expo_session_ok: may session touch t's blocks? */
+static int kvc_expo_session_ok(const kvc_expo_xfer_t *t, uint64_t session)
+{
+    for (uint32_t j = 0; j < t->nsess; j++) {
+        if (t->sess[j] == session) {
+            return 1;
+        }
+    }
+    return t->nsess == 0;
+}
+
+kvx_status_t kvc_expo_authorize(void *arg, uint64_t tag, uint64_t session,
+                                uint64_t addr, uint64_t len, int is_put)
 {
     struct kvx_engine *eng = arg;
     kvc_expo_t        *e   = &eng->expo;
     kvc_expo_xfer_t   *t;
     kvx_status_t       st    = KVX_ERR_OUT_OF_BOUNDS;
-    int                found = 0;
+    int                found = 0, other = 0;
 
     (void)is_put; /* the transport checked the access of the role */
     pthread_mutex_lock(&e->lock);
@@ -215,16 +303,24 @@ kvx_status_t kvc_expo_authorize(void *arg, uint64_t tag, uint64_t addr,
                 len <= l->len - (addr - l->base) &&
                 kvc_geom_cover(&l->geom, addr - l->base, len,
                                kvc_expo_block_ok, t)) {
-                st = KVX_OK;
+                if (kvc_expo_session_ok(t, session)) {
+                    st = KVX_OK;
+                } else {
+                    other = 1; /* its blocks, another peer's transfer */
+                }
             }
         }
     }
     if (!found) {
         st = tag != 0 && !kvc_expo_ended(e, tag) ? KVX_ERR_NOT_EXPOSED
                                                  : KVX_ERR_OUT_OF_BOUNDS;
+    } else if (st != KVX_OK && other) {
+        st = KVX_ERR_UNTRUSTED_PEER;
     }
     if (st != KVX_OK) {
-        e->refused[st == KVX_ERR_NOT_EXPOSED]++;
+        e->refused[st == KVX_ERR_NOT_EXPOSED     ? 1
+                   : st == KVX_ERR_UNTRUSTED_PEER ? 2
+                                                   : 0]++;
     }
     pthread_mutex_unlock(&e->lock);
     return st;

@@ -263,6 +263,9 @@ static kvx_status_t kvc_peer_connect(kvc_peer_t *peer, kvc_hs_meta_t *m,
     if (st != KVX_OK) {
         return st;
     }
+    if (KVD(eng)->ep_set_session != NULL) {
+        KVD(eng)->ep_set_session(*ep_p, m->session);
+    }
     peer->hs_us[1] = kvc_now_us(eng) - t0;
     t0             = kvc_now_us(eng);
     rkeys = calloc(m->num_layers ? m->num_layers : 1, sizeof(*rkeys));
@@ -691,13 +694,13 @@ void kvc_hs_handler(void *arg, const char *from, const char *msg,
         return;
     }
     /* The metadata is rebuilt when the transport replaces its worker
-     * (kvc_meta_worker_reset): copied under the lock. */
+     * (kvc_meta_worker_reset): copied under the lock, with the session of
+     * the requester's address, that its gets or puts carry back
+     * (expose.c). */
     pthread_mutex_lock(&eng->lock);
-    *reply_p = malloc(eng->meta_len);
-    if (*reply_p != NULL) {
-        memcpy(*reply_p, eng->meta_json, eng->meta_len);
-        *len_p = eng->meta_len;
-    }
+    *reply_p = kvc_hs_with_session(eng->meta_json, eng->meta_len,
+                                   kvc_host_session(eng->expo.key, from, 1),
+                                   len_p);
     pthread_mutex_unlock(&eng->lock);
     if (*reply_p == NULL) {
         kvc_reply(0, "out of memory", reply_p, len_p);

@@ -99,6 +99,9 @@ static void kvc_read_op_done(kvt_op_t *op)
                  st == KVX_ERR_OUT_OF_BOUNDS
                      ? " (or outside what the source holds for this "
                        "transfer: its hold ended, or not these blocks)"
+                 : st == KVX_ERR_UNTRUSTED_PEER
+                     ? " (the source holds this transfer for another "
+                       "decode host: the request id names it)"
                      : "",
                  kvc_peer_why_sep(lop->peer), kvc_peer_why(lop->peer));
         kvc_xfer_fail(x, x->timed_out ? KVX_ERR_TRANSFER_TIMEOUT : st, why);
@@ -455,15 +458,25 @@ static void kvc_read_on_release(struct kvx_engine *eng, kvc_msg_t *m,
                                 char *reason, size_t reason_len, int *ok_p)
 {
     kvc_xfer_t *x = kvc_xfer_find(eng, m->transfer_id);
+    char        dhost[KVC_HOST_MAX];
 
-    (void)reason;
-    (void)reason_len;
     *ok_p = 1;
     if (x == NULL || !x->is_producer) {
         if (!kvc_idset_contains(&eng->terminal, m->transfer_id)) {
             /* A release can overtake P's own bookkeeping (SPEC §7). */
             kvc_early_keep(eng, m);
         }
+        return;
+    }
+    /* Only the decode host the request id names (when it names one as an
+     * address) may release the blocks; a replayed early release too. */
+    if (kvc_expo_bound_host(eng, x, dhost, sizeof(dhost)) == 0 &&
+        kvc_from_matches(m->from, dhost) == 0) {
+        *ok_p = 0;
+        kvc_refused(eng, KVC_PORT_NOTIFY, KVC_REFUSE_WRONG_PEER);
+        snprintf(reason, reason_len, "release for '%s' from %s: the decode "
+                 "host of this transfer is %s (its request id)",
+                 x->transfer_id, m->from, dhost);
         return;
     }
     kvc_read_released(eng, x, m->consumer_tp_size, m->consumer_rank);

@@ -288,6 +288,99 @@ TEST(ReadExposure, ExpiredHoldReusedByAnotherTransferIsNotServed)
     }
 }
 
+// With read_bind_decode_host a P READ transfer is bound to the decode host
+// its request id names (issue 11): gets from any other host, over kvxfer's
+// checked active messages, are refused as bound to another peer (D fails
+// naming it, its blocks untouched) and so is that host's release (P keeps
+// holding); the host the request id names reads and releases as usual.
+TEST(ReadExposure, BoundToTheDecodeHostItsRequestIdNames)
+{
+    ModelSpec model = ThreeLayerModel();
+    uint16_t  hs    = PortBase(2);
+    Rank      p, d;
+    RankOpts  po, dopt;
+
+    po.producer      = true;
+    po.num_blocks    = 32;
+    po.hs_port       = hs;
+    po.notify_port   = (uint16_t)(hs + 20000);
+    po.extra         = "\"read_bind_decode_host\":true";
+    dopt.producer    = false;
+    dopt.num_blocks  = 24;
+    dopt.hs_port     = (uint16_t)(hs + 1);
+    dopt.notify_port = (uint16_t)(hs + 1 + 20000);
+    ASSERT_EQ(KVX_OK, MakeRank(model, po, &p)) << Api()->last_error();
+    ASSERT_EQ(KVX_OK, MakeRank(model, dopt, &d)) << Api()->last_error();
+    auto rid = [&](const std::string &dhost) {
+        return "___prefill_addr_host:127.0.0.1,handshake:" +
+               std::to_string(hs) + ",notify:" + std::to_string(hs + 20000) +
+               "___decode_addr_host:" + dhost + ",handshake:" +
+               std::to_string(hs + 1) + ",notify:" +
+               std::to_string(hs + 1 + 20000) +
+               "_0123456789abcdef0123456789abcdef";
+    };
+    const std::vector<uint64_t> ids    = {3, 4, 5};
+    const std::vector<uint64_t> dlocal = {0, 1, 2};
+    char                       *resp   = nullptr;
+    std::vector<kvx_event_t>    pev, dev;
+
+    // Bound to 192.0.2.77; D reads from loopback.
+    std::string far = rid("192.0.2.77");
+    ASSERT_EQ(KVX_OK, Api()->producer_request(p.eng, far.c_str(),
+                                              "{\"transfer_id\":\"tx-far\"}",
+                                              ids.data(), ids.size(), &resp))
+        << Api()->last_error();
+    Api()->free(resp);
+    std::vector<std::vector<uint8_t>> before = d.bufs;
+    std::string params = Params("tx-far", "127.0.0.1", hs,
+                                (uint16_t)(hs + 20000), ids, 1);
+    ASSERT_EQ(KVX_OK, Api()->consumer_request(d.eng, far.c_str(),
+                                              params.c_str(), dlocal.data(),
+                                              dlocal.size()));
+    EXPECT_NE(KVX_OK, Api()->wait_transfer(d.eng, "tx-far", 10000));
+    ASSERT_TRUE(WaitFor([&] { DrainEvents(d.eng, &dev); return !dev.empty(); },
+                        10000));
+    EXPECT_EQ(KVX_EVENT_FAILED, dev[0].type);
+    EXPECT_EQ(KVX_ERR_UNTRUSTED_PEER, dev[0].status) << dev[0].reason;
+    EXPECT_NE(std::string(dev[0].reason).find("another decode host"),
+              std::string::npos) << dev[0].reason;
+    FreeEvents(&dev);
+    EXPECT_GT(StatCount(p.eng, "data_wrong_peer"), 0);
+    EXPECT_EQ(0, StatCount(d.eng, "read_retries"));
+    for (size_t l = 0; l < d.bufs.size(); l++) {
+        EXPECT_TRUE(d.bufs[l] == before[l]) << "layer " << l << " changed";
+    }
+    // D released P on failing; P refuses that release and keeps holding.
+    ASSERT_TRUE(WaitFor([&] {
+        return StatCount(p.eng, "notify.wrong_peer") > 0; }, 10000));
+    DrainEvents(p.eng, &pev);
+    EXPECT_TRUE(pev.empty()) << "P must still hold tx-far";
+    FreeEvents(&pev);
+
+    // Bound to the host D reads from: served and released.
+    std::string near = rid("127.0.0.1");
+    ASSERT_EQ(KVX_OK, Api()->producer_request(p.eng, near.c_str(),
+                                              "{\"transfer_id\":\"tx-near\"}",
+                                              ids.data(), ids.size(), &resp))
+        << Api()->last_error();
+    Api()->free(resp);
+    params = Params("tx-near", "127.0.0.1", hs, (uint16_t)(hs + 20000), ids,
+                    1);
+    ASSERT_EQ(KVX_OK, Api()->consumer_request(d.eng, near.c_str(),
+                                              params.c_str(), dlocal.data(),
+                                              dlocal.size()));
+    ASSERT_EQ(KVX_OK, Api()->wait_transfer(d.eng, "tx-near", 20000))
+        << Api()->last_error();
+    EXPECT_EQ("", VerifyPull(model, d, 0, dlocal, ids));
+    ASSERT_TRUE(WaitFor([&] { DrainEvents(p.eng, &pev); return !pev.empty(); },
+                        10000));
+    EXPECT_EQ(KVX_EVENT_FINISHED_SENDING, pev[0].type);
+    EXPECT_EQ(std::string("tx-near"), pev[0].transfer_id);
+    FreeEvents(&pev);
+    DrainEvents(d.eng, &dev);
+    FreeEvents(&dev);
+}
+
 INSTANTIATE_TEST_SUITE_P(
     TlsTp, ReadTransfer,
     ::testing::Combine(::testing::Values(std::string("tcp"), std::string("sm")),

@@ -482,6 +482,7 @@ static SimOp *OpNew(SimEp *ep, kvt_op_t *o, size_t n)
 
     op->id      = W()->NewId();
     op->ep      = ep->id;
+    op->session = ep->session;
     op->ctx     = ep->ctx;
     op->node    = ep->node;
     op->n       = n;
@@ -541,6 +542,11 @@ static kvx_status_t Post(kvt_ep_t *handle, int is_put, kvt_mem_t *local_mem,
     return KVX_OK;
 }
 
+static void EpSetSession(kvt_ep_t *handle, uint64_t session)
+{
+    reinterpret_cast<SimEp *>(handle)->session = session;
+}
+
 static kvx_status_t Flush(kvt_ep_t *handle, kvt_op_t *o)
 {
     SimEp *ep = reinterpret_cast<SimEp *>(handle);
@@ -564,6 +570,7 @@ static const kvt_data_ops_t kSimDataOps = {
     EpCreate,      EpClose,     EpFail,       EpTransports, EpZero,
     EpZero,        RkeyUnpack,  RkeyDestroy,  RkeyLocal,   Prefault,
     Post,          Flush,       nullptr,      nullptr,     nullptr,
+    EpSetSession,
 };
 }
 

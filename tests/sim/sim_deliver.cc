@@ -119,7 +119,8 @@ static kvx_status_t CopyRun(World *w, SimOp *op, size_t idx)
     kvx_status_t auth = peer->p.authorize == nullptr
                             ? KVX_OK
                             : peer->p.authorize(peer->p.authorize_arg, op->op->tag,
-                                                raddr, run.len, op->is_put);
+                                                op->session, raddr, run.len,
+                                                op->is_put);
     if (auth != KVX_OK) {
         w->Trace("  %s of op %" PRIu64 " from %s refused by %s's exposure "
                  "(%d)", op->is_put ? "put" : "get", op->id, own->name.c_str(),

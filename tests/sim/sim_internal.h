@@ -38,6 +38,7 @@ struct SimEp {
     bool          failed       = false;
     bool          err_reported = false;
     int           nrkeys       = 0;
+    uint64_t      session      = 0; // carried to the target's authorize
 };
 
 struct SimRkey {
@@ -46,6 +47,7 @@ struct SimRkey {
 
 struct SimOp {
     uint64_t             id, ep, ctx;
+    uint64_t             session; // the endpoint's, for the authorize
     int                  node;
     int                  is_put;
     bool                 flush;

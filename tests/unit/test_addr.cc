@@ -10,6 +10,7 @@
 extern "C" {
 #include "addr.h"
 #include "error.h"
+#include "siphash.h"
 }
 
 namespace {
@@ -1155,3 +1156,46 @@ TEST(AddrBuildDecode, RejectsBadResponse)
 }
 
 } // namespace
+
+// SipHash-2-4 against the reference vectors of its paper (key 00..0f,
+// message 00..0e: 15 bytes; and the empty message).
+TEST(SipHash, ReferenceVectors)
+{
+    uint8_t  m[15];
+    uint64_t key[2] = {0x0706050403020100ull, 0x0f0e0d0c0b0a0908ull};
+
+    for (int i = 0; i < 15; i++) {
+        m[i] = (uint8_t)i;
+    }
+    EXPECT_EQ(kvc_siphash24(key, m, 15), 0xa129ca6149be45e5ull);
+    EXPECT_EQ(kvc_siphash24(key, m, 0), 0x726fdb47dd0e0e31ull);
+}
+
+// The data-plane session of a host: one per address (loopback addresses
+// are one host), the same from a sender address and from the host, none
+// for a host name, and another key gives other sessions.
+TEST(HostSession, OnePerAddressKeyedAndNoneForNames)
+{
+    const uint64_t k1[2] = {1, 2}, k2[2] = {1, 3};
+    uint64_t       a     = kvc_host_session(k1, "192.0.2.1", 0);
+
+    EXPECT_NE(a, 0u);
+    EXPECT_EQ(a, kvc_host_session(k1, "192.0.2.1:45123", 1));
+    EXPECT_NE(a, kvc_host_session(k1, "192.0.2.2", 0));
+    EXPECT_NE(a, kvc_host_session(k2, "192.0.2.1", 0));
+    EXPECT_EQ(kvc_host_session(k1, "127.0.0.1", 0),
+              kvc_host_session(k1, "127.0.0.7:9", 1));
+    EXPECT_EQ(kvc_host_session(k1, "::1", 0),
+              kvc_host_session(k1, "127.0.0.1", 0));
+    EXPECT_EQ(kvc_host_session(k1, "fd00::1", 0),
+              kvc_host_session(k1, "[fd00::1]:6301", 1));
+    EXPECT_EQ(kvc_host_session(k1, "fd00:0::1", 0),
+              kvc_host_session(k1, "fd00::1", 0));
+    EXPECT_NE(kvc_host_session(k1, "fd00::1", 0),
+              kvc_host_session(k1, "fd00::2", 0));
+    EXPECT_EQ(kvc_host_session(k1, "prefill-0.example", 0), 0u);
+    EXPECT_EQ(kvc_host_session(k1, "", 0), 0u);
+    EXPECT_EQ(kvc_host_session(k1, "", 1), 0u);
+    EXPECT_EQ(kvc_host_session(k1, nullptr, 1), 0u);
+    EXPECT_EQ(kvc_host_session(k1, "192.0.2.1", 1), a) << "no port";
+}

@@ -18,7 +18,8 @@ namespace {
 
 const char *const kExtraKeys[] = {
     "host_ip",          "handshake_port",     "notify_port",
-    "read_mode",        "node_hosts",         "trusted_remote_hosts",
+    "read_mode",        "read_bind_decode_host", "node_hosts",
+    "trusted_remote_hosts",
     "handshake_timeout", "transfer_timeout",  "defer_timeout",
     "proxy_ip",         "proxy_ping_port",    "http_port",
     "backend",          "qp_per_transfer",    "post_batch_size",

@@ -1426,3 +1426,45 @@ TEST(CtlIdSetModel, RandomChurnMatchesAFifoModel)
 }
 
 } // namespace
+
+// The handshake responder adds the requester's data-plane session to its
+// encoded metadata (kvc_hs_with_session); the requester decodes it, and
+// metadata without one decodes as session 0.
+TEST_F(CtlMeta, SessionIsAddedPerRequesterAndDecoded)
+{
+    std::string   text = Encode();
+    kvc_hs_meta_t out;
+
+    ASSERT_EQ(kvc_hs_decode(text.data(), text.size(), &out), KVX_OK);
+    EXPECT_EQ(out.session, 0u);
+    EXPECT_EQ(text.find("session"), std::string::npos);
+    kvc_hs_fini(&out);
+
+    size_t len  = 0;
+    char  *with = kvc_hs_with_session(text.data(), text.size(),
+                                      0xfedcba9876543211ull, &len);
+    ASSERT_NE(with, nullptr);
+    EXPECT_EQ(len, strlen(with));
+    ASSERT_EQ(kvc_hs_decode(with, len, &out), KVX_OK) << kvc_last_error();
+    EXPECT_EQ(out.session, 0xfedcba9876543211ull);
+    EXPECT_EQ(out.epoch, 0xfedcba9876543210ull); // the rest unchanged
+    EXPECT_EQ(out.num_layers, 3u);
+    kvc_hs_fini(&out);
+    free(with);
+
+    // Only an object takes a member; "{}" takes no comma.
+    with = kvc_hs_with_session("{}", 2, 7, &len);
+    ASSERT_NE(with, nullptr);
+    EXPECT_STREQ(with, "{\"session\":\"7\"}");
+    free(with);
+    EXPECT_EQ(kvc_hs_with_session("[1]", 3, 7, &len), nullptr);
+    EXPECT_EQ(kvc_hs_with_session("", 0, 7, &len), nullptr);
+
+    // A session that is no decimal string is refused, naming the field.
+    std::string bad = text;
+    bad.insert(bad.size() - 1, ",\"session\":\"-1\"");
+    EXPECT_EQ(kvc_hs_decode(bad.data(), bad.size(), &out),
+              KVX_ERR_BAD_MESSAGE);
+    EXPECT_NE(strstr(kvc_last_error(), "field session"), nullptr)
+        << kvc_last_error();
+}

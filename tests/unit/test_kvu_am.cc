@@ -62,7 +62,7 @@ struct Side {
 
     Side(const char *name, const char *tls, int access, uint8_t fill,
          kvx_status_t (*auth)(void *, uint64_t, uint64_t, uint64_t,
-                              int) = nullptr,
+                              uint64_t, int) = nullptr,
          void *auth_arg = nullptr, const char *settings = nullptr,
          size_t size = 65536)
         : buf(size, fill)
@@ -104,7 +104,10 @@ std::vector<std::string> Entries(kvu_ctx_t *ctx)
 }
 
 // A bare UCP worker address in kvxfer's published form (one entry).
-std::string Publish(const void *a, size_t n, uint16_t version = 5)
+// The data-plane protocol of this build (kvu.c KVU_AM_VERSION).
+const uint16_t kProto = 6;
+
+std::string Publish(const void *a, size_t n, uint16_t version = kProto)
 {
     std::string s;
     uint32_t    magic = 0x4157564bu, len = (uint32_t)n;
@@ -124,7 +127,7 @@ struct Pair {
 
     Pair(const char *tls, int target_access,
          kvx_status_t (*auth)(void *, uint64_t, uint64_t, uint64_t,
-                              int) = nullptr,
+                              uint64_t, int) = nullptr,
          void *auth_arg = nullptr, const char *origin_tls = nullptr)
         : target("am-target", tls, target_access, 0x5a, auth, auth_arg),
           origin("am-origin", origin_tls ? origin_tls : tls,
@@ -236,21 +239,27 @@ TEST_P(KvuAm, WriteRoleTakesPutsAndRefusesGets)
 
 // The engine's exposure (kvt_data_params_t.authorize): a request inside
 // registered memory is served only if the hook admits its range for the
-// tag the origin's op carried; its answer goes back to the origin's op.
+// tag the origin's op carried and the session of the origin's endpoint; its
+// answer goes back to the origin's op.
 struct Window {
     std::atomic<uint64_t> lo{0}, hi{0}, tag{0}, seen{0};
+    std::atomic<uint64_t> session{0}, seen_session{0}; // 0: any session
     std::atomic<int>      calls{0};
 
-    static kvx_status_t admit(void *arg, uint64_t tag, uint64_t addr,
-                              uint64_t len, int is_put)
+    static kvx_status_t admit(void *arg, uint64_t tag, uint64_t session,
+                              uint64_t addr, uint64_t len, int is_put)
     {
         Window *w = static_cast<Window *>(arg);
 
         (void)is_put;
         w->calls++;
-        w->seen = tag;
+        w->seen         = tag;
+        w->seen_session = session;
         if (tag != w->tag) {
             return KVX_ERR_NOT_EXPOSED;
+        }
+        if (w->session != 0 && session != w->session) {
+            return KVX_ERR_UNTRUSTED_PEER;
         }
         return addr >= w->lo && len <= w->hi - w->lo &&
                        addr - w->lo <= w->hi - w->lo - len
@@ -303,6 +312,50 @@ TEST_P(KvuAm, RangesOutsideTheExposedBlocksAreRefused)
     EXPECT_EQ(wr.post(1, wr.tbase(), 32768, 4096, 9), KVX_ERR_OUT_OF_BOUNDS);
     EXPECT_EQ(wr.post(1, wr.tbase(), 4096, 4096, 10), KVX_ERR_NOT_EXPOSED);
     EXPECT_EQ(wr.target.buf, before);
+}
+
+// Every request carries the session set on the origin's endpoint (from its
+// handshake reply); a refusal for another peer's session comes back as
+// KVX_ERR_UNTRUSTED_PEER, memory untouched either way.
+TEST_P(KvuAm, RequestsCarryTheEndpointSession)
+{
+    Window win;
+    Pair   rd(GetParam(), KVT_ACCESS_READ, Window::admit, &win);
+
+    expect_am_route(GetParam(), rd);
+    for (size_t i = 0; i < rd.target.buf.size(); i++) {
+        rd.target.buf[i] = (uint8_t)(i * 3 + 11);
+    }
+    win.tag     = 0x51;
+    win.lo      = rd.tbase();
+    win.hi      = rd.tbase() + 65536;
+    win.session = 0xfeedf00d12345678ull;
+    EXPECT_EQ(rd.post(0, rd.tbase(), 0, 4096, 0x51), KVX_ERR_UNTRUSTED_PEER);
+    EXPECT_EQ(win.seen_session.load(), 0u) << "no session set yet";
+    EXPECT_TRUE(all_eq(rd.origin.buf.data(), 65536, 0));
+    kvu_ep_set_session(rd.ep, 0xfeedf00d12345679ull);
+    EXPECT_EQ(rd.post(0, rd.tbase(), 0, 4096, 0x51), KVX_ERR_UNTRUSTED_PEER);
+    EXPECT_EQ(win.seen_session.load(), 0xfeedf00d12345679ull);
+    EXPECT_TRUE(all_eq(rd.origin.buf.data(), 65536, 0));
+    kvu_ep_set_session(rd.ep, 0xfeedf00d12345678ull);
+    EXPECT_EQ(rd.post(0, rd.tbase(), 4096, 8192, 0x51), KVX_OK);
+    EXPECT_EQ(memcmp(rd.origin.buf.data(), rd.target.buf.data() + 4096, 8192),
+              0);
+
+    Window wwin;
+    Pair   wr(GetParam(), KVT_ACCESS_WRITE, Window::admit, &wwin);
+    std::vector<uint8_t> before = wr.target.buf;
+    memset(wr.origin.buf.data(), 0x3c, 65536);
+    wwin.tag     = 0x52;
+    wwin.lo      = wr.tbase();
+    wwin.hi      = wr.tbase() + 65536;
+    wwin.session = 77;
+    kvu_ep_set_session(wr.ep, 78);
+    EXPECT_EQ(wr.post(1, wr.tbase(), 0, 4096, 0x52), KVX_ERR_UNTRUSTED_PEER);
+    EXPECT_EQ(wr.target.buf, before);
+    kvu_ep_set_session(wr.ep, 77);
+    EXPECT_EQ(wr.post(1, wr.tbase(), 0, 4096, 0x52), KVX_OK);
+    EXPECT_TRUE(all_eq(wr.target.buf.data(), 4096, 0x3c));
 }
 
 TEST_P(KvuAm, FlushWaitsForAcknowledgedPuts)
@@ -620,12 +673,12 @@ TEST_P(KvuAm, OtherDataPlaneProtocolIsRefusedAtUnpack)
     std::vector<uint8_t> other(b, b + rklen);
     uint16_t             v;
     memcpy(&v, &other[rklen - 4], sizeof(v)); // trailer: magic, version
-    EXPECT_EQ(v, 5);
-    v = 4;
+    EXPECT_EQ(v, kProto);
+    v = kProto - 1;
     memcpy(&other[rklen - 4], &v, sizeof(v));
     EXPECT_EQ(kvu_rkey_unpack(pr.ep, other.data(), other.size(), &bad),
               KVX_ERR_PEER_VERSION);
-    EXPECT_NE(strstr(kvc_last_error(), "protocol 4, this build speaks 5"),
+    EXPECT_NE(strstr(kvc_last_error(), "protocol 5, this build speaks 6"),
               nullptr) << kvc_last_error();
     EXPECT_EQ(bad, nullptr);
     // an older build published UCX's rkey and the token only
@@ -640,13 +693,13 @@ TEST_P(KvuAm, OtherDataPlaneProtocolIsRefusedAtUnpack)
 }
 
 
-// The answer header of kvu.c (version 4).
+// The answer header of kvu.c (kvu_am_hdr_t, version kProto).
 struct AmHdr {
     uint32_t magic;
     uint16_t version, pad;
     int32_t  status;
     uint32_t pad2;
-    uint64_t id, addr, len, token, nonce, tag;
+    uint64_t id, addr, len, token, nonce, tag, session;
 };
 
 // A third worker that never saw a get answers it (GETREP with the likely
@@ -692,7 +745,7 @@ TEST(KvuAmForge, AnswerFromAThirdWorkerIsDropped)
     uint64_t             dropped0 = kvu_am_dropped_answers(origin.ctx);
     static AmHdr         h[4];
     for (uint64_t id = 1; id <= 4; id++) {
-        h[id - 1] = AmHdr{0x4d41564bu, 5, 0, 0, 0, id, 0, 0, 0, 0, 0};
+        h[id - 1] = AmHdr{0x4d41564bu, kProto, 0, 0, 0, id, 0, 0, 0, 0, 0, 0};
         ucp_request_param_t rp{};
         rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
         rp.flags        = UCP_AM_SEND_FLAG_EAGER;
@@ -882,11 +935,11 @@ TEST(KvuAddr, PublishedAddressIsCheckedBeforeUcxSeesIt)
     EXPECT_EQ(1u, n);
     EXPECT_EQ(6u, len[0]);
     EXPECT_EQ(0, memcmp(ent[0], "abcdef", 6));
-    std::string old = Publish("abcdef", 6, 4);
+    std::string old = Publish("abcdef", 6, kProto - 1);
     EXPECT_EQ(KVX_ERR_PEER_VERSION,
               kvu_addr_entries(old.data(), old.size(), ent, len, nullptr, &n));
-    EXPECT_NE(nullptr, strstr(kvc_last_error(), "protocol 4, this build "
-                                                "speaks 5"))
+    EXPECT_NE(nullptr, strstr(kvc_last_error(), "protocol 5, this build "
+                                                "speaks 6"))
         << kvc_last_error();
     std::string raw = "\x01\x02\x03\x04\x05\x06\x07\x08\x09";
     EXPECT_EQ(KVX_ERR_PEER_VERSION,

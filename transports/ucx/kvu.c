@@ -64,10 +64,11 @@
 #define KVU_AM_PUTACK     0x4b4
 #define KVU_AM_PROBE      0x4b5 /* the receive-FIFO watchdog's token */
 #define KVU_AM_MAGIC      0x4d41564bu /* "KVAM" */
-#define KVU_AM_VERSION    5 /* 2: token and nonce; 3: transfer tag;
+#define KVU_AM_VERSION    6 /* 2: token and nonce; 3: transfer tag;
                                4: published rkeys end with kvu_pub_trailer;
                                5: published worker addresses are
-                                  kvu_addr_hdr_t lists (the tcp plane) */
+                                  kvu_addr_hdr_t lists (the tcp plane);
+                               6: requests carry the origin's session */
 #define KVU_AM_MAX_LEN    (256u << 10) /* bytes per message (tcp) */
 #define KVU_AM_SMALL_LEN  (60u << 10)  /* to or from a worker whose tcp
                                           receive segments are UCX's
@@ -91,6 +92,8 @@ typedef struct kvu_am_hdr {
     uint64_t token;    /* requests: the target region's token (its rkey) */
     uint64_t nonce;    /* random per request, echoed by the answer */
     uint64_t tag;      /* requests: the origin op's transfer tag */
+    uint64_t session;  /* requests: the origin endpoint's session
+                          (kvu_ep_set_session), given to authorize */
 } kvu_am_hdr_t;
 
 /* kvu_pub_trailer_t: the last 8 bytes of every rkey kvxfer publishes
@@ -222,6 +225,7 @@ struct kvu_ep {
                                     segments (KVU_ADDR_BIG_RX) */
     uint64_t      am_put_max;    /* bytes per AM put: the peer's */
     uint64_t      am_npending;   /* AM gets/puts not answered yet */
+    uint64_t      session;       /* carried by every AM request */
     kvu_ep_err_fn err_cb;
     void         *err_arg;
     int           failed;
@@ -538,6 +542,7 @@ static int kvu_am_issue(kvu_ep_t *ep, kvu_job_t *job, void *lbuf,
     amp->hdr.len     = len;
     amp->hdr.token   = job->token;
     amp->hdr.tag     = job->op->tag;
+    amp->hdr.session = ep->session;
     amp->hdr.nonce   = kvu_splitmix64(&ctx->am_nonce);
 
     amp->ep          = ep;
@@ -728,13 +733,17 @@ static ucs_status_t kvu_am_on_request(kvu_ctx_t *ctx, ucp_worker_h worker,
     refusal = KVX_ERR_OUT_OF_BOUNDS;
     if (why == NULL && ctx->params.authorize != NULL) {
         refusal = ctx->params.authorize(ctx->params.authorize_arg, h.tag,
-                                        h.addr, h.len, is_put);
+                                        h.session, h.addr, h.len, is_put);
         why     = refusal == KVX_OK ? NULL
                   : refusal == KVX_ERR_NOT_EXPOSED
                       ? "its transfer is not (yet) held here"
+                  : refusal == KVX_ERR_UNTRUSTED_PEER
+                      ? "its transfer is bound to another peer"
                       : "not inside the blocks of its live transfer";
-        refusal = refusal == KVX_ERR_NOT_EXPOSED ? KVX_ERR_NOT_EXPOSED
-                                                 : KVX_ERR_OUT_OF_BOUNDS;
+        refusal = refusal == KVX_ERR_NOT_EXPOSED ||
+                          refusal == KVX_ERR_UNTRUSTED_PEER
+                      ? refusal
+                      : KVX_ERR_OUT_OF_BOUNDS;
     }
     if (why != NULL && refusal == KVX_ERR_NOT_EXPOSED) {
         /* An early get (READ: before P's producer_request): normal. */
@@ -812,12 +821,17 @@ static ucs_status_t kvu_am_on_answer(kvu_ctx_t *ctx, ucp_worker_h worker,
                       "exposed the range", ctx->name, is_put ? "put" : "get",
                       (unsigned long long)amp->len, amp->ep->peer);
     } else if (h.status != KVX_OK) {
-        st = h.status == KVX_ERR_OUT_OF_BOUNDS ? KVX_ERR_OUT_OF_BOUNDS
-                                               : KVX_ERR_ENDPOINT;
+        st = h.status == KVX_ERR_OUT_OF_BOUNDS ||
+                     h.status == KVX_ERR_UNTRUSTED_PEER
+                 ? (kvx_status_t)h.status
+                 : KVX_ERR_ENDPOINT;
         kvc_log_error("KVX-UCX-AM", "%s: %s of %llu bytes refused by %s "
-                      "(status %d)", ctx->name, is_put ? "put" : "get",
+                      "(status %d%s)", ctx->name, is_put ? "put" : "get",
                       (unsigned long long)amp->len, amp->ep->peer,
-                      (int)h.status);
+                      (int)h.status,
+                      st == KVX_ERR_UNTRUSTED_PEER
+                          ? ": the transfer is bound to another peer there"
+                          : "");
     } else {
         if (!is_put) {
             memcpy(amp->lbuf, data, amp->len);
@@ -3322,6 +3336,11 @@ void kvu_prefault(void *ptr, size_t len)
 int kvu_ep_rma_shm_only(const kvu_ep_t *ep)
 {
     return ep->rma_shm_only;
+}
+
+void kvu_ep_set_session(kvu_ep_t *ep, uint64_t session)
+{
+    ep->session = session;
 }
 
 const char *kvu_ep_peer(const kvu_ep_t *ep)

@@ -163,6 +163,9 @@ int          kvu_ep_rma_emulated(const kvu_ep_t *ep);
 /* kvu_ep_rma_shm_only: 1 when all RMA lanes are shared memory (then only
  * UCX-allocated peer memory is copied directly; see kvu_rkey_direct). */
 int          kvu_ep_rma_shm_only(const kvu_ep_t *ep);
+/* kvu_ep_set_session: the session every active-message request of ep
+ * carries to the target's authorize (kvt.h); set before the first post. */
+void         kvu_ep_set_session(kvu_ep_t *ep, uint64_t session);
 /* kvu_rkey_direct: 1 when the rkey maps the peer's memory at addr into
  * this process (UCX-allocated shared memory). */
 int          kvu_rkey_direct(const kvu_rkey_t *rkey, uint64_t addr);

@@ -110,6 +110,11 @@ static int ops_ep_rma_shm_only(const kvt_ep_t *ep)
     return kvu_ep_rma_shm_only(KVU_C(const kvu_ep_t, ep));
 }
 
+static void ops_ep_set_session(kvt_ep_t *ep, uint64_t session)
+{
+    kvu_ep_set_session(KVU_C(kvu_ep_t, ep), session);
+}
+
 static kvx_status_t ops_rkey_unpack(kvt_ep_t *ep, const void *buf, size_t len,
                                     kvt_rkey_t **rkey_p)
 {
@@ -166,6 +171,7 @@ const kvt_data_ops_t *kvt_ucx_ops(void)
         .ep_transports      = ops_ep_transports,
         .ep_rma_emulated    = ops_ep_rma_emulated,
         .ep_rma_shm_only    = ops_ep_rma_shm_only,
+        .ep_set_session     = ops_ep_set_session,
         .rkey_unpack        = ops_rkey_unpack,
         .rkey_destroy       = ops_rkey_destroy,
         .rkey_local         = ops_rkey_local,

@@ -1,0 +1,65 @@
+/*
+ * siphash.c - SipHash-2-4, written from the algorithm's description (two
+ * compression rounds per 8-byte word, four finalization rounds).
+ */
+#include "siphash.h"
+
+#define KVC_ROTL(x, b) (uint64_t)(((x) << (b)) | ((x) >> (64 - (b))))
+
+typedef struct kvc_sip {
+    uint64_t v0, v1, v2, v3;
+} kvc_sip_t;
+
+static void kvc_sip_rounds(kvc_sip_t *s, int n)
+{
+    for (int i = 0; i < n; i++) {
+        s->v0 += s->v1;
+        s->v1  = KVC_ROTL(s->v1, 13);
+        s->v1 ^= s->v0;
+        s->v0  = KVC_ROTL(s->v0, 32);
+        s->v2 += s->v3;
+        s->v3  = KVC_ROTL(s->v3, 16);
+        s->v3 ^= s->v2;
+        s->v0 += s->v3;
+        s->v3  = KVC_ROTL(s->v3, 21);
+        s->v3 ^= s->v0;
+        s->v2 += s->v1;
+        s->v1  = KVC_ROTL(s->v1, 17);
+        s->v1 ^= s->v2;
+        s->v2  = KVC_ROTL(s->v2, 32);
+    }
+}
+
+static void kvc_sip_word(kvc_sip_t *s, uint64_t m)
+{
+    s->v3 ^= m;
+    kvc_sip_rounds(s, 2);
+    s->v0 ^= m;
+}
+
+uint64_t kvc_siphash24(const uint64_t key[2], const void *data, size_t len)
+{
+    const uint8_t *p = data;
+    kvc_sip_t      s = {key[0] ^ UINT64_C(0x736f6d6570736575),
+                        key[1] ^ UINT64_C(0x646f72616e646f6d),
+                        key[0] ^ UINT64_C(0x6c7967656e657261),
+                        key[1] ^ UINT64_C(0x7465646279746573)};
+    uint64_t       last = (uint64_t)len << 56;
+    size_t         i;
+
+    for (i = 0; i + 8 <= len; i += 8) {
+        uint64_t m = 0;
+
+        for (int b = 7; b >= 0; b--) {
+            m = m << 8 | p[i + (size_t)b];
+        }
+        kvc_sip_word(&s, m);
+    }
+    for (size_t b = 0; i + b < len; b++) {
+        last |= (uint64_t)p[i + b] << (8 * b);
+    }
+    kvc_sip_word(&s, last);
+    s.v2 ^= 0xff;
+    kvc_sip_rounds(&s, 4);
+    return s.v0 ^ s.v1 ^ s.v2 ^ s.v3;
+}

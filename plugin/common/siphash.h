@@ -1,0 +1,19 @@
+/*
+ * siphash.h - SipHash-2-4 (Aumasson and Bernstein, 2012): a keyed 64-bit
+ * pseudorandom function. kvxfer uses it where a value handed to a peer must
+ * not let that peer compute the value of another input (the data-plane
+ * session of a host, plugin/engine/expose.c); no other use is intended.
+ *
+ * Threading: pure, any thread.
+ */
+#ifndef KVC_SIPHASH_H
+#define KVC_SIPHASH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* kvc_siphash24: SipHash-2-4 of len bytes at data under the 128-bit key
+ * (key[0] the first eight key bytes read little-endian, key[1] the last). */
+uint64_t kvc_siphash24(const uint64_t key[2], const void *data, size_t len);
+
+#endif
