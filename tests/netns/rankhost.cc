@@ -76,6 +76,10 @@ struct Opts {
     bool                     destroy_threads = false;
     uint32_t                 log_level = 1;
     bool                     destroy_on_done = false;
+    std::string              request_id = "req-netns";
+    std::string              config_extra;   // more engine config keys
+    std::string              expect_refused; // decode: gets refused, text
+    std::vector<std::string> expect_stat;    // prefill: counters >= 1
 };
 
 // Blocks: P owns 12 and exposes 6 scattered ones; D owns 10 and reads the
@@ -98,7 +102,10 @@ void Usage(const char *why)
             "   --expect-fail-ranks a-b --expect-error TEXT (repeatable)\n"
             "   --ports a-b[,c-d] --probe-port P --timeout S\n"
             "   --handshake-timeout S --hold 0|1 --destroy-threads 0|1\n"
-            "   --log-level 0-3 --destroy-on-done 0|1]\n",
+            "   --log-level 0-3 --destroy-on-done 0|1\n"
+            "   --request-id ID --config-extra '\"key\":value,...'\n"
+            "   --expect-refused TEXT (decode) --expect-stat COUNTER "
+            "(prefill)]\n",
             why);
     exit(2);
 }
@@ -221,6 +228,14 @@ Opts ParseArgs(int argc, char **argv)
             o.destroy_threads = ParseUint(v, "--destroy-threads") != 0;
         } else if (a == "--probe-port") {
             o.probe_port = ParseUint(v, "--probe-port");
+        } else if (a == "--request-id") {
+            o.request_id = v;
+        } else if (a == "--config-extra") {
+            o.config_extra = v;
+        } else if (a == "--expect-refused") {
+            o.expect_refused = v;
+        } else if (a == "--expect-stat") {
+            o.expect_stat.push_back(v);
         } else {
             Usage(("unknown option " + a).c_str());
         }
@@ -322,6 +337,9 @@ kvx_status_t MakeHostRank(const Opts &o, const ModelSpec &m, uint32_t g,
     }
     if (!o.net_dev.empty()) {
         ro.extra += ",\"ucx_net_devices\":\"" + o.net_dev + "\"";
+    }
+    if (!o.config_extra.empty()) {
+        ro.extra += "," + o.config_extra;
     }
     std::string cfg = RankConfig(ro);
     // The DP coordinates are top-level identity keys (SPEC §1).
@@ -454,7 +472,7 @@ int RunPrefill(const Opts &o)
         char        *resp = nullptr;
         uint32_t     g    = o.rank_lo + (uint32_t)k;
         kvx_status_t st   = Api()->producer_request(
-            ranks[k]->eng, "req-netns", pp.c_str(), kRemote.data(),
+            ranks[k]->eng, o.request_id.c_str(), pp.c_str(), kRemote.data(),
             kRemote.size(), &resp);
         if (st != KVX_OK) {
             printf("RANK %u FAIL producer_request: %s: %s\n", g,
@@ -505,8 +523,18 @@ int RunPrefill(const Opts &o)
     int ok = 0, failed = 0;
     for (size_t k = 0; k < ranks.size(); k++) {
         uint32_t g = o.rank_lo + (uint32_t)k;
+        std::string stats;
+        for (const std::string &c : o.expect_stat) {
+            long long n = StatCount(ranks[k]->eng, c);
+            stats += " " + c + "=" + std::to_string(n);
+            if (n < 1) {
+                bad[k] += " counter " + c + " is " + std::to_string(n) +
+                          ", want >= 1";
+            }
+        }
         if (sent[k] == 1 && bad[k].empty()) {
-            printf("RANK %u OK released (FINISHED_SENDING)\n", g);
+            printf("RANK %u OK released (FINISHED_SENDING)%s\n", g,
+                   stats.c_str());
             ok++;
         } else {
             printf("RANK %u FAIL finished_sending=%d within %.0f s%s\n", g,
@@ -592,7 +620,8 @@ int RunDecode(const Opts &o)
                    (uint16_t)o.peer_notify_port, kRemote, o.peer_tp,
                    more + ",\"remote_dp_rank\":" + std::to_string(dp));
         kvx_status_t st = Api()->consumer_request(
-            ranks[k]->eng, "req-netns", params.c_str(), kLocal.data(),
+            ranks[k]->eng, o.request_id.c_str(), params.c_str(),
+            kLocal.data(),
             kLocal.size());
         std::string err = st == KVX_OK ? "" : Api()->last_error();
         if (!expect_fail[k]) {
@@ -640,6 +669,29 @@ int RunDecode(const Opts &o)
         if (!started[k] || !verdict[k].empty()) {
             FreeEvents(&evs);
             continue; // not started, or an expected rejection that was not
+        }
+        if (!o.expect_refused.empty()) {
+            // A thief: its gets must be refused (FAILED naming the reason)
+            // and not one byte of P's may have landed in its blocks.
+            std::string why = done[k].err, diff;
+            for (const kvx_event_t &e : evs) {
+                why += std::string(" [event ") + std::to_string(e.type) +
+                       " " + e.reason + "]";
+            }
+            FreeEvents(&evs);
+            diff = VerifyPull(m, *ranks[k], 0, {}, {});
+            if (done[k].st == KVX_OK) {
+                verdict[k] = "want the transfer refused, it completed";
+            } else if (why.find(o.expect_refused) == std::string::npos) {
+                verdict[k] = "failure lacks '" + o.expect_refused + "': " +
+                             Api()->status_name(done[k].st) + ": " + why;
+            } else if (!diff.empty()) {
+                verdict[k] = "refused rank's blocks changed: " + diff;
+            } else {
+                printf("RANK %u OK refused, blocks untouched: %s: %s\n", g,
+                       Api()->status_name(done[k].st), why.c_str());
+            }
+            continue;
         }
         if (done[k].st != KVX_OK) {
             verdict[k] = std::string("wait_transfer: ") +

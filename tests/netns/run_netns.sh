@@ -8,6 +8,15 @@
 #   tp16       P TP16: ranks 0-7 on A, 8-15 on B; D TP16: 0-7 on C, 8-15 on D.
 #   dp2tp8     P DP2xTP8: dp0 on A, dp1 on B; D DP2xTP8: dp0 on C, dp1 on D;
 #              decode DP rank d sends remote_dp_rank d and reads P DP rank d.
+#   thief      READ with read_bind_decode_host: P on A holds a transfer whose
+#              request id names decode host C; a decode instance on B (a
+#              trusted host, same transfer id, same block ids) is refused
+#              by P's data plane (session of B, not C): FAILED naming the
+#              reason, its blocks untouched, P counts data_wrong_peer,
+#              while the decode instance on C reads every byte and releases
+#              P. Control: against a P without the option the same thief
+#              reads every byte and its release ends P's hold, so C's gets
+#              are refused (what the option is for).
 #   untrusted  D with trusted_remote_hosts = {A, C, D} (not B): decode ranks
 #              8-15 fail synchronously with KVX_ERR_UNTRUSTED_PEER naming B
 #              and remote_hosts[1]; a plain TCP listener on B, on every port
@@ -28,7 +37,8 @@
 # $CI is set (CI has root): then that is a failure.
 #
 # Environment:
-#   KVX_NETNS_SCENARIOS   cases to run [tp16 dp2tp8 untrusted hetero]; also
+#   KVX_NETNS_SCENARIOS   cases to run [tp16 dp2tp8 untrusted hetero thief];
+#                         also
 #                         peer_gone, release_on_destroy
 #   KVX_NETNS_TRUST_SCOPE what "untrusted" expects of decode ranks 0-7,
 #                         whose own P rank is on the trusted host A:
@@ -211,7 +221,7 @@ TIMEOUT=40
 WAIT=$((TIMEOUT + 30))   # deadline of the script's own waits
 COMMON=(--tls tcp --net-dev "$DEV" --timeout "$TIMEOUT"
         --log-level "${KVX_NETNS_LOG_LEVEL:-1}")
-SCENARIOS=" ${KVX_NETNS_SCENARIOS:-tp16 dp2tp8 untrusted hetero} "
+SCENARIOS=" ${KVX_NETNS_SCENARIOS:-tp16 dp2tp8 untrusted hetero thief} "
 want() { [[ "$SCENARIOS" == *" $1 "* ]]; }
 P_ARGS=(--role prefill --hs-port "$P_HS" --notify-port "$P_NT"
         --node-hosts "$IP_A,$IP_B")
@@ -355,6 +365,53 @@ run_hetero() {
 }
 want hetero && run_hetero hetero_slice 8 4 16 2
 want hetero && run_hetero hetero_gather 16 2 8 4
+
+# (e) thief: run_thief NAME BIND. P (tp 4, ranks on A) holds tx-NAME for
+# the decode host its request id names (C). First a decode instance on B
+# reads the same transfer id and block ids; BIND=1 (P with
+# read_bind_decode_host): every get is refused, FAILED names the reason and
+# B's blocks stay untouched; then the decode instance on C reads every byte
+# and releases P. BIND=0 (the control, P without the option): B reads every
+# byte and releases P (P's HOLD), and C's gets are then refused.
+run_thief() {
+    local name=$1 bind=$2 rc=0 n p_extra=() b_expect=()
+    local c_expect=(--expect-refused "outside what the source holds")
+    local rid="___prefill_addr_host:$IP_A,handshake:$P_HS,notify:$P_NT"
+    rid+="___decode_addr_host:$IP_C,handshake:$D_HS,notify:$D_NT"
+    rid+="_0123456789abcdef0123456789abcdef"
+    local p=(--role prefill --hs-port "$P_HS" --notify-port "$P_NT"
+             --tp 4 --dp 1 --ranks 0-3 --transfer tx-$name
+             --request-id "$rid" "${COMMON[@]}" --host-ip $IP_A --hold 1)
+    local d=(--role decode --hs-port "$D_HS" --notify-port "$D_NT"
+             --tp 4 --dp 1 --ranks 0-3 --peer-host "$IP_A"
+             --peer-hs-port "$P_HS" --peer-notify-port "$P_NT"
+             --transfer tx-$name --request-id "$rid" "${COMMON[@]}")
+    if [ "$bind" = 1 ]; then
+        p_extra=(--config-extra '"read_bind_decode_host":true'
+                 --expect-stat data_wrong_peer)
+        b_expect=(--expect-refused "another decode host")
+        c_expect=()
+    fi
+    start ${name}_pA "$NS_A" "${p[@]}" "${p_extra[@]}"
+    if wait_ready ${name}_pA 60; then
+        start ${name}_dB "$NS_B" "${d[@]}" --host-ip $IP_B "${b_expect[@]}"
+        finish ${name}_dB || rc=1
+        # The control: P was released by the thief before C starts.
+        [ "$bind" = 1 ] || wait_line ${name}_pA '^HOLD' $WAIT || rc=1
+        start ${name}_dC "$NS_C" "${d[@]}" --host-ip $IP_C "${c_expect[@]}"
+        finish ${name}_dC || rc=1
+        wait_line ${name}_pA '^HOLD' $WAIT || rc=1
+    else
+        rc=1
+    fi
+    for n in dB dC pA; do
+        [ -n "$(eval "echo \${PID_${name}_$n:-}")" ] || continue
+        stop ${name}_$n || rc=1
+    done
+    verdict "$name" $rc ${name}_pA ${name}_dB ${name}_dC
+}
+want thief && run_thief thief 1
+want thief && run_thief thief_control 0
 
 # The two cases below show library defects found while writing this test
 # (see the report); they are registered as a separate meson test.
