@@ -80,6 +80,7 @@ struct Opts {
     std::string              config_extra;   // more engine config keys
     std::string              expect_refused; // decode: gets refused, text
     std::vector<std::string> expect_stat;    // prefill: counters >= 1
+    bool                     write = false;  // WRITE mode (P pushes)
 };
 
 // Blocks: P owns 12 and exposes 6 scattered ones; D owns 10 and reads the
@@ -105,7 +106,9 @@ void Usage(const char *why)
             "   --log-level 0-3 --destroy-on-done 0|1\n"
             "   --request-id ID --config-extra '\"key\":value,...'\n"
             "   --expect-refused TEXT (decode) --expect-stat COUNTER "
-            "(prefill)]\n",
+            "(prefill)\n"
+            "   --write 0|1 (WRITE mode: prefill needs --peer-host, "
+            "--peer-hs-port, --peer-notify-port)]\n",
             why);
     exit(2);
 }
@@ -236,6 +239,8 @@ Opts ParseArgs(int argc, char **argv)
             o.expect_refused = v;
         } else if (a == "--expect-stat") {
             o.expect_stat.push_back(v);
+        } else if (a == "--write") {
+            o.write = ParseUint(v, "--write") != 0;
         } else {
             Usage(("unknown option " + a).c_str());
         }
@@ -264,11 +269,14 @@ Opts ParseArgs(int argc, char **argv)
     if (o.node_hosts.empty()) {
         o.node_hosts.push_back(o.host_ip);
     }
-    if (o.role == "decode") {
+    if (o.role == "decode" || o.write) {
         if (o.peer_host.empty() || o.peer_hs_port == 0 ||
             o.peer_notify_port == 0) {
-            Usage("decode needs --peer-host, --peer-hs-port, "
-                  "--peer-notify-port");
+            Usage("decode and WRITE prefill need --peer-host, "
+                  "--peer-hs-port, --peer-notify-port");
+        }
+        if (o.write && (o.peer_tp != 0 && o.peer_tp != o.tp)) {
+            Usage("--write needs --peer-tp equal to --tp");
         }
         if (o.peer_tp == 0) {
             o.peer_tp = o.tp;
@@ -321,6 +329,7 @@ kvx_status_t MakeHostRank(const Opts &o, const ModelSpec &m, uint32_t g,
     bool     producer = o.role == "prefill";
     RankOpts ro;
     ro.producer          = producer;
+    ro.read_mode         = !o.write;
     ro.tp_rank           = g % o.tp;
     ro.tp_size           = o.tp;
     ro.num_blocks        = producer ? kPBlocks : kDBlocks;
@@ -467,13 +476,26 @@ int RunPrefill(const Opts &o)
         }
     }
     std::string pp = "{\"transfer_id\":\"" + o.transfer +
-                     "\",\"do_remote_decode\":true}";
+                     "\",\"do_remote_decode\":true";
+    if (o.write) {
+        // WRITE: P names D and pushes as many blocks as D receives (the
+        // last ones of kRemote, the blocks a READ decode rank would read).
+        pp += ",\"remote_host\":\"" + o.peer_host +
+              "\",\"remote_handshake_port\":" + std::to_string(o.peer_hs_port) +
+              ",\"remote_notify_port\":" + std::to_string(o.peer_notify_port) +
+              ",\"remote_tp_size\":" + std::to_string(o.tp);
+    }
+    pp += "}";
+    const std::vector<uint64_t> ids =
+        o.write ? std::vector<uint64_t>(kRemote.end() - kLocal.size(),
+                                        kRemote.end())
+                : kRemote;
     for (size_t k = 0; k < ranks.size(); k++) {
         char        *resp = nullptr;
         uint32_t     g    = o.rank_lo + (uint32_t)k;
         kvx_status_t st   = Api()->producer_request(
-            ranks[k]->eng, o.request_id.c_str(), pp.c_str(), kRemote.data(),
-            kRemote.size(), &resp);
+            ranks[k]->eng, o.request_id.c_str(), pp.c_str(), ids.data(),
+            ids.size(), &resp);
         if (st != KVX_OK) {
             printf("RANK %u FAIL producer_request: %s: %s\n", g,
                    Api()->status_name(st), Api()->last_error());
@@ -486,6 +508,21 @@ int RunPrefill(const Opts &o)
             r.find(o.node_hosts.back()) == std::string::npos) {
             printf("RANK %u FAIL response lacks remote_hosts: %s\n", g,
                    r.c_str());
+            return 1;
+        }
+        for (uint32_t l = 0; o.write && l < m.layers.size(); l++) {
+            st = Api()->layer_ready(ranks[k]->eng, o.transfer.c_str(), l);
+            if (st != KVX_OK) {
+                printf("RANK %u FAIL layer_ready %u: %s: %s\n", g, l,
+                       Api()->status_name(st), Api()->last_error());
+                return 1;
+            }
+        }
+        if (o.write && (st = Api()->seal_transfer(ranks[k]->eng,
+                                                   o.transfer.c_str())) !=
+                           KVX_OK) {
+            printf("RANK %u FAIL seal_transfer: %s: %s\n", g,
+                   Api()->status_name(st), Api()->last_error());
             return 1;
         }
     }
@@ -505,7 +542,7 @@ int RunPrefill(const Opts &o)
                 for (const kvx_event_t &e : evs) {
                     if (e.type == KVX_EVENT_FINISHED_SENDING &&
                         o.transfer == e.transfer_id &&
-                        e.num_block_ids == kRemote.size()) {
+                        e.num_block_ids == ids.size()) {
                         sent[k]++;
                     } else {
                         bad[k] += std::string(" unexpected event type ") +
@@ -657,6 +694,9 @@ int RunDecode(const Opts &o)
         }
     }
 
+    printf("READY decode %s ranks %u-%u requested\n", o.host_ip.c_str(),
+           o.rank_lo, o.rank_hi);
+    fflush(stdout);
     for (size_t k = 0; k < ranks.size(); k++) {
         if (started[k] && !o.destroy_on_done) {
             wait_one(k);

@@ -17,6 +17,15 @@
 #              P. Control: against a P without the option the same thief
 #              reads every byte and its release ends P's hold, so C's gets
 #              are refused (what the option is for).
+#   write_thief WRITE: D on C holds a transfer for P on A (its blocks
+#              remote-writable while it waits); an attacker process on B
+#              (tests/security/attack.c: its own UCP worker, kvxfer's
+#              active-message put protocol, the session D's handshake gave
+#              B) puts into every block of layer 0 with the transfer's tag
+#              and token: every put in the transfer's blocks is refused as
+#              bound to another peer, none served. Control: the same
+#              attacker on A (P's host) is served. Then P pushes and D
+#              verifies every byte. Needs ATTACK (the second argument).
 #   untrusted  D with trusted_remote_hosts = {A, C, D} (not B): decode ranks
 #              8-15 fail synchronously with KVX_ERR_UNTRUSTED_PEER naming B
 #              and remote_hosts[1]; a plain TCP listener on B, on every port
@@ -31,13 +40,14 @@
 # after its transfer completed must still release P). Both are races: each
 # runs KVX_NETNS_ROUNDS rounds (default 3) pinned to one CPU.
 #
-# Usage (root): tests/netns/run_netns.sh path/to/rankhost
+# Usage (root): tests/netns/run_netns.sh path/to/rankhost [path/to/attack]
 # Prints "N passed, M failed"; exit 0 only if nothing failed. Without
 # permission to create namespaces it prints "SKIP: ..." and exits 77, unless
 # $CI is set (CI has root): then that is a failure.
 #
 # Environment:
-#   KVX_NETNS_SCENARIOS   cases to run [tp16 dp2tp8 untrusted hetero thief];
+#   KVX_NETNS_SCENARIOS   cases to run [tp16 dp2tp8 untrusted hetero thief
+#                         write_thief];
 #                         also
 #                         peer_gone, release_on_destroy
 #   KVX_NETNS_TRUST_SCOPE what "untrusted" expects of decode ranks 0-7,
@@ -57,6 +67,7 @@ if [ -z "$RANKHOST" ] || [ ! -x "$RANKHOST" ]; then
     exit 2
 fi
 RANKHOST=$(cd "$(dirname "$RANKHOST")" && pwd)/$(basename "$RANKHOST")
+ATTACK=${2:-}
 TRUST_SCOPE=${KVX_NETNS_TRUST_SCOPE:-rank}
 case "$TRUST_SCOPE" in request|rank) ;; *)
     echo "KVX_NETNS_TRUST_SCOPE must be request or rank" >&2; exit 2 ;;
@@ -221,7 +232,7 @@ TIMEOUT=40
 WAIT=$((TIMEOUT + 30))   # deadline of the script's own waits
 COMMON=(--tls tcp --net-dev "$DEV" --timeout "$TIMEOUT"
         --log-level "${KVX_NETNS_LOG_LEVEL:-1}")
-SCENARIOS=" ${KVX_NETNS_SCENARIOS:-tp16 dp2tp8 untrusted hetero thief} "
+SCENARIOS=" ${KVX_NETNS_SCENARIOS:-tp16 dp2tp8 untrusted hetero thief write_thief} "
 want() { [[ "$SCENARIOS" == *" $1 "* ]]; }
 P_ARGS=(--role prefill --hs-port "$P_HS" --notify-port "$P_NT"
         --node-hosts "$IP_A,$IP_B")
@@ -412,6 +423,60 @@ run_thief() {
 }
 want thief && run_thief thief 1
 want thief && run_thief thief_control 0
+
+# (f) write_thief: D (WRITE, tp 1) on C waits for P on A; the attacker
+# fetches D's handshake from B and puts with B's session (refused), then
+# from A with A's session (served: the control); then P pushes.
+run_write_thief() {
+    local name=write_thief rc=0 n out
+    local d=(--role decode --write 1 --hs-port "$D_HS" --notify-port "$D_NT"
+             --tp 1 --dp 1 --ranks 0-0 --peer-host "$IP_A"
+             --peer-hs-port "$P_HS" --peer-notify-port "$P_NT"
+             --transfer tx-$name "${COMMON[@]}" --host-ip $IP_C)
+    local p=(--role prefill --write 1 --hs-port "$P_HS" --notify-port "$P_NT"
+             --tp 1 --dp 1 --ranks 0-0 --peer-host "$IP_C"
+             --peer-hs-port "$D_HS" --peer-notify-port "$D_NT"
+             --transfer tx-$name "${COMMON[@]}" --host-ip $IP_A --hold 1)
+    start ${name}_dC "$NS_C" "${d[@]}"
+    if wait_ready ${name}_dC 60; then
+        for n in B A; do
+            out=$LOGDIR/${name}_att$n.log
+            if ! timeout -k 5 60 ip netns exec "${RUN}${n,}" "$ATTACK" fetch \
+                     $IP_C "$D_HS" "$LOGDIR/meta$n.json" >"$out" 2>&1; then
+                echo "attacker on $n: no metadata from D" >>"$out"
+                rc=1
+                continue
+            fi
+            timeout -k 5 60 ip netns exec "${RUN}${n,}" "$ATTACK" amput \
+                "$LOGDIR/meta$n.json" tx-$name 10 >>"$out" 2>&1
+            local arc=$?
+            echo "exit $arc" >>"$out"
+            # B: refused (0); A, P's own host: served (1).
+            if { [ $n = B ] && [ $arc != 0 ]; } ||
+               { [ $n = A ] && [ $arc != 1 ]; }; then
+                rc=1
+            fi
+        done
+        start ${name}_pA "$NS_A" "${p[@]}"
+        finish ${name}_dC || rc=1
+        wait_line ${name}_pA '^HOLD' $WAIT || rc=1
+    else
+        rc=1
+    fi
+    for n in dC pA; do
+        [ -n "$(eval "echo \${PID_${name}_$n:-}")" ] || continue
+        stop ${name}_$n || rc=1
+    done
+    verdict "$name" $rc ${name}_attB ${name}_attA ${name}_dC ${name}_pA
+}
+if want write_thief; then
+    if [ -n "$ATTACK" ]; then
+        run_write_thief
+    else
+        echo "FAIL write_thief: no attack program (second argument)"
+        FAILED=$((FAILED + 1))
+    fi
+fi
 
 # The two cases below show library defects found while writing this test
 # (see the report); they are registered as a separate meson test.

@@ -28,6 +28,16 @@
  *                                        FILE, from a tcp-only UCP worker
  *                                        of its own: a get of layer 0 that
  *                                        completes was served (exit 1)
+ *   attack amput   FILE TRANSFER SECS    kvxfer's own data-plane protocol
+ *                                        (active-message puts, the wire
+ *                                        format below) with the session the
+ *                                        engine gave THIS host in FILE (its
+ *                                        metadata, from attack fetch): 16
+ *                                        bytes at the start of every block
+ *                                        of layer 0 for TRANSFER's tag.
+ *                                        Exit 0: none served and at least
+ *                                        one refused as bound to another
+ *                                        peer; 1: one was served; 2: else
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -656,6 +666,239 @@ static int cmd_rma(char **a)
     return served ? 1 : 0;
 }
 
+/* --- kvxfer's data-plane wire format (protocol 6), as a peer sees it ---
+ * An AM put: id 0x4b3, this header, then the bytes; the target answers on
+ * the reply endpoint with id 0x4b4 and the header, status set. */
+#define AM_PUT    0x4b3
+#define AM_PUTACK 0x4b4
+#define AM_MAGIC  0x4d41564bu
+#define AM_PROTO  6
+#define ST_WRONG_PEER  (-20) /* KVX_ERR_UNTRUSTED_PEER */
+#define ST_OOB         (-42) /* KVX_ERR_OUT_OF_BOUNDS */
+#define ST_NOT_EXPOSED (-46) /* KVX_ERR_NOT_EXPOSED */
+typedef struct {
+    uint32_t magic;
+    uint16_t version, pad;
+    int32_t  status;
+    uint32_t pad2;
+    uint64_t id, addr, len, token, nonce, tag, session;
+} am_hdr_t;
+
+typedef struct {
+    int     answered;
+    int32_t status;
+} am_ans_t;
+
+static am_ans_t g_ans[4096];
+
+static ucs_status_t am_ack_cb(void *arg, const void *header, size_t hlen,
+                              void *data, size_t len,
+                              const ucp_am_recv_param_t *param)
+{
+    am_hdr_t h;
+
+    (void)arg, (void)data, (void)len, (void)param;
+    if (hlen == sizeof(h)) {
+        memcpy(&h, header, sizeof(h));
+        if (h.magic == AM_MAGIC && h.id < 4096) {
+            g_ans[h.id].answered = 1;
+            g_ans[h.id].status   = h.status;
+        }
+    }
+    return UCS_OK;
+}
+
+/* u64_of: a decimal string member of o (0 when absent). */
+static uint64_t u64_of(json_object *o, const char *key)
+{
+    json_object *v;
+
+    return o != NULL && json_object_object_get_ex(o, key, &v)
+               ? strtoull(json_object_get_string(v), NULL, 10)
+               : 0;
+}
+
+static int cmd_amput(char **a)
+{
+    json_object        *o = json_object_from_file(a[0]), *layer, *v, *geom;
+    ucp_config_t       *cfg;
+    ucp_params_t        prm;
+    ucp_worker_params_t wp;
+    ucp_am_handler_param_t hp;
+    ucp_context_h       ucp;
+    ucp_worker_h        wk;
+    uint8_t            *addr, *rkey, junk[16];
+    size_t              alen, rlen, off = 8;
+    uint64_t            base, stride, nb, token, tag = 0xcbf29ce484222325ull;
+    uint64_t            session;
+    uint16_t            n;
+    int                 sent = 0, served = 0, wrong = 0, oob = 0, nexp = 0,
+                        other = 0, silent = 0;
+    double              secs = atof(a[2]);
+
+    layer = o ? json_object_array_get_idx(json_object_object_get(o, "layers"),
+                                          0)
+              : NULL;
+    geom = layer ? json_object_object_get(layer, "geom") : NULL;
+    if (layer == NULL || geom == NULL ||
+        !json_object_object_get_ex(o, "worker_addr", &v) ||
+        (addr = b64_decode(json_object_get_string(v), &alen)) == NULL ||
+        !json_object_object_get_ex(layer, "rkey", &v) ||
+        (rkey = b64_decode(json_object_get_string(v), &rlen)) == NULL ||
+        alen < 8 || rlen < 16) {
+        printf("amput: no worker address, layer 0 rkey and geom in %s\n",
+               a[0]);
+        return 2;
+    }
+    base    = u64_of(layer, "base");
+    nb      = u64_of(geom, "num_blocks");
+    stride  = u64_of(geom, "block_stride");
+    stride  = stride ? stride : u64_of(geom, "block_len");
+    session = u64_of(o, "session");
+    memcpy(&token, rkey + rlen - 16, 8); /* packed rkey, token, trailer */
+    memcpy(&n, addr + 6, 2);
+    for (const unsigned char *p = (const unsigned char *)a[1]; *p; p++) {
+        tag = (tag ^ *p) * 0x100000001b3ull; /* the transfer's tag */
+    }
+    if (nb == 0 || nb > 4096 || n < 1 || n > 8) {
+        printf("amput: layer 0 has %llu blocks, %u worker addresses\n",
+               (unsigned long long)nb, (unsigned)n);
+        return 2;
+    }
+    memset(junk, 0xA5, sizeof(junk));
+    if (ucp_config_read(NULL, NULL, &cfg) != UCS_OK ||
+        ucp_config_modify(cfg, "TLS", "tcp") != UCS_OK) {
+        return 2;
+    }
+    memset(&prm, 0, sizeof(prm));
+    prm.field_mask = UCP_PARAM_FIELD_FEATURES;
+    prm.features   = UCP_FEATURE_AM;
+    if (ucp_init(&prm, cfg, &ucp) != UCS_OK) {
+        return 2;
+    }
+    ucp_config_release(cfg);
+    memset(&wp, 0, sizeof(wp));
+    wp.field_mask  = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+    if (ucp_worker_create(ucp, &wp, &wk) != UCS_OK) {
+        return 2;
+    }
+    memset(&hp, 0, sizeof(hp));
+    hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
+                    UCP_AM_HANDLER_PARAM_FIELD_CB |
+                    UCP_AM_HANDLER_PARAM_FIELD_ARG;
+    hp.id         = AM_PUTACK;
+    hp.cb         = am_ack_cb;
+    hp.arg        = NULL;
+    if (ucp_worker_set_am_recv_handler(wk, &hp) != UCS_OK) {
+        return 2;
+    }
+    for (uint16_t i = 0; i < n && sent == 0; i++) {
+        ucp_ep_params_t     ep_prm;
+        ucp_request_param_t rp;
+        ucp_ep_h            ep;
+        uint32_t            len;
+        double              end;
+        void               *reqs[64];
+        am_hdr_t            hdrs[64];
+
+        if (alen - off < 4) {
+            break;
+        }
+        memcpy(&len, addr + off, 4);
+        len &= 0x3fffffffu;
+        off += 4;
+        if (len > alen - off) {
+            break;
+        }
+        memset(&ep_prm, 0, sizeof(ep_prm));
+        ep_prm.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
+                            UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+        ep_prm.address    = (const ucp_address_t *)(addr + off);
+        ep_prm.err_mode   = UCP_ERR_HANDLING_MODE_PEER;
+        off += len;
+        if (ucp_ep_create(wk, &ep_prm, &ep) != UCS_OK) {
+            continue;
+        }
+        /* One put per block (at most 64), each its own header. */
+        for (uint64_t b = 0; b < nb && b < 64; b++) {
+            am_hdr_t *h = &hdrs[b];
+
+            memset(h, 0, sizeof(*h));
+            h->magic   = AM_MAGIC;
+            h->version = AM_PROTO;
+            h->id      = b;
+            h->addr    = base + b * stride;
+            h->len     = sizeof(junk);
+            h->token   = token;
+            h->nonce   = 0x1234 + b;
+            h->tag     = tag;
+            h->session = session;
+            memset(&rp, 0, sizeof(rp));
+            rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+            rp.flags        = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER;
+            reqs[b] = ucp_am_send_nbx(ep, AM_PUT, h, sizeof(*h), junk,
+                                      sizeof(junk), &rp);
+            sent++;
+        }
+        end = now_s() + secs;
+        for (;;) {
+            int left = 0;
+
+            for (int b = 0; b < sent; b++) {
+                left += !g_ans[b].answered;
+            }
+            if (left == 0 || now_s() >= end) {
+                break;
+            }
+            ucp_worker_progress(wk);
+        }
+        for (int b = 0; b < sent; b++) {
+            if (UCS_PTR_IS_PTR(reqs[b])) {
+                ucp_request_cancel(wk, reqs[b]);
+                ucp_request_free(reqs[b]);
+            }
+        }
+        memset(&rp, 0, sizeof(rp));
+        rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+        rp.flags        = UCP_EP_CLOSE_FLAG_FORCE;
+        {
+            ucs_status_ptr_t cl = ucp_ep_close_nbx(ep, &rp);
+
+            end = now_s() + 5;
+            while (UCS_PTR_IS_PTR(cl) &&
+                   ucp_request_check_status(cl) == UCS_INPROGRESS &&
+                   now_s() < end) {
+                ucp_worker_progress(wk);
+            }
+            if (UCS_PTR_IS_PTR(cl)) {
+                ucp_request_free(cl);
+            }
+        }
+    }
+    for (int b = 0; b < sent; b++) {
+        int32_t st = g_ans[b].status;
+
+        silent += !g_ans[b].answered;
+        served += g_ans[b].answered && st == 0;
+        wrong += g_ans[b].answered && st == ST_WRONG_PEER;
+        oob += g_ans[b].answered && st == ST_OOB;
+        nexp += g_ans[b].answered && st == ST_NOT_EXPOSED;
+        other += g_ans[b].answered && st != 0 && st != ST_WRONG_PEER &&
+                 st != ST_OOB && st != ST_NOT_EXPOSED;
+    }
+    ucp_worker_destroy(wk);
+    ucp_cleanup(ucp);
+    free(addr);
+    free(rkey);
+    json_object_put(o);
+    printf("amput: %d puts with session %s: %d served, %d refused as bound "
+           "to another peer, %d out of bounds, %d not exposed, %d other, %d "
+           "unanswered\n", sent, session ? "given" : "none", served, wrong,
+           oob, nexp, other, silent);
+    return served ? 1 : wrong > 0 ? 0 : 2;
+}
+
 int main(int argc, char **argv)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -668,7 +911,7 @@ int main(int argc, char **argv)
         {"plain", 2, cmd_plain}, {"tlsid", 6, cmd_tlsid},
         {"stall", 4, cmd_stall}, {"big", 3, cmd_big},
         {"respond", 5, cmd_respond}, {"fetch", 3, cmd_fetch},
-        {"rma", 2, cmd_rma},
+        {"rma", 2, cmd_rma},     {"amput", 3, cmd_amput},
     };
 
     for (size_t i = 0; argc >= 2 && i < sizeof(cmds) / sizeof(cmds[0]); i++) {
