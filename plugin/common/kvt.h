@@ -120,8 +120,10 @@ typedef struct kvt_data_params {
     /* authorize: a transport that serves a peer's get or put itself (in
      * software, kvxfer's own active messages) asks it for every request
      * that passed its registration and access checks, with the tag the
-     * origin's op carried and the session of the origin's endpoint
-     * (ep_set_session; 0 when none was set): KVX_OK serves it;
+     * origin's op carried, the request's nonce and its authenticator
+     * kvc_req_mac(session of the origin's endpoint (ep_set_session), tag,
+     * nonce, addr, len, is_put) (common/siphash.h; 0 when no session was
+     * set): KVX_OK serves it;
      * KVX_ERR_NOT_EXPOSED (no live transfer of that tag here yet: the
      * origin may retry), KVX_ERR_UNTRUSTED_PEER (the transfer is bound to
      * another peer's session) and KVX_ERR_OUT_OF_BOUNDS (not that
@@ -130,8 +132,9 @@ typedef struct kvt_data_params {
      * progress owner with the transport's locks held: it must not call the
      * transport. NULL: registration checks only. Hardware RMA (rkeys on
      * zero-copy lanes) is not asked. */
-    kvx_status_t (*authorize)(void *arg, uint64_t tag, uint64_t session,
-                              uint64_t addr, uint64_t len, int is_put);
+    kvx_status_t (*authorize)(void *arg, uint64_t tag, uint64_t mac,
+                              uint64_t nonce, uint64_t addr, uint64_t len,
+                              int is_put);
     void       *authorize_arg;
     /* worker_reset: the context replaced its worker (a blocked
      * shared-memory receive FIFO, transports/ucx/README.md): worker_address
@@ -227,8 +230,9 @@ typedef struct kvt_data_ops {
      * borrowed until ctx_destroy; NULL member: none to report. */
     const char  *(*settings)(const kvt_ctx_t *ctx);
     /* ep_set_session: the session (from the peer's handshake reply) that
-     * every get and put the peer serves in software carries to its
-     * authorize; before the first post. NULL member: not carried. */
+     * authenticates every get and put the peer serves in software
+     * (kvc_req_mac, checked by its authorize); before the first post.
+     * NULL member: not carried. */
     void         (*ep_set_session)(kvt_ep_t *ep, uint64_t session);
 } kvt_data_ops_t;
 

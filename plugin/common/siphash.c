@@ -63,3 +63,21 @@ uint64_t kvc_siphash24(const uint64_t key[2], const void *data, size_t len)
     kvc_sip_rounds(&s, 4);
     return s.v0 ^ s.v1 ^ s.v2 ^ s.v3;
 }
+
+uint64_t kvc_req_mac(uint64_t session, uint64_t tag, uint64_t nonce,
+                     uint64_t addr, uint64_t len, int is_put)
+{
+    const uint64_t key[2] = {session, session ^ UINT64_C(0x6b76786d61633031)};
+    uint64_t       v[5]   = {tag, nonce, addr, len, is_put ? 1u : 0u};
+    uint8_t        in[40];
+    uint64_t       m;
+
+    if (session == 0) {
+        return 0;
+    }
+    for (size_t i = 0; i < 40; i++) { /* little-endian on every host */
+        in[i] = (uint8_t)(v[i / 8] >> (8 * (i % 8)));
+    }
+    m = kvc_siphash24(key, in, sizeof(in));
+    return m != 0 ? m : 1;
+}

@@ -16,4 +16,12 @@
  * (key[0] the first eight key bytes read little-endian, key[1] the last). */
 uint64_t kvc_siphash24(const uint64_t key[2], const void *data, size_t len);
 
+/* kvc_req_mac: the authenticator a data-plane request carries instead of
+ * its endpoint's session (kvt.h authorize): SipHash-2-4 under the session
+ * of the request's tag, nonce, target address, length and direction, so
+ * the session itself never travels with data-plane traffic and a captured
+ * request authenticates only itself. 0 when session is 0 (none set). */
+uint64_t kvc_req_mac(uint64_t session, uint64_t tag, uint64_t nonce,
+                     uint64_t addr, uint64_t len, int is_put);
+
 #endif

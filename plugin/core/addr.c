@@ -268,14 +268,23 @@ kvx_status_t kvc_port_check(uint64_t port, const char *field)
 
 /* ---- trust -------------------------------------------------------------- */
 
-/* kvc_ip_parse: 4 or 6 when s is a literal (address in a[16]), else 0. */
+/* kvc_ip_parse: 4 or 6 when s is a literal (address in a[16]), else 0.
+ * An IPv4-mapped IPv6 address (::ffff:a.b.c.d, how a dual-stack listener
+ * sees IPv4 peers) is the IPv4 address it maps. */
 static int kvc_ip_parse(const char *s, uint8_t a[16])
 {
+    static const uint8_t mapped[12] = {[10] = 0xff, [11] = 0xff};
+
     memset(a, 0, 16);
     if (inet_pton(AF_INET, s, a) == 1) {
         return 4;
     }
     if (inet_pton(AF_INET6, s, a) == 1) {
+        if (memcmp(a, mapped, sizeof(mapped)) == 0) {
+            memmove(a, a + 12, 4);
+            memset(a + 4, 0, 12);
+            return 4;
+        }
         return 6;
     }
     return 0;
@@ -500,6 +509,15 @@ static kvx_status_t kvc_trust_cidr(kvc_trust_entry_t *e, const char *s,
         bits = kvc_addr_is_digit(slash[1 + k])
                    ? bits * 10 + (uint32_t)(slash[1 + k] - '0')
                    : 1000;
+    }
+    if (e->kind == 4 && strchr(ip, ':') != NULL) {
+        /* ::ffff:a.b.c.d/bits: bits of the mapped IPv6 address. */
+        if (blen == 0 || blen > 3 || bits < 96 || bits > 128) {
+            return kvc_trust_entry_fail(
+                i, s, "CIDR prefix of an IPv4-mapped address must be "
+                      "96..128");
+        }
+        bits -= 96;
     }
     if (blen == 0 || blen > 3 || bits > (e->kind == 4 ? 32u : 128u)) {
         return kvc_trust_entry_fail(

@@ -271,7 +271,7 @@ typedef struct kvc_expo_layer {
     kvc_geom_t geom;
 } kvc_expo_layer_t;
 
-#define KVC_EXPO_SESS 8 /* distinct peer hosts a transfer is bound to */
+#define KVC_EXPO_SESS KVC_RANKMAP_MAX /* distinct peer hosts of a transfer */
 
 typedef struct kvc_expo_xfer {
     uint64_t              tag;  /* kvc_xfer_tag(transfer_id) */
@@ -298,6 +298,8 @@ typedef struct kvc_expo {
     size_t            nlayers;
     uint64_t          refused[3]; /* [0] final, [1] not exposed yet,
                                      [2] the transfer's peer is another */
+    uint64_t          unbound;    /* transfers exposed to any session:
+                                     a peer host that is no IP literal */
     uint64_t          key[2];     /* kvc_host_session key (random) */
 } kvc_expo_t;
 
@@ -313,7 +315,8 @@ void kvc_expo_fini(kvc_expo_t *e);
 void kvc_expose(struct kvx_engine *eng, kvc_xfer_t *x);
 void kvc_unexpose(struct kvx_engine *eng, kvc_xfer_t *x);
 /* kvc_expo_authorize (kvt_data_params_t.authorize, arg the engine). */
-kvx_status_t kvc_expo_authorize(void *arg, uint64_t tag, uint64_t session,
+kvx_status_t kvc_expo_authorize(void *arg, uint64_t tag, uint64_t mac,
+                                uint64_t nonce,
                                 uint64_t addr, uint64_t len, int is_put);
 /* kvc_expo_bound_host (READ, P): with read_bind_decode_host, the decode
  * host a P transfer is bound to, from its request id (SPEC §3 proxy

@@ -49,6 +49,7 @@
  * and log under it).
  */
 #include "engine.h"
+#include "siphash.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -135,9 +136,10 @@ int kvc_expo_bound_host(const struct kvx_engine *eng, const kvc_xfer_t *x,
 }
 
 /* kvc_expo_bind: t's sessions, from the hosts x is bound to (nsess 0 when
- * one of them is no IP literal, or none is known). */
-static void kvc_expo_bind(const struct kvx_engine *eng, const kvc_expo_t *e,
-                          const kvc_xfer_t *x, kvc_expo_xfer_t *t)
+ * none is known, or one of them is no IP literal: then 1 is returned, the
+ * transfer is open to any session). */
+static int kvc_expo_bind(const struct kvx_engine *eng, const kvc_expo_t *e,
+                         const kvc_xfer_t *x, kvc_expo_xfer_t *t)
 {
     const char *hosts[KVC_RANKMAP_MAX];
     char        dhost[KVC_HOST_MAX];
@@ -159,19 +161,16 @@ static void kvc_expo_bind(const struct kvx_engine *eng, const kvc_expo_t *e,
 
         if (s == 0) {
             t->nsess = 0; /* a host name: cannot tell, bound to none */
-            return;
+            return 1;
         }
         while (j < t->nsess && t->sess[j] != s) {
             j++;
         }
-        if (j == t->nsess) {
-            if (t->nsess == KVC_EXPO_SESS) {
-                t->nsess = 0; /* more hosts than kept: bound to none */
-                return;
-            }
+        if (j == t->nsess) { /* n <= KVC_RANKMAP_MAX == KVC_EXPO_SESS */
             t->sess[t->nsess++] = s;
         }
     }
+    return 0;
 }
 
 static int kvc_u64_cmp(const void *a, const void *b)
@@ -186,16 +185,24 @@ void kvc_expose(struct kvx_engine *eng, kvc_xfer_t *x)
     kvc_expo_t      *e = &eng->expo;
     kvc_expo_xfer_t *t;
     uint64_t         tag;
+    int              unbound = 0;
 
     if (x->exposed || !kvc_expo_wanted(x)) {
         return;
     }
     tag = kvc_xfer_tag(x->transfer_id);
     t   = malloc(sizeof(*t) + x->nlocal * sizeof(uint64_t));
-    if (t != NULL) {
-        kvc_expo_bind(eng, e, x, t); /* e->key is set once, at creation */
+    if (t != NULL) { /* e->key is set once, at creation */
+        unbound = kvc_expo_bind(eng, e, x, t);
     }
     pthread_mutex_lock(&e->lock);
+    if (unbound && e->unbound++ == 0) {
+        kvc_log_warn("KVX-EXPOSE", "transfer %s: a peer host it names is "
+                     "not an IP address, so its blocks are open to any "
+                     "peer that passed the handshake (counted in stats "
+                     "data_unbound; name peers by address to bind them)",
+                     x->transfer_id);
+    }
     if (t != NULL && kvc_expo_sync(eng, e) == 0) {
         t->tag   = tag;
         t->owner = x;
@@ -267,19 +274,23 @@ static int kvc_expo_ended(const kvc_expo_t *e, uint64_t tag)
     return 0;
 }
 
-/* kvc_expo_session_ok: may session touch t's blocks? */
-static int kvc_expo_session_ok(const kvc_expo_xfer_t *t, uint64_t session)
+/* kvc_expo_mac_ok: was the request (mac over tag, nonce, addr, len,
+ * is_put) made with the session of one of t's hosts? */
+static int kvc_expo_mac_ok(const kvc_expo_xfer_t *t, uint64_t mac,
+                           uint64_t tag, uint64_t nonce, uint64_t addr,
+                           uint64_t len, int is_put)
 {
     for (uint32_t j = 0; j < t->nsess; j++) {
-        if (t->sess[j] == session) {
+        if (kvc_req_mac(t->sess[j], tag, nonce, addr, len, is_put) == mac) {
             return 1;
         }
     }
     return t->nsess == 0;
 }
 
-kvx_status_t kvc_expo_authorize(void *arg, uint64_t tag, uint64_t session,
-                                uint64_t addr, uint64_t len, int is_put)
+kvx_status_t kvc_expo_authorize(void *arg, uint64_t tag, uint64_t mac,
+                                uint64_t nonce, uint64_t addr, uint64_t len,
+                                int is_put)
 {
     struct kvx_engine *eng = arg;
     kvc_expo_t        *e   = &eng->expo;
@@ -287,7 +298,8 @@ kvx_status_t kvc_expo_authorize(void *arg, uint64_t tag, uint64_t session,
     kvx_status_t       st    = KVX_ERR_OUT_OF_BOUNDS;
     int                found = 0, other = 0;
 
-    (void)is_put; /* the transport checked the access of the role */
+    /* The transport checked the access of the role; is_put is only part
+     * of what the mac covers. */
     pthread_mutex_lock(&e->lock);
     /* Every live transfer of the tag (two ids may hash alike) may admit. */
     for (t = e->live[tag % KVC_EXPO_BUCKETS]; t != NULL && st != KVX_OK;
@@ -303,7 +315,8 @@ kvx_status_t kvc_expo_authorize(void *arg, uint64_t tag, uint64_t session,
                 len <= l->len - (addr - l->base) &&
                 kvc_geom_cover(&l->geom, addr - l->base, len,
                                kvc_expo_block_ok, t)) {
-                if (kvc_expo_session_ok(t, session)) {
+                if (kvc_expo_mac_ok(t, mac, tag, nonce, addr, len,
+                                    is_put)) {
                     st = KVX_OK;
                 } else {
                     other = 1; /* its blocks, another peer's transfer */

@@ -115,7 +115,8 @@ static void kvc_write_d_abort_check(struct kvx_engine *eng, kvc_xfer_t *x,
     kvc_idset_add(&eng->terminal, x->transfer_id);
 }
 
-/* kvc_write_d_rank: which of x's P ranks sent m, or -1 (reason set); -2
+/* kvc_write_d_rank: which of x's P ranks sent m, or -1 (none); -3 when
+ * m comes from another host than its rank's (reason set); -2
  * when m's sender may be a rank whose instance is not known yet (its
  * reply to remote_blocks has not arrived: the write_done overtook it). */
 static int kvc_write_d_rank(const kvc_xfer_t *x, const kvc_msg_t *m,
@@ -138,7 +139,7 @@ static int kvc_write_d_rank(const kvc_xfer_t *x, const kvc_msg_t *m,
         snprintf(reason, len, "write_done for '%s' from %s: the P rank of "
                  "this transfer is %s", x->transfer_id, m->from,
                  x->rel[k]->name);
-        return -1;
+        return -3;
     }
     if (k < 0 && unbound) {
         return -2;
@@ -191,6 +192,9 @@ void kvc_write_on_write_done(struct kvx_engine *eng, const kvc_msg_t *m,
             x->early_done[x->nearly_done++] = m->instance;
         }
         return;
+    }
+    if (k == -3) {
+        kvc_refused(eng, KVC_PORT_NOTIFY, KVC_REFUSE_WRONG_PEER);
     }
     if (k < 0) {
         *ok_p = 0; /* changes nothing */

@@ -293,6 +293,7 @@ static void kvc_write_on_release_msg(struct kvx_engine *eng, kvc_msg_t *m,
          (m->instance != 0 && x->peer_inst != 0 &&
           m->instance != x->peer_inst))) {
         *ok_p = 0; /* changes nothing */
+        kvc_refused(eng, KVC_PORT_NOTIFY, KVC_REFUSE_WRONG_PEER);
         snprintf(reason, len, "release for '%s' from %s (instance %llu): "
                  "this transfer is bound to %s (instance %llu)",
                  m->transfer_id, m->from, (unsigned long long)m->instance,

@@ -151,9 +151,14 @@ static void kvc_write_op_done(kvt_op_t *op)
         char why[KVX_REASON_MAX];
 
         snprintf(why, sizeof(why), "layer %u puts to %.120s failed: %s%s"
-                 "%.200s", lop->index, x->src->name,
-                 kvc_status_string(st), kvc_peer_why_sep(x->src),
-                 kvc_peer_why(x->src));
+                 "%s%.200s", lop->index, x->src->name,
+                 kvc_status_string(st),
+                 st == KVX_ERR_UNTRUSTED_PEER
+                     ? " (the destination holds this transfer for another "
+                       "prefill host: this host's handshake came from an "
+                       "address its kv_transfer_params do not name)"
+                     : "",
+                 kvc_peer_why_sep(x->src), kvc_peer_why(x->src));
         kvc_xfer_fail(x, x->timed_out ? KVX_ERR_TRANSFER_TIMEOUT : st, why);
     }
     kvc_write_check(eng, x);
@@ -253,6 +258,7 @@ static void kvc_write_blocks(struct kvx_engine *eng, kvc_xfer_t *x,
     }
     if (kvc_from_matches(m->from, peer->host) == 0) {
         *ok_p = 0; /* not from the D rank it names: changes nothing */
+        kvc_refused(eng, KVC_PORT_NOTIFY, KVC_REFUSE_WRONG_PEER);
         snprintf(reason, len, "remote_blocks for '%s' from %s: the decode "
                  "rank of this transfer is %s", m->transfer_id, m->from,
                  peer->name);

@@ -87,6 +87,10 @@ kvx_status_t kvc_report_stats(struct kvx_engine *eng, char **json_p)
     json_object_object_add(o, "data_wrong_peer",
                            json_object_new_int64(
                                (int64_t)eng->expo.refused[2]));
+    /* Transfers open to any session (a peer host named, not an IP). */
+    json_object_object_add(o, "data_unbound",
+                           json_object_new_int64(
+                               (int64_t)eng->expo.unbound));
     pthread_mutex_unlock(&eng->expo.lock);
     {
         const kvc_lat_t *l = &eng->stats.ctl_rtt;

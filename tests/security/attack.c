@@ -1,7 +1,9 @@
 /*
  * attack.c - a hostile process against a running kvxfer engine's control
- * plane (tests/security/run_security.sh). It has its own nng code and no
- * kvxfer code: what anyone who can reach the ports could run. Each command
+ * plane (tests/security/run_security.sh). It has its own nng and UCP code
+ * and no kvxfer code but SipHash-2-4 (plugin/common/siphash.c, a public
+ * algorithm, for the authenticator of the data-plane protocol): what anyone
+ * who can reach the ports could run. Each command
  * tries one attack and exits 0 only when the engine refused it the way it
  * must; it prints one line saying what happened.
  *
@@ -30,9 +32,10 @@
  *                                        completes was served (exit 1)
  *   attack amput   FILE TRANSFER SECS    kvxfer's own data-plane protocol
  *                                        (active-message puts, the wire
- *                                        format below) with the session the
- *                                        engine gave THIS host in FILE (its
- *                                        metadata, from attack fetch): 16
+ *                                        format below) authenticated with
+ *                                        the session the engine gave THIS
+ *                                        host in FILE (its metadata, from
+ *                                        attack fetch): 16
  *                                        bytes at the start of every block
  *                                        of layer 0 for TRANSFER's tag.
  *                                        Exit 0: none served and at least
@@ -56,6 +59,8 @@
 #include <time.h>
 #include <ucp/api/ucp.h>
 #include <unistd.h>
+
+#include "siphash.h"
 
 #define NO_REPLY_MS 2000
 
@@ -681,7 +686,7 @@ typedef struct {
     uint16_t version, pad;
     int32_t  status;
     uint32_t pad2;
-    uint64_t id, addr, len, token, nonce, tag, session;
+    uint64_t id, addr, len, token, nonce, tag, mac;
 } am_hdr_t;
 
 typedef struct {
@@ -833,7 +838,8 @@ static int cmd_amput(char **a)
             h->token   = token;
             h->nonce   = 0x1234 + b;
             h->tag     = tag;
-            h->session = session;
+            h->mac     = kvc_req_mac(session, tag, h->nonce, h->addr,
+                                     h->len, 1);
             memset(&rp, 0, sizeof(rp));
             rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
             rp.flags        = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER;

@@ -3,6 +3,10 @@
 // and isolation of nodes, and the final release of the world's objects.
 #include "sim_internal.h"
 
+extern "C" {
+#include "siphash.h"
+}
+
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
@@ -116,10 +120,13 @@ static kvx_status_t CopyRun(World *w, SimOp *op, size_t idx)
     // stale reads from a restarted P instance that never held the transfer,
     // which the exposure rightly refuses; an exposure opened too late shows
     // as a failed transfer instead.
+    // The request's authenticator, as kvu computes it (nonce: the op id).
+    uint64_t     mac  = kvc_req_mac(op->session, op->op->tag, op->id, raddr,
+                                    run.len, op->is_put);
     kvx_status_t auth = peer->p.authorize == nullptr
                             ? KVX_OK
                             : peer->p.authorize(peer->p.authorize_arg, op->op->tag,
-                                                op->session, raddr, run.len,
+                                                mac, op->id, raddr, run.len,
                                                 op->is_put);
     if (auth != KVX_OK) {
         w->Trace("  %s of op %" PRIu64 " from %s refused by %s's exposure "

@@ -464,7 +464,9 @@ TEST(AddrTrust, AllowListMatches)
             {"0:0:0:0:0:0:0:1", true, ""},
             {"0::1", true, ""},
             {"::2", false, "not in trusted_remote_hosts"},
-            {"::ffff:10.1.0.1", false, "not in trusted_remote_hosts"},
+            // IPv4-mapped: the IPv4 peer a dual-stack listener sees.
+            {"::ffff:10.1.0.1", true, ""},
+            {"::ffff:10.2.0.1", false, "not in trusted_remote_hosts"},
             {"fd00::5", true, ""},
             {"fdff:ffff::1", true, ""},
             {"fc00::1", false, "not in trusted_remote_hosts"},
@@ -1198,4 +1200,47 @@ TEST(HostSession, OnePerAddressKeyedAndNoneForNames)
     EXPECT_EQ(kvc_host_session(k1, "", 1), 0u);
     EXPECT_EQ(kvc_host_session(k1, nullptr, 1), 0u);
     EXPECT_EQ(kvc_host_session(k1, "192.0.2.1", 1), a) << "no port";
+    // A dual-stack listener sees an IPv4 peer as ::ffff:a.b.c.d.
+    EXPECT_EQ(kvc_host_session(k1, "[::ffff:192.0.2.1]:40000", 1), a);
+    EXPECT_EQ(kvc_host_session(k1, "::ffff:127.0.0.9", 0),
+              kvc_host_session(k1, "127.0.0.1", 0));
+    EXPECT_TRUE(kvc_from_matches("[::ffff:192.0.2.1]:40000", "192.0.2.1"));
+}
+
+// Trust entries written as IPv4-mapped addresses are the IPv4 ones; their
+// CIDR prefix counts the IPv6 bits (96 + the IPv4 prefix).
+TEST(AddrTrust, Ipv4MappedEntries)
+{
+    Trust t({"::ffff:10.9.0.0/112", "::ffff:192.0.2.9"}, 1);
+    ASSERT_EQ(t.status(), KVX_OK) << LastError();
+    CheckTrustTable(t.get(), {
+                                 {"10.9.3.4", true, ""},
+                                 {"::ffff:10.9.0.1", true, ""},
+                                 {"192.0.2.9", true, ""},
+                                 {"10.8.0.1", false,
+                                  "not in trusted_remote_hosts"},
+                             });
+    Trust bad({"::ffff:10.9.0.0/64"}, 1);
+    EXPECT_EQ(bad.status(), KVX_ERR_CONFIG);
+    EXPECT_TRUE(ErrorHas("IPv4-mapped address must be 96..128"))
+        << LastError();
+}
+
+// The authenticator of a data-plane request (kvc_req_mac): none without a
+// session, and another for any other session, tag, nonce, address, length
+// or direction.
+TEST(ReqMac, CoversEveryFieldAndNeedsTheSession)
+{
+    const uint64_t m = kvc_req_mac(42, 7, 9, 0x1000, 64, 1);
+
+    EXPECT_NE(m, 0u);
+    EXPECT_NE(m, 42u);
+    EXPECT_EQ(m, kvc_req_mac(42, 7, 9, 0x1000, 64, 1));
+    EXPECT_EQ(kvc_req_mac(0, 7, 9, 0x1000, 64, 1), 0u);
+    EXPECT_NE(m, kvc_req_mac(43, 7, 9, 0x1000, 64, 1));
+    EXPECT_NE(m, kvc_req_mac(42, 8, 9, 0x1000, 64, 1));
+    EXPECT_NE(m, kvc_req_mac(42, 7, 10, 0x1000, 64, 1));
+    EXPECT_NE(m, kvc_req_mac(42, 7, 9, 0x1001, 64, 1));
+    EXPECT_NE(m, kvc_req_mac(42, 7, 9, 0x1000, 65, 1));
+    EXPECT_NE(m, kvc_req_mac(42, 7, 9, 0x1000, 64, 0));
 }

@@ -20,6 +20,7 @@
 #include "kvu_test_util.h"
 
 extern "C" {
+#include "siphash.h"
 #include "ucx/kvu.h"
 }
 
@@ -62,7 +63,7 @@ struct Side {
 
     Side(const char *name, const char *tls, int access, uint8_t fill,
          kvx_status_t (*auth)(void *, uint64_t, uint64_t, uint64_t,
-                              uint64_t, int) = nullptr,
+                              uint64_t, uint64_t, int) = nullptr,
          void *auth_arg = nullptr, const char *settings = nullptr,
          size_t size = 65536)
         : buf(size, fill)
@@ -127,7 +128,7 @@ struct Pair {
 
     Pair(const char *tls, int target_access,
          kvx_status_t (*auth)(void *, uint64_t, uint64_t, uint64_t,
-                              uint64_t, int) = nullptr,
+                              uint64_t, uint64_t, int) = nullptr,
          void *auth_arg = nullptr, const char *origin_tls = nullptr)
         : target("am-target", tls, target_access, 0x5a, auth, auth_arg),
           origin("am-origin", origin_tls ? origin_tls : tls,
@@ -239,26 +240,37 @@ TEST_P(KvuAm, WriteRoleTakesPutsAndRefusesGets)
 
 // The engine's exposure (kvt_data_params_t.authorize): a request inside
 // registered memory is served only if the hook admits its range for the
-// tag the origin's op carried and the session of the origin's endpoint; its
-// answer goes back to the origin's op.
+// tag the origin's op carried and the authenticator the origin's endpoint
+// session gives the request (kvc_req_mac); its answer goes back to the
+// origin's op.
 struct Window {
     std::atomic<uint64_t> lo{0}, hi{0}, tag{0}, seen{0};
-    std::atomic<uint64_t> session{0}, seen_session{0}; // 0: any session
+    std::atomic<uint64_t> session{0}, seen_mac{0}; // session 0: any
+    std::atomic<uint64_t> mac_of{0}; // the session seen_mac was made with
     std::atomic<int>      calls{0};
 
-    static kvx_status_t admit(void *arg, uint64_t tag, uint64_t session,
-                              uint64_t addr, uint64_t len, int is_put)
+    static kvx_status_t admit(void *arg, uint64_t tag, uint64_t mac,
+                              uint64_t nonce, uint64_t addr, uint64_t len,
+                              int is_put)
     {
         Window *w = static_cast<Window *>(arg);
 
-        (void)is_put;
         w->calls++;
-        w->seen         = tag;
-        w->seen_session = session;
+        w->seen     = tag;
+        w->seen_mac = mac;
+        w->mac_of   = 0;
+        for (uint64_t s : {0xfeedf00d12345678ull, 0xfeedf00d12345679ull,
+                           77ull, 78ull}) {
+            if (mac != 0 && kvc_req_mac(s, tag, nonce, addr, len, is_put) ==
+                                mac) {
+                w->mac_of = s;
+            }
+        }
         if (tag != w->tag) {
             return KVX_ERR_NOT_EXPOSED;
         }
-        if (w->session != 0 && session != w->session) {
+        if (w->session != 0 &&
+            mac != kvc_req_mac(w->session, tag, nonce, addr, len, is_put)) {
             return KVX_ERR_UNTRUSTED_PEER;
         }
         return addr >= w->lo && len <= w->hi - w->lo &&
@@ -314,9 +326,10 @@ TEST_P(KvuAm, RangesOutsideTheExposedBlocksAreRefused)
     EXPECT_EQ(wr.target.buf, before);
 }
 
-// Every request carries the session set on the origin's endpoint (from its
-// handshake reply); a refusal for another peer's session comes back as
-// KVX_ERR_UNTRUSTED_PEER, memory untouched either way.
+// Every request carries an authenticator made with the session set on the
+// origin's endpoint (from its handshake reply), never the session itself; a
+// refusal for another peer's session comes back as KVX_ERR_UNTRUSTED_PEER,
+// memory untouched either way.
 TEST_P(KvuAm, RequestsCarryTheEndpointSession)
 {
     Window win;
@@ -331,11 +344,13 @@ TEST_P(KvuAm, RequestsCarryTheEndpointSession)
     win.hi      = rd.tbase() + 65536;
     win.session = 0xfeedf00d12345678ull;
     EXPECT_EQ(rd.post(0, rd.tbase(), 0, 4096, 0x51), KVX_ERR_UNTRUSTED_PEER);
-    EXPECT_EQ(win.seen_session.load(), 0u) << "no session set yet";
+    EXPECT_EQ(win.seen_mac.load(), 0u) << "no session set yet";
     EXPECT_TRUE(all_eq(rd.origin.buf.data(), 65536, 0));
     kvu_ep_set_session(rd.ep, 0xfeedf00d12345679ull);
     EXPECT_EQ(rd.post(0, rd.tbase(), 0, 4096, 0x51), KVX_ERR_UNTRUSTED_PEER);
-    EXPECT_EQ(win.seen_session.load(), 0xfeedf00d12345679ull);
+    EXPECT_EQ(win.mac_of.load(), 0xfeedf00d12345679ull);
+    EXPECT_NE(win.seen_mac.load(), 0xfeedf00d12345679ull)
+        << "the session itself travelled";
     EXPECT_TRUE(all_eq(rd.origin.buf.data(), 65536, 0));
     kvu_ep_set_session(rd.ep, 0xfeedf00d12345678ull);
     EXPECT_EQ(rd.post(0, rd.tbase(), 4096, 8192, 0x51), KVX_OK);
@@ -352,6 +367,7 @@ TEST_P(KvuAm, RequestsCarryTheEndpointSession)
     wwin.session = 77;
     kvu_ep_set_session(wr.ep, 78);
     EXPECT_EQ(wr.post(1, wr.tbase(), 0, 4096, 0x52), KVX_ERR_UNTRUSTED_PEER);
+    EXPECT_EQ(wwin.mac_of.load(), 78u);
     EXPECT_EQ(wr.target.buf, before);
     kvu_ep_set_session(wr.ep, 77);
     EXPECT_EQ(wr.post(1, wr.tbase(), 0, 4096, 0x52), KVX_OK);
@@ -699,7 +715,7 @@ struct AmHdr {
     uint16_t version, pad;
     int32_t  status;
     uint32_t pad2;
-    uint64_t id, addr, len, token, nonce, tag, session;
+    uint64_t id, addr, len, token, nonce, tag, mac;
 };
 
 // A third worker that never saw a get answers it (GETREP with the likely

@@ -6,6 +6,7 @@
 #include "kvu.h"
 #include "kvu_lanes.h"
 #include "clock.h"
+#include "siphash.h"
 
 #include <errno.h>
 #include <poll.h>
@@ -68,7 +69,8 @@
                                4: published rkeys end with kvu_pub_trailer;
                                5: published worker addresses are
                                   kvu_addr_hdr_t lists (the tcp plane);
-                               6: requests carry the origin's session */
+                               6: requests carry a mac under the
+                               origin's session (kvc_req_mac) */
 #define KVU_AM_MAX_LEN    (256u << 10) /* bytes per message (tcp) */
 #define KVU_AM_SMALL_LEN  (60u << 10)  /* to or from a worker whose tcp
                                           receive segments are UCX's
@@ -92,8 +94,9 @@ typedef struct kvu_am_hdr {
     uint64_t token;    /* requests: the target region's token (its rkey) */
     uint64_t nonce;    /* random per request, echoed by the answer */
     uint64_t tag;      /* requests: the origin op's transfer tag */
-    uint64_t session;  /* requests: the origin endpoint's session
-                          (kvu_ep_set_session), given to authorize */
+    uint64_t mac;      /* requests: kvc_req_mac under the origin
+                          endpoint's session (kvu_ep_set_session) of tag,
+                          nonce, addr, len, direction; to authorize */
 } kvu_am_hdr_t;
 
 /* kvu_pub_trailer_t: the last 8 bytes of every rkey kvxfer publishes
@@ -542,8 +545,9 @@ static int kvu_am_issue(kvu_ep_t *ep, kvu_job_t *job, void *lbuf,
     amp->hdr.len     = len;
     amp->hdr.token   = job->token;
     amp->hdr.tag     = job->op->tag;
-    amp->hdr.session = ep->session;
     amp->hdr.nonce   = kvu_splitmix64(&ctx->am_nonce);
+    amp->hdr.mac     = kvc_req_mac(ep->session, amp->hdr.tag, amp->hdr.nonce,
+                                   raddr, len, job->is_put);
 
     amp->ep          = ep;
     amp->op          = job->op;
@@ -640,6 +644,7 @@ static void kvu_am_answer_send(kvu_ctx_t *ctx, ucp_ep_h reply_ep,
     if (amr == NULL) {
         return; /* the origin's op completes at its ep's failure or close */
     }
+    memset(&amr->hdr, 0, sizeof(amr->hdr)); /* nothing else goes out */
     amr->hdr.magic   = KVU_AM_MAGIC;
     amr->hdr.version = KVU_AM_VERSION;
     amr->hdr.status  = (int32_t)status;
@@ -733,12 +738,13 @@ static ucs_status_t kvu_am_on_request(kvu_ctx_t *ctx, ucp_worker_h worker,
     refusal = KVX_ERR_OUT_OF_BOUNDS;
     if (why == NULL && ctx->params.authorize != NULL) {
         refusal = ctx->params.authorize(ctx->params.authorize_arg, h.tag,
-                                        h.session, h.addr, h.len, is_put);
+                                        h.mac, h.nonce, h.addr, h.len,
+                                        is_put);
         why     = refusal == KVX_OK ? NULL
                   : refusal == KVX_ERR_NOT_EXPOSED
                       ? "its transfer is not (yet) held here"
                   : refusal == KVX_ERR_UNTRUSTED_PEER
-                      ? "its transfer is bound to another peer"
+                      ? "its transfer is bound to another host"
                       : "not inside the blocks of its live transfer";
         refusal = refusal == KVX_ERR_NOT_EXPOSED ||
                           refusal == KVX_ERR_UNTRUSTED_PEER
@@ -830,7 +836,7 @@ static ucs_status_t kvu_am_on_answer(kvu_ctx_t *ctx, ucp_worker_h worker,
                       (unsigned long long)amp->len, amp->ep->peer,
                       (int)h.status,
                       st == KVX_ERR_UNTRUSTED_PEER
-                          ? ": the transfer is bound to another peer there"
+                          ? ": the transfer is bound to another host there"
                           : "");
     } else {
         if (!is_put) {
