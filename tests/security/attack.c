@@ -536,6 +536,32 @@ static uint8_t *b64_decode(const char *in, size_t *len_p)
     return out;
 }
 
+/* tcp_worker: a UCP context (tcp only, features) and its one worker. */
+static int tcp_worker(uint64_t features, ucp_context_h *ucp, ucp_worker_h *wk)
+{
+    ucp_config_t       *cfg;
+    ucp_params_t        prm;
+    ucp_worker_params_t wp;
+    int                 ok;
+
+    if (ucp_config_read(NULL, NULL, &cfg) != UCS_OK) {
+        return -1;
+    }
+    memset(&prm, 0, sizeof(prm));
+    prm.field_mask = UCP_PARAM_FIELD_FEATURES;
+    prm.features   = features;
+    ok = ucp_config_modify(cfg, "TLS", "tcp") == UCS_OK &&
+         ucp_init(&prm, cfg, ucp) == UCS_OK;
+    ucp_config_release(cfg);
+    if (!ok) {
+        return -1;
+    }
+    memset(&wp, 0, sizeof(wp));
+    wp.field_mask  = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+    return ucp_worker_create(*ucp, &wp, wk) == UCS_OK ? 0 : -1;
+}
+
 /* rma_try: one UCP endpoint from wk to addr, a get of 4096 bytes at base
  * with the packed rkey, progressed for secs: 1 when it completed (served),
  * 0 when it did not or no endpoint could be made (*reached says which). */
@@ -596,9 +622,6 @@ static int rma_try(ucp_worker_h wk, const void *addr, const void *rkey,
 static int cmd_rma(char **a)
 {
     json_object        *o = json_object_from_file(a[0]), *layer, *v;
-    ucp_config_t       *cfg;
-    ucp_params_t        prm;
-    ucp_worker_params_t wp;
     ucp_context_h       ucp;
     ucp_worker_h        wk;
     uint8_t            *addr, *rkey;
@@ -628,21 +651,7 @@ static int cmd_rma(char **a)
         printf("rma: worker address is not a kvxfer address list\n");
         return 2;
     }
-    if (ucp_config_read(NULL, NULL, &cfg) != UCS_OK ||
-        ucp_config_modify(cfg, "TLS", "tcp") != UCS_OK) {
-        return 2;
-    }
-    memset(&prm, 0, sizeof(prm));
-    prm.field_mask = UCP_PARAM_FIELD_FEATURES;
-    prm.features   = UCP_FEATURE_RMA | UCP_FEATURE_AM;
-    if (ucp_init(&prm, cfg, &ucp) != UCS_OK) {
-        return 2;
-    }
-    ucp_config_release(cfg);
-    memset(&wp, 0, sizeof(wp));
-    wp.field_mask  = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-    wp.thread_mode = UCS_THREAD_MODE_SINGLE;
-    if (ucp_worker_create(ucp, &wp, &wk) != UCS_OK) {
+    if (tcp_worker(UCP_FEATURE_RMA | UCP_FEATURE_AM, &ucp, &wk) != 0) {
         return 2;
     }
     for (uint16_t i = 0; i < n; i++) {
@@ -726,9 +735,6 @@ static uint64_t u64_of(json_object *o, const char *key)
 static int cmd_amput(char **a)
 {
     json_object        *o = json_object_from_file(a[0]), *layer, *v, *geom;
-    ucp_config_t       *cfg;
-    ucp_params_t        prm;
-    ucp_worker_params_t wp;
     ucp_am_handler_param_t hp;
     ucp_context_h       ucp;
     ucp_worker_h        wk;
@@ -771,21 +777,7 @@ static int cmd_amput(char **a)
         return 2;
     }
     memset(junk, 0xA5, sizeof(junk));
-    if (ucp_config_read(NULL, NULL, &cfg) != UCS_OK ||
-        ucp_config_modify(cfg, "TLS", "tcp") != UCS_OK) {
-        return 2;
-    }
-    memset(&prm, 0, sizeof(prm));
-    prm.field_mask = UCP_PARAM_FIELD_FEATURES;
-    prm.features   = UCP_FEATURE_AM;
-    if (ucp_init(&prm, cfg, &ucp) != UCS_OK) {
-        return 2;
-    }
-    ucp_config_release(cfg);
-    memset(&wp, 0, sizeof(wp));
-    wp.field_mask  = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-    wp.thread_mode = UCS_THREAD_MODE_SINGLE;
-    if (ucp_worker_create(ucp, &wp, &wk) != UCS_OK) {
+    if (tcp_worker(UCP_FEATURE_AM, &ucp, &wk) != 0) {
         return 2;
     }
     memset(&hp, 0, sizeof(hp));
