@@ -44,11 +44,9 @@ build() {
                   -Iplugin/core $(pkg-config --cflags json-c))
     local objs=() src obj
     mkdir -p "$out/obj" || return 1
-    for src in plugin/common/error.c plugin/common/clock.c \
-               plugin/common/pci.c plugin/common/latency.c \
-               plugin/common/timerq.c plugin/core/config.c \
-               plugin/core/addr.c plugin/core/layout.c plugin/core/ctlmsg.c \
-               plugin/core/proxy.c; do
+    # The two pure layers whole (no network, no GPU; see plugin/README):
+    # a file added there is linked here without editing this list.
+    for src in plugin/common/*.c plugin/core/*.c; do
         obj=$out/obj/$(basename "$src" .c).o
         if [ ! -f "$obj" ] || [ "$src" -nt "$obj" ]; then
             "$cc" "${cflags[@]}" $san,fuzzer-no-link -c "$src" -o "$obj" ||
