@@ -44,7 +44,7 @@ build() {
                   -Iplugin/core $(pkg-config --cflags json-c))
     local objs=() src obj
     mkdir -p "$out/obj" || return 1
-    # The two pure layers whole (no network, no GPU; see plugin/README):
+    # The two pure layers whole (no network, no GPU; README.md, Layout):
     # a file added there is linked here without editing this list.
     for src in plugin/common/*.c plugin/core/*.c; do
         obj=$out/obj/$(basename "$src" .c).o
