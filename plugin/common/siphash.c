@@ -68,7 +68,10 @@ uint64_t kvc_req_mac(uint64_t session, uint64_t tag, uint64_t nonce,
                      uint64_t addr, uint64_t len, int is_put)
 {
     const uint64_t key[2] = {session, session ^ UINT64_C(0x6b76786d61633031)};
-    uint64_t       v[5]   = {tag, nonce, addr, len, is_put ? 1u : 0u};
+    uint64_t       v[5]   = {tag, nonce, addr, len,
+                             is_put == KVC_MAC_NOTICE ? 2u
+                             : is_put                 ? 1u
+                                                      : 0u};
     uint8_t        in[40];
     uint64_t       m;
 

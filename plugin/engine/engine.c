@@ -232,6 +232,8 @@ kvx_status_t kvx_engine_create(const kvt_env_t *env, const char *json,
     up.authorize_arg      = eng;
     up.worker_reset       = kvc_meta_worker_reset;
     up.worker_reset_arg   = eng;
+    up.notice             = kvc_write_on_notice;
+    up.notice_arg         = eng;
     up.name               = eng->engine_id;
     up.remote_access = eng->cfg.read_mode ? (eng->cfg.is_producer
                                                  ? KVT_ACCESS_READ

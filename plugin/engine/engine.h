@@ -397,6 +397,10 @@ struct kvx_engine {
         uint64_t peers_collected; /* control clients closed: gone, idle */
         uint64_t bytes_read, bytes_written;
         uint64_t read_retries;    /* gets re-posted: blocks not exposed yet */
+        uint64_t notices_done;    /* D WRITE: P ranks completed by their
+                                     data-plane notice (before write_done) */
+        uint64_t notices_refused; /* notices whose mac, tag or instance
+                                     matched no P rank of their transfer */
         uint64_t reg_sent, reg_failed; /* registrations to the proxy */
         kvc_lat_t ctl_rtt;        /* control message queued -> reply */
         uint64_t  hs_last_us[4];  /* last handshake: metadata, endpoint,
@@ -710,6 +714,11 @@ void         kvc_write_d_send(kvc_xfer_t *x, kvc_msg_t *m, const char *what);
 void         kvc_write_on_write_done(struct kvx_engine *eng,
                                      const kvc_msg_t *m, char *reason,
                                      size_t len, int *ok_p);
+/* kvc_write_on_notice (kvt_data_params_t.notice, arg the engine): a P
+ * rank's data-plane completion notice, the fast twin of its write_done. */
+void         kvc_write_on_notice(void *arg, uint64_t tag, uint64_t mac,
+                                 uint64_t nonce, uint64_t instance,
+                                 const char *id, size_t idlen);
 void         kvc_write_d_on_reply(struct kvx_engine *eng, kvc_peer_t *peer,
                                   kvc_msg_type_t type, const char *tid,
                                   const kvc_reply_info_t *info);

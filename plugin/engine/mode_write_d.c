@@ -7,6 +7,7 @@
  */
 #define _GNU_SOURCE
 #include "engine.h"
+#include "siphash.h"
 
 #include <json-c/json.h>
 #include <stdio.h>
@@ -201,6 +202,57 @@ void kvc_write_on_write_done(struct kvx_engine *eng, const kvc_msg_t *m,
         return;
     }
     kvc_write_d_done(eng, x, k);
+}
+
+void kvc_write_on_notice(void *arg, uint64_t tag, uint64_t mac,
+                         uint64_t nonce, uint64_t instance, const char *id,
+                         size_t idlen)
+{
+    struct kvx_engine *eng = arg;
+    kvc_xfer_t        *x;
+    int                k = -1, refused = 0;
+
+    (void)idlen; /* id is NUL-terminated by the transport */
+    pthread_mutex_lock(&eng->lock);
+    x = kvc_xfer_find(eng, id);
+    if (x == NULL || !x->write || x->is_producer ||
+        x->state != KVC_XFER_WAIT_WRITE) {
+        /* Ended, or unknown here: as write_done, ignored (SPEC §9). */
+        pthread_mutex_unlock(&eng->lock);
+        return;
+    }
+    refused = kvc_xfer_tag(id) != tag || instance == 0;
+    for (uint32_t i = 0; i < x->nrel && k < 0 && !refused; i++) {
+        uint64_t inst = x->rel_inst[i] != 0 ? x->rel_inst[i] : x->rel[i]->inst;
+        uint64_t s;
+
+        if (inst != instance) {
+            continue;
+        }
+        /* The session this D handed rel[i]'s host: the notice comes from
+         * the P rank the transfer is bound to, not from whoever knows its
+         * id and instance. A host name has no session: write_done then. */
+        s = kvc_host_session(eng->expo.key, x->rel[i]->host, 0);
+        if (s != 0 &&
+            kvc_req_mac(s, tag, nonce, instance, 0, KVC_MAC_NOTICE) == mac) {
+            k = (int)i;
+        } else if (s != 0) {
+            refused = 1;
+        }
+    }
+    if (refused) {
+        eng->stats.notices_refused++;
+        kvc_log_debug("KVX-WRITE-NOTICE", "notice for '%s' (instance %llu) "
+                      "refused: not authenticated by a P rank of the "
+                      "transfer", x->transfer_id,
+                      (unsigned long long)instance);
+    } else if (k >= 0 && !(x->rel_done >> k & 1)) {
+        eng->stats.notices_done++;
+        kvc_write_d_done(eng, x, k);
+    }
+    /* k < 0 otherwise: the rank's instance is not bound yet (its reply to
+     * remote_blocks comes later), or a host name: write_done decides. */
+    pthread_mutex_unlock(&eng->lock);
 }
 
 /* kvc_write_d_on_reply: P rank peer answered remote_blocks (its instance

@@ -71,6 +71,16 @@ static void kvc_write_flush_done(kvt_op_t *op)
          * failed), which is what D waits for before it reuses the blocks. */
         kvc_msg_t m;
 
+        /* The notice on the data plane reaches D first (no control-plane
+         * hop); write_done stays the authority (a peer without notices, a
+         * notice lost with its endpoint or overtaking D's binding). */
+        if (KVD(eng)->notify != NULL && x->src->ep != NULL &&
+            KVD(eng)->notify(x->src->ep, kvc_xfer_tag(x->transfer_id),
+                             eng->epoch, x->transfer_id) != KVX_OK) {
+            kvc_log_debug("KVX-WRITE-NOTICE", "transfer %s: %s",
+                          x->transfer_id, kvc_last_error());
+            kvc_error_clear();
+        }
         memset(&m, 0, sizeof(m));
         m.type          = KVC_MSG_WRITE_DONE;
         m.consumer_rank = -1;

@@ -73,6 +73,8 @@ kvx_status_t kvc_report_stats(struct kvx_engine *eng, char **json_p)
     KVC_STAT(bytes_read);
     KVC_STAT(bytes_written);
     KVC_STAT(read_retries);
+    KVC_STAT(notices_done);
+    KVC_STAT(notices_refused);
 #undef KVC_STAT
     pthread_mutex_lock(&eng->expo.lock);
     /* Peers' software gets/puts outside the blocks of live transfers. */

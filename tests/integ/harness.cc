@@ -391,6 +391,13 @@ ModelSpec MixedModel()
     return m;
 }
 
+long long StatAwait(kvx_engine_t *eng, const std::string &key, long long want,
+                    int timeout_ms)
+{
+    WaitFor([&] { return StatCount(eng, key) >= want; }, timeout_ms);
+    return StatCount(eng, key);
+}
+
 long long StatCount(kvx_engine_t *eng, const std::string &key)
 {
     char *json = nullptr;

@@ -80,6 +80,11 @@ ModelSpec MixedModel();
 // StatCount reads one counter ("rx.write_done", "tx_msgs", ...) from
 // api->stats() of eng; -1 if absent.
 long long StatCount(kvx_engine_t *eng, const std::string &key);
+// StatAwait: the stat once it reached want, or its value at the deadline
+// (D WRITE's write_done may arrive after the data-plane notice completed
+// the transfer).
+long long StatAwait(kvx_engine_t *eng, const std::string &key, long long want,
+                    int timeout_ms = 10000);
 
 // One rank: an engine and its layer buffers.
 struct Rank {

@@ -112,9 +112,62 @@ TEST_P(WriteTransfer, MixedLayersOutOfOrderTwiceAndDuplicateBlocks)
     DrainEvents(w.d.eng, &dev);
     EXPECT_EQ(1, CountEvents(pev, KVX_EVENT_FINISHED_SENDING, tid));
     EXPECT_EQ(1, CountEvents(dev, KVX_EVENT_FINISHED_RECVING, tid));
-    EXPECT_EQ(1, StatCount(w.d.eng, "rx.write_done"));
+    EXPECT_EQ(1, StatAwait(w.d.eng, "rx.write_done", 1));
     EXPECT_EQ(1, StatCount(w.p.eng, "rx.remote_blocks"));
     FreeEvents(&pev);
+    FreeEvents(&dev);
+}
+
+// P tells D that its puts landed twice: a notice on the data plane right
+// after its flush (kvt.h notify: the fast path, authenticated under the
+// session D gave P's host) and write_done over the control plane (the
+// authority). D completes on whichever comes first, exactly once, with
+// every byte there; the other is ignored.
+TEST_P(WriteTransfer, DataPlaneNoticeCompletesBeforeWriteDone)
+{
+    WritePair w;
+    MakeWritePair(&w, GetParam());
+    if (HasFatalFailure()) {
+        return;
+    }
+    const int                   rounds = 8;
+    const std::vector<uint64_t> ids    = {3, 1, 4};
+
+    for (int r = 0; r < rounds; r++) {
+        const std::string tid  = "tx-notice-" + GetParam() + std::to_string(r);
+        char             *resp = nullptr;
+
+        for (auto &b : w.d.bufs) { // nothing in flight: D starts blank
+            std::fill(b.begin(), b.end(), 0xEE);
+        }
+        ASSERT_EQ(KVX_OK, Api()->producer_request(w.p.eng, "r",
+                                                  PParams(w, tid).c_str(),
+                                                  ids.data(), ids.size(), &resp))
+            << Api()->last_error();
+        Api()->free(resp);
+        ASSERT_EQ(KVX_OK, Api()->consumer_request(w.d.eng, "r",
+                                                  DParams(w, tid).c_str(),
+                                                  ids.data(), ids.size()));
+        for (uint32_t l = 0; l < w.model.layers.size(); l++) {
+            ASSERT_EQ(KVX_OK, Api()->layer_ready(w.p.eng, tid.c_str(), l));
+        }
+        ASSERT_EQ(KVX_OK, Api()->seal_transfer(w.p.eng, tid.c_str()));
+        ASSERT_EQ(KVX_OK, Api()->wait_transfer(w.d.eng, tid.c_str(), 20000))
+            << Api()->last_error();
+        EXPECT_EQ("", VerifyPull(w.model, w.d, 0, ids, ids)) << "round " << r;
+    }
+    EXPECT_EQ(rounds, StatAwait(w.d.eng, "rx.write_done", rounds));
+    long long fast = StatCount(w.d.eng, "notices_done");
+    EXPECT_GE(fast, 1) << "no transfer was completed by its notice";
+    EXPECT_LE(fast, rounds);
+    EXPECT_EQ(0, StatCount(w.d.eng, "notices_refused"));
+    std::vector<kvx_event_t> dev;
+    DrainEvents(w.d.eng, &dev);
+    for (int r = 0; r < rounds; r++) {
+        EXPECT_EQ(1, CountEvents(dev, KVX_EVENT_FINISHED_RECVING,
+                                 "tx-notice-" + GetParam() +
+                                     std::to_string(r)));
+    }
     FreeEvents(&dev);
 }
 
@@ -145,7 +198,7 @@ TEST(WriteFlow, SealCountsScheduledLayersNotRegisteredOnes)
     ASSERT_EQ(KVX_OK, Api()->seal_transfer(w.p.eng, tid.c_str()));
     ASSERT_EQ(KVX_OK, Api()->wait_transfer(w.d.eng, tid.c_str(), 20000))
         << Api()->last_error();
-    EXPECT_EQ(1, StatCount(w.d.eng, "rx.write_done"));
+    EXPECT_EQ(1, StatAwait(w.d.eng, "rx.write_done", 1));
     // Scheduling after seal is refused; after finish it is a no-op.
     std::vector<kvx_event_t> pev;
     ASSERT_TRUE(WaitFor([&] { DrainEvents(w.p.eng, &pev); return !pev.empty(); },
@@ -197,7 +250,7 @@ TEST(WriteFlow, DuplicateRemoteBlocksFirstOneWins)
     ASSERT_EQ(KVX_OK, Api()->seal_transfer(w.p.eng, tid.c_str()));
     ASSERT_EQ(KVX_OK, Api()->wait_transfer(w.d.eng, tid.c_str(), 20000));
     EXPECT_EQ("", VerifyPull(w.model, w.d, 0, ids, ids)); // not 20, 21
-    EXPECT_EQ(1, StatCount(w.d.eng, "rx.write_done"));
+    EXPECT_EQ(1, StatAwait(w.d.eng, "rx.write_done", 1));
     std::vector<kvx_event_t> pev;
     ASSERT_TRUE(WaitFor([&] { DrainEvents(w.p.eng, &pev); return !pev.empty(); },
                         5000));
@@ -371,7 +424,7 @@ TEST(WriteHeteroTp, PrefillTp2PutsItsHeadPartsIntoDecodeTp1)
     ASSERT_EQ(KVX_OK, Api()->wait_transfer(d.eng, tid.c_str(), 20000))
         << Api()->last_error();
     EXPECT_EQ("", VerifyPullHeads(dm, pm.heads, d, {0, 1}, 0, dids, pids));
-    EXPECT_EQ(2, StatCount(d.eng, "rx.write_done"));
+    EXPECT_EQ(2, StatAwait(d.eng, "rx.write_done", 2));
     for (Rank *p : {&p0, &p1}) {
         std::vector<kvx_event_t> pev;
         ASSERT_TRUE(WaitFor([&] { DrainEvents(p->eng, &pev); return !pev.empty(); },
@@ -434,7 +487,7 @@ TEST(WriteHeteroTp, PrefillTp1PutsHeadSlicesToDecodeTp2)
         ASSERT_EQ(KVX_OK, Api()->wait_transfer(d->eng, tid.c_str(), 20000))
             << Api()->last_error();
         EXPECT_EQ("", VerifyPullHeads(dm, pm.heads, *d, {0}, s++, dids, pids));
-        EXPECT_EQ(1, StatCount(d->eng, "rx.write_done"));
+        EXPECT_EQ(1, StatAwait(d->eng, "rx.write_done", 1));
         std::vector<kvx_event_t> dev;
         DrainEvents(d->eng, &dev);
         EXPECT_EQ(1, CountEvents(dev, KVX_EVENT_FINISHED_RECVING, tid));
@@ -502,7 +555,7 @@ TEST(WriteHeteroTp, ReplicatedHeadsMoveWholeInBothDirections)
             ASSERT_EQ(KVX_OK, Api()->wait_transfer(d->eng, tid.c_str(), 20000))
                 << Api()->last_error();
             EXPECT_EQ("", VerifyPull(km, *d, 0, dids, pids)); // P rank 0's
-            EXPECT_EQ((long long)ptp, StatCount(d->eng, "rx.write_done"));
+            EXPECT_EQ((long long)ptp, StatAwait(d->eng, "rx.write_done", ptp));
         }
         for (auto &p : ps) {
             std::vector<kvx_event_t> pev;

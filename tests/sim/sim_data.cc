@@ -10,6 +10,10 @@
 // not made.
 #include "sim_internal.h"
 
+extern "C" {
+#include "siphash.h"
+}
+
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
@@ -547,6 +551,41 @@ static void EpSetSession(kvt_ep_t *handle, uint64_t session)
     reinterpret_cast<SimEp *>(handle)->session = session;
 }
 
+// Notify: the notice travels as an event to the peer context (gated on
+// the peer's node: a crashed or isolated peer never gets it), data = tag,
+// instance, nonce, mac (8 bytes each) and the id.
+static kvx_status_t Notify(kvt_ep_t *handle, uint64_t tag, uint64_t instance,
+                           const char *id)
+{
+    World *w  = W();
+    SimEp *ep = reinterpret_cast<SimEp *>(handle);
+    auto   pc = w->ctxs.find(ep->peer_ctx);
+
+    if (ep->failed) {
+        return kvc_error(KVX_ERR_ENDPOINT, "sim: endpoint to %s failed",
+                         ep->peer_name.c_str());
+    }
+    if (pc == w->ctxs.end()) {
+        return KVX_OK; // lost, as a message to a gone process
+    }
+    uint8_t  hdr[32];
+    uint64_t nonce = w->NewId();
+
+    PutU64(hdr, tag);
+    PutU64(hdr + 8, instance);
+    PutU64(hdr + 16, nonce);
+    PutU64(hdr + 24, kvc_req_mac(ep->session, tag, nonce, instance, 0,
+                                 KVC_MAC_NOTICE));
+    Event ev;
+    ev.kind = EvKind::kNotice;
+    ev.node = pc->second->node;
+    ev.obj  = pc->second->id;
+    ev.data = std::string(reinterpret_cast<const char *>(hdr), sizeof(hdr)) +
+              id;
+    w->Enqueue(ev);
+    return KVX_OK;
+}
+
 static kvx_status_t Flush(kvt_ep_t *handle, kvt_op_t *o)
 {
     SimEp *ep = reinterpret_cast<SimEp *>(handle);
@@ -570,7 +609,7 @@ static const kvt_data_ops_t kSimDataOps = {
     EpCreate,      EpClose,     EpFail,       EpTransports, EpZero,
     EpZero,        RkeyUnpack,  RkeyDestroy,  RkeyLocal,   Prefault,
     Post,          Flush,       nullptr,      nullptr,     nullptr,
-    EpSetSession,
+    EpSetSession,  Notify,
 };
 }
 

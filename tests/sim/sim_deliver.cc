@@ -1,5 +1,6 @@
 // sim_deliver.cc - delivery of data-plane events (run copies with their
-// checks, op completions, deferred jobs, ticks, endpoint errors), crashes
+// checks, op completions, deferred jobs, ticks, endpoint errors, notices),
+// crashes
 // and isolation of nodes, and the final release of the world's objects.
 #include "sim_internal.h"
 
@@ -249,6 +250,34 @@ static void DeliverEpError(World *w, const Event &ev)
     }
 }
 
+static uint64_t NoticeU64(const uint8_t *p)
+{
+    uint64_t v;
+
+    memcpy(&v, p, 8);
+    return v;
+}
+
+// DeliverNotice: a Notify (sim_data.cc) reaches its peer context.
+static void DeliverNotice(World *w, const Event &ev)
+{
+    auto it = w->ctxs.find(ev.obj);
+
+    if (it == w->ctxs.end() || it->second->destroyed ||
+        it->second->p.notice == nullptr || ev.data.size() <= 32) {
+        return;
+    }
+    SimCtx        *c = it->second;
+    const uint8_t *h = reinterpret_cast<const uint8_t *>(ev.data.data());
+    std::string    id = ev.data.substr(32);
+
+    w->SetCurrent(c->node);
+    w->delivering.push_back(c->id);
+    c->p.notice(c->p.notice_arg, NoticeU64(h), NoticeU64(h + 24),
+                NoticeU64(h + 16), NoticeU64(h + 8), id.c_str(), id.size());
+    w->delivering.pop_back();
+}
+
 void World::DataDeliver(const Event &ev)
 {
     switch (ev.kind) {
@@ -257,6 +286,7 @@ void World::DataDeliver(const Event &ev)
     case EvKind::kTick:    DeliverTick(this, ev); break;
     case EvKind::kJob:     DeliverJob(this, ev); break;
     case EvKind::kEpError: DeliverEpError(this, ev); break;
+    case EvKind::kNotice:  DeliverNotice(this, ev); break;
     default: break;
     }
 }

@@ -144,6 +144,7 @@ static const char *KindName(EvKind k)
     case EvKind::kJob:        return "job";
     case EvKind::kTick:       return "tick";
     case EvKind::kEpError:    return "ep-error";
+    case EvKind::kNotice:     return "notice";
     }
     return "?";
 }

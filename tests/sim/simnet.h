@@ -63,6 +63,7 @@ enum class EvKind : uint8_t {
     kJob,        // a deferred job
     kTick,       // a context's periodic tick (timer)
     kEpError,    // an endpoint's error callback
+    kNotice,     // a completion notice reaches its peer context
 };
 
 struct Event {

@@ -106,7 +106,7 @@ std::vector<std::string> Entries(kvu_ctx_t *ctx)
 
 // A bare UCP worker address in kvxfer's published form (one entry).
 // The data-plane protocol of this build (kvu.c KVU_AM_VERSION).
-const uint16_t kProto = 6;
+const uint16_t kProto = 7;
 
 std::string Publish(const void *a, size_t n, uint16_t version = kProto)
 {
@@ -372,6 +372,127 @@ TEST_P(KvuAm, RequestsCarryTheEndpointSession)
     kvu_ep_set_session(wr.ep, 77);
     EXPECT_EQ(wr.post(1, wr.tbase(), 0, 4096, 0x52), KVX_OK);
     EXPECT_TRUE(all_eq(wr.target.buf.data(), 4096, 0x3c));
+}
+
+// What a context's params.notice received (kvu_notify).
+struct NoticeBox {
+    pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    pthread_cond_t  cv = PTHREAD_COND_INITIALIZER;
+    int             n  = 0;
+    uint64_t        tag = 0, mac = 0, nonce = 0, inst = 0;
+    std::string     id;
+
+    static void cb(void *arg, uint64_t tag, uint64_t mac, uint64_t nonce,
+                   uint64_t inst, const char *id, size_t idlen)
+    {
+        NoticeBox *b = static_cast<NoticeBox *>(arg);
+        pthread_mutex_lock(&b->mu);
+        b->n++;
+        b->tag   = tag;
+        b->mac   = mac;
+        b->nonce = nonce;
+        b->inst  = inst;
+        b->id.assign(id, idlen);
+        EXPECT_EQ(id[idlen], '\0');
+        pthread_cond_broadcast(&b->cv);
+        pthread_mutex_unlock(&b->mu);
+    }
+    int wait_for(int want)
+    {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += 20;
+        pthread_mutex_lock(&mu);
+        while (n < want && pthread_cond_timedwait(&cv, &mu, &ts) == 0) {
+        }
+        int got = n;
+        pthread_mutex_unlock(&mu);
+        return got;
+    }
+};
+
+// A completion notice reaches the peer's params.notice with what was sent
+// and a mac under the endpoint's session (never the session itself); it
+// travels after the puts a completed flush covered.
+TEST_P(KvuAm, NoticeCarriesTagInstanceIdAndSessionMac)
+{
+    NoticeBox    box;
+    kvu_params_t p{};
+    kvu_ctx_t   *tctx = nullptr;
+    kvu_mem_t   *tmem = nullptr;
+    std::vector<uint8_t> tbuf(65536, 0);
+
+    p.tls                = GetParam();
+    p.err_mode_peer      = 1;
+    p.max_inflight_bytes = 1 << 20;
+    p.name               = "notice-target";
+    p.remote_access      = KVT_ACCESS_WRITE;
+    p.notice             = NoticeBox::cb;
+    p.notice_arg         = &box;
+    ASSERT_EQ(kvu_ctx_create(&p, &tctx), KVX_OK);
+    ASSERT_EQ(kvu_mem_register(tctx, tbuf.data(), tbuf.size(), 0, &tmem),
+              KVX_OK);
+    Side        origin("notice-origin", GetParam(), KVT_ACCESS_LOCAL, 0x6b);
+    const void *addr, *rk;
+    size_t      len, rklen;
+    kvu_ep_t   *ep   = nullptr;
+    kvu_rkey_t *rkey = nullptr;
+
+    kvu_worker_address(tctx, &addr, &len);
+    ASSERT_EQ(kvu_ep_create(origin.ctx, addr, len, "notice-target", nullptr,
+                            nullptr, &ep), KVX_OK);
+    kvu_mem_rkey(tmem, &rk, &rklen);
+    ASSERT_EQ(kvu_rkey_unpack(ep, rk, rklen, &rkey), KVX_OK);
+    kvu_ep_set_session(ep, 0x1234abcd5678ef01ull);
+
+    // Puts, a flush, then the notice: the bytes are there when it lands.
+    Waiter    w, f;
+    kvc_run_t runs[4];
+    for (int i = 0; i < 4; i++) {
+        runs[i] = {(uint64_t)i * 16384, (uint64_t)i * 16384, 16384};
+    }
+    w.op.done = Waiter::cb;
+    w.op.arg  = &w;
+    f.op.done = Waiter::cb;
+    f.op.arg  = &f;
+    ASSERT_EQ(kvu_post(ep, 1, origin.mem,
+                       (uint64_t)(uintptr_t)origin.buf.data(), rkey,
+                       (uint64_t)(uintptr_t)tbuf.data(), runs, 4, &w.op),
+              KVX_OK);
+    ASSERT_EQ(kvu_flush(ep, &f.op), KVX_OK);
+    EXPECT_EQ(f.wait(), KVX_OK);
+    EXPECT_EQ(w.wait(), KVX_OK);
+    ASSERT_EQ(kvu_notify(ep, 0x77, 0x9000000000000001ull, "tx-notice-1"),
+              KVX_OK);
+    ASSERT_EQ(box.wait_for(1), 1);
+    EXPECT_TRUE(all_eq(tbuf.data(), tbuf.size(), 0x6b));
+    pthread_mutex_lock(&box.mu);
+    EXPECT_EQ(box.tag, 0x77u);
+    EXPECT_EQ(box.inst, 0x9000000000000001ull);
+    EXPECT_EQ(box.id, "tx-notice-1");
+    EXPECT_EQ(box.mac, kvc_req_mac(0x1234abcd5678ef01ull, 0x77, box.nonce,
+                                   0x9000000000000001ull, 0, KVC_MAC_NOTICE));
+    EXPECT_NE(box.mac, kvc_req_mac(0x1234abcd5678ef01ull, 0x77, box.nonce,
+                                   0x9000000000000001ull, 0, 1))
+        << "a notice's mac must not pass for a put's";
+    EXPECT_NE(box.mac, 0x1234abcd5678ef01ull) << "the session travelled";
+    uint64_t first_nonce = box.nonce;
+    pthread_mutex_unlock(&box.mu);
+    ASSERT_EQ(kvu_notify(ep, 0x78, 5, "tx-notice-2"), KVX_OK);
+    ASSERT_EQ(box.wait_for(2), 2);
+    pthread_mutex_lock(&box.mu);
+    EXPECT_EQ(box.id, "tx-notice-2");
+    EXPECT_NE(box.nonce, first_nonce);
+    pthread_mutex_unlock(&box.mu);
+    // Ids that cannot be a transfer's are not sent.
+    EXPECT_EQ(kvu_notify(ep, 1, 1, ""), KVX_ERR_INVALID_PARAM);
+    EXPECT_EQ(kvu_notify(ep, 1, 1, std::string(600, 'x').c_str()),
+              KVX_ERR_INVALID_PARAM);
+    kvu_rkey_destroy(rkey);
+    kvu_ep_close(ep);
+    kvu_mem_release(tmem);
+    kvu_ctx_destroy(tctx);
+    EXPECT_EQ(box.n, 2);
 }
 
 TEST_P(KvuAm, FlushWaitsForAcknowledgedPuts)
@@ -694,7 +815,7 @@ TEST_P(KvuAm, OtherDataPlaneProtocolIsRefusedAtUnpack)
     memcpy(&other[rklen - 4], &v, sizeof(v));
     EXPECT_EQ(kvu_rkey_unpack(pr.ep, other.data(), other.size(), &bad),
               KVX_ERR_PEER_VERSION);
-    EXPECT_NE(strstr(kvc_last_error(), "protocol 5, this build speaks 6"),
+    EXPECT_NE(strstr(kvc_last_error(), "protocol 6, this build speaks 7"),
               nullptr) << kvc_last_error();
     EXPECT_EQ(bad, nullptr);
     // an older build published UCX's rkey and the token only
@@ -954,8 +1075,8 @@ TEST(KvuAddr, PublishedAddressIsCheckedBeforeUcxSeesIt)
     std::string old = Publish("abcdef", 6, kProto - 1);
     EXPECT_EQ(KVX_ERR_PEER_VERSION,
               kvu_addr_entries(old.data(), old.size(), ent, len, nullptr, &n));
-    EXPECT_NE(nullptr, strstr(kvc_last_error(), "protocol 5, this build "
-                                                "speaks 6"))
+    EXPECT_NE(nullptr, strstr(kvc_last_error(), "protocol 6, this build "
+                                                "speaks 7"))
         << kvc_last_error();
     std::string raw = "\x01\x02\x03\x04\x05\x06\x07\x08\x09";
     EXPECT_EQ(KVX_ERR_PEER_VERSION,

@@ -64,13 +64,15 @@
 #define KVU_AM_PUT        0x4b3
 #define KVU_AM_PUTACK     0x4b4
 #define KVU_AM_PROBE      0x4b5 /* the receive-FIFO watchdog's token */
+#define KVU_AM_NOTICE     0x4b6 /* a completion notice (kvu_notify) */
 #define KVU_AM_MAGIC      0x4d41564bu /* "KVAM" */
-#define KVU_AM_VERSION    6 /* 2: token and nonce; 3: transfer tag;
+#define KVU_AM_VERSION    7 /* 2: token and nonce; 3: transfer tag;
                                4: published rkeys end with kvu_pub_trailer;
                                5: published worker addresses are
                                   kvu_addr_hdr_t lists (the tcp plane);
                                6: requests carry a mac under the
-                               origin's session (kvc_req_mac) */
+                               origin's session (kvc_req_mac);
+                               7: completion notices (KVU_AM_NOTICE) */
 #define KVU_AM_MAX_LEN    (256u << 10) /* bytes per message (tcp) */
 #define KVU_AM_SMALL_LEN  (60u << 10)  /* to or from a worker whose tcp
                                           receive segments are UCX's
@@ -81,6 +83,9 @@
                                           sized for it) */
 #define KVU_TCP_SEG       "272k" /* a whole message, headers included */
 #define KVU_AMP_BUCKETS   1024
+#define KVU_NOTICE_ID_MAX 512  /* bytes of a notice's transfer id */
+#define KVU_NOTICE_QMAX   4096 /* notices waiting for delivery (more are
+                                  dropped: a peer cannot grow memory) */
 
 typedef struct kvu_am_hdr {
     uint32_t magic;
@@ -148,6 +153,16 @@ typedef struct kvu_amp {
     int             send_done;
     struct kvu_amp *hnext;     /* ctx->amp[] bucket */
 } kvu_amp_t;
+
+/* kvu_notice_t: a received completion notice on its way to
+ * params.notice (ctx->notice_head, under the ctx lock), or one being sent
+ * (hdr and id valid until the send completes). */
+typedef struct kvu_notice {
+    kvu_am_hdr_t       hdr;
+    size_t             idlen;
+    struct kvu_notice *next;
+    char               id[];
+} kvu_notice_t;
 
 /* kvu_amr_t: a target's answer in flight, with its own copy of the data. */
 typedef struct kvu_amr {
@@ -317,6 +332,9 @@ struct kvu_ctx {
     uint64_t        am_served;   /* AM requests answered (debug log) */
     uint64_t        am_dropped;  /* AM answers matching no request */
     uint64_t        am_late_copied; /* GETREP bytes copied for a later pack */
+    kvu_notice_t   *notice_head, *notice_tail; /* received, under lock */
+    uint64_t        notice_queued;  /* entries in that list */
+    uint64_t        notice_dropped; /* malformed or over KVU_NOTICE_QMAX */
     uint64_t        am_nonce;    /* splitmix64 state of request nonces */
     ucp_datatype_t  am_dt;       /* bytes, packed by copy (kvu_dt_*) */
     kvu_amp_t      *amp[KVU_AMP_BUCKETS]; /* unanswered AM ops, by id */
@@ -848,6 +866,117 @@ static ucs_status_t kvu_am_on_answer(kvu_ctx_t *ctx, ucp_worker_h worker,
     return UCS_OK;
 }
 
+/* kvu_am_notice_cb: a peer's completion notice (inside
+ * ucp_worker_progress, ctx lock held): queued for kvu_deliver, which hands
+ * it to params.notice without the lock. Nothing in it is trusted here: the
+ * engine checks the mac. */
+static ucs_status_t kvu_am_notice_cb(void *arg, const void *header,
+                                     size_t hlen, void *data, size_t len,
+                                     const ucp_am_recv_param_t *param)
+{
+    kvu_wk_t     *wk  = arg;
+    kvu_ctx_t    *ctx = wk->ctx;
+    kvu_am_hdr_t  h;
+    kvu_notice_t *nt  = NULL;
+    int           rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+
+    if (!rndv && kvu_am_hdr_ok(header, hlen, &h) && h.len == 0 && len > 0 &&
+        len <= KVU_NOTICE_ID_MAX && memchr(data, '\0', len) == NULL &&
+        ctx->params.notice != NULL && ctx->notice_queued < KVU_NOTICE_QMAX) {
+        nt = malloc(sizeof(*nt) + len + 1);
+    }
+    if (rndv) {
+        ucp_am_data_release(wk->worker, data); /* never sent by kvxfer */
+    }
+    if (nt == NULL) {
+        uint64_t n = ++ctx->notice_dropped;
+
+        if ((n & (n - 1)) == 0) {
+            kvc_log_warn("KVX-UCX-AM", "%s: completion notice dropped "
+                         "(malformed, unwanted or too many queued; %llu "
+                         "so far)", ctx->name,
+                         (unsigned long long)ctx->notice_dropped);
+        }
+        return UCS_OK;
+    }
+    nt->hdr   = h;
+    nt->idlen = len;
+    nt->next  = NULL;
+    memcpy(nt->id, data, len);
+    nt->id[len] = '\0';
+    if (ctx->notice_tail != NULL) {
+        ctx->notice_tail->next = nt;
+    } else {
+        ctx->notice_head = nt;
+    }
+    ctx->notice_tail = nt;
+    ctx->notice_queued++;
+    return UCS_OK;
+}
+
+static void kvu_notice_send_cb(void *request, ucs_status_t status,
+                               void *user_data)
+{
+    (void)status; /* best effort: the peer's deadline covers a loss */
+    free(user_data);
+    ucp_request_free(request);
+}
+
+kvx_status_t kvu_notify(kvu_ep_t *ep, uint64_t tag, uint64_t instance,
+                        const char *id)
+{
+    kvu_ctx_t          *ctx   = ep->ctx;
+    size_t              idlen = strlen(id);
+    kvu_notice_t       *nt;
+    ucp_request_param_t prm;
+    ucs_status_ptr_t    sp;
+    kvx_status_t        rc = KVX_OK;
+
+    if (idlen == 0 || idlen > KVU_NOTICE_ID_MAX) {
+        return kvc_error(KVX_ERR_INVALID_PARAM, "notice: transfer id of %zu "
+                         "bytes (1..%u)", idlen, KVU_NOTICE_ID_MAX);
+    }
+    nt = calloc(1, sizeof(*nt) + idlen + 1);
+    if (nt == NULL) {
+        return kvc_error(KVX_ERR_NO_MEMORY, "notice: out of memory");
+    }
+    memcpy(nt->id, id, idlen);
+    nt->idlen = idlen;
+    pthread_mutex_lock(&ctx->lock);
+    if (atomic_load(&ep->dead) || ep->failed) {
+        pthread_mutex_unlock(&ctx->lock);
+        free(nt);
+        return kvc_error(KVX_ERR_ENDPOINT, "notice to %s: endpoint %s",
+                         ep->peer, ep->failed ? "failed" : "closed");
+    }
+    nt->hdr.magic   = KVU_AM_MAGIC;
+    nt->hdr.version = KVU_AM_VERSION;
+    nt->hdr.tag     = tag;
+    nt->hdr.addr    = instance;
+    nt->hdr.nonce   = kvu_splitmix64(&ctx->am_nonce);
+    nt->hdr.mac     = kvc_req_mac(ep->session, tag, nt->hdr.nonce, instance,
+                                  0, KVC_MAC_NOTICE);
+    memset(&prm, 0, sizeof(prm));
+    prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                       UCP_OP_ATTR_FIELD_USER_DATA |
+                       UCP_OP_ATTR_FIELD_FLAGS;
+    prm.cb.send      = kvu_notice_send_cb;
+    prm.user_data    = nt;
+    prm.flags        = UCP_AM_SEND_FLAG_EAGER;
+    sp = ucp_am_send_nbx(ep->ep, KVU_AM_NOTICE, &nt->hdr, sizeof(nt->hdr),
+                         nt->id, idlen, &prm);
+    if (sp == NULL) {
+        free(nt);
+    } else if (UCS_PTR_IS_ERR(sp)) {
+        rc = kvc_error(KVX_ERR_ENDPOINT, "notice to %s: %s", ep->peer,
+                       ucs_status_string(UCS_PTR_STATUS(sp)));
+        free(nt);
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    kvu_ctx_kick(ctx);
+    return rc;
+}
+
 static ucs_status_t kvu_am_getreq_cb(void *arg, const void *header,
                                      size_t hlen, void *data, size_t len,
                                      const ucp_am_recv_param_t *param)
@@ -969,6 +1098,7 @@ static kvx_status_t kvu_am_handlers(kvu_wk_t *wk)
         {KVU_AM_GETREQ, kvu_am_getreq_cb}, {KVU_AM_GETREP, kvu_am_getrep_cb},
         {KVU_AM_PUT, kvu_am_put_cb},       {KVU_AM_PUTACK, kvu_am_putack_cb},
         {KVU_AM_PROBE, kvu_am_probe_cb},
+        {KVU_AM_NOTICE, kvu_am_notice_cb},
     };
 
     for (size_t i = 0; i < sizeof(h) / sizeof(h[0]); i++) {
@@ -1249,9 +1379,10 @@ static int kvu_take_incoming(kvu_ctx_t *ctx)
  * without it. Returns the number of things delivered. */
 static int kvu_deliver(kvu_ctx_t *ctx)
 {
-    kvu_op_t *ops;
-    kvu_ep_t *errs[64];
-    int       nerr = 0, n = 0;
+    kvu_op_t     *ops;
+    kvu_notice_t *nts;
+    kvu_ep_t     *errs[64];
+    int           nerr = 0, n = 0;
 
     pthread_mutex_lock(&ctx->lock);
     n += kvu_take_incoming(ctx);
@@ -1276,9 +1407,12 @@ static int kvu_deliver(kvu_ctx_t *ctx)
         ep->err_pending = 0; /* closed endpoints report nothing */
     }
     kvu_reap_closing(ctx);
-    ops            = ctx->done_head;
-    ctx->done_head = NULL;
-    ctx->delivering = nerr > 0;
+    ops                = ctx->done_head;
+    ctx->done_head     = NULL;
+    nts                = ctx->notice_head;
+    ctx->notice_head   = ctx->notice_tail = NULL;
+    ctx->notice_queued = 0;
+    ctx->delivering    = nerr > 0;
     pthread_mutex_unlock(&ctx->lock);
 
     /* Endpoints in errs stay allocated: only kvu_ep_close (by the owner of
@@ -1303,6 +1437,16 @@ static int kvu_deliver(kvu_ctx_t *ctx)
 
         ops->done(ops);
         ops = next;
+        n++;
+    }
+    while (nts != NULL) { /* params.notice is set: checked at receipt */
+        kvu_notice_t *next = nts->next;
+
+        ctx->params.notice(ctx->params.notice_arg, nts->hdr.tag,
+                           nts->hdr.mac, nts->hdr.nonce, nts->hdr.addr,
+                           nts->id, nts->idlen);
+        free(nts);
+        nts = next;
         n++;
     }
     return n;
@@ -2215,6 +2359,12 @@ static void kvu_ctx_free(kvu_ctx_t *ctx)
     kvu_worker_close(&ctx->wkt);
     if (ctx->am_dt != 0) {
         ucp_dt_destroy(ctx->am_dt);
+    }
+    while (ctx->notice_head != NULL) {
+        kvu_notice_t *nt = ctx->notice_head;
+
+        ctx->notice_head = nt->next;
+        free(nt);
     }
     /* Endpoints UCX had not released by the deadline: freed only after
      * the worker, whose destruction may still complete their requests. */

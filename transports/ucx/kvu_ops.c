@@ -115,6 +115,12 @@ static void ops_ep_set_session(kvt_ep_t *ep, uint64_t session)
     kvu_ep_set_session(KVU_C(kvu_ep_t, ep), session);
 }
 
+static kvx_status_t ops_notify(kvt_ep_t *ep, uint64_t tag, uint64_t instance,
+                               const char *id)
+{
+    return kvu_notify(KVU_C(kvu_ep_t, ep), tag, instance, id);
+}
+
 static kvx_status_t ops_rkey_unpack(kvt_ep_t *ep, const void *buf, size_t len,
                                     kvt_rkey_t **rkey_p)
 {
@@ -172,6 +178,7 @@ const kvt_data_ops_t *kvt_ucx_ops(void)
         .ep_rma_emulated    = ops_ep_rma_emulated,
         .ep_rma_shm_only    = ops_ep_rma_shm_only,
         .ep_set_session     = ops_ep_set_session,
+        .notify             = ops_notify,
         .rkey_unpack        = ops_rkey_unpack,
         .rkey_destroy       = ops_rkey_destroy,
         .rkey_local         = ops_rkey_local,
