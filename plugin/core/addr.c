@@ -351,6 +351,33 @@ uint64_t kvc_host_session(const uint64_t key[2], const char *addr,
     return s != 0 ? s : 1;
 }
 
+int kvc_notice_match(const uint64_t key[2], const char *const *hosts,
+                     const uint64_t *insts, uint32_t n, uint64_t tag,
+                     uint64_t nonce, uint64_t instance, uint64_t mac)
+{
+    int rc = -1;
+
+    if (instance == 0) {
+        return -2;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t s;
+
+        if (insts[i] != instance) {
+            continue;
+        }
+        s = kvc_host_session(key, hosts[i], 0);
+        if (s != 0 && kvc_req_mac(s, tag, nonce, instance, 0,
+                                  KVC_MAC_NOTICE) == mac) {
+            return (int)i;
+        }
+        if (s != 0) {
+            rc = -2; /* the rank of that instance did not send it */
+        }
+    }
+    return rc;
+}
+
 int kvc_from_matches(const char *from, const char *host)
 {
     char        ip[64];

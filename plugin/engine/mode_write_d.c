@@ -7,7 +7,6 @@
  */
 #define _GNU_SOURCE
 #include "engine.h"
-#include "siphash.h"
 
 #include <json-c/json.h>
 #include <stdio.h>
@@ -210,7 +209,10 @@ void kvc_write_on_notice(void *arg, uint64_t tag, uint64_t mac,
 {
     struct kvx_engine *eng = arg;
     kvc_xfer_t        *x;
-    int                k = -1, refused = 0;
+    const char        *hosts[KVC_RANKMAP_MAX];
+    uint64_t           insts[KVC_RANKMAP_MAX];
+    uint32_t           n = 0;
+    int                k;
 
     (void)idlen; /* id is NUL-terminated by the transport */
     pthread_mutex_lock(&eng->lock);
@@ -221,26 +223,18 @@ void kvc_write_on_notice(void *arg, uint64_t tag, uint64_t mac,
         pthread_mutex_unlock(&eng->lock);
         return;
     }
-    refused = kvc_xfer_tag(id) != tag || instance == 0;
-    for (uint32_t i = 0; i < x->nrel && k < 0 && !refused; i++) {
-        uint64_t inst = x->rel_inst[i] != 0 ? x->rel_inst[i] : x->rel[i]->inst;
-        uint64_t s;
-
-        if (inst != instance) {
-            continue;
-        }
-        /* The session this D handed rel[i]'s host: the notice comes from
-         * the P rank the transfer is bound to, not from whoever knows its
-         * id and instance. A host name has no session: write_done then. */
-        s = kvc_host_session(eng->expo.key, x->rel[i]->host, 0);
-        if (s != 0 &&
-            kvc_req_mac(s, tag, nonce, instance, 0, KVC_MAC_NOTICE) == mac) {
-            k = (int)i;
-        } else if (s != 0) {
-            refused = 1;
-        }
+    /* Authenticated by the session this D handed the host of the P rank of
+     * that instance: the notice comes from the P rank the transfer is bound
+     * to, not from whoever knows its id and instance. */
+    for (; n < x->nrel && n < KVC_RANKMAP_MAX; n++) {
+        hosts[n] = x->rel[n]->host;
+        insts[n] = x->rel_inst[n] != 0 ? x->rel_inst[n] : x->rel[n]->inst;
     }
-    if (refused) {
+    k = kvc_xfer_tag(id) != tag
+            ? -2
+            : kvc_notice_match(eng->expo.key, hosts, insts, n, tag, nonce,
+                               instance, mac);
+    if (k == -2) {
         eng->stats.notices_refused++;
         kvc_log_debug("KVX-WRITE-NOTICE", "notice for '%s' (instance %llu) "
                       "refused: not authenticated by a P rank of the "
@@ -250,7 +244,7 @@ void kvc_write_on_notice(void *arg, uint64_t tag, uint64_t mac,
         eng->stats.notices_done++;
         kvc_write_d_done(eng, x, k);
     }
-    /* k < 0 otherwise: the rank's instance is not bound yet (its reply to
+    /* k == -1: the rank's instance is not bound yet (its reply to
      * remote_blocks comes later), or a host name: write_done decides. */
     pthread_mutex_unlock(&eng->lock);
 }

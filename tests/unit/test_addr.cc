@@ -1243,4 +1243,53 @@ TEST(ReqMac, CoversEveryFieldAndNeedsTheSession)
     EXPECT_NE(m, kvc_req_mac(42, 7, 9, 0x1001, 64, 1));
     EXPECT_NE(m, kvc_req_mac(42, 7, 9, 0x1000, 65, 1));
     EXPECT_NE(m, kvc_req_mac(42, 7, 9, 0x1000, 64, 0));
+    EXPECT_NE(m, kvc_req_mac(42, 7, 9, 0x1000, 64, KVC_MAC_NOTICE));
+}
+
+// A WRITE D takes a P rank's data-plane completion notice only with the
+// mac of that rank's host session over the notice's own fields; a notice
+// it cannot tell (rank not bound yet, host name) is left to write_done.
+TEST(NoticeMatch, OnlyTheBoundRankOfThatInstanceAuthenticates)
+{
+    const uint64_t    key[2]  = {0x1111, 0x2222};
+    const char *const hosts[] = {"192.0.2.1", "192.0.2.2", "p2.example"};
+    const uint64_t    insts[] = {100, 200, 300};
+    const uint64_t    s1 = kvc_host_session(key, "192.0.2.1", 0);
+    const uint64_t    s2 = kvc_host_session(key, "192.0.2.2", 0);
+    const uint64_t    s9 = kvc_host_session(key, "192.0.2.9", 0);
+    auto mac = [](uint64_t s, uint64_t tag, uint64_t nonce, uint64_t inst) {
+        return kvc_req_mac(s, tag, nonce, inst, 0, KVC_MAC_NOTICE);
+    };
+
+    EXPECT_EQ(kvc_notice_match(key, hosts, insts, 3, 7, 5, 100,
+                               mac(s1, 7, 5, 100)), 0);
+    EXPECT_EQ(kvc_notice_match(key, hosts, insts, 3, 7, 5, 200,
+                               mac(s2, 7, 5, 200)), 1);
+    // Another host's session (a peer that passed the handshake elsewhere),
+    // the right session over other fields, a put's mac, no mac at all.
+    EXPECT_EQ(kvc_notice_match(key, hosts, insts, 3, 7, 5, 100,
+                               mac(s2, 7, 5, 100)), -2);
+    EXPECT_EQ(kvc_notice_match(key, hosts, insts, 3, 7, 5, 100,
+                               mac(s9, 7, 5, 100)), -2);
+    EXPECT_EQ(kvc_notice_match(key, hosts, insts, 3, 7, 5, 100,
+                               mac(s1, 7, 6, 100)), -2);
+    EXPECT_EQ(kvc_notice_match(key, hosts, insts, 3, 8, 5, 100,
+                               mac(s1, 7, 5, 100)), -2);
+    EXPECT_EQ(kvc_notice_match(key, hosts, insts, 3, 7, 5, 100,
+                               kvc_req_mac(s1, 7, 5, 100, 0, 1)), -2);
+    EXPECT_EQ(kvc_notice_match(key, hosts, insts, 3, 7, 5, 100, 0), -2);
+    EXPECT_EQ(kvc_notice_match(key, hosts, insts, 3, 7, 5, 0,
+                               mac(s1, 7, 5, 0)), -2);
+    // Under another D's key (a restarted D on the same address).
+    const uint64_t other[2] = {0x1111, 0x2223};
+    EXPECT_EQ(kvc_notice_match(other, hosts, insts, 3, 7, 5, 100,
+                               mac(s1, 7, 5, 100)), -2);
+    // An instance no rank is bound to yet, and a rank named by host name:
+    // not for the notice to decide.
+    EXPECT_EQ(kvc_notice_match(key, hosts, insts, 3, 7, 5, 999,
+                               mac(s1, 7, 5, 999)), -1);
+    EXPECT_EQ(kvc_notice_match(key, hosts, insts, 3, 7, 5, 300,
+                               mac(s1, 7, 5, 300)), -1);
+    EXPECT_EQ(kvc_notice_match(key, hosts, insts, 0, 7, 5, 100,
+                               mac(s1, 7, 5, 100)), -1);
 }
