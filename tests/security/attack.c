@@ -686,7 +686,7 @@ static int cmd_rma(char **a)
 #define AM_PUT    0x4b3
 #define AM_PUTACK 0x4b4
 #define AM_MAGIC  0x4d41564bu
-#define AM_PROTO  6
+#define AM_PROTO  7
 #define ST_WRONG_PEER  (-20) /* KVX_ERR_UNTRUSTED_PEER */
 #define ST_OOB         (-42) /* KVX_ERR_OUT_OF_BOUNDS */
 #define ST_NOT_EXPOSED (-46) /* KVX_ERR_NOT_EXPOSED */
