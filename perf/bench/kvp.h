@@ -70,6 +70,8 @@ typedef struct kvp_opts {
     int         nbatches;
     int         contiguous;
     int         resident;      /* --resident: same block ids every transfer */
+    int         busy_poll;     /* --busy-poll: D spins on poll_events
+                                  instead of sleeping in wait_transfer */
     uint32_t    iters;         /* 0 = auto */
     uint32_t    warmup;        /* UINT32_MAX = auto */
     uint32_t    depth;

@@ -112,6 +112,9 @@ void kvp_usage(FILE *f, const char *prog)
 "      --contiguous       consecutive block ids (runs merge); default scattered\n"
 "      --resident         every transfer moves the same blocks (cache-resident,\n"
 "                         like nixlbench and ucx_perftest); default: walk the pool\n"
+"      --busy-poll        D spins on poll_events for its transfer's event (as\n"
+"                         nixlbench spins on checkXfer) instead of sleeping in\n"
+"                         wait_transfer as a framework thread would (csv: wait)\n"
 "      --connect-ahead    the initiator (READ: D, WRITE: P) calls connect_peer\n"
 "                         before the first transfer; the header then gives\n"
 "                         connect_peer's time and a first transfer without it\n"
@@ -233,7 +236,7 @@ enum {
     OPT_TOKENS, OPT_HEADS, OPT_HEAD_DIM, OPT_ELEM, OPT_CONTIG, OPT_SCATTER,
     OPT_POOL, OPT_MEM, OPT_TLS, OPT_INFLIGHT, OPT_EXTRA, OPT_TLSDIR, OPT_KVPORT,
     OPT_CHECK, OPT_CONNECT_AHEAD, OPT_MEMCPY, OPT_TIMEOUT, OPT_CSV, OPT_JSON, OPT_ACCEPT,
-    OPT_INJECT, OPT_CLOCK, OPT_HOLD, OPT_HOLD_TIMEOUT, OPT_RESIDENT,
+    OPT_INJECT, OPT_CLOCK, OPT_HOLD, OPT_HOLD_TIMEOUT, OPT_RESIDENT, OPT_BUSY_POLL,
 };
 
 static const struct option kvp_longopts[] = {
@@ -256,6 +259,7 @@ static const struct option kvp_longopts[] = {
     {"contiguous", no_argument, NULL, OPT_CONTIG},
     {"scattered", no_argument, NULL, OPT_SCATTER},
     {"resident", no_argument, NULL, OPT_RESIDENT},
+    {"busy-poll", no_argument, NULL, OPT_BUSY_POLL},
     {"iters", required_argument, NULL, 'n'},
     {"warmup", required_argument, NULL, 'w'},
     {"depth", required_argument, NULL, 'd'},
@@ -461,6 +465,9 @@ int kvp_opts_parse(int argc, char **argv, kvp_opts_t *o, char *err,
             break;
         case OPT_RESIDENT:
             o->resident = 1;
+            break;
+        case OPT_BUSY_POLL:
+            o->busy_poll = 1;
             break;
         case 'n':
             if (kvp_parse_u32(optarg, 1, 100000000u, &o->iters) != 0) {

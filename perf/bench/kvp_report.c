@@ -277,7 +277,7 @@ static const char *kvp_csv_header =
     "hwm_p_kb,hwm_d_kb,rss_growth_p_kb,rss_growth_d_kb,xfers_done,"
     "ctl_rtt_avg_us,ctl_rtt_p50_us,ctl_rtt_p99_us,hs_metadata_us,"
     "hs_endpoint_us,hs_rkeys_us,xfers_per_s,aggr_xfers_per_s,hold,"
-    "hold_create_s,hold_rss_p_kb,p_transfers_end,wall_bw_GBs\n";
+    "hold_create_s,hold_rss_p_kb,p_transfers_end,wall_bw_GBs,wait\n";
 
 static void kvp_csv_row(FILE *f, const kvp_opts_t *o, const kvp_row_t *r,
                         const kvp_row_t *su)
@@ -289,7 +289,7 @@ static void kvp_csv_row(FILE *f, const kvp_opts_t *o, const kvp_row_t *r,
                "%" PRId64 ",%" PRId64
                ",%" PRId64 ",%" PRId64 ",%" PRId64 ",%" PRId64 ",%" PRIu64
                ",%.1f,%.1f,%.1f,%.1f,%.1f,%.1f,%.1f,%.1f,%u,%.3f,%" PRId64
-               ",%" PRId64 ",%.6f\n",
+               ",%" PRId64 ",%.6f,%s\n",
             kvp_mode_name(r->mode), kvp_mem_name(r->mem), o->model.name,
             o->tls[0] ? o->tls : "default", kvp_ids_name(o), o->depth, r->pairs,
             r->block_bytes, r->batch, r->iters, r->xfer_bytes, r->bw_gbs,
@@ -304,7 +304,8 @@ static void kvp_csv_row(FILE *f, const kvp_opts_t *o, const kvp_row_t *r,
             r->rss_kb[1][2] - r->rss_kb[1][1], r->xfers_done, su->ctl_rtt[0],
             su->ctl_rtt[1], su->ctl_rtt[2], su->hs_parts[0], su->hs_parts[1],
             su->hs_parts[2], r->xfer_rate, r->aggr_xfer_rate, r->hold,
-            r->hold_create_s, r->hold_rss_kb, r->p_xfers_end, r->wall_bw_gbs);
+            r->hold_create_s, r->hold_rss_kb, r->p_xfers_end, r->wall_bw_gbs,
+            o->busy_poll ? "spin" : "sleep");
     fflush(f);
 }
 
@@ -349,13 +350,13 @@ static void kvp_json_row(FILE *f, const kvp_opts_t *o, const kvp_row_t *r,
                "\"xfers_per_s\": %.1f, \"aggr_xfers_per_s\": %.1f, "
                "\"hold\": %u, \"hold_create_s\": %.3f, "
                "\"hold_rss_p_kb\": %" PRId64 ", \"p_transfers_end\": %"
-               PRId64 ", \"wall_bw_GBs\": %.6f}",
+               PRId64 ", \"wall_bw_GBs\": %.6f, \"wait\": \"%s\"}",
             r->rss_kb[0][0], r->rss_kb[0][1], r->rss_kb[0][2], r->rss_kb[1][0],
             r->rss_kb[1][1], r->rss_kb[1][2], r->hwm_kb[0], r->hwm_kb[1],
             r->xfers_done, su->ctl_rtt[0], su->ctl_rtt[1], su->ctl_rtt[2],
             su->hs_parts[0], su->hs_parts[1], su->hs_parts[2], r->xfer_rate,
             r->aggr_xfer_rate, r->hold, r->hold_create_s, r->hold_rss_kb,
-            r->p_xfers_end, r->wall_bw_gbs);
+            r->p_xfers_end, r->wall_bw_gbs, o->busy_poll ? "spin" : "sleep");
     fflush(f);
 }
 

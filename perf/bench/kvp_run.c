@@ -953,6 +953,19 @@ static int kvp_d_point(kvp_sess_t *s, const kvp_point_msg_t *pm)
             head++;
         }
         kvp_tid(s, pm, tail, tid, sizeof(tid));
+        if (s->o->busy_poll) { /* --busy-poll: spin until its event */
+            deadline = kvp_now_us() + s->o->timeout_s * 1e6;
+            while (st.done_t[tail] == 0) {
+                if (kvp_drain(s, pm, kvp_d_on_event, &st, &got) != 0) {
+                    goto out;
+                }
+                if (st.done_t[tail] == 0 && kvp_now_us() > deadline) {
+                    kvp_fatal(s, "transfer %s: no event within %.1f s "
+                              "(--busy-poll)", tid, s->o->timeout_s);
+                    goto out;
+                }
+            }
+        }
         /* Its event may already be drained (then the engine forgot it). */
         r = st.done_t[tail] != 0
                 ? KVX_OK

@@ -250,6 +250,7 @@ typedef struct kvc_xfer {
      * parent reports once every sub finished. */
     struct kvc_xfer **subs;        /* nsubs, owned */
     uint32_t          nsubs, subs_open;
+    uint32_t          subs_released; /* subs ended by their D rank's release */
     uint32_t          sub_index;   /* a sub: which of the parent's D ranks */
     int               sub_finished; /* a sub: reported to its parent */
     int               fanout;      /* a parent: looping over its subs */

@@ -256,24 +256,15 @@ static void kvc_write_on_remote_blocks(struct kvx_engine *eng,
 void kvc_write_on_release(struct kvx_engine *eng, kvc_xfer_t *x)
 {
     /* D finished or aborted before allocating: free without a timeout
-     * (with subs: every D rank's part of the request is over). */
+     * (x has no subs: a plain transfer, or one D rank's part). */
     x->state = KVC_XFER_DONE;
-    if (x->nsubs == 0) {
-        kvc_write_check(eng, x);
-        return;
-    }
-    x->fanout = 1;
-    for (uint32_t k = 0; k < x->nsubs; k++) {
-        if (!x->subs[k]->sub_finished) {
-            x->subs[k]->state = KVC_XFER_DONE;
-            kvc_write_check(eng, x->subs[k]);
-        }
-    }
-    kvc_write_fanout_end(eng, x);
+    kvc_write_check(eng, x);
 }
 
 /* kvc_write_on_release_msg (P): D released the transfer before its
- * blocks were written (it finished or aborted early). */
+ * blocks were written (it finished or aborted early). With subs (D tp =
+ * q x P tp) the release ends only the part of the D rank that sent it
+ * (consumer_rank): the other D ranks still wait for every layer. */
 static void kvc_write_on_release_msg(struct kvx_engine *eng, kvc_msg_t *m,
                                      char *reason, size_t len, int *ok_p)
 {
@@ -288,7 +279,26 @@ static void kvc_write_on_release_msg(struct kvx_engine *eng, kvc_msg_t *m,
                                 completed */
         return;
     }
-    if (x->nsubs == 0 && x->have_blocks && x->src != NULL &&
+    if (x->nsubs > 0) {
+        uint32_t base = eng->cfg.tp_rank * x->nsubs;
+
+        if (m->consumer_rank < 0 || (uint32_t)m->consumer_rank < base ||
+            (uint32_t)m->consumer_rank >= base + x->nsubs) {
+            *ok_p = 0; /* changes nothing */
+            kvc_refused(eng, KVC_PORT_NOTIFY, KVC_REFUSE_WRONG_PEER);
+            snprintf(reason, len, "release for '%s': consumer_rank %d: this "
+                     "P rank serves decode ranks %u..%u, and a release ends "
+                     "only its sender's part", m->transfer_id,
+                     m->consumer_rank, base, base + x->nsubs - 1);
+            return;
+        }
+        x = x->subs[(uint32_t)m->consumer_rank - base];
+        if (x->sub_finished) {
+            m->reply_fenced = 1; /* that part is over */
+            return;
+        }
+    }
+    if (x->have_blocks && x->src != NULL &&
         (kvc_from_matches(m->from, x->src->host) == 0 ||
          (m->instance != 0 && x->peer_inst != 0 &&
           m->instance != x->peer_inst))) {
@@ -300,7 +310,7 @@ static void kvc_write_on_release_msg(struct kvx_engine *eng, kvc_msg_t *m,
                  x->src->name, (unsigned long long)x->peer_inst);
         return;
     }
-    m->reply_fenced = x->nposted == 0 && x->nsubs == 0;
+    m->reply_fenced = x->nposted == 0;
     kvc_write_on_release(eng, x);
 }
 

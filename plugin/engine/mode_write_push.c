@@ -29,7 +29,11 @@ static void kvc_write_p_finish(struct kvx_engine *eng, kvc_xfer_t *x,
         }
         x->sub_finished = 1;
         if (released) {
-            pa->state = KVC_XFER_DONE;
+            /* One D rank's release ends its part only; the request counts
+             * as released once every D rank released its part. */
+            if (++pa->subs_released == pa->nsubs) {
+                pa->state = KVC_XFER_DONE;
+            }
         } else if (x->status != KVX_OK && pa->status == KVX_OK) {
             pa->status = x->status;
             snprintf(pa->reason, sizeof(pa->reason), "decode rank %u: %.400s",

@@ -123,7 +123,7 @@ TEST_P(WriteTransfer, MixedLayersOutOfOrderTwiceAndDuplicateBlocks)
 // session D gave P's host) and write_done over the control plane (the
 // authority). D completes on whichever comes first, exactly once, with
 // every byte there; the other is ignored.
-TEST_P(WriteTransfer, DataPlaneNoticeCompletesBeforeWriteDone)
+TEST_P(WriteTransfer, DataPlaneNoticeCompletesTransfers)
 {
     WritePair w;
     MakeWritePair(&w, GetParam());
@@ -505,6 +505,68 @@ TEST(WriteHeteroTp, PrefillTp1PutsHeadSlicesToDecodeTp2)
 // P tp 1 gets the whole blocks on both D ranks; D tp 1 from P tp 2 gets them
 // once, from P rank 0 (P rank 1 holds the same cache and puts nothing),
 // and still both write_done.
+// D tp 2 from P tp 1, and D rank 0 aborts after P put layer 0 to both:
+// its release ends its own part only (fenced, its write_done), while D
+// rank 1 still gets every layer and reports OK byte-exact. (A release used
+// to end every D rank's part: rank 1 then got write_done after layer 0 and
+// reported OK with the other layers never written.)
+TEST(WriteHeteroTp, OneDecodeRankAbortingEndsOnlyItsOwnPart)
+{
+    ModelSpec pm = MixedModel();
+    pm.block_size = 8;
+    pm.heads      = 4;
+    ModelSpec dm  = pm;
+    dm.heads      = 2;
+    uint16_t hs   = PortBase(4);
+    Rank     p, d0, d1;
+    ASSERT_EQ(KVX_OK, MakeRank(pm, WriteRankOpts(true, hs, 1, 0), &p))
+        << Api()->last_error();
+    ASSERT_EQ(KVX_OK, MakeRank(dm, WriteRankOpts(false, hs + 1, 2, 0), &d0))
+        << Api()->last_error();
+    ASSERT_EQ(KVX_OK, MakeRank(dm, WriteRankOpts(false, hs + 1, 2, 1), &d1))
+        << Api()->last_error();
+
+    const std::vector<uint64_t> pids = {5, 6, 7, 30};
+    const std::vector<uint64_t> dids = {0, 1, 2, 3};
+    const std::string           tid  = "tx-write-half-abort";
+    std::string pp = HetParams(tid, true, hs + 1, 2);
+    std::string dp = HetParams(tid, false, hs, 1);
+    for (Rank *d : {&d0, &d1}) {
+        ASSERT_EQ(KVX_OK, Api()->consumer_request(d->eng, "req-ha", dp.c_str(),
+                                                  dids.data(), dids.size()))
+            << Api()->last_error();
+    }
+    ASSERT_TRUE(WaitFor([&] { return StatCount(p.eng, "rx.remote_blocks") == 2; },
+                        10000));
+    char *resp = nullptr;
+    ASSERT_EQ(KVX_OK, Api()->producer_request(p.eng, "req-ha", pp.c_str(),
+                                              pids.data(), pids.size(), &resp))
+        << Api()->last_error();
+    Api()->free(resp);
+    ASSERT_EQ(KVX_OK, Api()->layer_ready(p.eng, tid.c_str(), 0));
+    ASSERT_EQ(KVX_OK, Api()->consumer_abort(d0.eng, "req-ha", dp.c_str()))
+        << Api()->last_error();
+    ASSERT_TRUE(WaitFor([&] { return StatCount(p.eng, "rx.release") == 1; },
+                        10000));
+    for (uint32_t l = 1; l < pm.layers.size(); l++) {
+        ASSERT_EQ(KVX_OK, Api()->layer_ready(p.eng, tid.c_str(), l));
+    }
+    ASSERT_EQ(KVX_OK, Api()->seal_transfer(p.eng, tid.c_str()));
+    ASSERT_EQ(KVX_OK, Api()->wait_transfer(d1.eng, tid.c_str(), 20000))
+        << Api()->last_error();
+    EXPECT_EQ("", VerifyPullHeads(dm, pm.heads, d1, {0}, 1, dids, pids));
+    std::vector<kvx_event_t> dev;
+    ASSERT_TRUE(WaitFor([&] { DrainEvents(d0.eng, &dev); return !dev.empty(); },
+                        10000));
+    EXPECT_EQ(KVX_EVENT_FAILED, dev[0].type);
+    FreeEvents(&dev);
+    std::vector<kvx_event_t> pev;
+    ASSERT_TRUE(WaitFor([&] { DrainEvents(p.eng, &pev); return !pev.empty(); },
+                        10000));
+    EXPECT_EQ(1, CountEvents(pev, KVX_EVENT_FINISHED_SENDING, tid));
+    FreeEvents(&pev);
+}
+
 TEST(WriteHeteroTp, ReplicatedHeadsMoveWholeInBothDirections)
 {
     ModelSpec km;
