@@ -143,15 +143,16 @@ typedef struct kvt_data_params {
     void      (*worker_reset)(void *arg);
     void       *worker_reset_arg;
     /* notice: a peer's completion notice (kvt_data_ops_t.notify) arrived:
-     * id (idlen bytes, not NUL-terminated) is the transfer it names, tag,
-     * nonce and instance as the peer sent them, mac its authenticator
-     * kvc_req_mac(session of the peer's endpoint, tag, nonce, instance, 0,
-     * KVC_MAC_NOTICE), unchecked: the callee checks it against the
-     * sessions of the hosts the transfer is bound to. Called on the
-     * progress owner without the transport's locks, after everything the
-     * peer's endpoint delivered before it; NULL: notices are dropped. */
+     * id (idlen bytes; id[idlen] is NUL) is the transfer it names, tag,
+     * nonce, instance and xnonce as the peer sent them, mac its
+     * authenticator kvc_req_mac(session of the peer's endpoint, tag,
+     * nonce, instance, xnonce, KVC_MAC_NOTICE), unchecked: the callee
+     * checks it against the sessions of the hosts the transfer is bound
+     * to. Called on the progress owner without the transport's locks;
+     * NULL: notices are dropped. */
     void      (*notice)(void *arg, uint64_t tag, uint64_t mac, uint64_t nonce,
-                        uint64_t instance, const char *id, size_t idlen);
+                        uint64_t instance, uint64_t xnonce, const char *id,
+                        size_t idlen);
     void       *notice_arg;
 } kvt_data_params_t;
 
@@ -246,14 +247,15 @@ typedef struct kvt_data_ops {
      * NULL member: not carried. */
     void         (*ep_set_session)(kvt_ep_t *ep, uint64_t session);
     /* notify sends the peer a completion notice naming transfer id (tag
-     * kvc_xfer_tag(id)) and this side's instance, authenticated under the
-     * endpoint's session; it reaches the peer's params.notice. Best
+     * kvc_xfer_tag(id)), the use of that id (xnonce, the peer's) and this
+     * side's instance, authenticated under the endpoint's session; it
+     * reaches the peer's params.notice. Best
      * effort, no reply, no completion: the caller sends it after a flush
      * completed, so nothing posted before it can land after it arrives.
      * KVX_OK when it was handed to the transport. NULL member: no notices
      * (the control plane's message is the only one). */
     kvx_status_t (*notify)(kvt_ep_t *ep, uint64_t tag, uint64_t instance,
-                           const char *id);
+                           uint64_t xnonce, const char *id);
 } kvt_data_ops_t;
 
 /* ---- control plane ------------------------------------------------------- */

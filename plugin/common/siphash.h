@@ -22,7 +22,7 @@ uint64_t kvc_siphash24(const uint64_t key[2], const void *data, size_t len);
  * the session itself never travels with data-plane traffic and a captured
  * request authenticates only itself. 0 when session is 0 (none set).
  * is_put: 0 get, 1 put, KVC_MAC_NOTICE a completion notice (kvt.h notify:
- * addr is the sender's instance, len 0). */
+ * addr is the sender's instance, len the transfer's xnonce). */
 #define KVC_MAC_NOTICE 2
 uint64_t kvc_req_mac(uint64_t session, uint64_t tag, uint64_t nonce,
                      uint64_t addr, uint64_t len, int is_put);

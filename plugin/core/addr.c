@@ -353,7 +353,8 @@ uint64_t kvc_host_session(const uint64_t key[2], const char *addr,
 
 int kvc_notice_match(const uint64_t key[2], const char *const *hosts,
                      const uint64_t *insts, uint32_t n, uint64_t tag,
-                     uint64_t nonce, uint64_t instance, uint64_t mac)
+                     uint64_t nonce, uint64_t instance, uint64_t xnonce,
+                     uint64_t mac)
 {
     int rc = -1;
 
@@ -367,7 +368,7 @@ int kvc_notice_match(const uint64_t key[2], const char *const *hosts,
             continue;
         }
         s = kvc_host_session(key, hosts[i], 0);
-        if (s != 0 && kvc_req_mac(s, tag, nonce, instance, 0,
+        if (s != 0 && kvc_req_mac(s, tag, nonce, instance, xnonce,
                                   KVC_MAC_NOTICE) == mac) {
             return (int)i;
         }

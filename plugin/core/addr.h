@@ -109,9 +109,10 @@ uint64_t kvc_host_session(const uint64_t key[2], const char *addr,
 /*
  * kvc_notice_match: which of a WRITE transfer's n P ranks (hosts[i],
  * bound instances insts[i], 0 not bound yet) sent a data-plane completion
- * notice of tag, nonce and instance carrying mac (kvt.h notify). A rank
- * matches when its instance is instance and mac is kvc_req_mac(session of
- * its host under key, tag, nonce, instance, 0, KVC_MAC_NOTICE). Returns
+ * notice of tag, nonce, instance and xnonce (the use of the transfer id)
+ * carrying mac (kvt.h notify). A rank matches when its instance is
+ * instance and mac is kvc_req_mac(session of its host under key, tag,
+ * nonce, instance, xnonce, KVC_MAC_NOTICE). Returns
  * its index; -1 when no rank can tell (no rank bound to that instance
  * yet, or its host is a name without a session: the control plane's
  * write_done decides); -2 when the notice is refused (instance 0, or a
@@ -119,7 +120,8 @@ uint64_t kvc_host_session(const uint64_t key[2], const char *addr,
  */
 int kvc_notice_match(const uint64_t key[2], const char *const *hosts,
                      const uint64_t *insts, uint32_t n, uint64_t tag,
-                     uint64_t nonce, uint64_t instance, uint64_t mac);
+                     uint64_t nonce, uint64_t instance, uint64_t xnonce,
+                     uint64_t mac);
 
 /*
  * kvc_host_resolve (SPEC §4): n <= 1 → advertised; else world =

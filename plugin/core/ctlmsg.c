@@ -751,6 +751,10 @@ static kvx_status_t kvc_msg_decode_object(const char *buf, size_t len,
         status = kvc_fld_dec_opt(kvc_what_msg, obj, "to_instance",
                                  &msg->to_instance);
     }
+    if (status == KVX_OK) {
+        status = kvc_fld_dec_opt(kvc_what_msg, obj, "xfer_nonce",
+                                 &msg->xfer_nonce);
+    }
     if (status == KVX_OK && desc->decode_fields != NULL) {
         status = desc->decode_fields(obj, msg);
     }
@@ -867,6 +871,9 @@ char *kvc_msg_encode(const kvc_msg_t *msg, size_t *len_p)
     }
     if (rc == 0 && msg->to_instance != 0) {
         rc = kvc_jadd_dec(obj, "to_instance", msg->to_instance);
+    }
+    if (rc == 0 && msg->xfer_nonce != 0) {
+        rc = kvc_jadd_dec(obj, "xfer_nonce", msg->xfer_nonce);
     }
     if (rc == 0 && desc->encode_fields != NULL) {
         rc = desc->encode_fields(obj, msg);

@@ -55,6 +55,8 @@ typedef struct kvc_msg {
                                          legacy peer) */
     uint64_t  to_instance;            /* receiver's instance the sender
                                          addresses (0: not known) */
+    uint64_t  xfer_nonce;             /* WRITE: the use of the transfer id
+                                         a message belongs to (0: absent) */
     /* Receiver side, set by the engine (not on the wire): */
     const char *from;                 /* sender's "ip:port", or "" */
     int       reply_fenced;           /* the handler's reply says "fenced" */

@@ -240,6 +240,13 @@ typedef struct kvc_xfer {
                                       after it: it cannot hold the blocks */
     uint64_t          peer_inst;   /* P WRITE: instance of the D rank that
                                       sent remote_blocks (0: legacy) */
+    uint64_t          xnonce;      /* WRITE: this use of the transfer id
+                                      (D: drawn at consumer_request, sent
+                                      with every message of it; P: the one
+                                      its remote_blocks carried, echoed in
+                                      write_done and the notice): a stale
+                                      completion of an earlier use of the
+                                      id changes nothing (0: none/legacy) */
     kvc_xfer_params_t dparams;     /* P: D's instance from the request */
     kvc_peer_addr_t   daddr;       /* P: D's base address */
     kvt_op_t          flush_op;    /* P: final ep flush */
@@ -371,6 +378,7 @@ struct kvx_engine {
     char             *meta_json;     /* handshake reply, owned */
     size_t            meta_len;
     uint64_t          epoch;
+    uint64_t          xnonce_seq;    /* D WRITE: last kvc_xfer_t.xnonce */
     char              engine_id[KVX_ID_MAX + 16];
     kvc_peer_t       *peers;
     kvc_xfer_t      **xfers;         /* hash table, nbuckets chains */
@@ -719,7 +727,8 @@ void         kvc_write_on_write_done(struct kvx_engine *eng,
  * rank's data-plane completion notice, the fast twin of its write_done. */
 void         kvc_write_on_notice(void *arg, uint64_t tag, uint64_t mac,
                                  uint64_t nonce, uint64_t instance,
-                                 const char *id, size_t idlen);
+                                 uint64_t xnonce, const char *id,
+                                 size_t idlen);
 void         kvc_write_d_on_reply(struct kvx_engine *eng, kvc_peer_t *peer,
                                   kvc_msg_type_t type, const char *tid,
                                   const kvc_reply_info_t *info);

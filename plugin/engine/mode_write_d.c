@@ -18,6 +18,7 @@
 /* kvc_write_d_send sends m to every P rank of x (lock held). */
 void kvc_write_d_send(kvc_xfer_t *x, kvc_msg_t *m, const char *what)
 {
+    m->xfer_nonce = x->xnonce;
     for (uint32_t k = 0; k < x->nrel; k++) {
         kvc_peer_send_msg(x->rel[k], m, what);
     }
@@ -61,7 +62,8 @@ kvx_status_t kvc_write_consumer(struct kvx_engine *eng, const char *req_id,
     snprintf(m.transfer_id, sizeof(m.transfer_id), "%s", x->transfer_id);
     m.consumer_rank = (int32_t)eng->cfg.tp_rank; /* P routes by it */
     pthread_mutex_lock(&eng->lock);
-    st = kvc_xfer_insert(eng, x);
+    x->xnonce = ++eng->xnonce_seq; /* this use of the id */
+    st        = kvc_xfer_insert(eng, x);
     if (st == KVX_OK && n == 0) {
         /* Nothing to allocate (full prefix hit): release P at once. */
         m.type             = KVC_MSG_RELEASE;
@@ -179,6 +181,16 @@ void kvc_write_on_write_done(struct kvx_engine *eng, const kvc_msg_t *m,
                       m->transfer_id);
         return;
     }
+    if (x->xnonce != 0 && m->xfer_nonce != 0 && m->xfer_nonce != x->xnonce) {
+        /* Another use of this transfer id (the framework reused it and
+         * the earlier one's write_done is late): ignored. A write_done
+         * without xfer_nonce (a legacy P) is checked as before. */
+        kvc_log_debug("KVX-WRITE-DONE-IGNORED", "write_done for '%s': "
+                      "xfer_nonce %llu, this use of the id is %llu",
+                      m->transfer_id, (unsigned long long)m->xfer_nonce,
+                      (unsigned long long)x->xnonce);
+        return;
+    }
     k = kvc_write_d_rank(x, m, reason, len);
     if (k == -2) {
         /* Held until a reply binds a rank to this instance; a forged one
@@ -204,8 +216,8 @@ void kvc_write_on_write_done(struct kvx_engine *eng, const kvc_msg_t *m,
 }
 
 void kvc_write_on_notice(void *arg, uint64_t tag, uint64_t mac,
-                         uint64_t nonce, uint64_t instance, const char *id,
-                         size_t idlen)
+                         uint64_t nonce, uint64_t instance, uint64_t xnonce,
+                         const char *id, size_t idlen)
 {
     struct kvx_engine *eng = arg;
     kvc_xfer_t        *x;
@@ -218,8 +230,10 @@ void kvc_write_on_notice(void *arg, uint64_t tag, uint64_t mac,
     pthread_mutex_lock(&eng->lock);
     x = kvc_xfer_find(eng, id);
     if (x == NULL || !x->write || x->is_producer ||
-        x->state != KVC_XFER_WAIT_WRITE) {
-        /* Ended, or unknown here: as write_done, ignored (SPEC §9). */
+        x->state != KVC_XFER_WAIT_WRITE || xnonce != x->xnonce) {
+        /* Ended, unknown here, or of another use of the id (a late notice
+         * of an earlier transfer under a reused id): as write_done,
+         * ignored (SPEC §9). */
         pthread_mutex_unlock(&eng->lock);
         return;
     }
@@ -233,7 +247,7 @@ void kvc_write_on_notice(void *arg, uint64_t tag, uint64_t mac,
     k = kvc_xfer_tag(id) != tag
             ? -2
             : kvc_notice_match(eng->expo.key, hosts, insts, n, tag, nonce,
-                               instance, mac);
+                               instance, xnonce, mac);
     if (k == -2) {
         eng->stats.notices_refused++;
         kvc_log_debug("KVX-WRITE-NOTICE", "notice for '%s' (instance %llu) "

@@ -298,6 +298,16 @@ static void kvc_write_on_release_msg(struct kvx_engine *eng, kvc_msg_t *m,
             return;
         }
     }
+    if (x->have_blocks && x->xnonce != 0 && m->xfer_nonce != 0 &&
+        m->xfer_nonce != x->xnonce) {
+        /* A release of another use of this transfer id (late, after the
+         * framework reused the id): not this transfer's. */
+        kvc_log_debug("KVX-WRITE-RELEASE-IGNORED", "release for '%s': "
+                      "xfer_nonce %llu, this transfer's is %llu",
+                      m->transfer_id, (unsigned long long)m->xfer_nonce,
+                      (unsigned long long)x->xnonce);
+        return;
+    }
     if (x->have_blocks && x->src != NULL &&
         (kvc_from_matches(m->from, x->src->host) == 0 ||
          (m->instance != 0 && x->peer_inst != 0 &&

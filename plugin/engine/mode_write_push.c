@@ -80,7 +80,8 @@ static void kvc_write_flush_done(kvt_op_t *op)
          * notice lost with its endpoint or overtaking D's binding). */
         if (KVD(eng)->notify != NULL && x->src->ep != NULL &&
             KVD(eng)->notify(x->src->ep, kvc_xfer_tag(x->transfer_id),
-                             eng->epoch, x->transfer_id) != KVX_OK) {
+                             eng->epoch, x->xnonce,
+                             x->transfer_id) != KVX_OK) {
             kvc_log_debug("KVX-WRITE-NOTICE", "transfer %s: %s",
                           x->transfer_id, kvc_last_error());
             kvc_error_clear();
@@ -88,6 +89,7 @@ static void kvc_write_flush_done(kvt_op_t *op)
         memset(&m, 0, sizeof(m));
         m.type          = KVC_MSG_WRITE_DONE;
         m.consumer_rank = -1;
+        m.xfer_nonce    = x->xnonce;
         snprintf(m.transfer_id, sizeof(m.transfer_id), "%s", x->transfer_id);
         kvc_peer_send_msg(x->src, &m, "write_done");
     } else {
@@ -286,6 +288,7 @@ static void kvc_write_blocks(struct kvx_engine *eng, kvc_xfer_t *x,
         return;
     }
     x->peer_inst      = m->instance;
+    x->xnonce         = m->xfer_nonce;
     x->have_blocks    = 1;
     x->decode_rank    = m->decode_rank;
     x->remote_ids     = m->block_ids;

@@ -258,6 +258,67 @@ TEST(WriteFlow, DuplicateRemoteBlocksFirstOneWins)
     FreeEvents(&pev);
 }
 
+// The framework reuses a transfer id right after D finished it: the first
+// use's second completion (write_done, or the notice, whichever came
+// last) must not finish the second use, whose blocks nobody wrote yet.
+// Each use has its own xfer_nonce, which P echoes in both. (The first
+// use's late message mostly arrives before the second consumer_request
+// here, so this test rarely meets the race itself; it proves both uses
+// complete byte-exact with the echo. NoticeMatch covers the notice's.)
+TEST(WriteFlow, ReusedIdIsNotCompletedByTheEarlierUsesMessages)
+{
+    WritePair w;
+    MakeWritePair(&w, "tcp");
+    if (HasFatalFailure()) {
+        return;
+    }
+    const std::vector<uint64_t> ids = {1, 2};
+    const std::string           tid = "tx-reuse";
+    std::vector<kvx_event_t>    dev;
+
+    for (int use = 0; use < 2; use++) {
+        char *resp = nullptr;
+
+        // D asks first (its remote_blocks waits at P), at once after the
+        // first use finished: the first use's later completion is then
+        // still on its way.
+        ASSERT_EQ(KVX_OK, Api()->consumer_request(w.d.eng, "r",
+                                                  DParams(w, tid).c_str(),
+                                                  ids.data(), ids.size()))
+            << Api()->last_error();
+        ASSERT_EQ(KVX_OK, Api()->producer_request(w.p.eng, "r",
+                                                  PParams(w, tid).c_str(),
+                                                  ids.data(), ids.size(), &resp))
+            << Api()->last_error();
+        Api()->free(resp);
+        if (use == 1) {
+            // The first use's write_done has arrived (and any notice came
+            // first): nothing of the second use is written yet.
+            EXPECT_EQ(1, StatAwait(w.d.eng, "rx.write_done", 1));
+            DrainEvents(w.d.eng, &dev);
+            EXPECT_EQ(0, CountEvents(dev, KVX_EVENT_FINISHED_RECVING, tid))
+                << "the second use finished before P wrote anything";
+            FreeEvents(&dev);
+        }
+        for (uint32_t l = 0; l < w.model.layers.size(); l++) {
+            ASSERT_EQ(KVX_OK, Api()->layer_ready(w.p.eng, tid.c_str(), l));
+        }
+        ASSERT_EQ(KVX_OK, Api()->seal_transfer(w.p.eng, tid.c_str()));
+        ASSERT_TRUE(WaitFor([&] {
+            DrainEvents(w.d.eng, &dev);
+            return CountEvents(dev, KVX_EVENT_FINISHED_RECVING, tid) > 0;
+        }, 20000));
+        EXPECT_EQ("", VerifyPull(w.model, w.d, 0, ids, ids)) << "use " << use;
+        FreeEvents(&dev);
+        if (use == 0) { // blank again: what D holds next is the 2nd use's
+            for (auto &b : w.d.bufs) {
+                std::fill(b.begin(), b.end(), 0xEE);
+            }
+        }
+    }
+    EXPECT_EQ(2, StatAwait(w.d.eng, "rx.write_done", 2));
+}
+
 TEST(WriteFlow, ConsumerAbortBeforeAllocationReleasesProducer)
 {
     WritePair w;

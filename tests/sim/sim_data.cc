@@ -552,10 +552,11 @@ static void EpSetSession(kvt_ep_t *handle, uint64_t session)
 }
 
 // Notify: the notice travels as an event to the peer context (gated on
-// the peer's node: a crashed or isolated peer never gets it), data = tag,
-// instance, nonce, mac (8 bytes each) and the id.
+// the peer's node: a crashed or isolated peer never gets it; a node that is
+// not up sends nothing), data = tag, instance, nonce, mac, xnonce (8 bytes
+// each) and the id.
 static kvx_status_t Notify(kvt_ep_t *handle, uint64_t tag, uint64_t instance,
-                           const char *id)
+                           uint64_t xnonce, const char *id)
 {
     World *w  = W();
     SimEp *ep = reinterpret_cast<SimEp *>(handle);
@@ -565,17 +566,18 @@ static kvx_status_t Notify(kvt_ep_t *handle, uint64_t tag, uint64_t instance,
         return kvc_error(KVX_ERR_ENDPOINT, "sim: endpoint to %s failed",
                          ep->peer_name.c_str());
     }
-    if (pc == w->ctxs.end()) {
-        return KVX_OK; // lost, as a message to a gone process
+    if (pc == w->ctxs.end() || !w->NodeUp(ep->node)) {
+        return KVX_OK; // lost, as a message to or from a gone process
     }
-    uint8_t  hdr[32];
+    uint8_t  hdr[40];
     uint64_t nonce = w->NewId();
 
     PutU64(hdr, tag);
     PutU64(hdr + 8, instance);
     PutU64(hdr + 16, nonce);
-    PutU64(hdr + 24, kvc_req_mac(ep->session, tag, nonce, instance, 0,
+    PutU64(hdr + 24, kvc_req_mac(ep->session, tag, nonce, instance, xnonce,
                                  KVC_MAC_NOTICE));
+    PutU64(hdr + 32, xnonce);
     Event ev;
     ev.kind = EvKind::kNotice;
     ev.node = pc->second->node;

@@ -264,17 +264,18 @@ static void DeliverNotice(World *w, const Event &ev)
     auto it = w->ctxs.find(ev.obj);
 
     if (it == w->ctxs.end() || it->second->destroyed ||
-        it->second->p.notice == nullptr || ev.data.size() <= 32) {
+        it->second->p.notice == nullptr || ev.data.size() <= 40) {
         return;
     }
     SimCtx        *c = it->second;
     const uint8_t *h = reinterpret_cast<const uint8_t *>(ev.data.data());
-    std::string    id = ev.data.substr(32);
+    std::string    id = ev.data.substr(40);
 
     w->SetCurrent(c->node);
     w->delivering.push_back(c->id);
     c->p.notice(c->p.notice_arg, NoticeU64(h), NoticeU64(h + 24),
-                NoticeU64(h + 16), NoticeU64(h + 8), id.c_str(), id.size());
+                NoticeU64(h + 16), NoticeU64(h + 8), NoticeU64(h + 32),
+                id.c_str(), id.size());
     w->delivering.pop_back();
 }
 

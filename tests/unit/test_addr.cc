@@ -1258,38 +1258,41 @@ TEST(NoticeMatch, OnlyTheBoundRankOfThatInstanceAuthenticates)
     const uint64_t    s2 = kvc_host_session(key, "192.0.2.2", 0);
     const uint64_t    s9 = kvc_host_session(key, "192.0.2.9", 0);
     auto mac = [](uint64_t s, uint64_t tag, uint64_t nonce, uint64_t inst) {
-        return kvc_req_mac(s, tag, nonce, inst, 0, KVC_MAC_NOTICE);
+        return kvc_req_mac(s, tag, nonce, inst, 3, KVC_MAC_NOTICE);
     };
 
-    EXPECT_EQ(kvc_notice_match(key, hosts, insts, 3, 7, 5, 100,
+    EXPECT_EQ(kvc_notice_match(key, hosts, insts, 3, 7, 5, 100, 3,
                                mac(s1, 7, 5, 100)), 0);
-    EXPECT_EQ(kvc_notice_match(key, hosts, insts, 3, 7, 5, 200,
+    EXPECT_EQ(kvc_notice_match(key, hosts, insts, 3, 7, 5, 200, 3,
                                mac(s2, 7, 5, 200)), 1);
     // Another host's session (a peer that passed the handshake elsewhere),
     // the right session over other fields, a put's mac, no mac at all.
-    EXPECT_EQ(kvc_notice_match(key, hosts, insts, 3, 7, 5, 100,
+    EXPECT_EQ(kvc_notice_match(key, hosts, insts, 3, 7, 5, 100, 3,
                                mac(s2, 7, 5, 100)), -2);
-    EXPECT_EQ(kvc_notice_match(key, hosts, insts, 3, 7, 5, 100,
+    EXPECT_EQ(kvc_notice_match(key, hosts, insts, 3, 7, 5, 100, 3,
                                mac(s9, 7, 5, 100)), -2);
-    EXPECT_EQ(kvc_notice_match(key, hosts, insts, 3, 7, 5, 100,
+    EXPECT_EQ(kvc_notice_match(key, hosts, insts, 3, 7, 5, 100, 3,
                                mac(s1, 7, 6, 100)), -2);
-    EXPECT_EQ(kvc_notice_match(key, hosts, insts, 3, 8, 5, 100,
+    EXPECT_EQ(kvc_notice_match(key, hosts, insts, 3, 8, 5, 100, 3,
                                mac(s1, 7, 5, 100)), -2);
-    EXPECT_EQ(kvc_notice_match(key, hosts, insts, 3, 7, 5, 100,
-                               kvc_req_mac(s1, 7, 5, 100, 0, 1)), -2);
-    EXPECT_EQ(kvc_notice_match(key, hosts, insts, 3, 7, 5, 100, 0), -2);
-    EXPECT_EQ(kvc_notice_match(key, hosts, insts, 3, 7, 5, 0,
+    EXPECT_EQ(kvc_notice_match(key, hosts, insts, 3, 7, 5, 100, 3,
+                               kvc_req_mac(s1, 7, 5, 100, 3, 1)), -2);
+    // Another use of the transfer id (xnonce).
+    EXPECT_EQ(kvc_notice_match(key, hosts, insts, 3, 7, 5, 100, 4,
+                               mac(s1, 7, 5, 100)), -2);
+    EXPECT_EQ(kvc_notice_match(key, hosts, insts, 3, 7, 5, 100, 3, 0), -2);
+    EXPECT_EQ(kvc_notice_match(key, hosts, insts, 3, 7, 5, 0, 3,
                                mac(s1, 7, 5, 0)), -2);
     // Under another D's key (a restarted D on the same address).
     const uint64_t other[2] = {0x1111, 0x2223};
-    EXPECT_EQ(kvc_notice_match(other, hosts, insts, 3, 7, 5, 100,
+    EXPECT_EQ(kvc_notice_match(other, hosts, insts, 3, 7, 5, 100, 3,
                                mac(s1, 7, 5, 100)), -2);
     // An instance no rank is bound to yet, and a rank named by host name:
     // not for the notice to decide.
-    EXPECT_EQ(kvc_notice_match(key, hosts, insts, 3, 7, 5, 999,
+    EXPECT_EQ(kvc_notice_match(key, hosts, insts, 3, 7, 5, 999, 3,
                                mac(s1, 7, 5, 999)), -1);
-    EXPECT_EQ(kvc_notice_match(key, hosts, insts, 3, 7, 5, 300,
+    EXPECT_EQ(kvc_notice_match(key, hosts, insts, 3, 7, 5, 300, 3,
                                mac(s1, 7, 5, 300)), -1);
-    EXPECT_EQ(kvc_notice_match(key, hosts, insts, 0, 7, 5, 100,
+    EXPECT_EQ(kvc_notice_match(key, hosts, insts, 0, 7, 5, 100, 3,
                                mac(s1, 7, 5, 100)), -1);
 }

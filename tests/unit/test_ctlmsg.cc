@@ -146,6 +146,35 @@ TEST(CtlMsg, ReleaseCarriesConsumerRank)
               std::string::npos);
 }
 
+// WRITE messages name the use of their transfer id (xfer_nonce): encoded
+// when set, optional on decode (a legacy peer's messages have none), every
+// bit of a 64-bit value kept.
+TEST(CtlMsg, XferNonceRoundTripsAndIsOptional)
+{
+    kvc_msg_t m{};
+    m.type          = KVC_MSG_WRITE_DONE;
+    m.consumer_rank = -1;
+    m.xfer_nonce    = 0xfedcba9876543210ull;
+    snprintf(m.transfer_id, sizeof(m.transfer_id), "tx-xn");
+    std::string s = EncodeMsg(m);
+    EXPECT_NE(s.find("\"xfer_nonce\""), std::string::npos) << s;
+    kvc_msg_t d{};
+    ASSERT_EQ(KVX_OK, Decode(s, 0, &d)) << kvc_last_error();
+    EXPECT_EQ(d.xfer_nonce, 0xfedcba9876543210ull);
+    kvc_msg_fini(&d);
+    m.xfer_nonce = 0;
+    s            = EncodeMsg(m);
+    EXPECT_EQ(s.find("xfer_nonce"), std::string::npos) << s;
+    kvc_msg_t e{};
+    ASSERT_EQ(KVX_OK, Decode(s, 0, &e));
+    EXPECT_EQ(e.xfer_nonce, 0u);
+    kvc_msg_fini(&e);
+    const char bad[] = "{\"type\":\"write_done\",\"transfer_id\":\"t\","
+                       "\"xfer_nonce\":\"x\"}";
+    EXPECT_EQ(KVX_ERR_BAD_MESSAGE, kvc_msg_decode(bad, sizeof(bad) - 1, 0, &e));
+    EXPECT_TRUE(ErrorHas("xfer_nonce")) << kvc_last_error();
+}
+
 TEST(CtlMsg, EncodesExpectedJson)
 {
     kvc_msg_t msg{};

@@ -379,11 +379,11 @@ struct NoticeBox {
     pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
     pthread_cond_t  cv = PTHREAD_COND_INITIALIZER;
     int             n  = 0;
-    uint64_t        tag = 0, mac = 0, nonce = 0, inst = 0;
+    uint64_t        tag = 0, mac = 0, nonce = 0, inst = 0, xn = 0;
     std::string     id;
 
     static void cb(void *arg, uint64_t tag, uint64_t mac, uint64_t nonce,
-                   uint64_t inst, const char *id, size_t idlen)
+                   uint64_t inst, uint64_t xn, const char *id, size_t idlen)
     {
         NoticeBox *b = static_cast<NoticeBox *>(arg);
         pthread_mutex_lock(&b->mu);
@@ -392,6 +392,7 @@ struct NoticeBox {
         b->mac   = mac;
         b->nonce = nonce;
         b->inst  = inst;
+        b->xn    = xn;
         b->id.assign(id, idlen);
         EXPECT_EQ(id[idlen], '\0');
         pthread_cond_broadcast(&b->cv);
@@ -412,8 +413,7 @@ struct NoticeBox {
 };
 
 // A completion notice reaches the peer's params.notice with what was sent
-// and a mac under the endpoint's session (never the session itself); it
-// travels after the puts a completed flush covered.
+// and a mac under the endpoint's session (never the session itself).
 TEST_P(KvuAm, NoticeCarriesTagInstanceIdAndSessionMac)
 {
     NoticeBox    box;
@@ -445,7 +445,8 @@ TEST_P(KvuAm, NoticeCarriesTagInstanceIdAndSessionMac)
     ASSERT_EQ(kvu_rkey_unpack(ep, rk, rklen, &rkey), KVX_OK);
     kvu_ep_set_session(ep, 0x1234abcd5678ef01ull);
 
-    // Puts, a flush, then the notice: the bytes are there when it lands.
+    // Puts and a flush first, as P's engine does (the flush, not the
+    // notice, is what orders the puts before it).
     Waiter    w, f;
     kvc_run_t runs[4];
     for (int i = 0; i < 4; i++) {
@@ -462,7 +463,7 @@ TEST_P(KvuAm, NoticeCarriesTagInstanceIdAndSessionMac)
     ASSERT_EQ(kvu_flush(ep, &f.op), KVX_OK);
     EXPECT_EQ(f.wait(), KVX_OK);
     EXPECT_EQ(w.wait(), KVX_OK);
-    ASSERT_EQ(kvu_notify(ep, 0x77, 0x9000000000000001ull, "tx-notice-1"),
+    ASSERT_EQ(kvu_notify(ep, 0x77, 0x9000000000000001ull, 41, "tx-notice-1"),
               KVX_OK);
     ASSERT_EQ(box.wait_for(1), 1);
     EXPECT_TRUE(all_eq(tbuf.data(), tbuf.size(), 0x6b));
@@ -470,23 +471,24 @@ TEST_P(KvuAm, NoticeCarriesTagInstanceIdAndSessionMac)
     EXPECT_EQ(box.tag, 0x77u);
     EXPECT_EQ(box.inst, 0x9000000000000001ull);
     EXPECT_EQ(box.id, "tx-notice-1");
+    EXPECT_EQ(box.xn, 41u);
     EXPECT_EQ(box.mac, kvc_req_mac(0x1234abcd5678ef01ull, 0x77, box.nonce,
-                                   0x9000000000000001ull, 0, KVC_MAC_NOTICE));
+                                   0x9000000000000001ull, 41, KVC_MAC_NOTICE));
     EXPECT_NE(box.mac, kvc_req_mac(0x1234abcd5678ef01ull, 0x77, box.nonce,
-                                   0x9000000000000001ull, 0, 1))
+                                   0x9000000000000001ull, 41, 1))
         << "a notice's mac must not pass for a put's";
     EXPECT_NE(box.mac, 0x1234abcd5678ef01ull) << "the session travelled";
     uint64_t first_nonce = box.nonce;
     pthread_mutex_unlock(&box.mu);
-    ASSERT_EQ(kvu_notify(ep, 0x78, 5, "tx-notice-2"), KVX_OK);
+    ASSERT_EQ(kvu_notify(ep, 0x78, 5, 42, "tx-notice-2"), KVX_OK);
     ASSERT_EQ(box.wait_for(2), 2);
     pthread_mutex_lock(&box.mu);
     EXPECT_EQ(box.id, "tx-notice-2");
     EXPECT_NE(box.nonce, first_nonce);
     pthread_mutex_unlock(&box.mu);
     // Ids that cannot be a transfer's are not sent.
-    EXPECT_EQ(kvu_notify(ep, 1, 1, ""), KVX_ERR_INVALID_PARAM);
-    EXPECT_EQ(kvu_notify(ep, 1, 1, std::string(600, 'x').c_str()),
+    EXPECT_EQ(kvu_notify(ep, 1, 1, 1, ""), KVX_ERR_INVALID_PARAM);
+    EXPECT_EQ(kvu_notify(ep, 1, 1, 1, std::string(600, 'x').c_str()),
               KVX_ERR_INVALID_PARAM);
     kvu_rkey_destroy(rkey);
     kvu_ep_close(ep);

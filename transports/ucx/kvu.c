@@ -876,7 +876,7 @@ static ucs_status_t kvu_am_notice_cb(void *arg, const void *header,
 {
     kvu_wk_t     *wk  = arg;
     kvu_ctx_t    *ctx = wk->ctx;
-    kvu_am_hdr_t  h;
+    kvu_am_hdr_t  h   = {0};
     kvu_notice_t *nt  = NULL;
     int           rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
 
@@ -923,7 +923,7 @@ static void kvu_notice_send_cb(void *request, ucs_status_t status,
 }
 
 kvx_status_t kvu_notify(kvu_ep_t *ep, uint64_t tag, uint64_t instance,
-                        const char *id)
+                        uint64_t xnonce, const char *id)
 {
     kvu_ctx_t          *ctx   = ep->ctx;
     size_t              idlen = strlen(id);
@@ -953,9 +953,10 @@ kvx_status_t kvu_notify(kvu_ep_t *ep, uint64_t tag, uint64_t instance,
     nt->hdr.version = KVU_AM_VERSION;
     nt->hdr.tag     = tag;
     nt->hdr.addr    = instance;
+    nt->hdr.token   = xnonce;
     nt->hdr.nonce   = kvu_splitmix64(&ctx->am_nonce);
     nt->hdr.mac     = kvc_req_mac(ep->session, tag, nt->hdr.nonce, instance,
-                                  0, KVC_MAC_NOTICE);
+                                  xnonce, KVC_MAC_NOTICE);
     memset(&prm, 0, sizeof(prm));
     prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
                        UCP_OP_ATTR_FIELD_USER_DATA |
@@ -1444,7 +1445,7 @@ static int kvu_deliver(kvu_ctx_t *ctx)
 
         ctx->params.notice(ctx->params.notice_arg, nts->hdr.tag,
                            nts->hdr.mac, nts->hdr.nonce, nts->hdr.addr,
-                           nts->id, nts->idlen);
+                           nts->hdr.token, nts->id, nts->idlen);
         free(nts);
         nts = next;
         n++;

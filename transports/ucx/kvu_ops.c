@@ -116,9 +116,9 @@ static void ops_ep_set_session(kvt_ep_t *ep, uint64_t session)
 }
 
 static kvx_status_t ops_notify(kvt_ep_t *ep, uint64_t tag, uint64_t instance,
-                               const char *id)
+                               uint64_t xnonce, const char *id)
 {
-    return kvu_notify(KVU_C(kvu_ep_t, ep), tag, instance, id);
+    return kvu_notify(KVU_C(kvu_ep_t, ep), tag, instance, xnonce, id);
 }
 
 static kvx_status_t ops_rkey_unpack(kvt_ep_t *ep, const void *buf, size_t len,
