@@ -349,6 +349,7 @@ void kvc_write_d_peer_failed(struct kvx_engine *eng, kvc_peer_t *peer)
                                x->reason, 1);
                 kvc_idset_add(&eng->terminal, x->transfer_id);
                 kvc_release_msg(eng, x->transfer_id, &m);
+                m.xfer_nonce = x->xnonce;
                 for (uint32_t i = 0; i < x->nrel; i++) {
                     if (x->rel[i] != peer) {
                         kvc_peer_send_msg(x->rel[i], &m, "release");

@@ -245,8 +245,9 @@ static void kvc_write_blocks(struct kvx_engine *eng, kvc_xfer_t *x,
     kvx_status_t st;
     kvc_peer_t  *peer;
 
-    if (x->have_blocks) {
-        return; /* duplicate remote_blocks: the first one wins */
+    if (x->have_blocks || x->sub_finished) {
+        return; /* duplicate remote_blocks: the first one wins; or its D
+                   rank's part already ended (released) */
     }
     {
         const kvc_xfer_t        *o   = x->parent ? x->parent : x;

@@ -261,6 +261,9 @@ kvx_status_t kvc_consumer_abort(struct kvx_engine *eng, const char *req_id,
     if (x != NULL && on_xfer != NULL) {
         on_xfer(eng, x);
     }
+    if (x != NULL) {
+        m.xfer_nonce = x->xnonce; /* WRITE: this use of the id */
+    }
     kvc_idset_add(&eng->terminal, p.transfer_id);
     for (uint32_t k = 0; k < npeers; k++) {
         kvc_peer_send_msg(peers[k], &m, "release");
