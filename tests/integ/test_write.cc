@@ -505,40 +505,63 @@ TEST(WriteHeteroTp, PrefillTp2PutsItsHeadPartsIntoDecodeTp1)
 // whole to both; each D rank gets its own write_done, P reports once. The
 // D ranks ask before P's request exists (their remote_blocks wait, routed by
 // consumer_rank).
+// Tp1To2: P tp 1 (4 heads) and D tp 2 (2 heads a rank); both D ranks
+// asked for transfer tid (their remote_blocks reached P first, routed by
+// consumer_rank), then P's request arrived.
+struct Tp1To2 {
+    ModelSpec             pm = MixedModel(), dm;
+    uint16_t              hs = 0;
+    Rank                  p, d0, d1;
+    std::vector<uint64_t> pids, dids;
+    std::string           tid, dp;
+
+    void Start(const std::string &id, const std::vector<uint64_t> &ps,
+               const std::vector<uint64_t> &ds)
+    {
+        pm.block_size = 8;
+        pm.heads      = 4;
+        dm            = pm;
+        dm.heads      = 2;
+        hs            = PortBase(4);
+        tid           = id;
+        pids          = ps;
+        dids          = ds;
+        ASSERT_EQ(KVX_OK, MakeRank(pm, WriteRankOpts(true, hs, 1, 0), &p))
+            << Api()->last_error();
+        ASSERT_EQ(KVX_OK, MakeRank(dm, WriteRankOpts(false, hs + 1, 2, 0), &d0))
+            << Api()->last_error();
+        ASSERT_EQ(KVX_OK, MakeRank(dm, WriteRankOpts(false, hs + 1, 2, 1), &d1))
+            << Api()->last_error();
+        std::string pp = HetParams(tid, true, hs + 1, 2);
+        dp             = HetParams(tid, false, hs, 1);
+        for (Rank *d : {&d0, &d1}) {
+            ASSERT_EQ(KVX_OK, Api()->consumer_request(d->eng, "req-ww",
+                                                      dp.c_str(), dids.data(),
+                                                      dids.size()))
+                << Api()->last_error();
+        }
+        ASSERT_TRUE(WaitFor([&] { return StatCount(p.eng, "rx.remote_blocks") == 2; },
+                            10000));
+        char *resp = nullptr;
+        ASSERT_EQ(KVX_OK, Api()->producer_request(p.eng, "req-ww", pp.c_str(),
+                                                  pids.data(), pids.size(),
+                                                  &resp))
+            << Api()->last_error();
+        Api()->free(resp);
+    }
+};
+
 TEST(WriteHeteroTp, PrefillTp1PutsHeadSlicesToDecodeTp2)
 {
-    ModelSpec pm = MixedModel();
-    pm.block_size = 8;
-    pm.heads      = 4;
-    ModelSpec dm  = pm;
-    dm.heads      = 2;
-    uint16_t hs   = PortBase(4);
-    Rank     p, d0, d1;
-    ASSERT_EQ(KVX_OK, MakeRank(pm, WriteRankOpts(true, hs, 1, 0), &p))
-        << Api()->last_error();
-    ASSERT_EQ(KVX_OK, MakeRank(dm, WriteRankOpts(false, hs + 1, 2, 0), &d0))
-        << Api()->last_error();
-    ASSERT_EQ(KVX_OK, MakeRank(dm, WriteRankOpts(false, hs + 1, 2, 1), &d1))
-        << Api()->last_error();
-
-    const std::vector<uint64_t> pids = {5, 6, 7, 30, 12, 39};
-    const std::vector<uint64_t> dids = {0, 1, 2, 3, 20, 9};
-    const std::string           tid  = "tx-write-wide";
-    std::string pp = HetParams(tid, true, hs + 1, 2);
-    std::string dp = HetParams(tid, false, hs, 1);
-    for (Rank *d : {&d0, &d1}) {
-        ASSERT_EQ(KVX_OK, Api()->consumer_request(d->eng, "req-ww", dp.c_str(),
-                                                  dids.data(), dids.size()))
-            << Api()->last_error();
+    Tp1To2 t;
+    t.Start("tx-write-wide", {5, 6, 7, 30, 12, 39}, {0, 1, 2, 3, 20, 9});
+    if (HasFatalFailure()) {
+        return;
     }
-    // Both remote_blocks reached P before its request.
-    ASSERT_TRUE(WaitFor([&] { return StatCount(p.eng, "rx.remote_blocks") == 2; },
-                        10000));
-    char *resp = nullptr;
-    ASSERT_EQ(KVX_OK, Api()->producer_request(p.eng, "req-ww", pp.c_str(),
-                                              pids.data(), pids.size(), &resp))
-        << Api()->last_error();
-    Api()->free(resp);
+    const ModelSpec &pm = t.pm, &dm = t.dm;
+    Rank &p = t.p, &d0 = t.d0, &d1 = t.d1;
+    const std::vector<uint64_t> &pids = t.pids, &dids = t.dids;
+    const std::string &tid = t.tid;
     for (uint32_t l = 0; l < pm.layers.size(); l++) {
         ASSERT_EQ(KVX_OK, Api()->layer_ready(p.eng, tid.c_str(), l));
     }
@@ -573,39 +596,17 @@ TEST(WriteHeteroTp, PrefillTp1PutsHeadSlicesToDecodeTp2)
 // reported OK with the other layers never written.)
 TEST(WriteHeteroTp, OneDecodeRankAbortingEndsOnlyItsOwnPart)
 {
-    ModelSpec pm = MixedModel();
-    pm.block_size = 8;
-    pm.heads      = 4;
-    ModelSpec dm  = pm;
-    dm.heads      = 2;
-    uint16_t hs   = PortBase(4);
-    Rank     p, d0, d1;
-    ASSERT_EQ(KVX_OK, MakeRank(pm, WriteRankOpts(true, hs, 1, 0), &p))
-        << Api()->last_error();
-    ASSERT_EQ(KVX_OK, MakeRank(dm, WriteRankOpts(false, hs + 1, 2, 0), &d0))
-        << Api()->last_error();
-    ASSERT_EQ(KVX_OK, MakeRank(dm, WriteRankOpts(false, hs + 1, 2, 1), &d1))
-        << Api()->last_error();
-
-    const std::vector<uint64_t> pids = {5, 6, 7, 30};
-    const std::vector<uint64_t> dids = {0, 1, 2, 3};
-    const std::string           tid  = "tx-write-half-abort";
-    std::string pp = HetParams(tid, true, hs + 1, 2);
-    std::string dp = HetParams(tid, false, hs, 1);
-    for (Rank *d : {&d0, &d1}) {
-        ASSERT_EQ(KVX_OK, Api()->consumer_request(d->eng, "req-ha", dp.c_str(),
-                                                  dids.data(), dids.size()))
-            << Api()->last_error();
+    Tp1To2 t;
+    t.Start("tx-write-half-abort", {5, 6, 7, 30}, {0, 1, 2, 3});
+    if (HasFatalFailure()) {
+        return;
     }
-    ASSERT_TRUE(WaitFor([&] { return StatCount(p.eng, "rx.remote_blocks") == 2; },
-                        10000));
-    char *resp = nullptr;
-    ASSERT_EQ(KVX_OK, Api()->producer_request(p.eng, "req-ha", pp.c_str(),
-                                              pids.data(), pids.size(), &resp))
-        << Api()->last_error();
-    Api()->free(resp);
+    const ModelSpec &pm = t.pm, &dm = t.dm;
+    Rank &p = t.p, &d0 = t.d0, &d1 = t.d1;
+    const std::vector<uint64_t> &pids = t.pids, &dids = t.dids;
+    const std::string &tid = t.tid, &dp = t.dp;
     ASSERT_EQ(KVX_OK, Api()->layer_ready(p.eng, tid.c_str(), 0));
-    ASSERT_EQ(KVX_OK, Api()->consumer_abort(d0.eng, "req-ha", dp.c_str()))
+    ASSERT_EQ(KVX_OK, Api()->consumer_abort(d0.eng, "req-ww", dp.c_str()))
         << Api()->last_error();
     ASSERT_TRUE(WaitFor([&] { return StatCount(p.eng, "rx.release") == 1; },
                         10000));
