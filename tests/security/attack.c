@@ -680,7 +680,7 @@ static int cmd_rma(char **a)
     return served ? 1 : 0;
 }
 
-/* --- kvxfer's data-plane wire format (protocol 6), as a peer sees it ---
+/* --- kvxfer's data-plane wire format (protocol 7), as a peer sees it ---
  * An AM put: id 0x4b3, this header, then the bytes; the target answers on
  * the reply endpoint with id 0x4b4 and the header, status set. */
 #define AM_PUT    0x4b3
