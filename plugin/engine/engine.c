@@ -204,6 +204,12 @@ kvx_status_t kvx_engine_create(const kvt_env_t *env, const char *json,
         kvc_idset_fini(&eng->terminal);
         goto err_trust;
     }
+    st = kvc_idset_init(&eng->released, KVC_TERMINAL_MAX);
+    if (st != KVX_OK) {
+        kvc_idset_fini(&eng->terminal);
+        kvc_idset_fini(&eng->failed);
+        goto err_trust;
+    }
     st = kvc_xfers_init(eng);
     if (st != KVX_OK) {
         goto err_idset;
@@ -255,6 +261,7 @@ err_idset:
     free(eng->xfers);
     kvc_idset_fini(&eng->terminal);
     kvc_idset_fini(&eng->failed);
+    kvc_idset_fini(&eng->released);
 err_trust:
     kvc_trust_fini(&eng->trust);
 err_cfg:
@@ -406,6 +413,7 @@ void kvx_engine_destroy(struct kvx_engine *eng)
     free(eng->meta_json);
     kvc_idset_fini(&eng->terminal);
     kvc_idset_fini(&eng->failed);
+    kvc_idset_fini(&eng->released);
     kvc_timerq_fini(&eng->timers);
     kvc_trust_fini(&eng->trust);
     kvc_config_fini(&eng->cfg);

@@ -390,6 +390,11 @@ struct kvx_engine {
     kvc_idset_t       terminal;
     kvc_idset_t       failed;      /* P WRITE ids that ended FAILED: later
                                       layer_ready / seal_transfer say so */
+    kvc_idset_t       released;    /* P WRITE: "id#xfer_nonce" of uses D
+                                      released before P knew the id: a
+                                      remote_blocks of that use arriving
+                                      later (delayed, duplicated) is dropped
+                                      even once the early release expired */
     kvc_timerq_t      timers;        /* transfer deadlines */
     kvc_expo_t        expo;          /* blocks open to peers (expose.c) */
     kvc_layer_op_t   *retry;         /* READ ops waiting to be re-posted */
@@ -410,6 +415,9 @@ struct kvx_engine {
                                      data-plane notice (before write_done) */
         uint64_t notices_refused; /* notices whose mac, tag or instance
                                      matched no P rank of their transfer */
+        uint64_t fences_unconfirmed; /* D WRITE transfers reported FAILED
+                                        before every P rank confirmed its
+                                        puts fenced (kvc_write_d_fence) */
         uint64_t reg_sent, reg_failed; /* registrations to the proxy */
         kvc_lat_t ctl_rtt;        /* control message queued -> reply */
         uint64_t  hs_last_us[4];  /* last handshake: metadata, endpoint,
@@ -735,6 +743,9 @@ void         kvc_write_d_on_reply(struct kvx_engine *eng, kvc_peer_t *peer,
 void         kvc_write_d_peer_failed(struct kvx_engine *eng,
                                      kvc_peer_t *peer);
 void         kvc_write_d_deadline(struct kvx_engine *eng, kvc_xfer_t *x);
+void         kvc_write_d_fence(struct kvx_engine *eng, kvc_xfer_t *x,
+                               kvx_status_t status, const char *why,
+                               const kvc_peer_t *gone);
 int          kvc_write_d_destroy(struct kvx_engine *eng, kvc_xfer_t *x);
 kvx_status_t kvc_write_abort(struct kvx_engine *eng, const char *req_id,
                              const char *params_json);

@@ -322,52 +322,92 @@ void kvc_write_d_peer_failed(struct kvx_engine *eng, kvc_peer_t *peer)
                 kvc_write_d_abort_check(eng, x, NULL);
                 continue;
             }
-            if (x->rel_inst[k] == 0 && peer->lost_inst != 0 &&
-                peer->inst != 0 && peer->inst != peer->lost_inst) {
-                /* A restart, and no reply told which instance took
-                 * remote_blocks: the new one may be putting into the
-                 * blocks. Fail only once every P rank confirmed its puts
-                 * fenced (release, as consumer_abort does). */
-                kvc_msg_t m;
-
-                x->aborting = 1;
-                x->status   = peer->fail_status;
-                snprintf(x->reason, sizeof(x->reason), "P rank %.200s: "
-                         "%.280s", peer->name, peer->fail_reason);
-                kvc_release_msg(eng, x->transfer_id, &m);
-                kvc_write_d_send(x, &m, "release");
-                continue;
-            }
             {
-                kvc_msg_t m;
+                char why[KVX_REASON_MAX];
 
-                x->state  = KVC_XFER_FAILED;
-                x->status = peer->fail_status;
-                snprintf(x->reason, sizeof(x->reason), "P rank %.200s: %.280s",
+                snprintf(why, sizeof(why), "P rank %.200s: %.280s",
                          peer->name, peer->fail_reason);
-                kvc_event_push(eng, KVX_EVENT_FAILED, x->status, x,
-                               x->reason, 1);
-                kvc_idset_add(&eng->terminal, x->transfer_id);
-                kvc_release_msg(eng, x->transfer_id, &m);
-                m.xfer_nonce = x->xnonce;
-                for (uint32_t i = 0; i < x->nrel; i++) {
-                    if (x->rel[i] != peer) {
-                        kvc_peer_send_msg(x->rel[i], &m, "release");
-                    }
+                if (x->rel_inst[k] == 0 && peer->lost_inst != 0 &&
+                    peer->inst != 0 && peer->inst != peer->lost_inst) {
+                    /* A restart, and no reply told which instance took
+                     * remote_blocks: the new one may be putting into the
+                     * blocks, so it is asked to fence too. */
+                    kvc_write_d_fence(eng, x, peer->fail_status, why, NULL);
+                } else {
+                    /* That instance is gone: none of its puts can land
+                     * any more; the other P ranks' still can. */
+                    kvc_write_d_fence(eng, x, peer->fail_status, why, peer);
                 }
             }
         }
     }
 }
 
+/* kvc_write_d_fence: x (waiting for its writes, not aborting yet) fails
+ * with status and why, but its blocks are reported (FAILED) only once
+ * every P rank confirmed that none of its puts can land any more: release
+ * to each (it stops, flushes what it posted and answers write_done or a
+ * fenced reply), gone is a P rank that is known dead (its instance's puts
+ * cannot land). The wait is bounded: by x's deadline, and at most
+ * transfer_timeout + handshake_timeout from now (a P rank's puts in flight
+ * end by its own transfer deadline, which may lie up to transfer_timeout
+ * after ours: it started pushing when its prefill ended; then a control
+ * round trip); a P rank that has not confirmed by then is named in the
+ * reason and counted (fences_unconfirmed). */
+void kvc_write_d_fence(struct kvx_engine *eng, kvc_xfer_t *x,
+                       kvx_status_t status, const char *why,
+                       const kvc_peer_t *gone)
+{
+    kvc_msg_t m;
+    uint64_t  limit = kvc_deadline_us(eng, eng->cfg.transfer_timeout +
+                                               eng->cfg.handshake_timeout);
+
+    if (x->is_producer || !x->write || x->state != KVC_XFER_WAIT_WRITE ||
+        x->aborting) {
+        return;
+    }
+    x->aborting = 1;
+    x->status   = status != KVX_OK ? status : KVX_ERR_TRANSFER_TIMEOUT;
+    snprintf(x->reason, sizeof(x->reason), "%s", why);
+    kvc_release_msg(eng, x->transfer_id, &m);
+    m.xfer_nonce = x->xnonce;
+    for (uint32_t k = 0; k < x->nrel; k++) {
+        if (x->rel[k] == gone) {
+            x->rel_fenced |= 1ull << k;
+        } else if (!(x->rel_done >> k & 1)) {
+            kvc_peer_send_msg(x->rel[k], &m, "release");
+        }
+    }
+    if (x->timed_out || x->deadline_us == 0 || x->deadline_us > limit) {
+        x->timed_out = 0; /* the fence's own deadline (kvc_write_on_timer) */
+        kvc_xfer_arm(eng, x, limit);
+    }
+    kvc_write_d_abort_check(eng, x, NULL);
+}
+
 /* kvc_write_d_deadline: an aborted transfer's deadline passed before every
  * P rank confirmed. */
 void kvc_write_d_deadline(struct kvx_engine *eng, kvc_xfer_t *x)
 {
-    char why[KVX_REASON_MAX];
+    char     why[KVX_REASON_MAX];
+    uint64_t open = kvc_write_d_all(x) & ~(x->rel_fenced | x->rel_done);
+    size_t   n;
 
-    snprintf(why, sizeof(why), "%.300s; not every P rank confirmed its puts "
-             "fenced before the deadline", x->reason);
+    n = (size_t)snprintf(why, sizeof(why), "%.300s; not every P rank "
+                         "confirmed its puts fenced before the deadline "
+                         "(unconfirmed:", x->reason);
+    for (uint32_t k = 0; k < x->nrel && n < sizeof(why); k++) {
+        if (open >> k & 1) {
+            n += (size_t)snprintf(why + n, sizeof(why) - n, " %s",
+                                  x->rel[k]->name);
+        }
+    }
+    if (n < sizeof(why)) {
+        snprintf(why + n, sizeof(why) - n, ")");
+    }
+    if (open != 0) {
+        eng->stats.fences_unconfirmed++;
+    }
     kvc_write_d_abort_check(eng, x, why);
 }
 

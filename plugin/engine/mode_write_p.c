@@ -229,6 +229,18 @@ kvx_status_t kvc_write_seal(struct kvx_engine *eng, const char *tid)
     return st;
 }
 
+/* kvc_write_use_key: "id#xfer_nonce", the one use of a transfer id by one
+ * D rank that m (remote_blocks or release) belongs to; "" without a nonce
+ * (a legacy D: its messages are not told apart by use). */
+static void kvc_write_use_key(const kvc_msg_t *m, char *buf, size_t len)
+{
+    buf[0] = '\0';
+    if (m->xfer_nonce != 0) {
+        snprintf(buf, len, "%s#%llu", m->transfer_id,
+                 (unsigned long long)m->xfer_nonce);
+    }
+}
+
 static void kvc_write_on_remote_blocks(struct kvx_engine *eng,
                                        kvc_msg_t *m, char *reason,
                                        size_t len, int *ok_p)
@@ -237,7 +249,18 @@ static void kvc_write_on_remote_blocks(struct kvx_engine *eng,
 
     *ok_p = 1;
     if (x == NULL) {
-        if (!kvc_idset_contains(&eng->terminal, m->transfer_id)) {
+        char use[KVX_ID_MAX + 24];
+
+        kvc_write_use_key(m, use, sizeof(use));
+        if (use[0] != '\0' && kvc_idset_contains(&eng->released, use)) {
+            /* D released this use before: a delayed or duplicated
+             * remote_blocks must not start puts into blocks D freed. */
+            kvc_log_debug("KVX-EARLY-DROP", "remote_blocks for '%s' "
+                          "(xfer_nonce %llu) dropped: the consumer released "
+                          "that use", m->transfer_id,
+                          (unsigned long long)m->xfer_nonce);
+            eng->stats.early_dropped++;
+        } else if (!kvc_idset_contains(&eng->terminal, m->transfer_id)) {
             /* remote_blocks can overtake P's own request (the proxy sends
              * to both at once): keep it, bounded, until P registers. */
             kvc_early_keep(eng, m);
@@ -272,8 +295,14 @@ static void kvc_write_on_release_msg(struct kvx_engine *eng, kvc_msg_t *m,
 
     *ok_p = 1;
     if (x == NULL || !x->is_producer) {
+        char use[KVX_ID_MAX + 24];
+
         if (!kvc_idset_contains(&eng->terminal, m->transfer_id)) {
             kvc_early_keep(eng, m); /* it overtook producer_request */
+        }
+        kvc_write_use_key(m, use, sizeof(use));
+        if (x == NULL && use[0] != '\0') {
+            kvc_idset_add(&eng->released, use);
         }
         m->reply_fenced = 1; /* nothing of it was ever posted, or all of it
                                 completed */

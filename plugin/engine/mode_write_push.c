@@ -430,18 +430,12 @@ static void kvc_write_tick_xfer(struct kvx_engine *eng, kvc_xfer_t *x)
         return;
     }
     if (!x->is_producer) {
-        kvc_msg_t m;
-
+        /* Reported once the P ranks confirmed no put can land any more
+         * (bounded: kvc_write_d_fence). */
         snprintf(why, sizeof(why), "no write_done within defer_timeout + "
                  "transfer_timeout (%.3f s)",
                  eng->cfg.defer_timeout + eng->cfg.transfer_timeout);
-        x->state  = KVC_XFER_FAILED;
-        x->status = KVX_ERR_TRANSFER_TIMEOUT;
-        snprintf(x->reason, sizeof(x->reason), "%s", why);
-        kvc_event_push(eng, KVX_EVENT_FAILED, x->status, x, why, 1);
-        kvc_idset_add(&eng->terminal, x->transfer_id);
-        kvc_release_msg(eng, x->transfer_id, &m);
-        kvc_write_d_send(x, &m, "release");
+        kvc_write_d_fence(eng, x, KVX_ERR_TRANSFER_TIMEOUT, why, NULL);
         return;
     }
     snprintf(why, sizeof(why), x->have_blocks

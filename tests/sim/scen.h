@@ -87,6 +87,9 @@ struct Transfer {
     // instance it had at creation (the TP ranks computed the prefill
     // together); only then does the proxy route it to D.
     bool                  p_complete = false;
+    // slow fault (WRITE): P's request and layers come only from this time
+    // on (a prefill queued behind others).
+    uint64_t              hold_until_us = 0;
     std::vector<std::unique_ptr<RankX>> p, d; // per TP rank (null: none)
 };
 

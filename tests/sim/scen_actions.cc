@@ -137,12 +137,12 @@ void Scenario::ListActions(std::vector<Action> *out)
             std::string sfx = " " + t->tid + " tp" + std::to_string(tp);
 
             if (px != nullptr && !px->requested && !px->dropped &&
-                !px->rank->busy) {
+                !px->rank->busy && now >= t->hold_until_us) {
                 out->push_back({due(t->created_us, 300, 20), "p-request" + sfx,
                                 [this, t, tp] { PRequest(t, tp); }});
             }
             if (!read_ && px != nullptr && px->live && !px->rank->busy &&
-                !px->sealed) {
+                !px->sealed && now >= t->hold_until_us) {
                 bool last = px->next_layer >= layers;
                 out->push_back({due(px->last_us, 200, 15),
                                 (last ? "seal" : "layer_ready") + sfx,
@@ -251,6 +251,9 @@ void Scenario::NewTransfer()
     t->pdp  = (uint32_t)rng_.Below(pdp_);
     t->ddp  = (uint32_t)rng_.Below(ddp_);
     t->created_us = w_.Now();
+    if ((o_.faults & kFSlow) && !read_ && rng_.Percent(40)) {
+        t->hold_until_us = t->created_us + 3000000 + rng_.Below(4000000);
+    }
 
     std::vector<uint64_t> pf = FreeBlocks(true, t->pdp);
     std::vector<uint64_t> df = FreeBlocks(false, t->ddp);

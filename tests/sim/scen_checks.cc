@@ -361,18 +361,23 @@ void Scenario::CheckDeadlines()
 {
     const uint64_t bound = (uint64_t)((hs_s_ + xfer_s_ + defer_s_) * 1e6) +
                            kSlackUs;
+    // WRITE D: a failure waits up to transfer + handshake timeout more for
+    // the P ranks to confirm their puts fenced (kvc_write_d_fence).
+    const uint64_t fence = read_ ? 0 : (uint64_t)((hs_s_ + xfer_s_) * 1e6);
     const uint64_t now   = w_.Now();
 
     for (auto &t : xfers_) {
         for (uint32_t tp = 0; tp < tp_; tp++) {
             for (RankX *x : {t->p[tp].get(), t->d[tp].get()}) {
+                const uint64_t b = x == t->d[tp].get() ? bound + fence
+                                                       : bound;
                 if (x != nullptr && x->live && x->rank->state == Rank::kUp &&
-                    now > x->last_us + bound) {
+                    now > x->last_us + b) {
                     Fail(Fmt("%s: no terminal event for %s %.3f s after the "
                              "framework's last call for it (bound %.3f s)",
                              x->rank->name().c_str(), t->tid.c_str(),
                              (double)(now - x->last_us) / 1e6,
-                             (double)bound / 1e6));
+                             (double)b / 1e6));
                     return;
                 }
             }

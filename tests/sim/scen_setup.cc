@@ -16,14 +16,14 @@ namespace sim {
 
 const uint32_t kAllFaults = kFAbort | kFCrash | kFRestart | kFDestroy |
                             kFJunk | kFForge | kFDup | kFDelay | kFPreAbort |
-                            kFReboot | kFLag;
+                            kFReboot | kFLag | kFSlow;
 const uint32_t kCiFaults  = kFCrash | kFPreAbort | kFJunk | kFDup | kFDelay |
                             kFDestroy;
 
 static const char *const kFaultNames[] = {"abort", "crash", "restart",
                                           "destroy", "junk", "forge", "dup",
                                           "delay", "preabort", "reboot",
-                                          "lag"};
+                                          "lag", "slow"};
 static const size_t kNumFaults = sizeof(kFaultNames) / sizeof(kFaultNames[0]);
 
 static const char *kPHost = "10.0.1.1";
@@ -262,7 +262,8 @@ void Scenario::Configure()
                            ? 1 + (uint32_t)rng_.Below(4) : 0;
     w_.set_net_faults(((o_.faults & kFDup) ? (uint32_t)kFaultDup : 0u) |
                       ((o_.faults & kFDelay) ? (uint32_t)kFaultDelay : 0u) |
-                      ((o_.faults & kFLag) ? (uint32_t)kFaultLag : 0u));
+                      ((o_.faults & kFLag) ? (uint32_t)kFaultLag : 0u) |
+                      ((o_.faults & kFSlow) ? (uint32_t)kFaultSlow : 0u));
     char buf[300];
     snprintf(buf, sizeof(buf), "%s, P tp%u dp%u -> D tp%u dp%u, %u layers "
              "[2,NB,%u,%u,%u]x%u B, P %u / D %u blocks, %u transfers, "

@@ -31,6 +31,10 @@ enum Fault : uint32_t {
     kFLag     = 1u << 10, // control replies held up to 100 virtual ms (20 %):
                           // later messages overtake them (WRITE: write_done
                           // before the remote_blocks reply)
+    kFSlow    = 1u << 11, // a late prefill (a WRITE transfer's P request and
+                          // layers held 3-7 virtual s: D's deadline may
+                          // pass while P pushes) and data runs held up to
+                          // 1.5 s (5 %)
 };
 
 // The faults of the CI seed run: every class that does not hit a known,

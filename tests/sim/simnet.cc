@@ -224,6 +224,12 @@ bool World::StepLimit(uint64_t limit_us)
         Trace("delay %s until t=%.6f", Describe(ev).c_str(),
               (double)ev.due_us / 1e6);
         Enqueue(ev);
+    } else if (ev.kind == EvKind::kRunCopy && (net_faults_ & kFaultSlow) &&
+               ev.due_us <= now_us_ && rng_.Percent(25)) {
+        ev.due_us = now_us_ + 1 + rng_.Below(1500000);
+        Trace("slow %s until t=%.6f", Describe(ev).c_str(),
+              (double)ev.due_us / 1e6);
+        Enqueue(ev);
     } else if (ev.kind == EvKind::kCtlReply && (net_faults_ & kFaultLag) &&
                rng_.Percent(20)) {
         ev.due_us = now_us_ + 1 + rng_.Below(100000);

@@ -46,6 +46,7 @@ enum NetFault : uint32_t {
     kFaultDelay = 1u << 1, // hold a request for up to a few virtual seconds
     kFaultLag   = 1u << 2, // hold a reply up to 100 virtual ms: messages
                            // sent after it (other connections) overtake it
+    kFaultSlow  = 1u << 3, // hold a data run up to 1.5 virtual s (5 %)
 };
 
 enum class NodeState {
