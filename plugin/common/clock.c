@@ -79,6 +79,7 @@ const kvt_clock_t *kvt_real_clock(void)
         .now_us   = kvt_real_now,
         .random64 = kvt_real_random,
         .stamp    = kvt_real_stamp,
+        .stamp_shift = 12,
         .wait     = kvt_real_wait,
         .arg      = NULL,
     };

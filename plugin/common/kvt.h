@@ -56,6 +56,10 @@ typedef struct kvt_clock {
      * CLOCK_REALTIME microseconds << 12 | 0xfff; clocks of different hosts
      * must agree better than a process takes to restart). */
     uint64_t (*stamp)(void *arg);
+    /* stamp_shift: a stamp is microseconds << stamp_shift | low bits, so
+     * (stamp(now) - stamp(then)) >> stamp_shift is the time between (real:
+     * 12). */
+    unsigned  stamp_shift;
     /* wait: called with lock held, returns with it held, after cond was
      * signalled or now_us() reached deadline_us (or spuriously: callers
      * re-check). Real: pthread_cond_timedwait. Simulated: the scheduler runs

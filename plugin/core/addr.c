@@ -1185,6 +1185,9 @@ static kvx_status_t kvc_params_int(json_object *v, const char *key,
     if (strcmp(key, "remote_tp_rank") == 0) {
         return kvc_params_u32(v, key, &c->p->remote_tp_rank);
     }
+    if (strcmp(key, "remote_hold_ms") == 0) {
+        return kvc_params_u32(v, key, &c->p->remote_hold_ms);
+    }
     c->has_dp_rank = 1;
     return kvc_params_u32(v, key, &c->p->remote_dp_rank);
 }
@@ -1221,6 +1224,7 @@ static const struct {
     {"remote_tp_rank", kvc_params_int},
     {"remote_instance", kvc_params_instance},
     {"remote_accepted", kvc_params_instance},
+    {"remote_hold_ms", kvc_params_int},
     {"do_remote_prefill", kvc_params_bool},
     {"do_remote_decode", kvc_params_bool},
 };
@@ -1391,6 +1395,10 @@ static int kvc_build_decode_obj(json_object *obj, const kvc_params_ctx_t *c,
     }
     if (p->has_remote_accepted) {
         rc |= kvc_obj_put_u64(obj, "remote_accepted", p->remote_accepted);
+    }
+    if (p->remote_hold_ms != 0) {
+        rc |= kvc_obj_put(obj, "remote_hold_ms",
+                          json_object_new_int64((int64_t)p->remote_hold_ms));
     }
     if (p->remote_engine_id[0] != '\0') {
         rc |= kvc_obj_put(obj, "remote_engine_id",

@@ -221,6 +221,9 @@ typedef struct kvc_xfer_params {
      * transfer if another P rank it reads from started later. */
     uint64_t  remote_accepted;
     int       has_remote_accepted;
+    /* How long after remote_accepted that rank holds the blocks (its
+     * defer_timeout), milliseconds; 0: not said (legacy P). */
+    uint32_t  remote_hold_ms;
     int       do_remote_prefill;
     int       do_remote_decode;
 } kvc_xfer_params_t;

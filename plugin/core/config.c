@@ -827,6 +827,10 @@ static const kvc_config_field_t kvc_cfg_fields[] = {
     {.key = "defer_timeout", .dfl_json = "60", .type = &kvc_cfg_seconds,
      .off = KVC_OFF(defer_timeout), .flags = KVC_X,
      .doc = "how long P holds blocks for D, seconds"},
+    {.key = "clock_skew", .dfl_json = "0.5", .type = &kvc_cfg_seconds,
+     .off = KVC_OFF(clock_skew), .flags = KVC_X,
+     .doc = "how far the clocks of P and D hosts may disagree, seconds: "
+            "READ D stops reading that long before P's hold ends"},
     {.key = "proxy_ip", .dfl_json = "\"\"", .type = &kvc_cfg_str,
      .off = KVC_OFF(proxy_ip), .size = KVC_SIZE(proxy_ip), .lo = 0,
      .flags = KVC_X, .doc = "proxy registration target; empty: none"},

@@ -55,6 +55,8 @@ typedef struct kvc_config {
     double   handshake_timeout;     /* [10] seconds, > 0 and <= 3600 */
     double   transfer_timeout;      /* [30] */
     double   defer_timeout;         /* [60] */
+    double   clock_skew;            /* [0.5] how far the clocks of P and D
+                                       hosts may disagree, seconds */
     char     proxy_ip[KVC_HOST_MAX]; /* [""] */
     uint32_t proxy_ping_port;       /* [0] = unset, else 1..65535 */
     double   proxy_ping_interval;   /* [5] s between registrations */

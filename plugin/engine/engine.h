@@ -238,6 +238,10 @@ typedef struct kvc_xfer {
                                       0: not known). A P rank whose
                                       instance compares greater started
                                       after it: it cannot hold the blocks */
+    uint64_t          hold_end_us; /* D READ: when P's hold of the blocks
+                                      (remote_hold_ms from accepted) ends,
+                                      less clock_skew, on our monotonic
+                                      clock; 0: not known (legacy P) */
     uint64_t          peer_inst;   /* P WRITE: instance of the D rank that
                                       sent remote_blocks (0: legacy) */
     uint64_t          xnonce;      /* WRITE: this use of the transfer id

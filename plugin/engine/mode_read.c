@@ -298,6 +298,31 @@ static void kvc_read_on_tick(struct kvx_engine *eng, uint64_t now)
     }
 }
 
+/* kvc_read_hold (D): P holds x's blocks for hold_ms from x->accepted (its
+ * stamp at producer_request) and then reports them free (defer_timeout),
+ * whatever D's gets are doing: on a direct RMA lane P cannot tell. So D's
+ * deadline for reading is that moment less clock_skew (the stamps are
+ * CLOCK_REALTIME of two hosts), on our monotonic clock; at that deadline
+ * gets in flight are cancelled (the endpoints force-closed) and x fails,
+ * never OK. hold_ms 0: a P that does not say (no cap). */
+static void kvc_read_hold(struct kvx_engine *eng, kvc_xfer_t *x,
+                          uint32_t hold_ms)
+{
+    const kvt_clock_t *c     = &eng->env.clock;
+    uint64_t           stamp = c->stamp(c->arg);
+    uint64_t           since, left, skew;
+
+    if (hold_ms == 0 || x->accepted == 0) {
+        return;
+    }
+    since = stamp > x->accepted ? (stamp - x->accepted) >> c->stamp_shift
+                                : 0;
+    skew  = (uint64_t)(eng->cfg.clock_skew * 1e6);
+    left  = (uint64_t)hold_ms * 1000u;
+    left  = left > since + skew ? left - since - skew : 0;
+    x->hold_end_us = kvc_now_us(eng) + left; /* left 0: over already */
+}
+
 static kvx_status_t kvc_read_consumer_locked(struct kvx_engine *eng,
                                              kvc_xfer_t *x,
                                              const kvc_xfer_params_t *p,
@@ -313,8 +338,26 @@ static kvx_status_t kvc_read_consumer_locked(struct kvx_engine *eng,
     if (st != KVX_OK) {
         return st;
     }
-    kvc_xfer_arm(eng, x, kvc_deadline_us(eng, eng->cfg.transfer_timeout));
-    if (x->nlocal == 0) {
+    {
+        uint64_t deadline = kvc_deadline_us(eng, eng->cfg.transfer_timeout);
+
+        /* Reads end before P's hold does (kvc_read_hold). */
+            kvc_xfer_arm(eng, x, x->hold_end_us != 0 && x->hold_end_us < deadline
+                                 ? x->hold_end_us : deadline);
+    }
+    if (x->hold_end_us != 0 && x->hold_end_us <= kvc_now_us(eng) &&
+        x->nlocal > 0) {
+        char why[KVX_REASON_MAX];
+
+        /* Too late to read anything: no get is posted. */
+        snprintf(why, sizeof(why), "the producer's hold of the blocks "
+                 "(remote_hold_ms from its producer_request, less "
+                 "clock_skew %.3f s) ended before the request reached this "
+                 "rank: nothing was read", eng->cfg.clock_skew);
+        x->timed_out = 1;
+        kvc_xfer_fail(x, KVX_ERR_TRANSFER_TIMEOUT, why);
+        kvc_read_finish(eng, x);
+    } else if (x->nlocal == 0) {
         /* Nothing to read (full prefix hit): still release P (SPEC §7). */
         kvc_read_finish(eng, x);
     } else if (kvc_read_sources_ready(x) &&
@@ -379,6 +422,7 @@ kvx_status_t kvc_read_consumer(struct kvx_engine *eng, const char *req_id,
     }
     if (p.has_remote_accepted) {
         x->accepted = p.remote_accepted;
+        kvc_read_hold(eng, x, p.remote_hold_ms);
     }
     x->remote_ids          = p.remote_block_ids;
     x->nremote             = p.num_remote_block_ids;
@@ -552,12 +596,24 @@ static void kvc_read_tick_xfer(struct kvx_engine *eng, kvc_xfer_t *x,
         kvc_xfer_free(x);
         return;
     }
-    snprintf(why, sizeof(why), "transfer_timeout %.3f s expired %s",
-             eng->cfg.transfer_timeout,
-             x->state == KVC_XFER_WAIT_PEER ? "before the handshake finished"
-             : kvc_read_inflight(eng, x) ? "with gets in flight"
-                                         : "before the source exposed the "
-                                           "blocks");
+    if (x->hold_end_us != 0 && now >= x->hold_end_us &&
+        x->hold_end_us < x->deadline_us + 1) {
+        snprintf(why, sizeof(why), "the producer's hold of the blocks "
+                 "(remote_hold_ms from its producer_request, less "
+                 "clock_skew %.3f s) ended %s", eng->cfg.clock_skew,
+                 x->state == KVC_XFER_WAIT_PEER
+                     ? "before the handshake finished"
+                 : kvc_read_inflight(eng, x) ? "with gets in flight"
+                                             : "before the reads ended");
+    } else {
+        snprintf(why, sizeof(why), "transfer_timeout %.3f s expired %s",
+                 eng->cfg.transfer_timeout,
+                 x->state == KVC_XFER_WAIT_PEER
+                     ? "before the handshake finished"
+                 : kvc_read_inflight(eng, x) ? "with gets in flight"
+                                             : "before the source exposed "
+                                               "the blocks");
+    }
     x->timed_out = 1;
     kvc_xfer_fail(x, KVX_ERR_TRANSFER_TIMEOUT, why);
     if (x->state == KVC_XFER_WAIT_PEER) {

@@ -267,10 +267,18 @@ char *kvc_xfer_response(struct kvx_engine *eng, const kvc_xfer_t *x)
         json_object_object_add(o, "remote_tp_rank",
                                json_object_new_int((int)eng->cfg.tp_rank));
         if (x->accepted != 0) {
+            double hold = eng->cfg.defer_timeout * 1000.0;
+
             snprintf(inst, sizeof(inst), "%llu",
                      (unsigned long long)x->accepted);
             json_object_object_add(o, "remote_accepted",
                                    json_object_new_string(inst));
+            /* How long from then the blocks stay held (kvc_read_hold). */
+            json_object_object_add(o, "remote_hold_ms",
+                                   json_object_new_int64(
+                                       hold >= 4294967295.0
+                                           ? (int64_t)4294967295
+                                           : (int64_t)hold));
         }
     }
     json_object_object_add(o, "remote_hosts", hosts);

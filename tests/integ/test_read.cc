@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <memory>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -186,6 +187,86 @@ TEST(ReadExposure, BlocksPNoLongerHoldsAreNotServed)
     for (size_t l = 0; l < d.bufs.size(); l++) {
         EXPECT_TRUE(d.bufs[l] == before[l]) << "layer " << l << " changed";
     }
+}
+
+// D reads only while P still holds the blocks (SPEC §10, §14): P's
+// response says when it took the request (remote_accepted) and for how long
+// it holds the blocks (remote_hold_ms, its defer_timeout); D ends its reads
+// clock_skew (0.5 s) before that, because at the end of the hold P reports
+// the blocks free whatever D's gets on a direct RMA lane are doing. A
+// request that reaches D after the hold ended reads nothing and fails
+// naming the hold; one within it is byte-exact.
+TEST(ReadHold, DecodeReadsOnlyWhileTheProducerHoldsTheBlocks)
+{
+    Pair pair;
+    MakePair(&pair, 1, "tcp");
+    if (HasFatalFailure()) {
+        return;
+    }
+    Rank                       &p = *pair.p[0], &d = *pair.d[0];
+    const std::vector<uint64_t> premote = {3, 4, 5};
+    const std::vector<uint64_t> dlocal  = {0, 1, 2};
+    std::vector<kvx_event_t>    pev, dev;
+
+    for (const char *tid : {"tx-late", "tx-in-time"}) {
+        char       *resp = nullptr;
+        std::string pp   = std::string("{\"transfer_id\":\"") + tid + "\"}";
+
+        ASSERT_EQ(KVX_OK, Api()->producer_request(p.eng, "req-1", pp.c_str(),
+                                                  premote.data(),
+                                                  premote.size(), &resp))
+            << Api()->last_error();
+        std::string r(resp);
+        Api()->free(resp);
+        std::smatch acc, hold;
+        ASSERT_TRUE(std::regex_search(
+            r, acc, std::regex("\"remote_accepted\":\"([0-9]+)\"")))
+            << r;
+        ASSERT_TRUE(std::regex_search(
+            r, hold, std::regex("\"remote_hold_ms\":([0-9]+)")))
+            << r;
+        EXPECT_EQ("60000", hold[1].str()); // defer_timeout 60 s
+        const bool  late = std::string(tid) == "tx-late";
+        // Late: the hold said is shorter than clock_skew, so it ended for D
+        // before D got the request.
+        std::string params =
+            Params(tid, "127.0.0.1", pair.hs, (uint16_t)(pair.hs + 20000),
+                   premote, 1,
+                   ",\"remote_accepted\":\"" + acc[1].str() +
+                       "\",\"remote_hold_ms\":" +
+                       (late ? std::string("400") : hold[1].str()));
+        std::vector<std::vector<uint8_t>> before = d.bufs;
+
+        ASSERT_EQ(KVX_OK, Api()->consumer_request(d.eng, "req-1",
+                                                  params.c_str(), dlocal.data(),
+                                                  dlocal.size()))
+            << Api()->last_error();
+        ASSERT_TRUE(WaitFor([&] { DrainEvents(d.eng, &dev);
+                                  return !dev.empty(); }, 20000));
+        if (late) {
+            EXPECT_EQ(KVX_EVENT_FAILED, dev[0].type);
+            EXPECT_EQ(KVX_ERR_TRANSFER_TIMEOUT, dev[0].status);
+            EXPECT_NE(std::string(dev[0].reason).find("hold of the blocks"),
+                      std::string::npos) << dev[0].reason;
+            EXPECT_EQ(dlocal.size(), dev[0].num_block_ids);
+            for (size_t l = 0; l < d.bufs.size(); l++) {
+                EXPECT_TRUE(d.bufs[l] == before[l]) << "layer " << l;
+            }
+        } else {
+            EXPECT_EQ(KVX_EVENT_FINISHED_RECVING, dev[0].type)
+                << dev[0].reason;
+            EXPECT_EQ("", VerifyPull(pair.model, d, 0, dlocal, premote));
+        }
+        // Either way D releases P's blocks.
+        ASSERT_TRUE(WaitFor([&] { DrainEvents(p.eng, &pev);
+                                  return !pev.empty(); }, 10000));
+        EXPECT_EQ(KVX_EVENT_FINISHED_SENDING, pev[0].type);
+        FreeEvents(&pev);
+        FreeEvents(&dev);
+    }
+    // The late transfer posted no get at all (none refused, none waited).
+    EXPECT_EQ(0, StatCount(p.eng, "data_refused"));
+    EXPECT_EQ(0, StatCount(p.eng, "data_not_exposed"));
 }
 
 // D's gets may reach a P rank before that rank's producer_request (SPEC

@@ -349,6 +349,7 @@ kvt_env_t World::Env()
     env.clock.now_us   = SimNow;
     env.clock.random64 = SimRandom;
     env.clock.stamp    = SimStamp;
+    env.clock.stamp_shift = 20;
     env.clock.wait     = SimWait;
     env.clock.arg      = this;
     return env;

@@ -810,7 +810,7 @@ TEST(AddrParams, FullParse)
         "remote_tp_size": 8, "tp_size": 4, "remote_dp_size": 2,
         "remote_dp_rank": 1, "do_remote_prefill": true,
         "remote_instance": "18446744073709551615", "remote_tp_rank": 3,
-        "remote_accepted": "7357584953551276031",
+        "remote_accepted": "7357584953551276031", "remote_hold_ms": 60000,
         "do_remote_decode": false, "unknown_field": {"x": [1]}})");
 
     ASSERT_EQ(p.status(), KVX_OK) << LastError();
@@ -836,6 +836,7 @@ TEST(AddrParams, FullParse)
     EXPECT_EQ(p->remote_tp_rank, 3u);
     EXPECT_EQ(p->has_remote_accepted, 1);
     EXPECT_EQ(p->remote_accepted, 7357584953551276031ull);
+    EXPECT_EQ(p->remote_hold_ms, 60000u);
     EXPECT_EQ(p->do_remote_prefill, 1);
     EXPECT_EQ(p->do_remote_decode, 0);
 }
@@ -956,6 +957,10 @@ TEST(AddrParams, WrongTypesNameTheField)
          "kv_transfer_params.remote_accepted", "5"},
         {R"({"remote_accepted": "-5"})", KVX_ERR_INVALID_PARAM,
          "kv_transfer_params.remote_accepted", "-5"},
+        {R"({"remote_hold_ms": -1})", KVX_ERR_INVALID_PARAM,
+         "kv_transfer_params.remote_hold_ms", "-1"},
+        {R"({"remote_hold_ms": 4294967296})", KVX_ERR_INVALID_PARAM,
+         "kv_transfer_params.remote_hold_ms", "4294967296"},
         {R"({"remote_tp_rank": -1})", KVX_ERR_INVALID_PARAM,
          "kv_transfer_params.remote_tp_rank", "-1"},
         {R"({"do_remote_prefill": "true"})", KVX_ERR_INVALID_PARAM,

@@ -20,7 +20,7 @@ const char *const kExtraKeys[] = {
     "host_ip",          "handshake_port",     "notify_port",
     "read_mode",        "read_bind_decode_host", "node_hosts",
     "trusted_remote_hosts",
-    "handshake_timeout", "transfer_timeout",  "defer_timeout",
+    "handshake_timeout", "transfer_timeout",  "defer_timeout", "clock_skew",
     "proxy_ip",         "proxy_ping_port",    "http_port",
     "backend",          "qp_per_transfer",    "post_batch_size",
     "num_workers",      "ucx_tls",            "ucx_net_devices", "ucx_lane_settings",

@@ -122,7 +122,8 @@ TEST(ProxyParams, FullRoundTripThroughBothHelpers)
         "\"remote_handshake_port\":6301,\"remote_notify_port\":61005,"
         "\"tp_size\":8,\"remote_dp_size\":1,\"remote_hosts\":[\"10.0.0.1\"],"
         "\"remote_instance\":\"7357584953551272713\",\"remote_tp_rank\":2,"
-        "\"remote_accepted\":\"7357584953561276415\"}";
+        "\"remote_accepted\":\"7357584953561276415\","
+        "\"remote_hold_ms\":60000}";
     char *dparams = nullptr;
     ASSERT_EQ(KVX_OK, kvc_params_build_decode(resp, "tx-2", &dparams));
     kvc_xfer_params_t p;
@@ -136,6 +137,8 @@ TEST(ProxyParams, FullRoundTripThroughBothHelpers)
     EXPECT_EQ(2u, p.remote_tp_rank);
     EXPECT_EQ(1, p.has_remote_accepted);
     EXPECT_EQ(7357584953561276415ull, p.remote_accepted);
+    // So does how long P holds the blocks (D's reads end before).
+    EXPECT_EQ(60000u, p.remote_hold_ms);
     kvc_params_fini(&p);
     free(dparams);
 }
