@@ -231,6 +231,16 @@ static void kvc_read_post(struct kvx_engine *eng, kvc_xfer_t *x)
     kvx_status_t st    = kvc_xfer_plan(eng, x, x->local_ids, x->nlocal);
     size_t       nops = eng->nlayers * kvc_xfer_nsrc(x);
 
+    if (st == KVX_OK && x->hold_end_us != 0 &&
+        kvc_now_us(eng) >= x->hold_end_us) {
+        /* The handshake ended after P's hold did (the timer had not run
+         * yet): nothing is posted. */
+        x->timed_out = 1;
+        st = kvc_error(KVX_ERR_TRANSFER_TIMEOUT, "the producer's hold of "
+                       "the blocks (remote_hold_ms from its "
+                       "producer_request, less clock_skew %.3f s) ended "
+                       "before the handshake finished", eng->cfg.clock_skew);
+    }
     if (st != KVX_OK) {
         kvc_xfer_fail(x, st, kvc_last_error());
         kvc_read_finish(eng, x);
@@ -353,7 +363,8 @@ static kvx_status_t kvc_read_consumer_locked(struct kvx_engine *eng,
         snprintf(why, sizeof(why), "the producer's hold of the blocks "
                  "(remote_hold_ms from its producer_request, less "
                  "clock_skew %.3f s) ended before the request reached this "
-                 "rank: nothing was read", eng->cfg.clock_skew);
+                 "rank: nothing was read (or the P and D hosts' clocks "
+                 "disagree by more than that)", eng->cfg.clock_skew);
         x->timed_out = 1;
         kvc_xfer_fail(x, KVX_ERR_TRANSFER_TIMEOUT, why);
         kvc_read_finish(eng, x);

@@ -306,6 +306,7 @@ void kvc_write_d_peer_failed(struct kvx_engine *eng, kvc_peer_t *peer)
     for (size_t b = 0; b < eng->nbuckets; b++) {
         for (kvc_xfer_t *x = eng->xfers[b]; x != NULL; x = x->hnext) {
             uint32_t k;
+            int      restarted;
 
             if (x->is_producer || !x->write ||
                 x->state != KVC_XFER_WAIT_WRITE) {
@@ -315,6 +316,19 @@ void kvc_write_d_peer_failed(struct kvx_engine *eng, kvc_peer_t *peer)
             }
             if (k == x->nrel || (x->rel_done >> k & 1) ||
                 !kvc_peer_bound_lost(peer, x->rel_inst[k])) {
+                continue;
+            }
+            restarted = x->rel_inst[k] == 0 && peer->lost_inst != 0 &&
+                        peer->inst != 0 && peer->inst != peer->lost_inst;
+            if (x->aborting && restarted) {
+                /* No reply told which instance took remote_blocks: the
+                 * new one may be putting, and the release sent before
+                 * went to the old one. */
+                kvc_msg_t m;
+
+                kvc_release_msg(eng, x->transfer_id, &m);
+                m.xfer_nonce = x->xnonce;
+                kvc_peer_send_msg(peer, &m, "release");
                 continue;
             }
             if (x->aborting) {
@@ -327,8 +341,7 @@ void kvc_write_d_peer_failed(struct kvx_engine *eng, kvc_peer_t *peer)
 
                 snprintf(why, sizeof(why), "P rank %.200s: %.280s",
                          peer->name, peer->fail_reason);
-                if (x->rel_inst[k] == 0 && peer->lost_inst != 0 &&
-                    peer->inst != 0 && peer->inst != peer->lost_inst) {
+                if (restarted) {
                     /* A restart, and no reply told which instance took
                      * remote_blocks: the new one may be putting into the
                      * blocks, so it is asked to fence too. */
@@ -343,24 +356,35 @@ void kvc_write_d_peer_failed(struct kvx_engine *eng, kvc_peer_t *peer)
     }
 }
 
+/* kvc_write_d_fence_arm: x starts fencing: its deadline becomes at least
+ * transfer_timeout + handshake_timeout from now (a P rank's puts in
+ * flight end by its own transfer deadline, which may lie up to
+ * transfer_timeout after ours: it started pushing when its prefill ended;
+ * then a control round trip), never earlier than it was. */
+static void kvc_write_d_fence_arm(struct kvx_engine *eng, kvc_xfer_t *x)
+{
+    uint64_t limit = kvc_deadline_us(eng, eng->cfg.transfer_timeout +
+                                              eng->cfg.handshake_timeout);
+
+    if (x->timed_out || x->deadline_us < limit) {
+        x->timed_out = 0; /* the fence's own deadline (kvc_write_on_timer) */
+        kvc_xfer_arm(eng, x, limit);
+    }
+}
+
 /* kvc_write_d_fence: x (waiting for its writes, not aborting yet) fails
  * with status and why, but its blocks are reported (FAILED) only once
  * every P rank confirmed that none of its puts can land any more: release
  * to each (it stops, flushes what it posted and answers write_done or a
  * fenced reply), gone is a P rank that is known dead (its instance's puts
- * cannot land). The wait is bounded: by x's deadline, and at most
- * transfer_timeout + handshake_timeout from now (a P rank's puts in flight
- * end by its own transfer deadline, which may lie up to transfer_timeout
- * after ours: it started pushing when its prefill ended; then a control
- * round trip); a P rank that has not confirmed by then is named in the
- * reason and counted (fences_unconfirmed). */
+ * cannot land). The wait is bounded (kvc_write_d_fence_arm); a P rank
+ * that has not confirmed by then is named in the reason and counted
+ * (fences_unconfirmed). */
 void kvc_write_d_fence(struct kvx_engine *eng, kvc_xfer_t *x,
                        kvx_status_t status, const char *why,
                        const kvc_peer_t *gone)
 {
     kvc_msg_t m;
-    uint64_t  limit = kvc_deadline_us(eng, eng->cfg.transfer_timeout +
-                                               eng->cfg.handshake_timeout);
 
     if (x->is_producer || !x->write || x->state != KVC_XFER_WAIT_WRITE ||
         x->aborting) {
@@ -378,10 +402,7 @@ void kvc_write_d_fence(struct kvx_engine *eng, kvc_xfer_t *x,
             kvc_peer_send_msg(x->rel[k], &m, "release");
         }
     }
-    if (x->timed_out || x->deadline_us == 0 || x->deadline_us > limit) {
-        x->timed_out = 0; /* the fence's own deadline (kvc_write_on_timer) */
-        kvc_xfer_arm(eng, x, limit);
-    }
+    kvc_write_d_fence_arm(eng, x);
     kvc_write_d_abort_check(eng, x, NULL);
 }
 
@@ -421,6 +442,7 @@ static void kvc_write_abort_xfer(struct kvx_engine *eng, kvc_xfer_t *x)
         x->aborting = 1;
         x->status   = KVX_ERR_CANCELED;
         snprintf(x->reason, sizeof(x->reason), "aborted by the framework");
+        kvc_write_d_fence_arm(eng, x);
         kvc_write_d_abort_check(eng, x, NULL);
     }
 }

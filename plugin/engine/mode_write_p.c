@@ -246,21 +246,24 @@ static void kvc_write_on_remote_blocks(struct kvx_engine *eng,
                                        size_t len, int *ok_p)
 {
     kvc_xfer_t *x = kvc_xfer_find(eng, m->transfer_id);
+    char        use[KVX_ID_MAX + 24];
 
     *ok_p = 1;
+    kvc_write_use_key(m, use, sizeof(use));
+    if (use[0] != '\0' && kvc_idset_contains(&eng->released, use)) {
+        /* D released this use before P knew the id: a delayed or
+         * duplicated remote_blocks (also one arriving after P's request,
+         * once the early release expired) must not start puts into
+         * blocks D freed. */
+        kvc_log_debug("KVX-EARLY-DROP", "remote_blocks for '%s' "
+                      "(xfer_nonce %llu) dropped: the consumer released "
+                      "that use", m->transfer_id,
+                      (unsigned long long)m->xfer_nonce);
+        eng->stats.early_dropped++;
+        return;
+    }
     if (x == NULL) {
-        char use[KVX_ID_MAX + 24];
-
-        kvc_write_use_key(m, use, sizeof(use));
-        if (use[0] != '\0' && kvc_idset_contains(&eng->released, use)) {
-            /* D released this use before: a delayed or duplicated
-             * remote_blocks must not start puts into blocks D freed. */
-            kvc_log_debug("KVX-EARLY-DROP", "remote_blocks for '%s' "
-                          "(xfer_nonce %llu) dropped: the consumer released "
-                          "that use", m->transfer_id,
-                          (unsigned long long)m->xfer_nonce);
-            eng->stats.early_dropped++;
-        } else if (!kvc_idset_contains(&eng->terminal, m->transfer_id)) {
+        if (!kvc_idset_contains(&eng->terminal, m->transfer_id)) {
             /* remote_blocks can overtake P's own request (the proxy sends
              * to both at once): keep it, bounded, until P registers. */
             kvc_early_keep(eng, m);
@@ -301,7 +304,8 @@ static void kvc_write_on_release_msg(struct kvx_engine *eng, kvc_msg_t *m,
             kvc_early_keep(eng, m); /* it overtook producer_request */
         }
         kvc_write_use_key(m, use, sizeof(use));
-        if (x == NULL && use[0] != '\0') {
+        if (x == NULL && use[0] != '\0' &&
+            !kvc_idset_contains(&eng->terminal, m->transfer_id)) {
             kvc_idset_add(&eng->released, use);
         }
         m->reply_fenced = 1; /* nothing of it was ever posted, or all of it

@@ -61,6 +61,21 @@ static void kvc_write_p_finish(struct kvx_engine *eng, kvc_xfer_t *x,
     kvc_xfer_free(x);
 }
 
+/* kvc_write_send_done: write_done to x's D rank (lock held): none of x's
+ * puts can land any more. */
+static void kvc_write_send_done(struct kvx_engine *eng, kvc_xfer_t *x)
+{
+    kvc_msg_t m;
+
+    memset(&m, 0, sizeof(m));
+    m.type          = KVC_MSG_WRITE_DONE;
+    m.consumer_rank = -1;
+    m.xfer_nonce    = x->xnonce;
+    snprintf(m.transfer_id, sizeof(m.transfer_id), "%s", x->transfer_id);
+    kvc_peer_send_msg(x->src, &m, "write_done");
+    (void)eng;
+}
+
 static void kvc_write_flush_done(kvt_op_t *op)
 {
     kvc_xfer_t        *x   = op->arg;
@@ -73,7 +88,6 @@ static void kvc_write_flush_done(kvt_op_t *op)
         /* Written, or released by D after some puts: either way none of
          * this transfer's puts can land any more (flushed, or the endpoint
          * failed), which is what D waits for before it reuses the blocks. */
-        kvc_msg_t m;
 
         /* The notice on the data plane reaches D first (no control-plane
          * hop); write_done stays the authority (a peer without notices, a
@@ -86,12 +100,7 @@ static void kvc_write_flush_done(kvt_op_t *op)
                           x->transfer_id, kvc_last_error());
             kvc_error_clear();
         }
-        memset(&m, 0, sizeof(m));
-        m.type          = KVC_MSG_WRITE_DONE;
-        m.consumer_rank = -1;
-        m.xfer_nonce    = x->xnonce;
-        snprintf(m.transfer_id, sizeof(m.transfer_id), "%s", x->transfer_id);
-        kvc_peer_send_msg(x->src, &m, "write_done");
+        kvc_write_send_done(eng, x);
     } else {
         kvc_xfer_fail(x, st != KVX_OK ? st : KVX_ERR_TRANSFER_TIMEOUT,
                        "final flush of the puts failed");
@@ -127,7 +136,14 @@ void kvc_write_check(struct kvx_engine *eng, kvc_xfer_t *x)
         return;
     }
     if (x->state == KVC_XFER_DONE) { /* released by D */
-        if (x->nposted == 0 || !kvc_write_fence(eng, x)) {
+        if (x->nposted == 0) {
+            kvc_write_p_finish(eng, x, 1);
+        } else if (!kvc_write_fence(eng, x)) {
+            /* The endpoint failed or closed: its puts completed (or were
+             * cancelled) and none can land any more; D fences on this. */
+            if (x->src != NULL) {
+                kvc_write_send_done(eng, x);
+            }
             kvc_write_p_finish(eng, x, 1);
         }
         return;
@@ -460,6 +476,15 @@ static void kvc_write_tick_xfer(struct kvx_engine *eng, kvc_xfer_t *x)
     }
 }
 
+/* kvc_write_p_draining: P's x was released by D while puts were in flight
+ * or flushing: its deadline still bounds them (the endpoint is
+ * force-closed then), so D's fence gets its answer. */
+static int kvc_write_p_draining(const kvc_xfer_t *x)
+{
+    return x->is_producer && x->state == KVC_XFER_DONE &&
+           (x->ncompleted != x->nposted || x->flushing);
+}
+
 /* kvc_write_on_timer: x's deadline passed (x may be a sub-transfer of a
  * P rank serving several D ranks: each part has its own deadline). */
 void kvc_write_on_timer(struct kvx_engine *eng, kvc_xfer_t *x)
@@ -468,7 +493,7 @@ void kvc_write_on_timer(struct kvx_engine *eng, kvc_xfer_t *x)
 
     if (parent != NULL) {
         if (!x->sub_finished && !x->timed_out &&
-            x->state == KVC_XFER_PUSHING) {
+            (x->state == KVC_XFER_PUSHING || kvc_write_p_draining(x))) {
             parent->fanout = 1;
             kvc_write_tick_xfer(eng, x);
             kvc_write_fanout_end(eng, parent); /* may free parent and x */
@@ -476,7 +501,8 @@ void kvc_write_on_timer(struct kvx_engine *eng, kvc_xfer_t *x)
         return;
     }
     if (x->write && x->nsubs == 0 && !x->timed_out &&
-        (x->state == KVC_XFER_PUSHING || x->state == KVC_XFER_WAIT_WRITE)) {
+        (x->state == KVC_XFER_PUSHING || x->state == KVC_XFER_WAIT_WRITE ||
+         kvc_write_p_draining(x))) {
         kvc_write_tick_xfer(eng, x);
     }
 }

@@ -112,13 +112,18 @@ start_p() {
 }
 
 # run_d HSPORT OUT EXTRA...: the decode process reading tx-1 from a P whose
-# handshake port is HSPORT (the real one or a fake).
+# handshake port is HSPORT (the real one or a fake). Against a fake, P's
+# remote_hold_ms is left out (as from a P that does not say it): the fakes
+# are tried one after the other against one P, and D must get to their
+# handshake even when the real P's hold of tx-1 ended meanwhile.
 run_d() {
-    local hs=$1 out=$2
+    local hs=$1 out=$2 hold=
     shift 2
+    [ "$hs" = "$BASE" ] || hold='s/,"remote_hold_ms":[0-9]*//'
     grep -m1 '^PARAMS' "$WORK/p.out" |
         sed -e "s/\"remote_handshake_port\":[0-9]*/\"remote_handshake_port\":$hs/" \
-            -e "s/\"remote_notify_port\":[0-9]*/\"remote_notify_port\":$((hs + 1))/" |
+            -e "s/\"remote_notify_port\":[0-9]*/\"remote_notify_port\":$((hs + 1))/" \
+            -e "${hold:-s/^//}" |
         timeout -k 5 60 "$DEMO" --model tiny --role decode --hs-port $((BASE + 2)) \
             --notify-port $((BASE + 3)) --transfer-id tx-1 \
             --request-id "$(RIDP "$hs")" --trusted $H/32 --timeout 30 "$@" \
