@@ -34,8 +34,11 @@
 # warm-up, for both.
 #
 # Load: every run waits for a quiet machine and records the 1-minute load
-# before and after (loads.csv); a point whose runs saw LOAD_MAX or more is
-# printed but marked "loaded" and not used for a verdict.
+# before and after (rows.csv); a point with a run that started at LOAD_MAX
+# or more is printed but marked "loaded" and not used for a verdict (the
+# load after a run is the benchmarks' own: nixlbench spins on both CPUs).
+# SUMMARY_ONLY=1 perf/nixl.sh X -- OUT_DIR rewrites OUT_DIR/summary.md from
+# its rows.csv.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 [ $# -ge 2 ] || { sed -n '2,20p' "$0"; exit 2; }
@@ -64,13 +67,14 @@ TMO=300
 mkdir -p "$out/logs"
 . "$here/load.sh"
 
-{
+[ "${SUMMARY_ONLY:-0}" = 1 ] || {
     echo "# $(date -Is) $(uname -srm), $(nproc) cpus, $(lscpu | sed -n 's/^Model name: *//p')"
     echo "# nixlbench: $nixl"
     echo "# kvxfer builds: ${builds[*]}"
     echo "# REPS=$REPS TLS_LIST=$TLS_LIST OPS=$OPS SIZES=$SIZES BATCHES=$BATCHES RESIDENCY=$RESIDENCY PIN=$PIN"
 } > "$out/env.txt"
-echo "rep,tool,tls,op,size,batch,residency,iters,bw_GBs,avg_lat_us,load_before,load_after,rc" > "$out/rows.csv"
+[ "${SUMMARY_ONLY:-0}" = 1 ] ||
+    echo "rep,tool,tls,op,size,batch,residency,iters,bw_GBs,avg_lat_us,load_before,load_after,rc" > "$out/rows.csv"
 
 # iters SIZE BATCH: 1 GiB per point, 10..1000 transfers
 iters() {
@@ -154,6 +158,7 @@ run_kvxfer() {
 }
 
 echo "nixl.sh: results in $out"
+[ "${SUMMARY_ONLY:-0}" = 1 ] && REPS=0
 for rep in $(seq 1 "$REPS"); do
     for tls in $TLS_LIST; do
         for op in $OPS; do
@@ -191,7 +196,7 @@ for r in rows:
     key = (r["tls"], r["op"], int(r["size"]), int(r["batch"]), r["residency"])
     pts.setdefault(key, {}).setdefault(r["tool"], []).append(
         (int(r["rep"]), f(r["bw_GBs"]),
-         max(f(r["load_before"]), f(r["load_after"])), r["rc"]))
+         f(r["load_before"]), r["rc"]))
     if r["tool"] not in tools:
         tools.append(r["tool"])
 def mmm(v):
@@ -202,8 +207,8 @@ def mmm(v):
 print(f"# kvxfer_perf vs nixlbench ({os.path.basename(out)})\n")
 print("GB/s min / median / max over the repetitions; ratio = kvxfer / nixlbench "
       "pair by pair (same repetition), median; \"loaded\": some run of the "
-      f"point saw a 1-minute load >= {load_max}. nixlbench's cold column "
-      "reuses the same buffer (it has no pool walk).\n")
+      f"point started at a 1-minute load >= {load_max}, \"quiet\": none did. "
+      "nixlbench's cold column reuses the same buffer (it has no pool walk).\n")
 kvx = [t for t in tools if t != "nixlbench"]
 hdr = "| tls | op | block | batch | residency | nixlbench | " + " | ".join(kvx) + " | " + \
       " | ".join(f"{t}/nixl" for t in kvx) + " | load |"
