@@ -1676,6 +1676,27 @@ static kvx_status_t kvu_setting(kvu_ctx_t *ctx, ucp_config_t *config,
     return KVX_OK;
 }
 
+/* kvu_setting_tcp: an optional setting of UCX's tcp transport. UCX 1.13
+ * applies a key it does not know to every transport's table by its name
+ * without the "TCP_" prefix (and ignores the prefixed one, warning
+ * "invalid configurations"); UCX 1.22 rejects the bare name and takes the
+ * prefixed one. The bare name first, then the prefixed one; returns 1 when
+ * either was applied. */
+static int kvu_setting_tcp(kvu_ctx_t *ctx, ucp_config_t *config,
+                           const char *key, const char *val)
+{
+    char   full[64];
+    size_t before = strlen(ctx->settings);
+
+    if (kvu_setting(ctx, config, key, val, 1) == KVX_OK &&
+        strlen(ctx->settings) > before) {
+        return 1;
+    }
+    snprintf(full, sizeof(full), "TCP_%s", key);
+    return kvu_setting(ctx, config, full, val, 1) == KVX_OK &&
+           strlen(ctx->settings) > before;
+}
+
 /* kvu_settings_auto: kvxfer's choice, per context (tls: its transport
  * list; figures in transports/ucx/README.md "Lane settings"):
  * - shared memory in peer error mode: MM_ERROR_HANDLING=y (peer error mode
@@ -1696,15 +1717,10 @@ static kvx_status_t kvu_settings_auto(kvu_ctx_t *ctx, ucp_config_t *config,
     }
     if (status == KVX_OK && ctx->am_rma && tls != NULL && tls[0] != '\0' &&
         !kvu_rma_wanted(tls, 1)) {
-        status = kvu_setting(ctx, config, "TX_SEG_SIZE", KVU_TCP_SEG, 1);
-        if (status == KVX_OK) {
-            size_t before = strlen(ctx->settings);
-
-            status = kvu_setting(ctx, config, "RX_SEG_SIZE", KVU_TCP_SEG, 1);
-            /* applied (a UCX that does not know it skips it, unlisted) */
-            ctx->big_rx_last = status == KVX_OK &&
-                               strlen(ctx->settings) > before;
-        }
+        (void)kvu_setting_tcp(ctx, config, "TX_SEG_SIZE", KVU_TCP_SEG);
+        /* applied (a UCX that knows neither name skips it, unlisted) */
+        ctx->big_rx_last = kvu_setting_tcp(ctx, config, "RX_SEG_SIZE",
+                                           KVU_TCP_SEG);
     }
     return status;
 }
@@ -1998,12 +2014,15 @@ static kvx_status_t kvu_config_make(kvu_ctx_t *ctx, const char *tls,
                              ctx->params.net_devices, ucs_status_string(st));
         }
     }
-    /* UCX_TCP_PORT_RANGE: ucp_config_modify applies a key it does not know
-     * to every transport's table by its name without the "TCP_" prefix
-     * (with the prefix UCX 1.13 warns "invalid configuration" and ignores
-     * it; tests/python test_ucx.py checks the listening ports). */
+    /* UCX_TCP_PORT_RANGE: UCX 1.13 applies a key it does not know to every
+     * transport's table by its name without the "TCP_" prefix (with the
+     * prefix it warns "invalid configuration" and ignores it); UCX 1.22
+     * rejects the bare name and takes the prefixed one (tests/python
+     * test_ucx.py checks the listening ports). */
     if (ctx->params.tcp_port_range != NULL && ctx->params.tcp_port_range[0] &&
         (st = ucp_config_modify(config, "PORT_RANGE",
+                                ctx->params.tcp_port_range)) != UCS_OK &&
+        (st = ucp_config_modify(config, "TCP_PORT_RANGE",
                                 ctx->params.tcp_port_range)) != UCS_OK) {
         ucp_config_release(config);
         return kvc_error(KVX_ERR_CONFIG, "kv_connector_extra_config."
