@@ -127,6 +127,8 @@ typedef struct kvc_reply_info {
     int      ok;
     uint64_t instance; /* 0: absent */
     int      fenced;
+    uint64_t sent_xnonce; /* not on the wire: the engine sets the
+                             xfer_nonce of the message this answers */
 } kvc_reply_info_t;
 
 char        *kvc_reply_encode(int ok, const char *reason, size_t *len_p);

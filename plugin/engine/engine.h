@@ -61,6 +61,7 @@ typedef struct kvc_ctlout {
     char               what[64];
     kvc_msg_type_t     type;            /* of the message, 0 if unknown */
     char               tid[KVX_ID_MAX]; /* its transfer id */
+    uint64_t           xnonce;          /* its xfer_nonce (0: none) */
     struct kvc_ctlout *next;
 } kvc_ctlout_t;
 

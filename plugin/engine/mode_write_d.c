@@ -273,8 +273,10 @@ void kvc_write_d_on_reply(struct kvx_engine *eng, kvc_peer_t *peer,
     kvc_xfer_t *x = kvc_xfer_find(eng, tid);
 
     if (x == NULL || x->is_producer || !x->write || info == NULL ||
-        !info->ok || x->state != KVC_XFER_WAIT_WRITE) {
-        return;
+        !info->ok || x->state != KVC_XFER_WAIT_WRITE ||
+        (info->sent_xnonce != 0 && x->xnonce != 0 &&
+         info->sent_xnonce != x->xnonce)) {
+        return; /* (or the reply to a message of an earlier use of the id) */
     }
     for (uint32_t k = 0; k < x->nrel; k++) {
         if (x->rel[k] != peer) {

@@ -253,6 +253,7 @@ static void kvc_ctl_done(void *arg, kvx_status_t st, const char *reply,
         lost = kvc_peer_saw_instance(peer, info.instance, &c);
     }
     if (eng->mode->on_reply != NULL && out->type != 0 && !eng->stopping) {
+        info.sent_xnonce = out->xnonce;
         eng->mode->on_reply(eng, peer, out->type, out->tid,
                             st == KVX_OK ? &info : NULL);
     }
@@ -421,7 +422,7 @@ kvc_peer_t *kvc_peer_get(struct kvx_engine *eng, const char *host,
  * message for mode->on_reply (0 / NULL: nobody wants the reply). */
 static void kvc_peer_queue(kvc_peer_t *peer, char *buf, size_t len,
                            const char *what, kvc_msg_type_t type,
-                           const char *tid)
+                           const char *tid, uint64_t xnonce)
 {
     struct kvx_engine *eng = peer->eng;
     kvc_ctlout_t      *out = calloc(1, sizeof(*out));
@@ -436,6 +437,7 @@ static void kvc_peer_queue(kvc_peer_t *peer, char *buf, size_t len,
     out->len      = len;
     out->t_queued = kvc_now_us(eng);
     out->type     = type;
+    out->xnonce   = xnonce;
     snprintf(out->tid, sizeof(out->tid), "%s", tid != NULL ? tid : "");
     snprintf(out->what, sizeof(out->what), "%s", what);
     if (peer->out_tail != NULL) {
@@ -458,7 +460,7 @@ static void kvc_peer_queue(kvc_peer_t *peer, char *buf, size_t len,
 
 void kvc_peer_send(kvc_peer_t *peer, char *buf, size_t len, const char *what)
 {
-    kvc_peer_queue(peer, buf, len, what, 0, NULL);
+    kvc_peer_queue(peer, buf, len, what, 0, NULL, 0);
 }
 
 void kvc_peer_want_handshake(kvc_peer_t *peer)
@@ -626,7 +628,8 @@ void kvc_peer_send_msg(kvc_peer_t *peer, const kvc_msg_t *m, const char *what)
     mm.to_instance = peer->inst;
     buf            = kvc_msg_encode(&mm, &len);
     if (buf != NULL) {
-        kvc_peer_queue(peer, buf, len, what, m->type, m->transfer_id);
+        kvc_peer_queue(peer, buf, len, what, m->type, m->transfer_id,
+                       m->xfer_nonce);
     }
 }
 
