@@ -88,15 +88,6 @@ wait_pid() {
     wait "$pid" 2>/dev/null
 }
 
-# wait_listen PORT: until something listens on PORT (10 s at most)
-wait_listen() {
-    local i
-    for i in $(seq 1 100); do
-        ss -Hltn "sport = :$1" 2>/dev/null | grep -q . && return 0
-        sleep 0.1
-    done
-    echo "compare.sh: nothing listens on port $1" >&2
-}
 
 # ucx_perftest TLS MEM CASE TEST SIZE WINDOW ITERS
 run_perftest() {

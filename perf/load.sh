@@ -1,5 +1,6 @@
-# load.sh - sourced by the perf scripts (compare.sh, secure_cost.sh,
-# overhead.sh): the quiet-window gate every series starts behind.
+# load.sh - sourced by the perf scripts (compare.sh, nixl.sh, pair_builds.sh,
+# secure_cost.sh, overhead.sh): the quiet-window gate every series starts
+# behind, and wait_listen.
 
 # load1: the 1-minute load average
 load1() { cut -d' ' -f1 /proc/loadavg; }
@@ -17,4 +18,15 @@ wait_quiet() {
         left=$((left - 5))
     done
     return 0
+}
+
+# wait_listen PORT: until something listens on PORT (10 s at most)
+wait_listen() {
+    local i
+    for i in $(seq 1 100); do
+        ss -Hltn "sport = :$1" 2>/dev/null | grep -q . && return 0
+        sleep 0.1 # polls for the listener; bounded (10 s)
+    done
+    echo "${0##*/}: nothing listens on port $1" >&2
+    return 1
 }

@@ -84,14 +84,6 @@ iters() {
     echo $n
 }
 
-# wait_listen PORT: until something listens on PORT (10 s at most)
-wait_listen() {
-    local i
-    for i in $(seq 1 100); do
-        ss -Hltn "sport = :$1" 2>/dev/null | grep -q . && return 0
-        sleep 0.1
-    done
-}
 
 # row TOOL BW LAT LOAD0 RC: one line of rows.csv (globals: the point)
 row() {
