@@ -300,6 +300,8 @@ void kvc_write_d_on_reply(struct kvx_engine *eng, kvc_peer_t *peer,
     kvc_write_d_abort_check(eng, x, NULL);
 }
 
+static void kvc_write_d_fence_arm(struct kvx_engine *eng, kvc_xfer_t *x);
+
 /* kvc_write_d_peer_failed: P rank peer died or restarted: the D transfers
  * waiting for its writes fail (an aborted one counts it as fenced: nothing
  * of that instance can land any more). */
@@ -331,6 +333,7 @@ void kvc_write_d_peer_failed(struct kvx_engine *eng, kvc_peer_t *peer)
                 kvc_release_msg(eng, x->transfer_id, &m);
                 m.xfer_nonce = x->xnonce;
                 kvc_peer_send_msg(peer, &m, "release");
+                kvc_write_d_fence_arm(eng, x); /* its answer's full window */
                 continue;
             }
             if (x->aborting) {

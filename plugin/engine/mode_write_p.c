@@ -156,7 +156,9 @@ static void kvc_write_schedule(struct kvx_engine *eng, kvc_xfer_t *x,
     }
     x->scheduled[layer] = 1;
     x->nscheduled++;
-    if (x->have_blocks) {
+    if (x->have_blocks && x->state != KVC_XFER_DONE) {
+        /* (released: its deadline bounds the puts still in flight, and
+         * layers that come later must not move it) */
         kvc_xfer_arm(eng, x, kvc_deadline_us(eng, eng->cfg.transfer_timeout));
     }
     kvc_write_pump(eng, x);
@@ -170,7 +172,7 @@ static void kvc_write_do_seal(struct kvx_engine *eng, kvc_xfer_t *x)
     }
     /* Expected writes = distinct layers scheduled, not registered. */
     x->sealed = 1;
-    if (x->have_blocks) {
+    if (x->have_blocks && x->state != KVC_XFER_DONE) {
         kvc_xfer_arm(eng, x, kvc_deadline_us(eng, eng->cfg.transfer_timeout));
     }
     kvc_write_check(eng, x);
@@ -304,8 +306,9 @@ static void kvc_write_on_release_msg(struct kvx_engine *eng, kvc_msg_t *m,
             kvc_early_keep(eng, m); /* it overtook producer_request */
         }
         kvc_write_use_key(m, use, sizeof(use));
-        if (x == NULL && use[0] != '\0' &&
-            !kvc_idset_contains(&eng->terminal, m->transfer_id)) {
+        if (x == NULL && use[0] != '\0') {
+            /* Also for an id P already finished: this may be a new use of
+             * it whose remote_blocks the release overtook. */
             kvc_idset_add(&eng->released, use);
         }
         m->reply_fenced = 1; /* nothing of it was ever posted, or all of it

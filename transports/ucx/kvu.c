@@ -1676,24 +1676,34 @@ static kvx_status_t kvu_setting(kvu_ctx_t *ctx, ucp_config_t *config,
     return KVX_OK;
 }
 
-/* kvu_setting_tcp: an optional setting of UCX's tcp transport. UCX 1.13
- * applies a key it does not know to every transport's table by its name
- * without the "TCP_" prefix (and ignores the prefixed one, warning
- * "invalid configurations"); UCX 1.22 rejects the bare name and takes the
- * prefixed one. The bare name first, then the prefixed one; returns 1 when
- * either was applied. */
+/* kvu_tcp_key: the name UCX's tcp transport takes key under. UCX before
+ * 1.17 applies a key ucp does not know to every transport's table by its
+ * bare name (and ignores the "TCP_" one, warning "invalid
+ * configurations"); from 1.17 it matches the table prefix, "TCP_"
+ * (1.17-1.20 accept the bare name and silently ignore it; 1.21 and later
+ * reject it). */
+static const char *kvu_tcp_key(const char *key, char *buf, size_t len)
+{
+    unsigned major = 0, minor = 0, release = 0;
+
+    ucp_get_version(&major, &minor, &release);
+    if (major > 1 || (major == 1 && minor >= 17)) {
+        snprintf(buf, len, "TCP_%s", key);
+        return buf;
+    }
+    return key;
+}
+
+/* kvu_setting_tcp: an optional setting of UCX's tcp transport, under the
+ * name this UCX applies (kvu_tcp_key); returns 1 when applied. */
 static int kvu_setting_tcp(kvu_ctx_t *ctx, ucp_config_t *config,
                            const char *key, const char *val)
 {
     char   full[64];
     size_t before = strlen(ctx->settings);
 
-    if (kvu_setting(ctx, config, key, val, 1) == KVX_OK &&
-        strlen(ctx->settings) > before) {
-        return 1;
-    }
-    snprintf(full, sizeof(full), "TCP_%s", key);
-    return kvu_setting(ctx, config, full, val, 1) == KVX_OK &&
+    return kvu_setting(ctx, config, kvu_tcp_key(key, full, sizeof(full)),
+                       val, 1) == KVX_OK &&
            strlen(ctx->settings) > before;
 }
 
@@ -1983,6 +1993,7 @@ static kvx_status_t kvu_config_make(kvu_ctx_t *ctx, const char *tls,
     ucp_config_t *config;
     ucs_status_t  st;
     kvx_status_t  status;
+    char          key[32];
 
     st = ucp_config_read(NULL, NULL, &config);
     if (st != UCS_OK) {
@@ -2014,15 +2025,11 @@ static kvx_status_t kvu_config_make(kvu_ctx_t *ctx, const char *tls,
                              ctx->params.net_devices, ucs_status_string(st));
         }
     }
-    /* UCX_TCP_PORT_RANGE: UCX 1.13 applies a key it does not know to every
-     * transport's table by its name without the "TCP_" prefix (with the
-     * prefix it warns "invalid configuration" and ignores it); UCX 1.22
-     * rejects the bare name and takes the prefixed one (tests/python
-     * test_ucx.py checks the listening ports). */
+    /* UCX_TCP_PORT_RANGE, under the name this UCX applies (kvu_tcp_key;
+     * tests/python test_ucx.py checks the listening ports). */
     if (ctx->params.tcp_port_range != NULL && ctx->params.tcp_port_range[0] &&
-        (st = ucp_config_modify(config, "PORT_RANGE",
-                                ctx->params.tcp_port_range)) != UCS_OK &&
-        (st = ucp_config_modify(config, "TCP_PORT_RANGE",
+        (st = ucp_config_modify(config,
+                                kvu_tcp_key("PORT_RANGE", key, sizeof(key)),
                                 ctx->params.tcp_port_range)) != UCS_OK) {
         ucp_config_release(config);
         return kvc_error(KVX_ERR_CONFIG, "kv_connector_extra_config."
