@@ -152,16 +152,18 @@ typedef struct kvt_data_params {
      * authenticator kvc_req_mac(session of the peer's endpoint, tag,
      * nonce, instance, xnonce, KVC_MAC_NOTICE), unchecked: the callee
      * checks it against the sessions of the hosts the transfer is bound
-     * to. Called on the progress owner without the transport's locks;
-     * NULL: notices are dropped. */
+     * to. from is the sender's claim of its address (notify's from; ""
+     * when none), unchecked too. Called on the progress owner without the
+     * transport's locks; NULL: notices are dropped. */
     void      (*notice)(void *arg, uint64_t tag, uint64_t mac, uint64_t nonce,
                         uint64_t instance, uint64_t xnonce, const char *id,
-                        size_t idlen);
+                        size_t idlen, const char *from);
     void       *notice_arg;
 } kvt_data_params_t;
 
 /* kvt_data_params_t.remote_access: the least the engine's role needs (READ:
  * P's memory remote-readable; WRITE: D's remote-writable; else local). */
+#define KVT_NOTICE_FROM_MAX 64 /* bytes of a notice's from, with its NUL */
 #define KVT_ACCESS_DEFAULT 0 /* the transport's default (read and write) */
 #define KVT_ACCESS_READ    1 /* remote get only */
 #define KVT_ACCESS_WRITE   2 /* remote put only */
@@ -257,9 +259,12 @@ typedef struct kvt_data_ops {
      * effort, no reply, no completion: the caller sends it after a flush
      * completed, so nothing posted before it can land after it arrives.
      * KVX_OK when it was handed to the transport. NULL member: no notices
-     * (the control plane's message is the only one). */
+     * (the control plane's message is the only one). from (NULL or "":
+     * none; else at most KVT_NOTICE_FROM_MAX - 1 bytes) travels with it:
+     * the address the peer saw this side at, from which the peer
+     * recomputes the session (a READ release, mode_read.c). */
     kvx_status_t (*notify)(kvt_ep_t *ep, uint64_t tag, uint64_t instance,
-                           uint64_t xnonce, const char *id);
+                           uint64_t xnonce, const char *id, const char *from);
 } kvt_data_ops_t;
 
 /* ---- control plane ------------------------------------------------------- */

@@ -379,6 +379,16 @@ int kvc_notice_match(const uint64_t key[2], const char *const *hosts,
     return rc;
 }
 
+int kvc_notice_from_ok(const uint64_t key[2], const char *from, uint64_t tag,
+                       uint64_t nonce, uint64_t instance, uint64_t xnonce,
+                       uint64_t mac)
+{
+    uint64_t s = kvc_host_session(key, from, 1);
+
+    return s != 0 &&
+           kvc_req_mac(s, tag, nonce, instance, xnonce, KVC_MAC_NOTICE) == mac;
+}
+
 int kvc_from_matches(const char *from, const char *host)
 {
     char        ip[64];

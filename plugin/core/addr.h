@@ -124,6 +124,17 @@ int kvc_notice_match(const uint64_t key[2], const char *const *hosts,
                      uint64_t mac);
 
 /*
+ * kvc_notice_from_ok: a notice whose sender claims to be at address from
+ * ("ip:port" as the handshake responder saw it, its seen_as) is
+ * authenticated: mac is kvc_req_mac(kvc_host_session(key, from, 1), tag,
+ * nonce, instance, xnonce, KVC_MAC_NOTICE). 1 yes, 0 no (also for a from
+ * that is no address).
+ */
+int kvc_notice_from_ok(const uint64_t key[2], const char *from, uint64_t tag,
+                       uint64_t nonce, uint64_t instance, uint64_t xnonce,
+                       uint64_t mac);
+
+/*
  * kvc_host_resolve (SPEC §4): n <= 1 → advertised; else world =
  * remote_dp_size*remote_tp_size, world % n != 0 → KVX_ERR_CONFIG ("world W
  * is not a multiple of N remote_hosts"); index = (remote_dp_rank *

@@ -809,6 +809,12 @@ static const kvc_config_field_t kvc_cfg_fields[] = {
      .flags = KVC_X,
      .doc = "READ, P: only the decode host a request id names may read or "
             "release its transfer (each decode instance on one host)"},
+    {.key = "release_on_data_plane", .dfl_json = "true",
+     .type = &kvc_cfg_bool_loose, .off = KVC_OFF(release_on_data_plane),
+     .flags = KVC_X,
+     .doc = "READ, D: a release to a P rank it read from goes as a notice "
+            "on that UCX endpoint, not over the control plane (never with "
+            "control-plane TLS)"},
     {.key = "node_hosts", .dfl_fn = kvc_cfg_auto_node_hosts,
      .type = &kvc_cfg_host_list, .off = KVC_OFF(node_hosts),
      .off_n = KVC_OFF(num_node_hosts), .lo = 1, .flags = KVC_X,

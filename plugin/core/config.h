@@ -46,6 +46,9 @@ typedef struct kvc_config {
     int      read_bind_decode_host; /* [false], as read_mode: a READ P
                                        transfer is bound to the decode host
                                        its request id names (expose.c) */
+    int      release_on_data_plane; /* [true], as read_mode: a READ D
+                                       releases a P rank it read from with a
+                                       data-plane notice (mode_read.c) */
     char   **node_hosts;            /* owned; [host_ip]; list or comma string,
                                        entries trimmed, empties dropped */
     size_t   num_node_hosts;

@@ -1540,6 +1540,15 @@ static kvx_status_t kvc_hs_ident_decode(json_object *obj, kvc_hs_meta_t *m)
                     : kvc_fld_dec_opt(kvc_what_meta, obj, "session",
                                       &m->session);
     status = status ? status
+                    : kvc_fld_str(kvc_what_meta, obj, "seen_as", 0,
+                                  m->seen_as, sizeof(m->seen_as), 0);
+    if (status == KVX_OK && m->seen_as[0] != '\0' &&
+        !kvc_seen_as_ok(m->seen_as)) {
+        status = kvc_error(KVX_ERR_BAD_MESSAGE,
+                           "handshake metadata: field seen_as: value '%s': "
+                           "must be an address (ip:port)", m->seen_as);
+    }
+    status = status ? status
                     : kvc_fld_str(kvc_what_meta, obj, "engine_id", 1,
                                   m->engine_id, sizeof(m->engine_id), 1);
     status = status ? status
@@ -1594,10 +1603,27 @@ kvx_status_t kvc_hs_decode(const char *buf, size_t len, kvc_hs_meta_t *meta)
     return KVX_OK;
 }
 
-char *kvc_hs_with_session(const char *meta, size_t len, uint64_t session,
-                          size_t *len_p)
+/* kvc_seen_as_ok: an address as nng formats a peer's ("ip:port",
+ * "[v6]:port"), nothing that needs escaping in JSON. */
+int kvc_seen_as_ok(const char *s)
 {
-    char   member[48];
+    size_t n = s != NULL ? strlen(s) : 0;
+
+    if (n == 0 || n >= KVC_SEEN_AS_MAX) {
+        return 0;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (strchr("0123456789abcdefABCDEF.:[]", s[i]) == NULL) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+char *kvc_hs_with_session(const char *meta, size_t len, uint64_t session,
+                          const char *seen_as, size_t *len_p)
+{
+    char   member[48 + KVC_SEEN_AS_MAX + 16];
     char  *out;
     size_t end = len, n;
 
@@ -1610,8 +1636,15 @@ char *kvc_hs_with_session(const char *meta, size_t len, uint64_t session,
         return NULL;
     }
     /* "{}" takes no separating comma. */
-    n   = (size_t)snprintf(member, sizeof(member), "%s\"session\":\"%" PRIu64
-                           "\"}", end > 2 ? "," : "", session);
+    if (kvc_seen_as_ok(seen_as)) {
+        n = (size_t)snprintf(member, sizeof(member),
+                             "%s\"session\":\"%" PRIu64 "\",\"seen_as\":"
+                             "\"%s\"}", end > 2 ? "," : "", session, seen_as);
+    } else {
+        n = (size_t)snprintf(member, sizeof(member),
+                             "%s\"session\":\"%" PRIu64 "\"}",
+                             end > 2 ? "," : "", session);
+    }
     out = malloc(end - 1 + n + 1);
     if (out == NULL) {
         kvc_error(KVX_ERR_NO_MEMORY, "handshake metadata: out of memory");

@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #define KVC_MSG_MAX_BYTES  (4u << 20) /* larger control messages rejected */
+#define KVC_SEEN_AS_MAX    64 /* bytes of a handshake's seen_as, with NUL */
 /* 2: the data plane speaks protocol 4 (published rkeys end with a trailer,
  * transports/ucx/README.md): builds of protocol 1 and 2 refuse each other's
  * handshake metadata, whichever side dials. */
@@ -174,6 +175,9 @@ typedef struct kvc_hs_meta {
     uint64_t        session;           /* the requester's data-plane
                                           session (kvc_hs_with_session);
                                           0: none */
+    char            seen_as[KVC_SEEN_AS_MAX]; /* the requester's address
+                                          ("ip:port") the session was
+                                          computed from; "": not sent */
     uint8_t        *worker_addr;       /* owned; UCP worker address */
     size_t          worker_addr_len;
     kvc_hs_layer_t *layers;            /* owned */
@@ -189,12 +193,17 @@ char        *kvc_hs_encode(const kvc_hs_meta_t *meta, size_t *len_p);
  * on error. */
 kvx_status_t kvc_hs_decode(const char *buf, size_t len, kvc_hs_meta_t *meta);
 /* kvc_hs_with_session: the encoded metadata (kvc_hs_encode, no session)
- * with member "session" (a decimal string) added for one requester:
- * malloc'd, NUL-terminated, length in *len_p; NULL without memory or when
- * meta is no JSON object text. */
+ * with member "session" (a decimal string) added for one requester, and
+ * "seen_as", the requester's address the session was computed from, when
+ * seen_as is an address ("ip:port", "[v6]:port": hex digits, '.', ':',
+ * '[', ']' only, shorter than KVC_SEEN_AS_MAX; else left out): malloc'd,
+ * NUL-terminated, length in *len_p; NULL without memory or when meta is no
+ * JSON object text. */
 char *kvc_hs_with_session(const char *meta, size_t len, uint64_t session,
-                          size_t *len_p);
+                          const char *seen_as, size_t *len_p);
 void         kvc_hs_fini(kvc_hs_meta_t *meta);
+/* kvc_seen_as_ok: s is a seen_as kvc_hs_with_session would send. */
+int          kvc_seen_as_ok(const char *s);
 
 /* kvc_hs_digest: FNV-1a 64 over each layer's name, kind, block_len,
  * block_size, kernel_block_size, elem_size, num_kv_heads, head_size,

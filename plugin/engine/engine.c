@@ -118,6 +118,25 @@ static void kvc_engine_tick(void *arg)
     kvc_peers_collect(eng);
 }
 
+/* kvc_engine_on_notice (kvt_data_params_t.notice): to the mode, under the
+ * engine lock (on the progress owner, without the transport's locks). */
+static void kvc_engine_on_notice(void *arg, uint64_t tag, uint64_t mac,
+                                 uint64_t nonce, uint64_t instance,
+                                 uint64_t xnonce, const char *id,
+                                 size_t idlen, const char *from)
+{
+    struct kvx_engine *eng = arg;
+    kvc_notice_t       nt  = {tag, mac, nonce, instance, xnonce, id,
+                              from != NULL ? from : ""};
+
+    (void)idlen; /* id is NUL-terminated by the transport */
+    pthread_mutex_lock(&eng->lock);
+    if (eng->mode->on_notice != NULL) {
+        eng->mode->on_notice(eng, &nt);
+    }
+    pthread_mutex_unlock(&eng->lock);
+}
+
 /* kvc_engine_place: with gpu_bus_id set, hwloc picks the NIC nearest the
  * rank's GPU (unless ucx_net_devices names one) and the CPUs local to it
  * for the progress thread (SPEC §11). A bus id that is not in the topology
@@ -241,7 +260,7 @@ kvx_status_t kvx_engine_create(const kvt_env_t *env, const char *json,
     up.authorize_arg      = eng;
     up.worker_reset       = kvc_meta_worker_reset;
     up.worker_reset_arg   = eng;
-    up.notice             = kvc_write_on_notice;
+    up.notice             = kvc_engine_on_notice;
     up.notice_arg         = eng;
     up.name               = eng->engine_id;
     up.remote_access = eng->cfg.read_mode ? (eng->cfg.is_producer

@@ -123,6 +123,10 @@ typedef struct kvc_peer {
                                         instance that answers is adopted,
                                         not taken for a restart */
     kvt_ep_t         *ep;           /* owned, READY */
+    char              seen_as[KVC_SEEN_AS_MAX]; /* this engine's address as
+                                       the peer saw its handshake (its
+                                       reply's seen_as; "" unknown): READ
+                                       releases on the data plane */
     kvt_rkey_t      **rkeys;        /* per remote layer, READY */
     int              *layer_map;    /* local layer -> remote layer */
     kvc_ctlout_t     *out_head, *out_tail;
@@ -417,9 +421,12 @@ struct kvx_engine {
         uint64_t bytes_read, bytes_written;
         uint64_t read_retries;    /* gets re-posted: blocks not exposed yet */
         uint64_t notices_done;    /* D WRITE: P ranks completed by their
-                                     data-plane notice (before write_done) */
+                                     data-plane notice (before write_done);
+                                     P READ: releases taken from a notice */
         uint64_t notices_refused; /* notices whose mac, tag or instance
-                                     matched no P rank of their transfer */
+                                     matched no peer of their transfer */
+        uint64_t releases_on_dp;  /* D READ: releases sent as a data-plane
+                                     notice (kvc_read_release_on_dp) */
         uint64_t fences_unconfirmed; /* D WRITE transfers reported FAILED
                                         before every P rank confirmed its
                                         puts fenced (kvc_write_d_fence) */
@@ -736,12 +743,10 @@ void         kvc_write_d_send(kvc_xfer_t *x, kvc_msg_t *m, const char *what);
 void         kvc_write_on_write_done(struct kvx_engine *eng,
                                      const kvc_msg_t *m, char *reason,
                                      size_t len, int *ok_p);
-/* kvc_write_on_notice (kvt_data_params_t.notice, arg the engine): a P
- * rank's data-plane completion notice, the fast twin of its write_done. */
-void         kvc_write_on_notice(void *arg, uint64_t tag, uint64_t mac,
-                                 uint64_t nonce, uint64_t instance,
-                                 uint64_t xnonce, const char *id,
-                                 size_t idlen);
+/* kvc_write_on_notice (kvc_mode_t.on_notice): a P rank's data-plane
+ * completion notice, the fast twin of its write_done. */
+void         kvc_write_on_notice(struct kvx_engine *eng,
+                                 const kvc_notice_t *nt);
 void         kvc_write_d_on_reply(struct kvx_engine *eng, kvc_peer_t *peer,
                                   kvc_msg_type_t type, const char *tid,
                                   const kvc_reply_info_t *info);

@@ -266,6 +266,8 @@ static kvx_status_t kvc_peer_connect(kvc_peer_t *peer, kvc_hs_meta_t *m,
     if (KVD(eng)->ep_set_session != NULL) {
         KVD(eng)->ep_set_session(*ep_p, m->session);
     }
+    snprintf(peer->seen_as, sizeof(peer->seen_as), "%s",
+             m->session != 0 ? m->seen_as : "");
     peer->hs_us[1] = kvc_now_us(eng) - t0;
     t0             = kvc_now_us(eng);
     rkeys = calloc(m->num_layers ? m->num_layers : 1, sizeof(*rkeys));
@@ -700,7 +702,7 @@ void kvc_hs_handler(void *arg, const char *from, const char *msg,
     pthread_mutex_lock(&eng->lock);
     *reply_p = kvc_hs_with_session(eng->meta_json, eng->meta_len,
                                    kvc_host_session(eng->expo.key, from, 1),
-                                   len_p);
+                                   from, len_p);
     pthread_mutex_unlock(&eng->lock);
     if (*reply_p == NULL) {
         kvc_reply(0, "out of memory", reply_p, len_p);

@@ -22,6 +22,14 @@ struct kvc_xfer_params;
 typedef void (*kvc_msg_fn)(struct kvx_engine *eng, kvc_msg_t *m,
                            char *reason, size_t reason_len, int *ok_p);
 
+/* kvc_notice_t: a data-plane notice as the transport delivered it
+ * (kvt_data_params_t.notice), nothing in it checked yet. */
+typedef struct kvc_notice {
+    uint64_t    tag, mac, nonce, instance, xnonce;
+    const char *id;   /* NUL-terminated, 1..512 bytes */
+    const char *from; /* the sender's claim of its address; "" none */
+} kvc_notice_t;
+
 typedef struct kvc_mode {
     const char *name;                       /* "READ", "WRITE" */
     /* API entry points; lock NOT held. layer_ready, seal and abort are
@@ -56,6 +64,9 @@ typedef struct kvc_mode {
                      const kvc_reply_info_t *info);
     /* Inbound control messages by type; NULL: refused in this mode. */
     kvc_msg_fn on_msg[KVC_MSG_NTYPES + 1];
+    /* on_notice (may be NULL: dropped): a peer's data-plane notice (WRITE:
+     * P's puts landed, mode_write_d.c; READ: D released, mode_read.c). */
+    void (*on_notice)(struct kvx_engine *eng, const kvc_notice_t *nt);
     /* on_timer: x's deadline passed (its timer fired). */
     void (*on_timer)(struct kvx_engine *eng, struct kvc_xfer *x);
     /* on_tick (may be NULL): every engine tick (at least every 20 ms). */

@@ -16,6 +16,45 @@
 
 /* --- consumer (D) ------------------------------------------------------- */
 
+/* kvc_read_release_on_dp: x's release to P rank peer goes as a notice on
+ * the data plane (kvc_read_on_notice) instead of over the control plane:
+ * saves both processes the control plane's thread hand-offs and round trip
+ * per transfer (perf/README.md, "Per-transfer overhead"). Only when it
+ * cannot overtake P's transfer nor go unheard: x read OK, some of it from
+ * that instance of peer over the endpoint the notice takes (so P held the
+ * transfer when the gets were answered), and P told this engine the
+ * address its session is keyed by. Not with control-plane TLS: the data
+ * plane is not encrypted, and a captured notice could be replayed at a
+ * later use of the id. Returns 1 when the notice was handed over. */
+static int kvc_read_release_on_dp(struct kvx_engine *eng, kvc_xfer_t *x,
+                                  kvc_peer_t *peer)
+{
+    int read_from = 0;
+
+    if (x->status != KVX_OK || KVD(eng)->notify == NULL ||
+        peer->state != KVC_PEER_READY || peer->ep == NULL ||
+        peer->seen_as[0] == '\0' || eng->cfg.tls.cert_file[0] != '\0' ||
+        eng->cfg.tp_rank >= 64 || !eng->cfg.release_on_data_plane) {
+        return 0;
+    }
+    for (size_t o = 0; o < eng->nlayers * kvc_xfer_nsrc(x) && !read_from;
+         o++) {
+        const kvc_layer_op_t *lop = &x->ops[o];
+
+        read_from = lop->peer == peer && lop->runs != NULL && lop->done &&
+                    lop->status == KVX_OK && lop->inst == peer->inst;
+    }
+    if (!read_from ||
+        KVD(eng)->notify(peer->ep, kvc_xfer_tag(x->transfer_id),
+                         (uint64_t)eng->cfg.tp_size << 32 | eng->cfg.tp_rank,
+                         0, x->transfer_id, peer->seen_as) != KVX_OK) {
+        kvc_error_clear();
+        return 0;
+    }
+    eng->stats.releases_on_dp++;
+    return 1;
+}
+
 static void kvc_read_send_releases(struct kvx_engine *eng, kvc_xfer_t *x)
 {
     for (uint32_t i = 0; i < x->nrel; i++) {
@@ -25,6 +64,9 @@ static void kvc_read_send_releases(struct kvx_engine *eng, kvc_xfer_t *x)
             (x->rel[i]->fail_status == KVX_ERR_HANDSHAKE_TIMEOUT ||
              x->rel[i]->fail_status == KVX_ERR_CONTROL)) {
             /* Unreachable: a release would only wait for its deadline. */
+            continue;
+        }
+        if (kvc_read_release_on_dp(eng, x, x->rel[i])) {
             continue;
         }
         kvc_release_msg(eng, x->transfer_id, &m);
@@ -537,6 +579,44 @@ static void kvc_read_on_release(struct kvx_engine *eng, kvc_msg_t *m,
     kvc_read_released(eng, x, m->consumer_tp_size, m->consumer_rank);
 }
 
+/* kvc_read_on_notice (P): a D rank's release on the data plane
+ * (kvc_read_release_on_dp). It counts as that rank's release only when its
+ * mac is the one the session this engine gave the address the notice
+ * claims (kvc_hs_handler's seen_as) gives: the sender handshook from there,
+ * past trusted_remote_hosts. The rank and tp size it names travel in the
+ * instance field, under the mac. */
+static void kvc_read_on_notice(struct kvx_engine *eng, const kvc_notice_t *nt)
+{
+    kvc_xfer_t *x = kvc_xfer_find(eng, nt->id);
+    char        dhost[KVC_HOST_MAX];
+    uint32_t    tp = (uint32_t)(nt->instance >> 32);
+    uint32_t    rank = (uint32_t)nt->instance;
+
+    if (x == NULL || !x->is_producer || x->state != KVC_XFER_HELD) {
+        /* Sent only after D's gets of a transfer P held were answered:
+         * this one ended here since (its deadline, or the same rank's
+         * release over the control plane). */
+        return;
+    }
+    if (kvc_xfer_tag(nt->id) != nt->tag || tp == 0 || tp > 65535u ||
+        rank >= tp ||
+        !kvc_notice_from_ok(eng->expo.key, nt->from, nt->tag, nt->nonce,
+                            nt->instance, nt->xnonce, nt->mac)) {
+        eng->stats.notices_refused++;
+        kvc_log_debug("KVX-READ-NOTICE", "release notice for '%s' from %s "
+                      "refused: not authenticated by the session of that "
+                      "address", x->transfer_id, nt->from);
+        return;
+    }
+    if (kvc_expo_bound_host(eng, x, dhost, sizeof(dhost)) == 0 &&
+        kvc_from_matches(nt->from, dhost) == 0) {
+        kvc_refused(eng, KVC_PORT_NOTIFY, KVC_REFUSE_WRONG_PEER);
+        return;
+    }
+    eng->stats.notices_done++;
+    kvc_read_released(eng, x, (int32_t)tp, (int32_t)rank);
+}
+
 kvx_status_t kvc_read_producer(struct kvx_engine *eng, const char *req_id,
                                const char *params_json, const uint64_t *ids,
                                size_t n, char **response_p)
@@ -723,6 +803,7 @@ const kvc_mode_t kvc_mode_read = {
     .connect_targets  = kvc_read_connect_targets,
     .peer_ready       = kvc_read_peer_ready,
     .peer_failed      = kvc_read_peer_failed,
+    .on_notice        = kvc_read_on_notice,
     .on_msg = {
         [KVC_MSG_RELEASE]   = kvc_read_on_release,
         [KVC_MSG_HEARTBEAT] = kvc_msg_ignore,

@@ -215,26 +215,22 @@ void kvc_write_on_write_done(struct kvx_engine *eng, const kvc_msg_t *m,
     kvc_write_d_done(eng, x, k);
 }
 
-void kvc_write_on_notice(void *arg, uint64_t tag, uint64_t mac,
-                         uint64_t nonce, uint64_t instance, uint64_t xnonce,
-                         const char *id, size_t idlen)
+void kvc_write_on_notice(struct kvx_engine *eng, const kvc_notice_t *nt)
 {
-    struct kvx_engine *eng = arg;
     kvc_xfer_t        *x;
     const char        *hosts[KVC_RANKMAP_MAX];
     uint64_t           insts[KVC_RANKMAP_MAX];
     uint32_t           n = 0;
     int                k;
+    const char        *id = nt->id;
+    uint64_t           tag = nt->tag, instance = nt->instance;
 
-    (void)idlen; /* id is NUL-terminated by the transport */
-    pthread_mutex_lock(&eng->lock);
     x = kvc_xfer_find(eng, id);
     if (x == NULL || !x->write || x->is_producer ||
-        x->state != KVC_XFER_WAIT_WRITE || xnonce != x->xnonce) {
+        x->state != KVC_XFER_WAIT_WRITE || nt->xnonce != x->xnonce) {
         /* Ended, unknown here, or of another use of the id (a late notice
          * of an earlier transfer under a reused id): as write_done,
          * ignored (SPEC §9). */
-        pthread_mutex_unlock(&eng->lock);
         return;
     }
     /* Authenticated by the session this D handed the host of the P rank of
@@ -246,8 +242,8 @@ void kvc_write_on_notice(void *arg, uint64_t tag, uint64_t mac,
     }
     k = kvc_xfer_tag(id) != tag
             ? -2
-            : kvc_notice_match(eng->expo.key, hosts, insts, n, tag, nonce,
-                               instance, xnonce, mac);
+            : kvc_notice_match(eng->expo.key, hosts, insts, n, tag,
+                               nt->nonce, instance, nt->xnonce, nt->mac);
     if (k == -2) {
         eng->stats.notices_refused++;
         kvc_log_debug("KVX-WRITE-NOTICE", "notice for '%s' (instance %llu) "
@@ -260,7 +256,6 @@ void kvc_write_on_notice(void *arg, uint64_t tag, uint64_t mac,
     }
     /* k == -1: the rank's instance is not bound yet (its reply to
      * remote_blocks comes later), or a host name: write_done decides. */
-    pthread_mutex_unlock(&eng->lock);
 }
 
 /* kvc_write_d_on_reply: P rank peer answered remote_blocks (its instance

@@ -95,7 +95,7 @@ static void kvc_write_flush_done(kvt_op_t *op)
         if (KVD(eng)->notify != NULL && x->src->ep != NULL &&
             KVD(eng)->notify(x->src->ep, kvc_xfer_tag(x->transfer_id),
                              eng->epoch, x->xnonce,
-                             x->transfer_id) != KVX_OK) {
+                             x->transfer_id, NULL) != KVX_OK) {
             kvc_log_debug("KVX-WRITE-NOTICE", "transfer %s: %s",
                           x->transfer_id, kvc_last_error());
             kvc_error_clear();

@@ -554,9 +554,9 @@ static void EpSetSession(kvt_ep_t *handle, uint64_t session)
 // Notify: the notice travels as an event to the peer context (gated on
 // the peer's node: a crashed or isolated peer never gets it; a node that is
 // not up sends nothing), data = tag, instance, nonce, mac, xnonce (8 bytes
-// each) and the id.
+// each) and the id, then a NUL and from when there is one.
 static kvx_status_t Notify(kvt_ep_t *handle, uint64_t tag, uint64_t instance,
-                           uint64_t xnonce, const char *id)
+                           uint64_t xnonce, const char *id, const char *from)
 {
     World *w  = W();
     SimEp *ep = reinterpret_cast<SimEp *>(handle);
@@ -584,6 +584,9 @@ static kvx_status_t Notify(kvt_ep_t *handle, uint64_t tag, uint64_t instance,
     ev.obj  = pc->second->id;
     ev.data = std::string(reinterpret_cast<const char *>(hdr), sizeof(hdr)) +
               id;
+    if (from != nullptr && from[0] != '\0') {
+        ev.data += std::string(1, '\0') + from;
+    }
     w->Enqueue(ev);
     return KVX_OK;
 }

@@ -269,13 +269,19 @@ static void DeliverNotice(World *w, const Event &ev)
     }
     SimCtx        *c = it->second;
     const uint8_t *h = reinterpret_cast<const uint8_t *>(ev.data.data());
-    std::string    id = ev.data.substr(40);
+    std::string    id = ev.data.substr(40), from;
+    size_t         nul = id.find('\0');
+
+    if (nul != std::string::npos) {
+        from = id.substr(nul + 1);
+        id.resize(nul);
+    }
 
     w->SetCurrent(c->node);
     w->delivering.push_back(c->id);
     c->p.notice(c->p.notice_arg, NoticeU64(h), NoticeU64(h + 24),
                 NoticeU64(h + 16), NoticeU64(h + 8), NoticeU64(h + 32),
-                id.c_str(), id.size());
+                id.c_str(), id.size(), from.c_str());
     w->delivering.pop_back();
 }
 

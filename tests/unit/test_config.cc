@@ -18,7 +18,8 @@ namespace {
 
 const char *const kExtraKeys[] = {
     "host_ip",          "handshake_port",     "notify_port",
-    "read_mode",        "read_bind_decode_host", "node_hosts",
+    "read_mode",        "read_bind_decode_host", "release_on_data_plane",
+    "node_hosts",
     "trusted_remote_hosts",
     "handshake_timeout", "transfer_timeout",  "defer_timeout", "clock_skew",
     "proxy_ip",         "proxy_ping_port",    "http_port",

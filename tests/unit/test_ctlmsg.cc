@@ -1471,23 +1471,42 @@ TEST_F(CtlMeta, SessionIsAddedPerRequesterAndDecoded)
 
     size_t len  = 0;
     char  *with = kvc_hs_with_session(text.data(), text.size(),
-                                      0xfedcba9876543211ull, &len);
+                                      0xfedcba9876543211ull,
+                                      "10.0.2.1:40123", &len);
     ASSERT_NE(with, nullptr);
     EXPECT_EQ(len, strlen(with));
     ASSERT_EQ(kvc_hs_decode(with, len, &out), KVX_OK) << kvc_last_error();
     EXPECT_EQ(out.session, 0xfedcba9876543211ull);
+    EXPECT_STREQ(out.seen_as, "10.0.2.1:40123");
     EXPECT_EQ(out.epoch, 0xfedcba9876543210ull); // the rest unchanged
     EXPECT_EQ(out.num_layers, 3u);
     kvc_hs_fini(&out);
     free(with);
 
-    // Only an object takes a member; "{}" takes no comma.
-    with = kvc_hs_with_session("{}", 2, 7, &len);
+    // Only an object takes a member; "{}" takes no comma. A seen_as that
+    // is no address (or none) is left out.
+    with = kvc_hs_with_session("{}", 2, 7, nullptr, &len);
     ASSERT_NE(with, nullptr);
     EXPECT_STREQ(with, "{\"session\":\"7\"}");
     free(with);
-    EXPECT_EQ(kvc_hs_with_session("[1]", 3, 7, &len), nullptr);
-    EXPECT_EQ(kvc_hs_with_session("", 0, 7, &len), nullptr);
+    with = kvc_hs_with_session("{}", 2, 7, "a\"b", &len);
+    ASSERT_NE(with, nullptr);
+    EXPECT_STREQ(with, "{\"session\":\"7\"}");
+    free(with);
+    with = kvc_hs_with_session("{}", 2, 7, "[::1]:80", &len);
+    ASSERT_NE(with, nullptr);
+    EXPECT_STREQ(with, "{\"session\":\"7\",\"seen_as\":\"[::1]:80\"}");
+    free(with);
+    EXPECT_EQ(kvc_hs_with_session("[1]", 3, 7, nullptr, &len), nullptr);
+    EXPECT_EQ(kvc_hs_with_session("", 0, 7, nullptr, &len), nullptr);
+
+    // A seen_as that is no address is refused, naming the field.
+    std::string odd = text;
+    odd.insert(odd.size() - 1, ",\"seen_as\":\"host name\"");
+    EXPECT_EQ(kvc_hs_decode(odd.data(), odd.size(), &out),
+              KVX_ERR_BAD_MESSAGE);
+    EXPECT_NE(strstr(kvc_last_error(), "field seen_as"), nullptr)
+        << kvc_last_error();
 
     // A session that is no decimal string is refused, naming the field.
     std::string bad = text;

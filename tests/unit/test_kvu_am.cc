@@ -382,8 +382,11 @@ struct NoticeBox {
     uint64_t        tag = 0, mac = 0, nonce = 0, inst = 0, xn = 0;
     std::string     id;
 
+    std::string     from;
+
     static void cb(void *arg, uint64_t tag, uint64_t mac, uint64_t nonce,
-                   uint64_t inst, uint64_t xn, const char *id, size_t idlen)
+                   uint64_t inst, uint64_t xn, const char *id, size_t idlen,
+                   const char *from)
     {
         NoticeBox *b = static_cast<NoticeBox *>(arg);
         pthread_mutex_lock(&b->mu);
@@ -394,6 +397,7 @@ struct NoticeBox {
         b->inst  = inst;
         b->xn    = xn;
         b->id.assign(id, idlen);
+        b->from = from;
         EXPECT_EQ(id[idlen], '\0');
         pthread_cond_broadcast(&b->cv);
         pthread_mutex_unlock(&b->mu);
@@ -463,7 +467,8 @@ TEST_P(KvuAm, NoticeCarriesTagInstanceIdAndSessionMac)
     ASSERT_EQ(kvu_flush(ep, &f.op), KVX_OK);
     EXPECT_EQ(f.wait(), KVX_OK);
     EXPECT_EQ(w.wait(), KVX_OK);
-    ASSERT_EQ(kvu_notify(ep, 0x77, 0x9000000000000001ull, 41, "tx-notice-1"),
+    ASSERT_EQ(kvu_notify(ep, 0x77, 0x9000000000000001ull, 41, "tx-notice-1",
+                         nullptr),
               KVX_OK);
     ASSERT_EQ(box.wait_for(1), 1);
     EXPECT_TRUE(all_eq(tbuf.data(), tbuf.size(), 0x6b));
@@ -471,6 +476,7 @@ TEST_P(KvuAm, NoticeCarriesTagInstanceIdAndSessionMac)
     EXPECT_EQ(box.tag, 0x77u);
     EXPECT_EQ(box.inst, 0x9000000000000001ull);
     EXPECT_EQ(box.id, "tx-notice-1");
+    EXPECT_EQ(box.from, "");
     EXPECT_EQ(box.xn, 41u);
     EXPECT_EQ(box.mac, kvc_req_mac(0x1234abcd5678ef01ull, 0x77, box.nonce,
                                    0x9000000000000001ull, 41, KVC_MAC_NOTICE));
@@ -480,15 +486,20 @@ TEST_P(KvuAm, NoticeCarriesTagInstanceIdAndSessionMac)
     EXPECT_NE(box.mac, 0x1234abcd5678ef01ull) << "the session travelled";
     uint64_t first_nonce = box.nonce;
     pthread_mutex_unlock(&box.mu);
-    ASSERT_EQ(kvu_notify(ep, 0x78, 5, 42, "tx-notice-2"), KVX_OK);
+    // A READ release carries the address the peer saw this side at.
+    ASSERT_EQ(kvu_notify(ep, 0x78, 5, 42, "tx-notice-2", "10.0.2.1:41234"),
+              KVX_OK);
     ASSERT_EQ(box.wait_for(2), 2);
     pthread_mutex_lock(&box.mu);
     EXPECT_EQ(box.id, "tx-notice-2");
+    EXPECT_EQ(box.from, "10.0.2.1:41234");
     EXPECT_NE(box.nonce, first_nonce);
     pthread_mutex_unlock(&box.mu);
-    // Ids that cannot be a transfer's are not sent.
-    EXPECT_EQ(kvu_notify(ep, 1, 1, 1, ""), KVX_ERR_INVALID_PARAM);
-    EXPECT_EQ(kvu_notify(ep, 1, 1, 1, std::string(600, 'x').c_str()),
+    // Ids that cannot be a transfer's are not sent, nor an overlong from.
+    EXPECT_EQ(kvu_notify(ep, 1, 1, 1, "", nullptr), KVX_ERR_INVALID_PARAM);
+    EXPECT_EQ(kvu_notify(ep, 1, 1, 1, std::string(600, 'x').c_str(), nullptr),
+              KVX_ERR_INVALID_PARAM);
+    EXPECT_EQ(kvu_notify(ep, 1, 1, 1, "tx", std::string(64, '1').c_str()),
               KVX_ERR_INVALID_PARAM);
     kvu_rkey_destroy(rkey);
     kvu_ep_close(ep);

@@ -160,6 +160,9 @@ typedef struct kvu_amp {
 typedef struct kvu_notice {
     kvu_am_hdr_t       hdr;
     size_t             idlen;
+    size_t             len;     /* bytes sent or received: the id, then
+                                   NUL and from when there is one */
+    char               from[KVT_NOTICE_FROM_MAX]; /* received: "" none */
     struct kvu_notice *next;
     char               id[];
 } kvu_notice_t;
@@ -869,7 +872,8 @@ static ucs_status_t kvu_am_on_answer(kvu_ctx_t *ctx, ucp_worker_h worker,
 /* kvu_am_notice_cb: a peer's completion notice (inside
  * ucp_worker_progress, ctx lock held): queued for kvu_deliver, which hands
  * it to params.notice without the lock. Nothing in it is trusted here: the
- * engine checks the mac. */
+ * engine checks the mac. The payload is the transfer id, optionally
+ * followed by a NUL and the sender's address claim (kvu_notify's from). */
 static ucs_status_t kvu_am_notice_cb(void *arg, const void *header,
                                      size_t hlen, void *data, size_t len,
                                      const ucp_am_recv_param_t *param)
@@ -879,11 +883,17 @@ static ucs_status_t kvu_am_notice_cb(void *arg, const void *header,
     kvu_am_hdr_t  h   = {0};
     kvu_notice_t *nt  = NULL;
     int           rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+    const char   *nul  = len > 0 && !rndv ? memchr(data, '\0', len) : NULL;
+    size_t        idlen = nul != NULL ? (size_t)(nul - (const char *)data)
+                                      : len;
+    size_t        flen  = nul != NULL ? len - idlen - 1 : 0;
 
-    if (!rndv && kvu_am_hdr_ok(header, hlen, &h) && h.len == 0 && len > 0 &&
-        len <= KVU_NOTICE_ID_MAX && memchr(data, '\0', len) == NULL &&
+    if (!rndv && kvu_am_hdr_ok(header, hlen, &h) && h.len == 0 &&
+        idlen > 0 && idlen <= KVU_NOTICE_ID_MAX &&
+        (nul == NULL || (flen > 0 && flen < KVT_NOTICE_FROM_MAX &&
+                         memchr(nul + 1, '\0', flen) == NULL)) &&
         ctx->params.notice != NULL && ctx->notice_queued < KVU_NOTICE_QMAX) {
-        nt = malloc(sizeof(*nt) + len + 1);
+        nt = malloc(sizeof(*nt) + idlen + 1);
     }
     if (rndv) {
         ucp_am_data_release(wk->worker, data); /* never sent by kvxfer */
@@ -900,10 +910,13 @@ static ucs_status_t kvu_am_notice_cb(void *arg, const void *header,
         return UCS_OK;
     }
     nt->hdr   = h;
-    nt->idlen = len;
+    nt->idlen = idlen;
+    nt->len   = len;
     nt->next  = NULL;
-    memcpy(nt->id, data, len);
-    nt->id[len] = '\0';
+    memcpy(nt->id, data, idlen);
+    nt->id[idlen] = '\0';
+    memcpy(nt->from, flen > 0 ? nul + 1 : "", flen);
+    nt->from[flen] = '\0';
     if (ctx->notice_tail != NULL) {
         ctx->notice_tail->next = nt;
     } else {
@@ -923,10 +936,11 @@ static void kvu_notice_send_cb(void *request, ucs_status_t status,
 }
 
 kvx_status_t kvu_notify(kvu_ep_t *ep, uint64_t tag, uint64_t instance,
-                        uint64_t xnonce, const char *id)
+                        uint64_t xnonce, const char *id, const char *from)
 {
     kvu_ctx_t          *ctx   = ep->ctx;
     size_t              idlen = strlen(id);
+    size_t              flen  = from != NULL ? strlen(from) : 0;
     kvu_notice_t       *nt;
     ucp_request_param_t prm;
     ucs_status_ptr_t    sp;
@@ -936,12 +950,20 @@ kvx_status_t kvu_notify(kvu_ep_t *ep, uint64_t tag, uint64_t instance,
         return kvc_error(KVX_ERR_INVALID_PARAM, "notice: transfer id of %zu "
                          "bytes (1..%u)", idlen, KVU_NOTICE_ID_MAX);
     }
-    nt = calloc(1, sizeof(*nt) + idlen + 1);
+    if (flen >= KVT_NOTICE_FROM_MAX) {
+        return kvc_error(KVX_ERR_INVALID_PARAM, "notice: from of %zu bytes "
+                         "(at most %u)", flen, KVT_NOTICE_FROM_MAX - 1);
+    }
+    nt = calloc(1, sizeof(*nt) + idlen + 1 + flen + 1);
     if (nt == NULL) {
         return kvc_error(KVX_ERR_NO_MEMORY, "notice: out of memory");
     }
     memcpy(nt->id, id, idlen);
+    if (flen > 0) { /* id, NUL, from */
+        memcpy(nt->id + idlen + 1, from, flen);
+    }
     nt->idlen = idlen;
+    nt->len   = flen > 0 ? idlen + 1 + flen : idlen;
     pthread_mutex_lock(&ctx->lock);
     if (atomic_load(&ep->dead) || ep->failed) {
         pthread_mutex_unlock(&ctx->lock);
@@ -965,7 +987,7 @@ kvx_status_t kvu_notify(kvu_ep_t *ep, uint64_t tag, uint64_t instance,
     prm.user_data    = nt;
     prm.flags        = UCP_AM_SEND_FLAG_EAGER;
     sp = ucp_am_send_nbx(ep->ep, KVU_AM_NOTICE, &nt->hdr, sizeof(nt->hdr),
-                         nt->id, idlen, &prm);
+                         nt->id, nt->len, &prm);
     if (sp == NULL) {
         free(nt);
     } else if (UCS_PTR_IS_ERR(sp)) {
@@ -1445,7 +1467,7 @@ static int kvu_deliver(kvu_ctx_t *ctx)
 
         ctx->params.notice(ctx->params.notice_arg, nts->hdr.tag,
                            nts->hdr.mac, nts->hdr.nonce, nts->hdr.addr,
-                           nts->hdr.token, nts->id, nts->idlen);
+                           nts->hdr.token, nts->id, nts->idlen, nts->from);
         free(nts);
         nts = next;
         n++;

@@ -168,9 +168,10 @@ int          kvu_ep_rma_shm_only(const kvu_ep_t *ep);
 void         kvu_ep_set_session(kvu_ep_t *ep, uint64_t session);
 /* kvu_notify: kvt_data_ops_t.notify (kvt.h): one active message
  * (KVU_AM_NOTICE) of tag, instance, xnonce, a nonce and their mac under
- * the endpoint's session, the transfer id as its data; any thread. */
+ * the endpoint's session, the transfer id (and, when from is not NULL or
+ * "", a NUL and from) as its data; any thread. */
 kvx_status_t kvu_notify(kvu_ep_t *ep, uint64_t tag, uint64_t instance,
-                        uint64_t xnonce, const char *id);
+                        uint64_t xnonce, const char *id, const char *from);
 /* kvu_rkey_direct: 1 when the rkey maps the peer's memory at addr into
  * this process (UCX-allocated shared memory). */
 int          kvu_rkey_direct(const kvu_rkey_t *rkey, uint64_t addr);

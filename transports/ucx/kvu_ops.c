@@ -116,9 +116,10 @@ static void ops_ep_set_session(kvt_ep_t *ep, uint64_t session)
 }
 
 static kvx_status_t ops_notify(kvt_ep_t *ep, uint64_t tag, uint64_t instance,
-                               uint64_t xnonce, const char *id)
+                               uint64_t xnonce, const char *id,
+                               const char *from)
 {
-    return kvu_notify(KVU_C(kvu_ep_t, ep), tag, instance, xnonce, id);
+    return kvu_notify(KVU_C(kvu_ep_t, ep), tag, instance, xnonce, id, from);
 }
 
 static kvx_status_t ops_rkey_unpack(kvt_ep_t *ep, const void *buf, size_t len,
