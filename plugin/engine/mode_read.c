@@ -31,7 +31,7 @@ static int kvc_read_release_on_dp(struct kvx_engine *eng, kvc_xfer_t *x,
 {
     int read_from = 0;
 
-    if (x->status != KVX_OK || KVD(eng)->notify == NULL ||
+    if (x->status != KVX_OK || x->ops == NULL || KVD(eng)->notify == NULL ||
         peer->state != KVC_PEER_READY || peer->ep == NULL ||
         peer->seen_as[0] == '\0' || eng->cfg.tls.cert_file[0] != '\0' ||
         eng->cfg.tp_rank >= 64 || !eng->cfg.release_on_data_plane) {

@@ -1498,12 +1498,13 @@ TEST(CtlClient, CloseCompletesPendingRequestsOnceAsCanceled)
     }
 }
 
-// The engine reports the round trip of the releases it sent and the parts
-// of its last handshake.
+// The engine reports the round trip of the releases it sent over the
+// control plane (release_on_data_plane off) and the parts of its last
+// handshake.
 TEST(CtlClient, EngineReportsReleaseRoundTripsAndHandshakeParts)
 {
     Pair pr;
-    MakePair(&pr);
+    MakePair(&pr, "\"release_on_data_plane\":false");
     if (HasFatalFailure()) {
         return;
     }
@@ -1532,6 +1533,36 @@ TEST(CtlClient, EngineReportsReleaseRoundTripsAndHandshakeParts)
     long long total = StatCount(pr.d->eng, "last_handshake.total_us");
     EXPECT_GT(total, 0);
     EXPECT_GE(total, StatCount(pr.d->eng, "last_handshake.metadata_us"));
+    EXPECT_EQ(0, StatCount(pr.d->eng, "releases_on_dp"));
+}
+
+// By default a READ D releases the P rank it read from with a notice on the
+// UCX endpoint of the gets (no control message per transfer), and P takes
+// it only under the session it gave the address it saw D's handshake from:
+// the same transfers, byte-exact, with no release over the control plane.
+TEST(CtlClient, ReleasesTravelOnTheDataPlane)
+{
+    Pair pr;
+    MakePair(&pr);
+    if (HasFatalFailure()) {
+        return;
+    }
+    const int n = 4;
+    for (int i = 0; i < n; i++) {
+        // The same blocks each time: Pull checks that D's others are
+        // untouched.
+        std::vector<uint64_t> remote = {3, 1}, local = {0, 5};
+        Pull(pr, "tx-dp-rel-" + std::to_string(i), local, remote);
+        if (HasFatalFailure()) {
+            return;
+        }
+    }
+    WaitFor([&] { return StatCount(pr.p->eng, "notices_done") >= n; }, 5000);
+    EXPECT_EQ(n, StatCount(pr.p->eng, "notices_done"));
+    EXPECT_EQ(0, StatCount(pr.p->eng, "notices_refused"));
+    EXPECT_EQ(n, StatCount(pr.d->eng, "releases_on_dp"));
+    EXPECT_EQ(0, StatCount(pr.d->eng, "ctl_rtt.count"));
+    EXPECT_EQ(0, StatCount(pr.p->eng, "rx.release"));
 }
 
 // ========================================================================

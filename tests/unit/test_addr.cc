@@ -1301,3 +1301,34 @@ TEST(NoticeMatch, OnlyTheBoundRankOfThatInstanceAuthenticates)
     EXPECT_EQ(kvc_notice_match(key, hosts, insts, 0, 7, 5, 100, 3,
                                mac(s1, 7, 5, 100)), -1);
 }
+
+// A READ P takes a D rank's release notice only with the mac of the
+// session it gave the address the notice claims (the handshake's seen_as,
+// port and all, computed as the handshake did): another address, another
+// engine's key, other fields or no claim do not authenticate it.
+TEST(NoticeMatch, ReleaseNoticeNeedsTheSessionOfItsClaimedAddress)
+{
+    const uint64_t key[2]   = {0x3333, 0x4444};
+    const uint64_t other[2] = {0x3333, 0x4445};
+    const uint64_t s = kvc_host_session(key, "192.0.2.7:40001", 1);
+    const uint64_t inst = (uint64_t)2 << 32 | 1; // tp 2, rank 1
+    const uint64_t m = kvc_req_mac(s, 7, 5, inst, 0, KVC_MAC_NOTICE);
+
+    ASSERT_NE(s, 0u);
+    EXPECT_EQ(kvc_notice_from_ok(key, "192.0.2.7:40001", 7, 5, inst, 0, m), 1);
+    // The session is per host: another port of that host is the same one.
+    EXPECT_EQ(kvc_notice_from_ok(key, "192.0.2.7:50000", 7, 5, inst, 0, m), 1);
+    EXPECT_EQ(kvc_notice_from_ok(key, "192.0.2.8:40001", 7, 5, inst, 0, m), 0);
+    EXPECT_EQ(kvc_notice_from_ok(other, "192.0.2.7:40001", 7, 5, inst, 0, m),
+              0);
+    EXPECT_EQ(kvc_notice_from_ok(key, "192.0.2.7:40001", 8, 5, inst, 0, m), 0);
+    EXPECT_EQ(kvc_notice_from_ok(key, "192.0.2.7:40001", 7, 6, inst, 0, m), 0);
+    EXPECT_EQ(kvc_notice_from_ok(key, "192.0.2.7:40001", 7, 5, inst + 1, 0,
+                                 m), 0); // another rank
+    EXPECT_EQ(kvc_notice_from_ok(key, "192.0.2.7:40001", 7, 5, inst, 1, m), 0);
+    EXPECT_EQ(kvc_notice_from_ok(key, "", 7, 5, inst, 0, m), 0);
+    EXPECT_EQ(kvc_notice_from_ok(key, "p.example:1", 7, 5, inst, 0, m), 0);
+    EXPECT_EQ(kvc_notice_from_ok(key, "192.0.2.7:40001", 7, 5, inst, 0,
+                                 kvc_req_mac(s, 7, 5, inst, 0, 1)), 0)
+        << "a put's mac must not pass for a notice's";
+}
