@@ -592,11 +592,8 @@ static void kvc_read_on_notice(struct kvx_engine *eng, const kvc_notice_t *nt)
     uint32_t    tp = (uint32_t)(nt->instance >> 32);
     uint32_t    rank = (uint32_t)nt->instance;
 
-    if (x == NULL || !x->is_producer || x->state != KVC_XFER_HELD) {
-        /* Sent only after D's gets of a transfer P held were answered:
-         * this one ended here since (its deadline, or the same rank's
-         * release over the control plane). */
-        return;
+    if (x != NULL && (!x->is_producer || x->state != KVC_XFER_HELD)) {
+        return; /* ended here (its deadline, or this rank's release) */
     }
     if (kvc_xfer_tag(nt->id) != nt->tag || tp == 0 || tp > 65535u ||
         rank >= tp ||
@@ -605,7 +602,26 @@ static void kvc_read_on_notice(struct kvx_engine *eng, const kvc_notice_t *nt)
         eng->stats.notices_refused++;
         kvc_log_debug("KVX-READ-NOTICE", "release notice for '%s' from %s "
                       "refused: not authenticated by the session of that "
-                      "address", x->transfer_id, nt->from);
+                      "address", nt->id, nt->from);
+        return;
+    }
+    if (x == NULL) {
+        /* D read before this P's producer_request ran (a direct RMA lane
+         * never asks P): kept as an early release, exactly as one over the
+         * control plane (SPEC §7), unless the id ended here. */
+        kvc_msg_t m;
+
+        if (strlen(nt->id) < sizeof(m.transfer_id) &&
+            !kvc_idset_contains(&eng->terminal, nt->id)) {
+            memset(&m, 0, sizeof(m));
+            m.type             = KVC_MSG_RELEASE;
+            m.consumer_tp_size = (int32_t)tp;
+            m.consumer_rank    = (int32_t)rank;
+            m.from             = nt->from;
+            snprintf(m.transfer_id, sizeof(m.transfer_id), "%s", nt->id);
+            eng->stats.notices_done++;
+            kvc_early_keep(eng, &m);
+        }
         return;
     }
     if (kvc_expo_bound_host(eng, x, dhost, sizeof(dhost)) == 0 &&

@@ -507,6 +507,24 @@ TEST(ReadRegion, UcxAllocatedPoolGivesDirectSharedMemoryCopies)
     EXPECT_NE(std::string(json).find("\"rma\":\"direct-shm\""), std::string::npos)
         << json;
     Api()->free(json);
+
+    // A direct lane never asks P: D read before P's producer_request, and
+    // its release (a notice on the data plane) waits in P's early store
+    // until that request, which then finishes at once.
+    EXPECT_EQ(1, StatAwait(p.eng, "notices_done", 1));
+    EXPECT_EQ(1, StatCount(d.eng, "releases_on_dp"));
+    char *resp = nullptr;
+    ASSERT_EQ(KVX_OK, Api()->producer_request(p.eng, "r",
+                                              "{\"transfer_id\":\"tx-region\"}",
+                                              pids.data(), pids.size(), &resp))
+        << Api()->last_error();
+    Api()->free(resp);
+    std::vector<kvx_event_t> pev;
+    ASSERT_TRUE(WaitFor([&] { DrainEvents(p.eng, &pev); return !pev.empty(); },
+                        5000));
+    EXPECT_EQ(KVX_EVENT_FINISHED_SENDING, pev[0].type);
+    EXPECT_STREQ("tx-region", pev[0].transfer_id);
+    EXPECT_EQ(0, StatCount(p.eng, "rx.release"));
 }
 
 } // namespace
