@@ -161,9 +161,10 @@ typedef struct kvt_data_params {
     void       *notice_arg;
 } kvt_data_params_t;
 
+#define KVT_NOTICE_FROM_MAX 64 /* bytes of a notice's from, with its NUL */
+
 /* kvt_data_params_t.remote_access: the least the engine's role needs (READ:
  * P's memory remote-readable; WRITE: D's remote-writable; else local). */
-#define KVT_NOTICE_FROM_MAX 64 /* bytes of a notice's from, with its NUL */
 #define KVT_ACCESS_DEFAULT 0 /* the transport's default (read and write) */
 #define KVT_ACCESS_READ    1 /* remote get only */
 #define KVT_ACCESS_WRITE   2 /* remote put only */

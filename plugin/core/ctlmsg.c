@@ -1539,14 +1539,17 @@ static kvx_status_t kvc_hs_ident_decode(json_object *obj, kvc_hs_meta_t *m)
     status = status ? status
                     : kvc_fld_dec_opt(kvc_what_meta, obj, "session",
                                       &m->session);
-    status = status ? status
-                    : kvc_fld_str(kvc_what_meta, obj, "seen_as", 0,
-                                  m->seen_as, sizeof(m->seen_as), 0);
-    if (status == KVX_OK && m->seen_as[0] != '\0' &&
-        !kvc_seen_as_ok(m->seen_as)) {
-        status = kvc_error(KVX_ERR_BAD_MESSAGE,
-                           "handshake metadata: field seen_as: value '%s': "
-                           "must be an address (ip:port)", m->seen_as);
+    if (status == KVX_OK) {
+        /* A hint (READ releases on the data plane): one that is no address
+         * this side would send is ignored, not a failed handshake. */
+        json_object *sa = NULL;
+
+        if (json_object_object_get_ex(obj, "seen_as", &sa) &&
+            json_object_is_type(sa, json_type_string) &&
+            kvc_seen_as_ok(json_object_get_string(sa))) {
+            snprintf(m->seen_as, sizeof(m->seen_as), "%s",
+                     json_object_get_string(sa));
+        }
     }
     status = status ? status
                     : kvc_fld_str(kvc_what_meta, obj, "engine_id", 1,

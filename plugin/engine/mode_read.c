@@ -16,14 +16,25 @@
 
 /* --- consumer (D) ------------------------------------------------------- */
 
+/* kvc_read_hold_why: the reason of a transfer that P's hold outlasted,
+ * "... ended <when>". */
+static void kvc_read_hold_why(const struct kvx_engine *eng, const char *when,
+                              char *buf, size_t len)
+{
+    snprintf(buf, len, "the producer's hold of the blocks (remote_hold_ms "
+             "from its producer_request, less clock_skew %.3f s) ended %s",
+             eng->cfg.clock_skew, when);
+}
+
 /* kvc_read_release_on_dp: x's release to P rank peer goes as a notice on
  * the data plane (kvc_read_on_notice) instead of over the control plane:
  * saves both processes the control plane's thread hand-offs and round trip
- * per transfer (perf/README.md, "Per-transfer overhead"). Only when it
- * cannot overtake P's transfer nor go unheard: x read OK, some of it from
- * that instance of peer over the endpoint the notice takes (so P held the
- * transfer when the gets were answered), and P told this engine the
- * address its session is keyed by. Not with control-plane TLS: the data
+ * per transfer (perf/README.md, "Per-transfer overhead"). Only when x read
+ * OK, some of it from that instance of peer over the endpoint the notice
+ * takes, and P told this engine the address its session is keyed by. (On a
+ * direct RMA lane D may read before P's producer_request: P keeps such a
+ * notice as an early release.) A notice the transport refuses (endpoint
+ * gone, KVU_NOTICE_PENDING_MAX unsent) falls back to the message. Not with control-plane TLS: the data
  * plane is not encrypted, and a captured notice could be replayed at a
  * later use of the id. Returns 1 when the notice was handed over. */
 static int kvc_read_release_on_dp(struct kvx_engine *eng, kvc_xfer_t *x,
@@ -32,6 +43,7 @@ static int kvc_read_release_on_dp(struct kvx_engine *eng, kvc_xfer_t *x,
     int read_from = 0;
 
     if (x->status != KVX_OK || x->ops == NULL || KVD(eng)->notify == NULL ||
+        KVD(eng)->ep_set_session == NULL ||
         peer->state != KVC_PEER_READY || peer->ep == NULL ||
         peer->seen_as[0] == '\0' || eng->cfg.tls.cert_file[0] != '\0' ||
         eng->cfg.tp_rank >= 64 || !eng->cfg.release_on_data_plane) {
@@ -277,11 +289,12 @@ static void kvc_read_post(struct kvx_engine *eng, kvc_xfer_t *x)
         kvc_now_us(eng) >= x->hold_end_us) {
         /* The handshake ended after P's hold did (the timer had not run
          * yet): nothing is posted. */
+        char why[KVX_REASON_MAX];
+
         x->timed_out = 1;
-        st = kvc_error(KVX_ERR_TRANSFER_TIMEOUT, "the producer's hold of "
-                       "the blocks (remote_hold_ms from its "
-                       "producer_request, less clock_skew %.3f s) ended "
-                       "before the handshake finished", eng->cfg.clock_skew);
+        kvc_read_hold_why(eng, "before the handshake finished", why,
+                          sizeof(why));
+        st = kvc_error(KVX_ERR_TRANSFER_TIMEOUT, "%s", why);
     }
     if (st != KVX_OK) {
         kvc_xfer_fail(x, st, kvc_last_error());
@@ -402,11 +415,9 @@ static kvx_status_t kvc_read_consumer_locked(struct kvx_engine *eng,
         char why[KVX_REASON_MAX];
 
         /* Too late to read anything: no get is posted. */
-        snprintf(why, sizeof(why), "the producer's hold of the blocks "
-                 "(remote_hold_ms from its producer_request, less "
-                 "clock_skew %.3f s) ended before the request reached this "
-                 "rank: nothing was read (or the P and D hosts' clocks "
-                 "disagree by more than that)", eng->cfg.clock_skew);
+        kvc_read_hold_why(eng, "before the request reached this rank: "
+                          "nothing was read (or the P and D hosts' clocks "
+                          "disagree by more than that)", why, sizeof(why));
         x->timed_out = 1;
         kvc_xfer_fail(x, KVX_ERR_TRANSFER_TIMEOUT, why);
         kvc_read_finish(eng, x);
@@ -595,14 +606,20 @@ static void kvc_read_on_notice(struct kvx_engine *eng, const kvc_notice_t *nt)
     if (x != NULL && (!x->is_producer || x->state != KVC_XFER_HELD)) {
         return; /* ended here (its deadline, or this rank's release) */
     }
+    if (eng->cfg.tls.cert_file[0] != '\0') {
+        /* With control-plane TLS releases come over it only (a notice on
+         * the unencrypted data plane could be a replay). */
+        eng->stats.notices_refused++;
+        return;
+    }
     if (kvc_xfer_tag(nt->id) != nt->tag || tp == 0 || tp > 65535u ||
         rank >= tp ||
         !kvc_notice_from_ok(eng->expo.key, nt->from, nt->tag, nt->nonce,
                             nt->instance, nt->xnonce, nt->mac)) {
         eng->stats.notices_refused++;
-        kvc_log_debug("KVX-READ-NOTICE", "release notice for '%s' from %s "
-                      "refused: not authenticated by the session of that "
-                      "address", nt->id, nt->from);
+        kvc_log_debug("KVX-READ-NOTICE", "release notice (tag %llx) "
+                      "refused: not authenticated by the session of the "
+                      "address it claims", (unsigned long long)nt->tag);
         return;
     }
     if (x == NULL) {
@@ -626,7 +643,11 @@ static void kvc_read_on_notice(struct kvx_engine *eng, const kvc_notice_t *nt)
     }
     if (kvc_expo_bound_host(eng, x, dhost, sizeof(dhost)) == 0 &&
         kvc_from_matches(nt->from, dhost) == 0) {
+        eng->stats.notices_refused++;
         kvc_refused(eng, KVC_PORT_NOTIFY, KVC_REFUSE_WRONG_PEER);
+        kvc_log_debug("KVX-READ-NOTICE", "release notice for '%s' refused: "
+                      "the decode host of this transfer is %s",
+                      x->transfer_id, dhost);
         return;
     }
     eng->stats.notices_done++;
@@ -705,13 +726,12 @@ static void kvc_read_tick_xfer(struct kvx_engine *eng, kvc_xfer_t *x,
     }
     if (x->hold_end_us != 0 && now >= x->hold_end_us &&
         x->hold_end_us < x->deadline_us + 1) {
-        snprintf(why, sizeof(why), "the producer's hold of the blocks "
-                 "(remote_hold_ms from its producer_request, less "
-                 "clock_skew %.3f s) ended %s", eng->cfg.clock_skew,
-                 x->state == KVC_XFER_WAIT_PEER
-                     ? "before the handshake finished"
-                 : kvc_read_inflight(eng, x) ? "with gets in flight"
-                                             : "before the reads ended");
+        kvc_read_hold_why(eng, x->state == KVC_XFER_WAIT_PEER
+                                   ? "before the handshake finished"
+                               : kvc_read_inflight(eng, x)
+                                   ? "with gets in flight"
+                                   : "before the reads ended",
+                          why, sizeof(why));
     } else {
         snprintf(why, sizeof(why), "transfer_timeout %.3f s expired %s",
                  eng->cfg.transfer_timeout,

@@ -63,7 +63,7 @@ static void kvc_write_p_finish(struct kvx_engine *eng, kvc_xfer_t *x,
 
 /* kvc_write_send_done: write_done to x's D rank (lock held): none of x's
  * puts can land any more. */
-static void kvc_write_send_done(struct kvx_engine *eng, kvc_xfer_t *x)
+static void kvc_write_send_done(kvc_xfer_t *x)
 {
     kvc_msg_t m;
 
@@ -73,7 +73,6 @@ static void kvc_write_send_done(struct kvx_engine *eng, kvc_xfer_t *x)
     m.xfer_nonce    = x->xnonce;
     snprintf(m.transfer_id, sizeof(m.transfer_id), "%s", x->transfer_id);
     kvc_peer_send_msg(x->src, &m, "write_done");
-    (void)eng;
 }
 
 static void kvc_write_flush_done(kvt_op_t *op)
@@ -100,7 +99,7 @@ static void kvc_write_flush_done(kvt_op_t *op)
                           x->transfer_id, kvc_last_error());
             kvc_error_clear();
         }
-        kvc_write_send_done(eng, x);
+        kvc_write_send_done(x);
     } else {
         kvc_xfer_fail(x, st != KVX_OK ? st : KVX_ERR_TRANSFER_TIMEOUT,
                        "final flush of the puts failed");
@@ -142,7 +141,7 @@ void kvc_write_check(struct kvx_engine *eng, kvc_xfer_t *x)
             /* The endpoint failed or closed: its puts completed (or were
              * cancelled) and none can land any more; D fences on this. */
             if (x->src != NULL) {
-                kvc_write_send_done(eng, x);
+                kvc_write_send_done(x);
             }
             kvc_write_p_finish(eng, x, 1);
         }

@@ -1327,6 +1327,14 @@ TEST(NoticeMatch, ReleaseNoticeNeedsTheSessionOfItsClaimedAddress)
                                  m), 0); // another rank
     EXPECT_EQ(kvc_notice_from_ok(key, "192.0.2.7:40001", 7, 5, inst, 1, m), 0);
     EXPECT_EQ(kvc_notice_from_ok(key, "", 7, 5, inst, 0, m), 0);
+    // A dual-stack listener sees an IPv4 peer as ::ffff:a.b.c.d, and every
+    // loopback address is one host: the same session as the handshake's.
+    EXPECT_EQ(kvc_notice_from_ok(key, "[::ffff:192.0.2.7]:40001", 7, 5, inst,
+                                 0, m), 1);
+    const uint64_t lo = kvc_host_session(key, "127.0.0.1:5", 1);
+    const uint64_t ml = kvc_req_mac(lo, 7, 5, inst, 0, KVC_MAC_NOTICE);
+    EXPECT_EQ(kvc_notice_from_ok(key, "127.0.0.2:9", 7, 5, inst, 0, ml), 1);
+    EXPECT_EQ(kvc_notice_from_ok(key, "[::1]:9", 7, 5, inst, 0, ml), 1);
     EXPECT_EQ(kvc_notice_from_ok(key, "p.example:1", 7, 5, inst, 0, m), 0);
     EXPECT_EQ(kvc_notice_from_ok(key, "192.0.2.7:40001", 7, 5, inst, 0,
                                  kvc_req_mac(s, 7, 5, inst, 0, 1)), 0)

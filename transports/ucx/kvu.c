@@ -86,6 +86,9 @@
 #define KVU_NOTICE_ID_MAX 512  /* bytes of a notice's transfer id */
 #define KVU_NOTICE_QMAX   4096 /* notices waiting for delivery (more are
                                   dropped: a peer cannot grow memory) */
+#define KVU_NOTICE_PENDING_MAX 256 /* notice sends outstanding on one
+                                      endpoint (a peer that stopped reading
+                                      cannot grow this side's memory) */
 
 typedef struct kvu_am_hdr {
     uint32_t magic;
@@ -159,6 +162,7 @@ typedef struct kvu_amp {
  * (hdr and id valid until the send completes). */
 typedef struct kvu_notice {
     kvu_am_hdr_t       hdr;
+    struct kvu_ep     *ep;      /* sent on (notices_pending), NULL received */
     size_t             idlen;
     size_t             len;     /* bytes sent or received: the id, then
                                    NUL and from when there is one */
@@ -258,6 +262,10 @@ struct kvu_ep {
     char          fail_reason[256];
     uint64_t      inflight;      /* bytes */
     uint64_t      inflight_reqs;
+    uint64_t      notices_pending; /* notice sends not completed: at
+                                      KVU_NOTICE_PENDING_MAX kvu_notify
+                                      refuses (the caller falls back to
+                                      its control plane) */
     void         *close_req;
     void         *close_flush;   /* the flush before a graceful close */
     uint64_t      close_by_us;   /* its deadline */
@@ -910,6 +918,7 @@ static ucs_status_t kvu_am_notice_cb(void *arg, const void *header,
         return UCS_OK;
     }
     nt->hdr   = h;
+    nt->ep    = NULL;
     nt->idlen = idlen;
     nt->len   = len;
     nt->next  = NULL;
@@ -930,8 +939,11 @@ static ucs_status_t kvu_am_notice_cb(void *arg, const void *header,
 static void kvu_notice_send_cb(void *request, ucs_status_t status,
                                void *user_data)
 {
+    kvu_notice_t *nt = user_data;
+
     (void)status; /* best effort: the peer's deadline covers a loss */
-    free(user_data);
+    nt->ep->notices_pending--;
+    free(nt);
     ucp_request_free(request);
 }
 
@@ -971,6 +983,14 @@ kvx_status_t kvu_notify(kvu_ep_t *ep, uint64_t tag, uint64_t instance,
         return kvc_error(KVX_ERR_ENDPOINT, "notice to %s: endpoint %s",
                          ep->peer, ep->failed ? "failed" : "closed");
     }
+    if (ep->notices_pending >= KVU_NOTICE_PENDING_MAX) {
+        pthread_mutex_unlock(&ctx->lock);
+        free(nt);
+        return kvc_error(KVX_ERR_ENDPOINT, "notice to %s: %u notices not "
+                         "sent yet (the peer does not read)", ep->peer,
+                         KVU_NOTICE_PENDING_MAX);
+    }
+    nt->ep          = ep;
     nt->hdr.magic   = KVU_AM_MAGIC;
     nt->hdr.version = KVU_AM_VERSION;
     nt->hdr.tag     = tag;
@@ -994,6 +1014,8 @@ kvx_status_t kvu_notify(kvu_ep_t *ep, uint64_t tag, uint64_t instance,
         rc = kvc_error(KVX_ERR_ENDPOINT, "notice to %s: %s", ep->peer,
                        ucs_status_string(UCS_PTR_STATUS(sp)));
         free(nt);
+    } else {
+        ep->notices_pending++;
     }
     pthread_mutex_unlock(&ctx->lock);
     kvu_ctx_kick(ctx);
@@ -1354,7 +1376,8 @@ static void kvu_reap_closing(kvu_ctx_t *ctx)
         }
         if (ep->ep == NULL && ep->close_req == NULL &&
             ep->close_flush == NULL && ep->inflight_reqs == 0 &&
-            ep->am_npending == 0 && !ep->err_pending && !ep->wire_pending) {
+            ep->notices_pending == 0 && ep->am_npending == 0 &&
+            !ep->err_pending && !ep->wire_pending) {
             *pp = ep->next;
             free(ep);
             continue;
