@@ -508,6 +508,38 @@ TEST_P(KvuAm, NoticeCarriesTagInstanceIdAndSessionMac)
     EXPECT_EQ(box.n, 2);
 }
 
+// What a notice's receiver accepts as its data: an id, optionally a NUL
+// and the sender's address claim; nothing else (a peer's bytes).
+TEST(KvuNotice, SplitAcceptsIdAndOptionalFromOnly)
+{
+    size_t      il = 99, fl = 99;
+    std::string s;
+
+    ASSERT_EQ(kvu_notice_split("tx-1", 4, &il, &fl), 0);
+    EXPECT_EQ(il, 4u);
+    EXPECT_EQ(fl, 0u);
+    s = std::string("tx-1\0" "10.0.0.1:5", 15);
+    ASSERT_EQ(kvu_notice_split(s.data(), s.size(), &il, &fl), 0);
+    EXPECT_EQ(il, 4u);
+    EXPECT_EQ(fl, 10u);
+    EXPECT_EQ(kvu_notice_split("", 0, &il, &fl), -1);
+    s = std::string("\0" "10.0.0.1:5", 11); // no id
+    EXPECT_EQ(kvu_notice_split(s.data(), s.size(), &il, &fl), -1);
+    s = std::string("tx-1\0", 5); // a NUL and no from
+    EXPECT_EQ(kvu_notice_split(s.data(), s.size(), &il, &fl), -1);
+    s = std::string("tx-1\0" "a\0" "b", 8); // two NULs
+    EXPECT_EQ(kvu_notice_split(s.data(), s.size(), &il, &fl), -1);
+    s = "tx-1" + std::string(1, '\0') + std::string(64, '1');
+    EXPECT_EQ(kvu_notice_split(s.data(), s.size(), &il, &fl), -1);
+    s = "tx-1" + std::string(1, '\0') + std::string(63, '1');
+    EXPECT_EQ(kvu_notice_split(s.data(), s.size(), &il, &fl), 0);
+    EXPECT_EQ(fl, 63u);
+    s = std::string(512, 'x');
+    EXPECT_EQ(kvu_notice_split(s.data(), s.size(), &il, &fl), 0);
+    s = std::string(513, 'x');
+    EXPECT_EQ(kvu_notice_split(s.data(), s.size(), &il, &fl), -1);
+}
+
 TEST_P(KvuAm, FlushWaitsForAcknowledgedPuts)
 {
     Pair       pr(GetParam(), KVT_ACCESS_DEFAULT);

@@ -877,6 +877,23 @@ static ucs_status_t kvu_am_on_answer(kvu_ctx_t *ctx, ucp_worker_h worker,
     return UCS_OK;
 }
 
+int kvu_notice_split(const void *data, size_t len, size_t *idlen_p,
+                     size_t *flen_p)
+{
+    const char *nul = len > 0 ? memchr(data, '\0', len) : NULL;
+    size_t      idlen = nul != NULL ? (size_t)(nul - (const char *)data) : len;
+    size_t      flen  = nul != NULL ? len - idlen - 1 : 0;
+
+    if (idlen == 0 || idlen > KVU_NOTICE_ID_MAX ||
+        (nul != NULL && (flen == 0 || flen >= KVT_NOTICE_FROM_MAX ||
+                         memchr(nul + 1, '\0', flen) != NULL))) {
+        return -1;
+    }
+    *idlen_p = idlen;
+    *flen_p  = flen;
+    return 0;
+}
+
 /* kvu_am_notice_cb: a peer's completion notice (inside
  * ucp_worker_progress, ctx lock held): queued for kvu_deliver, which hands
  * it to params.notice without the lock. Nothing in it is trusted here: the
@@ -891,15 +908,10 @@ static ucs_status_t kvu_am_notice_cb(void *arg, const void *header,
     kvu_am_hdr_t  h   = {0};
     kvu_notice_t *nt  = NULL;
     int           rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
-    const char   *nul  = len > 0 && !rndv ? memchr(data, '\0', len) : NULL;
-    size_t        idlen = nul != NULL ? (size_t)(nul - (const char *)data)
-                                      : len;
-    size_t        flen  = nul != NULL ? len - idlen - 1 : 0;
+    size_t        idlen = 0, flen = 0;
 
     if (!rndv && kvu_am_hdr_ok(header, hlen, &h) && h.len == 0 &&
-        idlen > 0 && idlen <= KVU_NOTICE_ID_MAX &&
-        (nul == NULL || (flen > 0 && flen < KVT_NOTICE_FROM_MAX &&
-                         memchr(nul + 1, '\0', flen) == NULL)) &&
+        kvu_notice_split(data, len, &idlen, &flen) == 0 &&
         ctx->params.notice != NULL && ctx->notice_queued < KVU_NOTICE_QMAX) {
         nt = malloc(sizeof(*nt) + idlen + 1);
     }
@@ -924,7 +936,7 @@ static ucs_status_t kvu_am_notice_cb(void *arg, const void *header,
     nt->next  = NULL;
     memcpy(nt->id, data, idlen);
     nt->id[idlen] = '\0';
-    memcpy(nt->from, flen > 0 ? nul + 1 : "", flen);
+    memcpy(nt->from, (const char *)data + idlen + 1, flen);
     nt->from[flen] = '\0';
     if (ctx->notice_tail != NULL) {
         ctx->notice_tail->next = nt;

@@ -172,6 +172,12 @@ void         kvu_ep_set_session(kvu_ep_t *ep, uint64_t session);
  * "", a NUL and from) as its data; any thread. */
 kvx_status_t kvu_notify(kvu_ep_t *ep, uint64_t tag, uint64_t instance,
                         uint64_t xnonce, const char *id, const char *from);
+/* kvu_notice_split: a received notice's data (len bytes, untrusted): the
+ * transfer id (1..512 bytes, no NUL) in its first *idlen_p bytes, then,
+ * when *flen_p > 0, a NUL and from (1..63 bytes, no NUL). 0, or -1 for
+ * anything else. */
+int          kvu_notice_split(const void *data, size_t len, size_t *idlen_p,
+                              size_t *flen_p);
 /* kvu_rkey_direct: 1 when the rkey maps the peer's memory at addr into
  * this process (UCX-allocated shared memory). */
 int          kvu_rkey_direct(const kvu_rkey_t *rkey, uint64_t addr);
