@@ -524,6 +524,7 @@ TEST(ReadRegion, UcxAllocatedPoolGivesDirectSharedMemoryCopies)
                         5000));
     EXPECT_EQ(KVX_EVENT_FINISHED_SENDING, pev[0].type);
     EXPECT_STREQ("tx-region", pev[0].transfer_id);
+    FreeEvents(&pev);
     EXPECT_EQ(0, StatCount(p.eng, "rx.release"));
 }
 
