@@ -131,7 +131,9 @@ static void kvc_engine_on_notice(void *arg, uint64_t tag, uint64_t mac,
 
     (void)idlen; /* id is NUL-terminated by the transport */
     pthread_mutex_lock(&eng->lock);
-    if (eng->mode->on_notice != NULL) {
+    /* Not once destroy freed the peers (stopping): the progress thread
+     * still delivers until the transport is destroyed. */
+    if (!eng->stopping && eng->mode->on_notice != NULL) {
         eng->mode->on_notice(eng, &nt);
     }
     pthread_mutex_unlock(&eng->lock);

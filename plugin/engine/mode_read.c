@@ -56,10 +56,14 @@ static int kvc_read_release_on_dp(struct kvx_engine *eng, kvc_xfer_t *x,
         read_from = lop->peer == peer && lop->runs != NULL && lop->done &&
                     lop->status == KVX_OK && lop->inst == peer->inst;
     }
-    if (!read_from ||
-        KVD(eng)->notify(peer->ep, kvc_xfer_tag(x->transfer_id),
+    if (!read_from) {
+        return 0;
+    }
+    if (KVD(eng)->notify(peer->ep, kvc_xfer_tag(x->transfer_id),
                          (uint64_t)eng->cfg.tp_size << 32 | eng->cfg.tp_rank,
                          0, x->transfer_id, peer->seen_as) != KVX_OK) {
+        kvc_log_debug("KVX-READ-NOTICE", "transfer %s: %s (the release goes "
+                      "as a message)", x->transfer_id, kvc_last_error());
         kvc_error_clear();
         return 0;
     }

@@ -936,7 +936,9 @@ static ucs_status_t kvu_am_notice_cb(void *arg, const void *header,
     nt->next  = NULL;
     memcpy(nt->id, data, idlen);
     nt->id[idlen] = '\0';
-    memcpy(nt->from, (const char *)data + idlen + 1, flen);
+    if (flen > 0) {
+        memcpy(nt->from, (const char *)data + idlen + 1, flen);
+    }
     nt->from[flen] = '\0';
     if (ctx->notice_tail != NULL) {
         ctx->notice_tail->next = nt;
