@@ -34,9 +34,10 @@ static void kvc_read_hold_why(const struct kvx_engine *eng, const char *when,
  * takes, and P told this engine the address its session is keyed by. (On a
  * direct RMA lane D may read before P's producer_request: P keeps such a
  * notice as an early release.) A notice the transport refuses (endpoint
- * gone, KVU_NOTICE_PENDING_MAX unsent) falls back to the message. Not with control-plane TLS: the data
- * plane is not encrypted, and a captured notice could be replayed at a
- * later use of the id. Returns 1 when the notice was handed over. */
+ * gone, KVU_NOTICE_PENDING_MAX unsent) falls back to the message. Not with
+ * control-plane TLS: the data plane is not encrypted, and a captured notice
+ * could be replayed at a later use of the id. Returns 1 when the notice was
+ * handed over. */
 static int kvc_read_release_on_dp(struct kvx_engine *eng, kvc_xfer_t *x,
                                   kvc_peer_t *peer)
 {

@@ -164,8 +164,6 @@ typedef struct kvu_notice {
     kvu_am_hdr_t       hdr;
     struct kvu_ep     *ep;      /* sent on (notices_pending), NULL received */
     size_t             idlen;
-    size_t             len;     /* bytes sent or received: the id, then
-                                   NUL and from when there is one */
     char               from[KVT_NOTICE_FROM_MAX]; /* received: "" none */
     struct kvu_notice *next;
     char               id[];
@@ -932,7 +930,6 @@ static ucs_status_t kvu_am_notice_cb(void *arg, const void *header,
     nt->hdr   = h;
     nt->ep    = NULL;
     nt->idlen = idlen;
-    nt->len   = len;
     nt->next  = NULL;
     memcpy(nt->id, data, idlen);
     nt->id[idlen] = '\0';
@@ -989,7 +986,6 @@ kvx_status_t kvu_notify(kvu_ep_t *ep, uint64_t tag, uint64_t instance,
         memcpy(nt->id + idlen + 1, from, flen);
     }
     nt->idlen = idlen;
-    nt->len   = flen > 0 ? idlen + 1 + flen : idlen;
     pthread_mutex_lock(&ctx->lock);
     if (atomic_load(&ep->dead) || ep->failed) {
         pthread_mutex_unlock(&ctx->lock);
@@ -1021,7 +1017,7 @@ kvx_status_t kvu_notify(kvu_ep_t *ep, uint64_t tag, uint64_t instance,
     prm.user_data    = nt;
     prm.flags        = UCP_AM_SEND_FLAG_EAGER;
     sp = ucp_am_send_nbx(ep->ep, KVU_AM_NOTICE, &nt->hdr, sizeof(nt->hdr),
-                         nt->id, nt->len, &prm);
+                         nt->id, flen > 0 ? idlen + 1 + flen : idlen, &prm);
     if (sp == NULL) {
         free(nt);
     } else if (UCS_PTR_IS_ERR(sp)) {
