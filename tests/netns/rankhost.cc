@@ -21,6 +21,7 @@
 // --destroy-on-done shape the teardown for the teardown-race cases.
 //
 // Output: "READY", "RANK <g> OK|FAIL ...", "RESULT ...", "HOLD",
+// "STAT <g> <counter>=<n>" (prefill, each change of an --expect-stat counter),
 // "TEARDOWN clean" (all engines destroyed), "ACCEPT host:port". Exit status
 // 0 when every expected outcome happened, 1 otherwise, 2 on usage errors.
 #include "../integ/harness.h"
@@ -533,11 +534,25 @@ int RunPrefill(const Opts &o)
     // Every local rank must be released by its decode rank.
     std::vector<int>         sent(ranks.size(), 0);
     std::vector<std::string> bad(ranks.size());
+    std::vector<std::vector<long long>> seen(
+        ranks.size(), std::vector<long long>(o.expect_stat.size(), 0));
     WaitFor(
         [&] {
             bool all = true;
             for (size_t k = 0; k < ranks.size(); k++) {
                 std::vector<kvx_event_t> evs;
+                // "STAT <rank> <counter>=<n>" as an expected counter moves
+                // (a script waits on it instead of guessing when an attack
+                // was processed).
+                for (size_t c = 0; c < o.expect_stat.size(); c++) {
+                    long long n = StatCount(ranks[k]->eng, o.expect_stat[c]);
+                    if (n != seen[k][c]) {
+                        seen[k][c] = n;
+                        printf("STAT %u %s=%lld\n", o.rank_lo + (uint32_t)k,
+                               o.expect_stat[c].c_str(), n);
+                        fflush(stdout);
+                    }
+                }
                 DrainEvents(ranks[k]->eng, &evs);
                 for (const kvx_event_t &e : evs) {
                     if (e.type == KVX_EVENT_FINISHED_SENDING &&

@@ -26,6 +26,10 @@
 #              bound to another peer, none served. Control: the same
 #              attacker on A (P's host) is served. Then P pushes and D
 #              verifies every byte. Needs ATTACK (the second argument).
+#   notice_thief READ release notices forged by an attacker process on B
+#              (its own UCP endpoint): claiming decode host C, and as B
+#              itself against a P bound to C; both refused, D on C
+#              byte-exact. Control: unbound, B's own notice releases P.
 #   untrusted  D with trusted_remote_hosts = {A, C, D} (not B): decode ranks
 #              8-15 fail synchronously with KVX_ERR_UNTRUSTED_PEER naming B
 #              and remote_hosts[1]; a plain TCP listener on B, on every port
@@ -47,7 +51,7 @@
 #
 # Environment:
 #   KVX_NETNS_SCENARIOS   cases to run [tp16 dp2tp8 untrusted hetero thief
-#                         write_thief];
+#                         write_thief notice_thief];
 #                         also
 #                         peer_gone, release_on_destroy
 #   KVX_NETNS_TRUST_SCOPE what "untrusted" expects of decode ranks 0-7,
@@ -209,6 +213,7 @@ stop() {
 show_logs() {
     local f
     for f in "$@"; do
+        [ -f "$LOGDIR/$f.log" ] || continue # a process never started
         echo "---- $f" >&2
         cat "$LOGDIR/$f.log" >&2
     done
@@ -232,7 +237,7 @@ TIMEOUT=40
 WAIT=$((TIMEOUT + 30))   # deadline of the script's own waits
 COMMON=(--tls tcp --net-dev "$DEV" --timeout "$TIMEOUT"
         --log-level "${KVX_NETNS_LOG_LEVEL:-1}")
-SCENARIOS=" ${KVX_NETNS_SCENARIOS:-tp16 dp2tp8 untrusted hetero thief write_thief} "
+SCENARIOS=" ${KVX_NETNS_SCENARIOS:-tp16 dp2tp8 untrusted hetero thief write_thief notice_thief} "
 want() { [[ "$SCENARIOS" == *" $1 "* ]]; }
 P_ARGS=(--role prefill --hs-port "$P_HS" --notify-port "$P_NT"
         --node-hosts "$IP_A,$IP_B")
@@ -474,6 +479,73 @@ if want write_thief; then
         run_write_thief
     else
         echo "FAIL write_thief: no attack program (second argument)"
+        FAILED=$((FAILED + 1))
+    fi
+fi
+
+# (g) notice_thief: READ P on A (tp 1) holds a transfer whose request id
+# names decode host C. An attacker on B (a trusted host: P's handshake gave
+# it B's session) sends READ release notices from its own UCP endpoint
+# (tests/security/attack.c notice): first one claiming to come from C, its
+# mac under B's session, so not authenticated; then, with
+# read_bind_decode_host, one as itself (authenticated, but C is the decode
+# host). P counts each refused (STAT lines) and keeps its hold; D on C then
+# reads every byte and releases P. Control (no bind): the claim of C is
+# refused the same and releases nothing, and the attacker's notice as
+# itself is taken: P is released with no decode instance at all, so the
+# notices did reach P's release path.
+run_notice_thief() {
+    local name=$1 bind=$2 rc=0 meta=$LOGDIR/${1}_meta.json
+    local out=$LOGDIR/${1}_attB.log
+    local rid="___prefill_addr_host:$IP_A,handshake:$P_HS,notify:$P_NT"
+    rid+="___decode_addr_host:$IP_C,handshake:$D_HS,notify:$D_NT"
+    rid+="_0123456789abcdef0123456789abcdef"
+    local p=(--role prefill --hs-port "$P_HS" --notify-port "$P_NT"
+             --tp 1 --dp 1 --ranks 0-0 --transfer tx-$name
+             --request-id "$rid" "${COMMON[@]}" --host-ip $IP_A --hold 1
+             --expect-stat notices_refused)
+    local d=(--role decode --hs-port "$D_HS" --notify-port "$D_NT"
+             --tp 1 --dp 1 --ranks 0-0 --peer-host "$IP_A"
+             --peer-hs-port "$P_HS" --peer-notify-port "$P_NT"
+             --transfer tx-$name --request-id "$rid" "${COMMON[@]}"
+             --host-ip $IP_C)
+    att_b() { timeout -k 5 60 ip netns exec "$NS_B" "$ATTACK" "$@" >>"$out" 2>&1; }
+    [ "$bind" = 1 ] && p+=(--config-extra '"read_bind_decode_host":true')
+    start ${name}_pA "$NS_A" "${p[@]}"
+    if wait_ready ${name}_pA 60 && att_b fetch $IP_A "$P_HS" "$meta"; then
+        att_b notice "$meta" tx-$name "$IP_C:40000" 1 0 || rc=1
+        wait_line ${name}_pA '^STAT 0 notices_refused=1$' $WAIT || rc=1
+        if grep -q '^RANK' "$LOGDIR/${name}_pA.log"; then
+            echo "the notice claiming C ended P's hold" >>"$out"
+            rc=1
+        fi
+        att_b notice "$meta" tx-$name "$IP_B:40000" 1 0 || rc=1
+        if [ "$bind" = 1 ]; then
+            wait_line ${name}_pA '^STAT 0 notices_refused=2$' $WAIT || rc=1
+            if grep -q '^RANK' "$LOGDIR/${name}_pA.log"; then
+                echo "B's own notice ended P's hold" >>"$out"
+                rc=1
+            fi
+            start ${name}_dC "$NS_C" "${d[@]}"
+            finish ${name}_dC || rc=1
+        fi
+        wait_line ${name}_pA '^RANK 0 OK released' $WAIT || rc=1
+        wait_line ${name}_pA '^HOLD' $WAIT || rc=1
+    else
+        rc=1
+    fi
+    for n in dC pA; do
+        [ -n "$(eval "echo \${PID_${name}_$n:-}")" ] || continue
+        stop ${name}_$n || rc=1
+    done
+    verdict "$name" $rc ${name}_pA ${name}_attB ${name}_dC
+}
+if want notice_thief; then
+    if [ -n "$ATTACK" ]; then
+        run_notice_thief notice_thief 1
+        run_notice_thief notice_thief_control 0
+    else
+        echo "FAIL notice_thief: no attack program (second argument)"
         FAILED=$((FAILED + 1))
     fi
 fi

@@ -41,6 +41,14 @@
  *                                        Exit 0: none served and at least
  *                                        one refused as bound to another
  *                                        peer; 1: one was served; 2: else
+ *   attack notice  FILE TRANSFER FROM TP RANK
+ *                                        a READ release notice (the wire
+ *                                        format below) for TRANSFER,
+ *                                        claiming to come from FROM
+ *                                        ("ip:port") as rank RANK of TP,
+ *                                        with the session in FILE: exit 0
+ *                                        once it left; the engine's
+ *                                        counters say what it did
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -732,6 +740,48 @@ static uint64_t u64_of(json_object *o, const char *key)
                : 0;
 }
 
+/* next_wk_addr: the worker address at *off in a packed list of them
+ * (kvxfer's worker_addr: 8 bytes of header, then per worker a 4-byte
+ * length with 2 flag bits, then the address); advances *off. */
+static int next_wk_addr(const uint8_t *addr, size_t alen, size_t *off,
+                        const ucp_address_t **wa)
+{
+    uint32_t len;
+
+    if (alen < *off || alen - *off < 4) {
+        return -1;
+    }
+    memcpy(&len, addr + *off, 4);
+    len &= 0x3fffffffu;
+    *off += 4;
+    if (len > alen - *off) {
+        return -1;
+    }
+    *wa = (const ucp_address_t *)(addr + *off);
+    *off += len;
+    return 0;
+}
+
+/* ep_close_wait: close ep (flags), progressing wk for at most 5 s. */
+static void ep_close_wait(ucp_worker_h wk, ucp_ep_h ep, uint32_t flags)
+{
+    ucp_request_param_t rp;
+    ucs_status_ptr_t    cl;
+    double              end = now_s() + 5;
+
+    memset(&rp, 0, sizeof(rp));
+    rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    rp.flags        = flags;
+    cl              = ucp_ep_close_nbx(ep, &rp);
+    while (UCS_PTR_IS_PTR(cl) &&
+           ucp_request_check_status(cl) == UCS_INPROGRESS && now_s() < end) {
+        ucp_worker_progress(wk);
+    }
+    if (UCS_PTR_IS_PTR(cl)) {
+        ucp_request_free(cl);
+    }
+}
+
 static int cmd_amput(char **a)
 {
     json_object        *o = json_object_from_file(a[0]), *layer, *v, *geom;
@@ -794,26 +844,19 @@ static int cmd_amput(char **a)
         ucp_ep_params_t     ep_prm;
         ucp_request_param_t rp;
         ucp_ep_h            ep;
-        uint32_t            len;
+        const ucp_address_t *wa;
         double              end;
         void               *reqs[64];
         am_hdr_t            hdrs[64];
 
-        if (alen - off < 4) {
-            break;
-        }
-        memcpy(&len, addr + off, 4);
-        len &= 0x3fffffffu;
-        off += 4;
-        if (len > alen - off) {
+        if (next_wk_addr(addr, alen, &off, &wa) != 0) {
             break;
         }
         memset(&ep_prm, 0, sizeof(ep_prm));
         ep_prm.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
                             UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
-        ep_prm.address    = (const ucp_address_t *)(addr + off);
+        ep_prm.address    = wa;
         ep_prm.err_mode   = UCP_ERR_HANDLING_MODE_PEER;
-        off += len;
         if (ucp_ep_create(wk, &ep_prm, &ep) != UCS_OK) {
             continue;
         }
@@ -857,22 +900,7 @@ static int cmd_amput(char **a)
                 ucp_request_free(reqs[b]);
             }
         }
-        memset(&rp, 0, sizeof(rp));
-        rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-        rp.flags        = UCP_EP_CLOSE_FLAG_FORCE;
-        {
-            ucs_status_ptr_t cl = ucp_ep_close_nbx(ep, &rp);
-
-            end = now_s() + 5;
-            while (UCS_PTR_IS_PTR(cl) &&
-                   ucp_request_check_status(cl) == UCS_INPROGRESS &&
-                   now_s() < end) {
-                ucp_worker_progress(wk);
-            }
-            if (UCS_PTR_IS_PTR(cl)) {
-                ucp_request_free(cl);
-            }
-        }
+        ep_close_wait(wk, ep, UCP_EP_CLOSE_FLAG_FORCE);
     }
     for (int b = 0; b < sent; b++) {
         int32_t st = g_ans[b].status;
@@ -897,6 +925,101 @@ static int cmd_amput(char **a)
     return served ? 1 : wrong > 0 ? 0 : 2;
 }
 
+/* req_wait: progress wk until request r (from a *_nbx call) completes or
+ * secs pass; frees it. UCS_OK when it completed without error. */
+static ucs_status_t req_wait(ucp_worker_h wk, ucs_status_ptr_t r, double secs)
+{
+    double       end = now_s() + secs;
+    ucs_status_t st;
+
+    if (!UCS_PTR_IS_PTR(r)) {
+        return UCS_PTR_STATUS(r);
+    }
+    while ((st = ucp_request_check_status(r)) == UCS_INPROGRESS &&
+           now_s() < end) {
+        ucp_worker_progress(wk);
+    }
+    if (st == UCS_INPROGRESS) {
+        ucp_request_cancel(wk, r);
+    }
+    ucp_request_free(r);
+    return st;
+}
+
+/* cmd_notice: a forged READ release notice (NOTICE, 0x4b6): the transfer id,
+ * a NUL and the address FROM claims, tp size TP and rank RANK in the
+ * instance field, authenticated with the session the engine's handshake
+ * gave THIS host (FILE, from attack fetch). Sent to the engine's first
+ * worker from a tcp-only UCP worker of its own. Exit 0 when the notice left
+ * (send and flush completed), 2 otherwise: the verdict is the engine's
+ * (run_netns.sh notice_thief watches its counters and its transfer). */
+static int cmd_notice(char **a)
+{
+    json_object        *o = json_object_from_file(a[0]), *v;
+    ucp_context_h       ucp;
+    ucp_worker_h        wk;
+    ucp_ep_params_t     ep_prm;
+    ucp_request_param_t rp;
+    ucp_ep_h            ep;
+    const ucp_address_t *wa;
+    am_hdr_t            h;
+    uint8_t            *addr;
+    char                data[600];
+    size_t              alen, off = 8;
+    uint64_t            tag = 0xcbf29ce484222325ull, session;
+    ucs_status_t        sst, fst;
+    int                 dlen;
+
+    dlen = snprintf(data, sizeof(data), "%s%c%s", a[1], '\0', a[2]);
+    if (o == NULL || !json_object_object_get_ex(o, "worker_addr", &v) ||
+        (addr = b64_decode(json_object_get_string(v), &alen)) == NULL ||
+        next_wk_addr(addr, alen, &off, &wa) != 0 || dlen < 0 ||
+        dlen >= (int)sizeof(data)) {
+        printf("notice: no worker address in %s (or ids too long)\n", a[0]);
+        return 2;
+    }
+    session = u64_of(o, "session");
+    for (const unsigned char *p = (const unsigned char *)a[1]; *p; p++) {
+        tag = (tag ^ *p) * 0x100000001b3ull; /* the transfer's tag */
+    }
+    memset(&h, 0, sizeof(h));
+    h.magic   = AM_MAGIC;
+    h.version = AM_PROTO;
+    h.addr    = strtoull(a[3], NULL, 10) << 32 | strtoull(a[4], NULL, 10);
+    h.nonce   = (uint64_t)now_s() * 7919u + (uint64_t)getpid();
+    h.tag     = tag;
+    h.mac     = kvc_req_mac(session, tag, h.nonce, h.addr, 0, 2);
+    if (tcp_worker(UCP_FEATURE_AM, &ucp, &wk) != 0) {
+        return 2;
+    }
+    memset(&ep_prm, 0, sizeof(ep_prm));
+    ep_prm.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
+                        UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+    ep_prm.address    = wa;
+    ep_prm.err_mode   = UCP_ERR_HANDLING_MODE_PEER;
+    if (ucp_ep_create(wk, &ep_prm, &ep) != UCS_OK) {
+        printf("notice: no endpoint to the engine's worker\n");
+        return 2;
+    }
+    memset(&rp, 0, sizeof(rp));
+    rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    rp.flags        = UCP_AM_SEND_FLAG_EAGER;
+    sst = req_wait(wk, ucp_am_send_nbx(ep, 0x4b6, &h, sizeof(h), data,
+                                       (size_t)dlen, &rp), 10);
+    memset(&rp, 0, sizeof(rp));
+    fst = req_wait(wk, ucp_ep_flush_nbx(ep, &rp), 10);
+    ep_close_wait(wk, ep, 0);
+    ucp_worker_destroy(wk);
+    ucp_cleanup(ucp);
+    free(addr);
+    json_object_put(o);
+    printf("notice: release of %s from \"%s\" (tp %s rank %s) with session "
+           "%s: send %s, flush %s\n", a[1], a[2], a[3], a[4],
+           session ? "given" : "none", ucs_status_string(sst),
+           ucs_status_string(fst));
+    return sst == UCS_OK && fst == UCS_OK ? 0 : 2;
+}
+
 int main(int argc, char **argv)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -910,6 +1033,7 @@ int main(int argc, char **argv)
         {"stall", 4, cmd_stall}, {"big", 3, cmd_big},
         {"respond", 5, cmd_respond}, {"fetch", 3, cmd_fetch},
         {"rma", 2, cmd_rma},     {"amput", 3, cmd_amput},
+        {"notice", 5, cmd_notice},
     };
 
     for (size_t i = 0; argc >= 2 && i < sizeof(cmds) / sizeof(cmds[0]); i++) {
