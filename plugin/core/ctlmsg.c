@@ -560,11 +560,12 @@ static int kvc_msg_encode_consumer_rank(json_object *obj, const kvc_msg_t *msg)
     return kvc_jadd_int(obj, "consumer_rank", msg->consumer_rank);
 }
 
-/* remote_blocks: req_id, decode_rank, consumer_rank (optional) and
- * block_notify_list. */
+/* remote_blocks: req_id, decode_rank, consumer_rank (optional),
+ * done_by_notice (optional, 0 or 1) and block_notify_list. */
 static kvx_status_t kvc_msg_decode_blocks(json_object *obj, kvc_msg_t *msg)
 {
     uint64_t     v = 0;
+    int          present = 0;
     kvx_status_t status;
 
     status = kvc_fld_str(kvc_what_msg, obj, "req_id", 1, msg->req_id,
@@ -576,6 +577,11 @@ static kvx_status_t kvc_msg_decode_blocks(json_object *obj, kvc_msg_t *msg)
     }
     if (status == KVX_OK) {
         status = kvc_msg_consumer_rank(obj, msg);
+    }
+    if (status == KVX_OK) {
+        status = kvc_fld_int(kvc_what_msg, obj, "done_by_notice",
+                             "done_by_notice", 0, 1, &v, &present);
+        msg->done_by_notice = present ? (int)v : 0;
     }
     if (status == KVX_OK) {
         status = kvc_msg_block_list(obj, msg);
@@ -603,7 +609,9 @@ static int kvc_msg_encode_blocks(json_object *obj, const kvc_msg_t *msg)
             return -1;
         }
     }
-    if (kvc_msg_encode_consumer_rank(obj, msg) != 0) {
+    if (kvc_msg_encode_consumer_rank(obj, msg) != 0 ||
+        (msg->done_by_notice &&
+         kvc_jadd_int(obj, "done_by_notice", 1) != 0)) {
         return -1;
     }
     return kvc_jadd_int(obj, "decode_rank", msg->decode_rank);

@@ -58,6 +58,10 @@ typedef struct kvc_msg {
                                          addresses (0: not known) */
     uint64_t  xfer_nonce;             /* WRITE: the use of the transfer id
                                          a message belongs to (0: absent) */
+    int       done_by_notice;         /* remote_blocks: the D rank completes
+                                         on P's data-plane notice alone, so
+                                         P sends no write_done after one
+                                         (0: absent, legacy: it must) */
     /* Receiver side, set by the engine (not on the wire): */
     const char *from;                 /* sender's "ip:port", or "" */
     int       reply_fenced;           /* the handler's reply says "fenced" */

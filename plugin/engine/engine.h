@@ -233,6 +233,9 @@ typedef struct kvc_xfer {
     uint32_t          nscheduled, ncompleted, nposted;
     int               sealed;
     int               have_blocks; /* P: remote_blocks arrived */
+    int               by_notice;   /* P: its D rank completes on the
+                                      data-plane notice alone (no
+                                      write_done after one) */
     int32_t           decode_rank; /* P: D DP rank to write to */
     uint64_t          src_inst;    /* D READ: instance of the P rank
                                       src_tp (of its dp rank) that accepted
@@ -427,6 +430,9 @@ struct kvx_engine {
                                      matched no peer of their transfer */
         uint64_t releases_on_dp;  /* D READ: releases sent as a data-plane
                                      notice (kvc_read_release_on_dp) */
+        uint64_t write_done_skipped; /* P WRITE: transfers completed by
+                                        the data-plane notice alone (D
+                                        asked for it: no write_done) */
         uint64_t fences_unconfirmed; /* D WRITE transfers reported FAILED
                                         before every P rank confirmed its
                                         puts fenced (kvc_write_d_fence) */

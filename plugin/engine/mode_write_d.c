@@ -24,6 +24,17 @@ void kvc_write_d_send(kvc_xfer_t *x, kvc_msg_t *m, const char *what)
     }
 }
 
+/* kvc_write_d_by_notice: this D can complete P rank peer on its
+ * data-plane notice alone (kvc_write_on_notice authenticates it by the
+ * session of the rank's host, so that host must be an address), so P need
+ * not send write_done after one (remote_blocks' done_by_notice). */
+static int kvc_write_d_by_notice(const struct kvx_engine *eng,
+                                 const kvc_peer_t *peer)
+{
+    return eng->cfg.release_on_data_plane && KVD(eng)->notify != NULL &&
+           kvc_host_session(eng->expo.key, peer->host, 0) != 0;
+}
+
 kvx_status_t kvc_write_consumer(struct kvx_engine *eng, const char *req_id,
                                 const char *params_json, const uint64_t *ids,
                                 size_t n)
@@ -79,7 +90,11 @@ kvx_status_t kvc_write_consumer(struct kvx_engine *eng, const char *req_id,
         m.decode_rank   = (int32_t)eng->cfg.dp_rank;
         snprintf(m.req_id, sizeof(m.req_id), "%s",
                  req_id && req_id[0] ? req_id : x->transfer_id);
-        kvc_write_d_send(x, &m, "remote_blocks");
+        m.xfer_nonce = x->xnonce;
+        for (uint32_t k = 0; k < x->nrel; k++) {
+            m.done_by_notice = kvc_write_d_by_notice(eng, x->rel[k]);
+            kvc_peer_send_msg(x->rel[k], &m, "remote_blocks");
+        }
     }
     pthread_mutex_unlock(&eng->lock);
     if (st != KVX_OK) {
@@ -167,6 +182,21 @@ static void kvc_write_d_done(struct kvx_engine *eng, kvc_xfer_t *x, int k)
     }
 }
 
+/* kvc_write_d_keep_early: a completion (write_done or notice) from
+ * instance inst, which no rank of x is bound to yet, is held until a reply
+ * binds a rank to it (kvc_write_d_on_reply); a forged one matches no reply
+ * and completes nothing. */
+static void kvc_write_d_keep_early(kvc_xfer_t *x, uint64_t inst)
+{
+    uint32_t i;
+
+    for (i = 0; i < x->nearly_done && x->early_done[i] != inst; i++) {
+    }
+    if (i == x->nearly_done && i < KVC_RANKMAP_MAX) {
+        x->early_done[x->nearly_done++] = inst;
+    }
+}
+
 void kvc_write_on_write_done(struct kvx_engine *eng, const kvc_msg_t *m,
                              char *reason, size_t len, int *ok_p)
 {
@@ -195,14 +225,7 @@ void kvc_write_on_write_done(struct kvx_engine *eng, const kvc_msg_t *m,
     if (k == -2) {
         /* Held until a reply binds a rank to this instance; a forged one
          * matches no reply and completes nothing. */
-        uint32_t i;
-
-        for (i = 0; i < x->nearly_done && x->early_done[i] != m->instance;
-             i++) {
-        }
-        if (i == x->nearly_done && i < KVC_RANKMAP_MAX) {
-            x->early_done[x->nearly_done++] = m->instance;
-        }
+        kvc_write_d_keep_early(x, m->instance);
         return;
     }
     if (k == -3) {
@@ -213,6 +236,34 @@ void kvc_write_on_write_done(struct kvx_engine *eng, const kvc_msg_t *m,
         return;
     }
     kvc_write_d_done(eng, x, k);
+}
+
+/* kvc_write_d_notice_early: a notice from an instance no rank of x is
+ * bound to yet (it overtook the reply to remote_blocks, which binds it):
+ * kept, as an early write_done is, when its mac is the one the session of
+ * the host of such an unbound rank gives; the reply that binds a rank to
+ * that instance completes the rank. Returns 1 when kept. */
+static int kvc_write_d_notice_early(struct kvx_engine *eng, kvc_xfer_t *x,
+                                    const kvc_notice_t *nt)
+{
+    const char *hosts[KVC_RANKMAP_MAX];
+    uint64_t    insts[KVC_RANKMAP_MAX];
+    uint32_t    n = 0;
+
+    /* The ranks still unbound, as if bound to the instance it names. */
+    for (; n < x->nrel && n < KVC_RANKMAP_MAX; n++) {
+        hosts[n] = x->rel[n]->host;
+        insts[n] = x->rel_inst[n] == 0 && !(x->rel_done >> n & 1)
+                       ? nt->instance
+                       : 0;
+    }
+    if (nt->instance == 0 ||
+        kvc_notice_match(eng->expo.key, hosts, insts, n, nt->tag, nt->nonce,
+                         nt->instance, nt->xnonce, nt->mac) < 0) {
+        return 0;
+    }
+    kvc_write_d_keep_early(x, nt->instance);
+    return 1;
 }
 
 void kvc_write_on_notice(struct kvx_engine *eng, const kvc_notice_t *nt)
@@ -253,9 +304,10 @@ void kvc_write_on_notice(struct kvx_engine *eng, const kvc_notice_t *nt)
     } else if (k >= 0 && !(x->rel_done >> k & 1)) {
         eng->stats.notices_done++;
         kvc_write_d_done(eng, x, k);
+    } else if (k == -1 && kvc_write_d_notice_early(eng, x, nt)) {
+        eng->stats.notices_done++;
     }
-    /* k == -1: the rank's instance is not bound yet (its reply to
-     * remote_blocks comes later), or a host name: write_done decides. */
+    /* Else (k == -1) a host name: write_done decides. */
 }
 
 /* kvc_write_d_on_reply: P rank peer answered remote_blocks (its instance

@@ -89,17 +89,25 @@ static void kvc_write_flush_done(kvt_op_t *op)
          * failed), which is what D waits for before it reuses the blocks. */
 
         /* The notice on the data plane reaches D first (no control-plane
-         * hop); write_done stays the authority (a peer without notices, a
-         * notice lost with its endpoint or overtaking D's binding). */
-        if (KVD(eng)->notify != NULL && x->src->ep != NULL &&
+         * hop). write_done follows unless D said it completes on the
+         * notice alone (remote_blocks' done_by_notice) and the transport
+         * took the notice; after a release (a fence) it always does. */
+        int noticed = KVD(eng)->notify != NULL && x->src->ep != NULL;
+
+        if (noticed &&
             KVD(eng)->notify(x->src->ep, kvc_xfer_tag(x->transfer_id),
                              eng->epoch, x->xnonce,
                              x->transfer_id, NULL) != KVX_OK) {
-            kvc_log_debug("KVX-WRITE-NOTICE", "transfer %s: %s",
-                          x->transfer_id, kvc_last_error());
+            kvc_log_debug("KVX-WRITE-NOTICE", "transfer %s: %s (write_done "
+                          "follows)", x->transfer_id, kvc_last_error());
             kvc_error_clear();
+            noticed = 0;
         }
-        kvc_write_send_done(x);
+        if (!noticed || !x->by_notice || released) {
+            kvc_write_send_done(x);
+        } else {
+            eng->stats.write_done_skipped++;
+        }
     } else {
         kvc_xfer_fail(x, st != KVX_OK ? st : KVX_ERR_TRANSFER_TIMEOUT,
                        "final flush of the puts failed");
@@ -305,6 +313,7 @@ static void kvc_write_blocks(struct kvx_engine *eng, kvc_xfer_t *x,
     }
     x->peer_inst      = m->instance;
     x->xnonce         = m->xfer_nonce;
+    x->by_notice      = m->done_by_notice && m->xfer_nonce != 0;
     x->have_blocks    = 1;
     x->decode_rank    = m->decode_rank;
     x->remote_ids     = m->block_ids;

@@ -24,7 +24,8 @@ struct WritePair {
     uint16_t  hs = 0;
 };
 
-void MakeWritePair(WritePair *w, const std::string &tls, double defer = 30.0)
+void MakeWritePair(WritePair *w, const std::string &tls, double defer = 30.0,
+                   const std::string &d_extra = "")
 {
     w->hs = PortBase(2);
     RankOpts o;
@@ -38,6 +39,7 @@ void MakeWritePair(WritePair *w, const std::string &tls, double defer = 30.0)
     ASSERT_EQ(KVX_OK, MakeRank(w->model, o, &w->p)) << Api()->last_error();
     o.producer    = false;
     o.num_blocks  = 24;
+    o.extra       = d_extra;
     o.hs_port     = (uint16_t)(w->hs + 1);
     o.notify_port = (uint16_t)(w->hs + 1 + 20000);
     ASSERT_EQ(KVX_OK, MakeRank(w->model, o, &w->d)) << Api()->last_error();
@@ -58,6 +60,20 @@ std::string DParams(const WritePair &w, const std::string &tid)
            "\"remote_host\":\"127.0.0.1\",\"remote_handshake_port\":" +
            std::to_string(w.hs) + ",\"remote_notify_port\":" +
            std::to_string(w.hs + 20000) + ",\"remote_tp_size\":1}";
+}
+
+// RanksCompletedAwait: the P ranks D counted done, waiting up to 10 s for
+// want of them: by write_done, or by their data-plane notice alone (the
+// default: D's remote_blocks asks for it, and P then sends no write_done;
+// only a notice the transport refused is followed by one).
+long long RanksCompletedAwait(kvx_engine_t *eng, long long want)
+{
+    auto n = [eng] {
+        return StatCount(eng, "rx.write_done") +
+               StatCount(eng, "notices_done");
+    };
+    WaitFor([&] { return n() >= want; }, 10000);
+    return n();
 }
 
 int CountEvents(std::vector<kvx_event_t> &evs, kvx_event_type_t type,
@@ -112,29 +128,35 @@ TEST_P(WriteTransfer, MixedLayersOutOfOrderTwiceAndDuplicateBlocks)
     DrainEvents(w.d.eng, &dev);
     EXPECT_EQ(1, CountEvents(pev, KVX_EVENT_FINISHED_SENDING, tid));
     EXPECT_EQ(1, CountEvents(dev, KVX_EVENT_FINISHED_RECVING, tid));
-    EXPECT_EQ(1, StatAwait(w.d.eng, "rx.write_done", 1));
+    // Completed by P's data-plane notice alone (D's remote_blocks asked
+    // for it): no write_done travels.
+    EXPECT_EQ(1, StatAwait(w.p.eng, "write_done_skipped", 1));
+    EXPECT_EQ(0, StatCount(w.d.eng, "rx.write_done"));
+    EXPECT_EQ(1, StatCount(w.d.eng, "notices_done"));
     EXPECT_EQ(1, StatCount(w.p.eng, "rx.remote_blocks"));
     FreeEvents(&pev);
     FreeEvents(&dev);
 }
 
-// P tells D that its puts landed twice: a notice on the data plane right
-// after its flush (kvt.h notify: the fast path, authenticated under the
-// session D gave P's host) and write_done over the control plane (the
-// authority). D completes on whichever comes first, exactly once, with
-// every byte there; the other is ignored.
-TEST_P(WriteTransfer, DataPlaneNoticeCompletesTransfers)
+// P tells D that its puts landed with a notice on the data plane right
+// after its flush (kvt.h notify, authenticated under the session D gave P's
+// host). By default D's remote_blocks says it completes on the notice
+// alone, and P sends no write_done; with release_on_data_plane off at D,
+// write_done follows the notice and D completes on whichever comes first,
+// exactly once, with every byte there; the other is ignored.
+void NoticeRounds(const std::string &tls, bool by_notice_alone)
 {
     WritePair w;
-    MakeWritePair(&w, GetParam());
-    if (HasFatalFailure()) {
+    MakeWritePair(&w, tls, 30.0,
+                  by_notice_alone ? "" : "\"release_on_data_plane\":false");
+    if (::testing::Test::HasFatalFailure()) {
         return;
     }
     const int                   rounds = 8;
     const std::vector<uint64_t> ids    = {3, 1, 4};
 
     for (int r = 0; r < rounds; r++) {
-        const std::string tid  = "tx-notice-" + GetParam() + std::to_string(r);
+        const std::string tid  = "tx-notice-" + tls + std::to_string(r);
         char             *resp = nullptr;
 
         for (auto &b : w.d.bufs) { // nothing in flight: D starts blank
@@ -156,19 +178,39 @@ TEST_P(WriteTransfer, DataPlaneNoticeCompletesTransfers)
             << Api()->last_error();
         EXPECT_EQ("", VerifyPull(w.model, w.d, 0, ids, ids)) << "round " << r;
     }
-    EXPECT_EQ(rounds, StatAwait(w.d.eng, "rx.write_done", rounds));
-    long long fast = StatCount(w.d.eng, "notices_done");
-    EXPECT_GE(fast, 1) << "no transfer was completed by its notice";
-    EXPECT_LE(fast, rounds);
+    if (by_notice_alone) {
+        // Every round completed by its notice (some may have overtaken the
+        // reply that binds P's instance: kept until it came); no
+        // write_done at all.
+        EXPECT_EQ(rounds, StatAwait(w.p.eng, "write_done_skipped", rounds));
+        EXPECT_EQ(rounds, StatCount(w.d.eng, "notices_done"));
+        EXPECT_EQ(0, StatCount(w.d.eng, "rx.write_done"));
+    } else {
+        EXPECT_EQ(rounds, StatAwait(w.d.eng, "rx.write_done", rounds));
+        EXPECT_EQ(0, StatCount(w.p.eng, "write_done_skipped"));
+        long long fast = StatCount(w.d.eng, "notices_done");
+        EXPECT_GE(fast, 1) << "no transfer was completed by its notice";
+        EXPECT_LE(fast, rounds);
+    }
     EXPECT_EQ(0, StatCount(w.d.eng, "notices_refused"));
     std::vector<kvx_event_t> dev;
     DrainEvents(w.d.eng, &dev);
     for (int r = 0; r < rounds; r++) {
         EXPECT_EQ(1, CountEvents(dev, KVX_EVENT_FINISHED_RECVING,
-                                 "tx-notice-" + GetParam() +
+                                 "tx-notice-" + tls +
                                      std::to_string(r)));
     }
     FreeEvents(&dev);
+}
+
+TEST_P(WriteTransfer, DataPlaneNoticeAloneCompletesTransfers)
+{
+    NoticeRounds(GetParam(), true);
+}
+
+TEST_P(WriteTransfer, WriteDoneStillSentWhenDataPlaneCompletionIsOff)
+{
+    NoticeRounds(GetParam(), false);
 }
 
 INSTANTIATE_TEST_SUITE_P(Tls, WriteTransfer,
@@ -192,13 +234,13 @@ TEST(WriteFlow, SealCountsScheduledLayersNotRegisteredOnes)
     ASSERT_EQ(KVX_OK, Api()->consumer_request(w.d.eng, "r", DParams(w, tid).c_str(),
                                               ids.data(), ids.size()));
     // Only 2 of 7 layers are scheduled (e.g. the others belong to another
-    // KV group): write_done must still come, after exactly those two.
+    // KV group): the completion must still come, after exactly those two.
     ASSERT_EQ(KVX_OK, Api()->layer_ready(w.p.eng, tid.c_str(), 4));
     ASSERT_EQ(KVX_OK, Api()->layer_ready(w.p.eng, tid.c_str(), 0));
     ASSERT_EQ(KVX_OK, Api()->seal_transfer(w.p.eng, tid.c_str()));
     ASSERT_EQ(KVX_OK, Api()->wait_transfer(w.d.eng, tid.c_str(), 20000))
         << Api()->last_error();
-    EXPECT_EQ(1, StatAwait(w.d.eng, "rx.write_done", 1));
+    EXPECT_EQ(1, RanksCompletedAwait(w.d.eng, 1));
     // Scheduling after seal is refused; after finish it is a no-op.
     std::vector<kvx_event_t> pev;
     ASSERT_TRUE(WaitFor([&] { DrainEvents(w.p.eng, &pev); return !pev.empty(); },
@@ -250,7 +292,7 @@ TEST(WriteFlow, DuplicateRemoteBlocksFirstOneWins)
     ASSERT_EQ(KVX_OK, Api()->seal_transfer(w.p.eng, tid.c_str()));
     ASSERT_EQ(KVX_OK, Api()->wait_transfer(w.d.eng, tid.c_str(), 20000));
     EXPECT_EQ("", VerifyPull(w.model, w.d, 0, ids, ids)); // not 20, 21
-    EXPECT_EQ(1, StatAwait(w.d.eng, "rx.write_done", 1));
+    EXPECT_EQ(1, RanksCompletedAwait(w.d.eng, 1));
     std::vector<kvx_event_t> pev;
     ASSERT_TRUE(WaitFor([&] { DrainEvents(w.p.eng, &pev); return !pev.empty(); },
                         5000));
@@ -268,7 +310,8 @@ TEST(WriteFlow, DuplicateRemoteBlocksFirstOneWins)
 TEST(WriteFlow, ReusedIdIsNotCompletedByTheEarlierUsesMessages)
 {
     WritePair w;
-    MakeWritePair(&w, "tcp");
+    // write_done follows every notice (the late message this is about).
+    MakeWritePair(&w, "tcp", 30.0, "\"release_on_data_plane\":false");
     if (HasFatalFailure()) {
         return;
     }
@@ -487,7 +530,7 @@ TEST(WriteHeteroTp, PrefillTp2PutsItsHeadPartsIntoDecodeTp1)
     ASSERT_EQ(KVX_OK, Api()->wait_transfer(d.eng, tid.c_str(), 20000))
         << Api()->last_error();
     EXPECT_EQ("", VerifyPullHeads(dm, pm.heads, d, {0, 1}, 0, dids, pids));
-    EXPECT_EQ(2, StatAwait(d.eng, "rx.write_done", 2));
+    EXPECT_EQ(2, RanksCompletedAwait(d.eng, 2));
     for (Rank *p : {&p0, &p1}) {
         std::vector<kvx_event_t> pev;
         ASSERT_TRUE(WaitFor([&] { DrainEvents(p->eng, &pev); return !pev.empty(); },
@@ -573,7 +616,7 @@ TEST(WriteHeteroTp, PrefillTp1PutsHeadSlicesToDecodeTp2)
         ASSERT_EQ(KVX_OK, Api()->wait_transfer(d->eng, tid.c_str(), 20000))
             << Api()->last_error();
         EXPECT_EQ("", VerifyPullHeads(dm, pm.heads, *d, {0}, s++, dids, pids));
-        EXPECT_EQ(1, StatAwait(d->eng, "rx.write_done", 1));
+        EXPECT_EQ(1, RanksCompletedAwait(d->eng, 1));
         std::vector<kvx_event_t> dev;
         DrainEvents(d->eng, &dev);
         EXPECT_EQ(1, CountEvents(dev, KVX_EVENT_FINISHED_RECVING, tid));
@@ -681,7 +724,7 @@ TEST(WriteHeteroTp, ReplicatedHeadsMoveWholeInBothDirections)
             ASSERT_EQ(KVX_OK, Api()->wait_transfer(d->eng, tid.c_str(), 20000))
                 << Api()->last_error();
             EXPECT_EQ("", VerifyPull(km, *d, 0, dids, pids)); // P rank 0's
-            EXPECT_EQ((long long)ptp, StatAwait(d->eng, "rx.write_done", ptp));
+            EXPECT_EQ((long long)ptp, RanksCompletedAwait(d->eng, ptp));
         }
         for (auto &p : ps) {
             std::vector<kvx_event_t> pev;

@@ -205,6 +205,12 @@ TEST(CtlMsg, EncodesExpectedJson)
               "{\"type\":\"remote_blocks\",\"transfer_id\":\"tx-9\","
               "\"req_id\":\"req\",\"block_notify_list\":[5,6],"
               "\"decode_rank\":1}");
+    msg.done_by_notice = 1; /* D completes on the notice alone */
+    EXPECT_EQ(EncodeMsg(msg),
+              "{\"type\":\"remote_blocks\",\"transfer_id\":\"tx-9\","
+              "\"req_id\":\"req\",\"block_notify_list\":[5,6],"
+              "\"done_by_notice\":1,\"decode_rank\":1}");
+    msg.done_by_notice = 0;
 
     msg.type = static_cast<kvc_msg_type_t>(99);
     EXPECT_EQ(kvc_msg_encode(&msg, nullptr), nullptr);
@@ -220,6 +226,7 @@ TEST(CtlMsg, TypelessObjectWithReqIdIsRemoteBlocks)
         << kvc_last_error();
     EXPECT_EQ(msg.type, KVC_MSG_REMOTE_BLOCKS);
     EXPECT_STREQ(msg.req_id, "r1");
+    EXPECT_EQ(msg.done_by_notice, 0); /* absent: write_done wanted */
     ASSERT_EQ(msg.num_block_ids, 2u);
     EXPECT_EQ(msg.block_ids[0], 2u);
     EXPECT_EQ(msg.block_ids[1], 3u);
@@ -554,6 +561,11 @@ const RejectCase kRejects[] = {
      "{\"type\":\"remote_blocks\",\"transfer_id\":\"tx-1\",\"req_id\":\"r\","
      "\"block_notify_list\":[1]}",
      1, "field decode_rank: missing"},
+    {"DoneByNoticeTwo", kBlocks + "\"done_by_notice\":2,\"block_notify_list\":[1]}",
+     1, "field done_by_notice: value 2: must be an integer in 0..1"},
+    {"DoneByNoticeBool",
+     kBlocks + "\"done_by_notice\":true,\"block_notify_list\":[1]}", 1,
+     "field done_by_notice: value true"},
     {"ReqIdMissing",
      "{\"type\":\"remote_blocks\",\"transfer_id\":\"tx-1\","
      "\"decode_rank\":0,\"block_notify_list\":[1]}",
