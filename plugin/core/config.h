@@ -48,7 +48,10 @@ typedef struct kvc_config {
                                        its request id names (expose.c) */
     int      release_on_data_plane; /* [true], as read_mode: a READ D
                                        releases a P rank it read from with a
-                                       data-plane notice (mode_read.c) */
+                                       data-plane notice (mode_read.c); a
+                                       WRITE D completes on P's notice
+                                       alone (no write_done;
+                                       mode_write_d.c) */
     char   **node_hosts;            /* owned; [host_ip]; list or comma string,
                                        entries trimmed, empties dropped */
     size_t   num_node_hosts;
