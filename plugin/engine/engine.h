@@ -216,9 +216,11 @@ typedef struct kvc_xfer {
      * confirmed that none of its puts can land any more (fenced). */
     uint64_t          rel_inst[KVC_RANKMAP_MAX];
     uint64_t          rel_done, rel_fenced;
-    /* write_done that overtook the reply binding its sender: the sender's
-     * instance, counted once a reply binds a rel[] rank to it. */
+    /* write_done or notice that overtook the reply binding its sender: the
+     * sender's instance, and the mask of the unbound rel[] ranks whose host
+     * it came from; it counts once a reply binds one of those to it. */
     uint64_t          early_done[KVC_RANKMAP_MAX];
+    uint64_t          early_ranks[KVC_RANKMAP_MAX];
     uint32_t          nearly_done;
     int               aborting;
     kvc_layer_op_t   *ops;         /* one per local layer, owned */
@@ -424,15 +426,18 @@ struct kvx_engine {
         uint64_t bytes_read, bytes_written;
         uint64_t read_retries;    /* gets re-posted: blocks not exposed yet */
         uint64_t notices_done;    /* D WRITE: P ranks completed by their
-                                     data-plane notice (before write_done);
+                                     data-plane notice (its rank bound);
                                      P READ: releases taken from a notice */
         uint64_t notices_refused; /* notices whose mac, tag or instance
                                      matched no peer of their transfer */
+        uint64_t notices_early;   /* D WRITE: notices that overtook the
+                                     reply binding their P rank's instance,
+                                     kept for it (kvc_write_d_keep_early) */
         uint64_t releases_on_dp;  /* D READ: releases sent as a data-plane
                                      notice (kvc_read_release_on_dp) */
-        uint64_t write_done_skipped; /* P WRITE: transfers completed by
-                                        the data-plane notice alone (D
-                                        asked for it: no write_done) */
+        uint64_t write_done_skipped; /* P WRITE: transfers whose notice
+                                        the transport took and D asked for
+                                        no write_done after one */
         uint64_t fences_unconfirmed; /* D WRITE transfers reported FAILED
                                         before every P rank confirmed its
                                         puts fenced (kvc_write_d_fence) */

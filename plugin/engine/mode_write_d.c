@@ -1,6 +1,7 @@
 /*
  * mode_write_d.c - WRITE mode (SPEC §8), D's side: hand the blocks to the
- * P ranks mapped to this rank (remote_blocks), wait for write_done, abort.
+ * P ranks mapped to this rank (remote_blocks), wait for their completion
+ * (the data-plane notice, or write_done), abort.
  *
  * Every function here runs with the engine lock held unless it says
  * otherwise.
@@ -184,17 +185,42 @@ static void kvc_write_d_done(struct kvx_engine *eng, kvc_xfer_t *x, int k)
 
 /* kvc_write_d_keep_early: a completion (write_done or notice) from
  * instance inst, which no rank of x is bound to yet, is held until a reply
- * binds a rank to it (kvc_write_d_on_reply); a forged one matches no reply
- * and completes nothing. */
-static void kvc_write_d_keep_early(kvc_xfer_t *x, uint64_t inst)
+ * binds a rank to it (kvc_write_d_on_reply), and then completes that rank
+ * only when it is one of ranks (the mask of the unbound ranks whose host
+ * the completion came from): a completion from one P host cannot finish
+ * the rank of another by naming its instance; a forged one matches no
+ * reply and completes nothing. Returns 1 when kept. */
+static int kvc_write_d_keep_early(kvc_xfer_t *x, uint64_t inst,
+                                  uint64_t ranks)
 {
     uint32_t i;
 
     for (i = 0; i < x->nearly_done && x->early_done[i] != inst; i++) {
     }
-    if (i == x->nearly_done && i < KVC_RANKMAP_MAX) {
-        x->early_done[x->nearly_done++] = inst;
+    if (i == x->nearly_done) {
+        if (i == KVC_RANKMAP_MAX) {
+            return 0;
+        }
+        x->early_done[i]  = inst;
+        x->early_ranks[i] = 0;
+        x->nearly_done++;
     }
+    x->early_ranks[i] |= ranks;
+    return 1;
+}
+
+/* kvc_write_d_unbound: the mask of x's ranks not bound to an instance
+ * yet (no reply to remote_blocks) and not done. */
+static uint64_t kvc_write_d_unbound(const kvc_xfer_t *x)
+{
+    uint64_t m = 0;
+
+    for (uint32_t i = 0; i < x->nrel && i < 64; i++) {
+        if (x->rel_inst[i] == 0 && !(x->rel_done >> i & 1)) {
+            m |= 1ull << i;
+        }
+    }
+    return m;
 }
 
 void kvc_write_on_write_done(struct kvx_engine *eng, const kvc_msg_t *m,
@@ -223,9 +249,16 @@ void kvc_write_on_write_done(struct kvx_engine *eng, const kvc_msg_t *m,
     }
     k = kvc_write_d_rank(x, m, reason, len);
     if (k == -2) {
-        /* Held until a reply binds a rank to this instance; a forged one
-         * matches no reply and completes nothing. */
-        kvc_write_d_keep_early(x, m->instance);
+        /* Held until a reply binds a rank of m's host to this instance. */
+        uint64_t ranks = 0, unbound = kvc_write_d_unbound(x);
+
+        for (uint32_t i = 0; i < x->nrel && i < 64; i++) {
+            if ((unbound >> i & 1) &&
+                kvc_from_matches(m->from, x->rel[i]->host) != 0) {
+                ranks |= 1ull << i;
+            }
+        }
+        kvc_write_d_keep_early(x, m->instance, ranks);
         return;
     }
     if (k == -3) {
@@ -246,24 +279,21 @@ void kvc_write_on_write_done(struct kvx_engine *eng, const kvc_msg_t *m,
 static int kvc_write_d_notice_early(struct kvx_engine *eng, kvc_xfer_t *x,
                                     const kvc_notice_t *nt)
 {
-    const char *hosts[KVC_RANKMAP_MAX];
-    uint64_t    insts[KVC_RANKMAP_MAX];
-    uint32_t    n = 0;
+    uint64_t unbound = kvc_write_d_unbound(x), ranks = 0;
 
-    /* The ranks still unbound, as if bound to the instance it names. */
-    for (; n < x->nrel && n < KVC_RANKMAP_MAX; n++) {
-        hosts[n] = x->rel[n]->host;
-        insts[n] = x->rel_inst[n] == 0 && !(x->rel_done >> n & 1)
-                       ? nt->instance
-                       : 0;
+    /* Each unbound rank whose host's session gives the notice's mac, as if
+     * bound to the instance it names. */
+    for (uint32_t i = 0; i < x->nrel && i < 64 && nt->instance != 0; i++) {
+        const char *host = x->rel[i]->host;
+
+        if ((unbound >> i & 1) &&
+            kvc_notice_match(eng->expo.key, &host, &nt->instance, 1, nt->tag,
+                             nt->nonce, nt->instance, nt->xnonce,
+                             nt->mac) == 0) {
+            ranks |= 1ull << i;
+        }
     }
-    if (nt->instance == 0 ||
-        kvc_notice_match(eng->expo.key, hosts, insts, n, nt->tag, nt->nonce,
-                         nt->instance, nt->xnonce, nt->mac) < 0) {
-        return 0;
-    }
-    kvc_write_d_keep_early(x, nt->instance);
-    return 1;
+    return ranks != 0 && kvc_write_d_keep_early(x, nt->instance, ranks);
 }
 
 void kvc_write_on_notice(struct kvx_engine *eng, const kvc_notice_t *nt)
@@ -305,7 +335,7 @@ void kvc_write_on_notice(struct kvx_engine *eng, const kvc_notice_t *nt)
         eng->stats.notices_done++;
         kvc_write_d_done(eng, x, k);
     } else if (k == -1 && kvc_write_d_notice_early(eng, x, nt)) {
-        eng->stats.notices_done++;
+        eng->stats.notices_early++;
     }
     /* Else (k == -1) a host name: write_done decides. */
 }
@@ -332,7 +362,8 @@ void kvc_write_d_on_reply(struct kvx_engine *eng, kvc_peer_t *peer,
         if (type == KVC_MSG_REMOTE_BLOCKS && x->rel_inst[k] == 0) {
             x->rel_inst[k] = info->instance;
             for (uint32_t i = 0; i < x->nearly_done; i++) {
-                if (x->early_done[i] == info->instance && info->instance) {
+                if (x->early_done[i] == info->instance && info->instance &&
+                    (x->early_ranks[i] >> k & 1)) {
                     x->early_done[i] = 0;
                     kvc_write_d_done(eng, x, (int)k);
                     if (x->state != KVC_XFER_WAIT_WRITE) {

@@ -1,7 +1,8 @@
 /*
  * mode_write_push.c - WRITE mode (SPEC §8), P's data movement: posting a
  * transfer's puts once remote_blocks arrived and the D rank is connected,
- * completion, the final flush and write_done exactly once, deadlines.
+ * completion, the final flush and the completion (notice, and write_done
+ * unless D completes on the notice alone) exactly once, deadlines.
  * Nothing here blocks: a slow transfer never holds up another.
  *
  * Every function here runs with the engine lock held unless it says
@@ -80,9 +81,10 @@ static void kvc_write_flush_done(kvt_op_t *op)
     kvc_xfer_t        *x   = op->arg;
     struct kvx_engine *eng = x->src->eng;
     kvx_status_t       st  = (kvx_status_t)atomic_load(&op->status);
-    int                released = x->state == KVC_XFER_DONE;
+    int                released;
 
     pthread_mutex_lock(&eng->lock);
+    released = x->state == KVC_XFER_DONE;
     if (released || (st == KVX_OK && x->status == KVX_OK && !x->timed_out)) {
         /* Written, or released by D after some puts: either way none of
          * this transfer's puts can land any more (flushed, or the endpoint
@@ -103,7 +105,10 @@ static void kvc_write_flush_done(kvt_op_t *op)
             kvc_error_clear();
             noticed = 0;
         }
-        if (!noticed || !x->by_notice || released) {
+        /* D can check it only under the session its handshake gave this
+         * host (seen_as is kept only with one). */
+        if (!noticed || !x->by_notice || released ||
+            KVD(eng)->ep_set_session == NULL || x->src->seen_as[0] == '\0') {
             kvc_write_send_done(x);
         } else {
             eng->stats.write_done_skipped++;
@@ -456,8 +461,8 @@ static void kvc_write_tick_xfer(struct kvx_engine *eng, kvc_xfer_t *x)
     if (!x->is_producer) {
         /* Reported once the P ranks confirmed no put can land any more
          * (bounded: kvc_write_d_fence). */
-        snprintf(why, sizeof(why), "no write_done within defer_timeout + "
-                 "transfer_timeout (%.3f s)",
+        snprintf(why, sizeof(why), "no write_done (or its data-plane "
+                 "notice) within defer_timeout + transfer_timeout (%.3f s)",
                  eng->cfg.defer_timeout + eng->cfg.transfer_timeout);
         kvc_write_d_fence(eng, x, KVX_ERR_TRANSFER_TIMEOUT, why, NULL);
         return;

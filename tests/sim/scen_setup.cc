@@ -288,14 +288,28 @@ void Scenario::Fail(const std::string &what)
 
 // Cleanup destroys every engine: running ones as a framework would, crashed
 // ones after reviving them cut off from the network.
+static uint64_t StatOf(const char *json, const char *key)
+{
+    std::string k = std::string("\"") + key + "\":";
+    const char *p = strstr(json, k.c_str());
+
+    return p != nullptr ? strtoull(p + k.size(), nullptr, 10) : 0;
+}
+
 void Scenario::Cleanup()
 {
     cleanup_ = true;
     for (auto &up : ranks_) {
         Rank *r = up.get();
+        char *js = nullptr;
 
         if (r->eng == nullptr) {
             continue;
+        }
+        if (api_->stats(r->eng, &js) == KVX_OK && js != nullptr) {
+            res_.notices_early += StatOf(js, "notices_early");
+            res_.write_done_skipped += StatOf(js, "write_done_skipped");
+            api_->free(js);
         }
         if (r->state == Rank::kCrashed) {
             w_.Isolate(r->node);

@@ -71,6 +71,10 @@ struct Result {
     uint32_t    reboots = 0;     // instances restarted by the reboot fault
     uint32_t    stale_reads = 0; // READ runs copied from a P instance that
                                  // never accepted the transfer (D must fail)
+    // Engine stats summed over the ranks destroyed at the end (so a test
+    // can tell which paths a run took): WRITE notices kept for the reply
+    // binding their rank, write_done left out after a notice.
+    uint64_t    notices_early = 0, write_done_skipped = 0;
 };
 
 Result      RunSeed(uint64_t seed, const Options &o);

@@ -46,6 +46,23 @@ TEST_P(FixedSeeds, PassWithoutFaultsAndMoveEveryTransfer)
     EXPECT_GE(received, transfers); // one FINISHED_RECVING per D rank
 }
 
+// WRITE: D completes P ranks on their data-plane notice alone (no
+// write_done), and a notice that overtakes the reply binding its rank's
+// instance is kept for that reply: both paths taken in these seeds, under
+// every invariant check, with the CI faults.
+TEST(WriteNotices, AloneAndEarlyPathsTakenUnderTheChecks)
+{
+    uint64_t early = 0, skipped = 0;
+    for (uint64_t seed = 1; seed <= 300; seed++) {
+        Result r = RunSeed(seed, Opt("write", kCiFaults));
+        EXPECT_TRUE(r.ok) << "seed " << seed << ": " << r.violation;
+        early += r.notices_early;
+        skipped += r.write_done_skipped;
+    }
+    EXPECT_GT(skipped, 0u);
+    EXPECT_GT(early, 0u) << "no notice overtook its binding reply";
+}
+
 INSTANTIATE_TEST_SUITE_P(Modes, FixedSeeds,
                          ::testing::Values(std::string("read"),
                                            std::string("write")));

@@ -1252,8 +1252,9 @@ TEST(ReqMac, CoversEveryFieldAndNeedsTheSession)
 }
 
 // A WRITE D takes a P rank's data-plane completion notice only with the
-// mac of that rank's host session over the notice's own fields; a notice
-// it cannot tell (rank not bound yet, host name) is left to write_done.
+// mac of that rank's host session over the notice's own fields (one from a
+// rank not bound yet is kept by the engine for the reply that binds it,
+// kvc_write_d_keep_early; one from a host name is left to write_done).
 TEST(NoticeMatch, OnlyTheBoundRankOfThatInstanceAuthenticates)
 {
     const uint64_t    key[2]  = {0x1111, 0x2222};
