@@ -1,6 +1,6 @@
 # load.sh - sourced by the perf scripts (compare.sh, nixl.sh, pair_builds.sh,
-# secure_cost.sh, overhead.sh): the quiet-window gate every series starts
-# behind, and wait_listen.
+# secure_cost.sh, overhead.sh, depth.sh): the quiet-window gate every series
+# starts behind, and wait_listen.
 
 # load1: the 1-minute load average
 load1() { cut -d' ' -f1 /proc/loadavg; }
@@ -18,6 +18,17 @@ wait_quiet() {
         left=$((left - 5))
     done
     return 0
+}
+
+# quiet: wait for a quiet window (wait_quiet LOAD_MAX QUIET_WAIT) and print
+# the load the run starts at, "LOADED:" before it when the machine never got
+# quiet in time.
+quiet() {
+    if wait_quiet "$LOAD_MAX" "$QUIET_WAIT"; then
+        load1
+    else
+        echo "LOADED:$(load1)"
+    fi
 }
 
 # wait_listen PORT: until something listens on PORT (10 s at most)

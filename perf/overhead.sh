@@ -26,15 +26,6 @@ trap 'rm -f "$csv"' EXIT
 
 . "$here/load.sh"
 
-# quiet: the load a run starts at, "LOADED:" before it when the machine
-# never got quiet within QUIET_WAIT s.
-quiet() {
-    if wait_quiet "$LOAD_MAX" "$QUIET_WAIT"; then
-        load1
-    else
-        echo "LOADED:$(load1)"
-    fi
-}
 
 port=$((16000 + RANDOM % 1000))
 for rep in $(seq 1 "$REPS"); do

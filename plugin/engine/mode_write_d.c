@@ -275,25 +275,33 @@ void kvc_write_on_write_done(struct kvx_engine *eng, const kvc_msg_t *m,
  * bound to yet (it overtook the reply to remote_blocks, which binds it):
  * kept, as an early write_done is, when its mac is the one the session of
  * the host of such an unbound rank gives; the reply that binds a rank to
- * that instance completes the rank. Returns 1 when kept. */
+ * that instance completes the rank. Returns 1 when kept, -1 when an
+ * unbound rank's host could have sent it but none did (refused), 0 when it
+ * cannot be told (no unbound rank, host names, the early store full). */
 static int kvc_write_d_notice_early(struct kvx_engine *eng, kvc_xfer_t *x,
                                     const kvc_notice_t *nt)
 {
     uint64_t unbound = kvc_write_d_unbound(x), ranks = 0;
+    int      checked = 0;
 
     /* Each unbound rank whose host's session gives the notice's mac, as if
      * bound to the instance it names. */
     for (uint32_t i = 0; i < x->nrel && i < 64 && nt->instance != 0; i++) {
         const char *host = x->rel[i]->host;
+        int         k;
 
-        if ((unbound >> i & 1) &&
-            kvc_notice_match(eng->expo.key, &host, &nt->instance, 1, nt->tag,
-                             nt->nonce, nt->instance, nt->xnonce,
-                             nt->mac) == 0) {
-            ranks |= 1ull << i;
+        if (!(unbound >> i & 1)) {
+            continue;
         }
+        k = kvc_notice_match(eng->expo.key, &host, &nt->instance, 1, nt->tag,
+                             nt->nonce, nt->instance, nt->xnonce, nt->mac);
+        checked |= k != -1; /* -1: a host name, no session to check */
+        ranks |= k == 0 ? 1ull << i : 0;
     }
-    return ranks != 0 && kvc_write_d_keep_early(x, nt->instance, ranks);
+    if (ranks != 0) {
+        return kvc_write_d_keep_early(x, nt->instance, ranks);
+    }
+    return checked ? -1 : 0;
 }
 
 void kvc_write_on_notice(struct kvx_engine *eng, const kvc_notice_t *nt)
@@ -334,10 +342,16 @@ void kvc_write_on_notice(struct kvx_engine *eng, const kvc_notice_t *nt)
     } else if (k >= 0 && !(x->rel_done >> k & 1)) {
         eng->stats.notices_done++;
         kvc_write_d_done(eng, x, k);
-    } else if (k == -1 && kvc_write_d_notice_early(eng, x, nt)) {
-        eng->stats.notices_early++;
+    } else if (k == -1) {
+        int e = kvc_write_d_notice_early(eng, x, nt);
+
+        if (e > 0) {
+            eng->stats.notices_early++;
+        } else if (e < 0) {
+            eng->stats.notices_refused++;
+        }
+        /* e == 0: a host name (write_done decides) or the store full. */
     }
-    /* Else (k == -1) a host name: write_done decides. */
 }
 
 /* kvc_write_d_on_reply: P rank peer answered remote_blocks (its instance

@@ -219,6 +219,18 @@ show_logs() {
     done
 }
 
+# stop_started NAME SUFFIX...: stop NAME_SUFFIX for each one that was
+# started; 1 when any of them failed.
+stop_started() {
+    local name=$1 n rc=0
+    shift
+    for n in "$@"; do
+        [ -n "$(eval "echo \${PID_${name}_$n:-}")" ] || continue
+        stop ${name}_$n || rc=1
+    done
+    return $rc
+}
+
 PASSED=0 FAILED=0
 verdict() { # NAME RC LOGS...
     local name=$1 rc=$2
@@ -420,10 +432,7 @@ run_thief() {
     else
         rc=1
     fi
-    for n in dB dC pA; do
-        [ -n "$(eval "echo \${PID_${name}_$n:-}")" ] || continue
-        stop ${name}_$n || rc=1
-    done
+    stop_started $name dB dC pA || rc=1
     verdict "$name" $rc ${name}_pA ${name}_dB ${name}_dC
 }
 want thief && run_thief thief 1
@@ -468,10 +477,7 @@ run_write_thief() {
     else
         rc=1
     fi
-    for n in dC pA; do
-        [ -n "$(eval "echo \${PID_${name}_$n:-}")" ] || continue
-        stop ${name}_$n || rc=1
-    done
+    stop_started $name dC pA || rc=1
     verdict "$name" $rc ${name}_attB ${name}_attA ${name}_dC ${name}_pA
 }
 if want write_thief; then
@@ -534,10 +540,7 @@ run_notice_thief() {
     else
         rc=1
     fi
-    for n in dC pA; do
-        [ -n "$(eval "echo \${PID_${name}_$n:-}")" ] || continue
-        stop ${name}_$n || rc=1
-    done
+    stop_started $name dC pA || rc=1
     verdict "$name" $rc ${name}_pA ${name}_attB ${name}_dC
 }
 if want notice_thief; then

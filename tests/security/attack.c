@@ -570,6 +570,20 @@ static int tcp_worker(uint64_t features, ucp_context_h *ucp, ucp_worker_h *wk)
     return ucp_worker_create(*ucp, &wp, wk) == UCS_OK ? 0 : -1;
 }
 
+/* ep_to: a UCP endpoint from wk to the worker address addr (peer error
+ * handling, as kvxfer's own). */
+static ucs_status_t ep_to(ucp_worker_h wk, const void *addr, ucp_ep_h *ep)
+{
+    ucp_ep_params_t prm;
+
+    memset(&prm, 0, sizeof(prm));
+    prm.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
+                     UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+    prm.address    = (const ucp_address_t *)addr;
+    prm.err_mode   = UCP_ERR_HANDLING_MODE_PEER;
+    return ucp_ep_create(wk, &prm, ep);
+}
+
 /* rma_try: one UCP endpoint from wk to addr, a get of 4096 bytes at base
  * with the packed rkey, progressed for secs: 1 when it completed (served),
  * 0 when it did not or no endpoint could be made (*reached says which). */
@@ -577,7 +591,6 @@ static int rma_try(ucp_worker_h wk, const void *addr, const void *rkey,
                    uint64_t base, double secs, int *reached)
 {
     static uint8_t      buf[4096];
-    ucp_ep_params_t     ep_prm;
     ucp_request_param_t rp;
     ucp_ep_h            ep;
     ucp_rkey_h          rk;
@@ -585,12 +598,7 @@ static int rma_try(ucp_worker_h wk, const void *addr, const void *rkey,
     ucs_status_t        st = UCS_INPROGRESS;
     double              end = now_s() + secs;
 
-    memset(&ep_prm, 0, sizeof(ep_prm));
-    ep_prm.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
-                        UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
-    ep_prm.address    = addr;
-    ep_prm.err_mode   = UCP_ERR_HANDLING_MODE_PEER;
-    if (ucp_ep_create(wk, &ep_prm, &ep) != UCS_OK) {
+    if (ep_to(wk, addr, &ep) != UCS_OK) {
         return 0;
     }
     (*reached)++;
@@ -841,7 +849,6 @@ static int cmd_amput(char **a)
         return 2;
     }
     for (uint16_t i = 0; i < n && sent == 0; i++) {
-        ucp_ep_params_t     ep_prm;
         ucp_request_param_t rp;
         ucp_ep_h            ep;
         const ucp_address_t *wa;
@@ -852,12 +859,7 @@ static int cmd_amput(char **a)
         if (next_wk_addr(addr, alen, &off, &wa) != 0) {
             break;
         }
-        memset(&ep_prm, 0, sizeof(ep_prm));
-        ep_prm.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
-                            UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
-        ep_prm.address    = wa;
-        ep_prm.err_mode   = UCP_ERR_HANDLING_MODE_PEER;
-        if (ucp_ep_create(wk, &ep_prm, &ep) != UCS_OK) {
+        if (ep_to(wk, wa, &ep) != UCS_OK) {
             continue;
         }
         /* One put per block (at most 64), each its own header. */
@@ -958,7 +960,6 @@ static int cmd_notice(char **a)
     json_object        *o = json_object_from_file(a[0]), *v;
     ucp_context_h       ucp;
     ucp_worker_h        wk;
-    ucp_ep_params_t     ep_prm;
     ucp_request_param_t rp;
     ucp_ep_h            ep;
     const ucp_address_t *wa;
@@ -992,12 +993,7 @@ static int cmd_notice(char **a)
     if (tcp_worker(UCP_FEATURE_AM, &ucp, &wk) != 0) {
         return 2;
     }
-    memset(&ep_prm, 0, sizeof(ep_prm));
-    ep_prm.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
-                        UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
-    ep_prm.address    = wa;
-    ep_prm.err_mode   = UCP_ERR_HANDLING_MODE_PEER;
-    if (ucp_ep_create(wk, &ep_prm, &ep) != UCS_OK) {
+    if (ep_to(wk, wa, &ep) != UCS_OK) {
         printf("notice: no endpoint to the engine's worker\n");
         return 2;
     }
