@@ -389,6 +389,69 @@ int kvc_notice_from_ok(const uint64_t key[2], const char *from, uint64_t tag,
            kvc_req_mac(s, tag, nonce, instance, xnonce, KVC_MAC_NOTICE) == mac;
 }
 
+uint64_t kvc_notice_ranks(const uint64_t key[2], const char *const *hosts,
+                          uint32_t n, uint64_t candidates, uint64_t tag,
+                          uint64_t nonce, uint64_t instance, uint64_t xnonce,
+                          uint64_t mac, int *checked_p)
+{
+    uint64_t ranks = 0;
+    int      checked = 0;
+
+    for (uint32_t i = 0; i < n && i < 64 && instance != 0; i++) {
+        uint64_t s;
+
+        if (!(candidates >> i & 1) ||
+            (s = kvc_host_session(key, hosts[i], 0)) == 0) {
+            continue; /* not a candidate, or a host name */
+        }
+        checked = 1;
+        if (kvc_req_mac(s, tag, nonce, instance, xnonce, KVC_MAC_NOTICE) ==
+            mac) {
+            ranks |= 1ull << i;
+        }
+    }
+    if (checked_p != NULL) {
+        *checked_p = checked;
+    }
+    return ranks;
+}
+
+int kvc_early_done_keep(kvc_early_done_t *s, uint64_t inst, uint64_t ranks)
+{
+    int freed = -1;
+
+    if (inst == 0 || ranks == 0) {
+        return 0;
+    }
+    for (int i = 0; i < KVC_RANKMAP_MAX; i++) {
+        if (s->inst[i] == inst) {
+            s->ranks[i] |= ranks;
+            return 1;
+        }
+        if (s->inst[i] == 0 && freed < 0) {
+            freed = i;
+        }
+    }
+    if (freed < 0) {
+        return 0;
+    }
+    s->inst[freed]  = inst;
+    s->ranks[freed] = ranks;
+    return 1;
+}
+
+int kvc_early_done_take(kvc_early_done_t *s, uint64_t inst, uint32_t k)
+{
+    for (int i = 0; i < KVC_RANKMAP_MAX && inst != 0 && k < 64; i++) {
+        if (s->inst[i] == inst && (s->ranks[i] >> k & 1)) {
+            s->inst[i]  = 0;
+            s->ranks[i] = 0;
+            return 1;
+        }
+    }
+    return 0;
+}
+
 int kvc_from_matches(const char *from, const char *host)
 {
     char        ip[64];

@@ -150,6 +150,38 @@ kvx_status_t kvc_host_resolve(const char *advertised, char *const *hosts,
 
 #define KVC_RANKMAP_MAX 64
 
+/*
+ * kvc_notice_ranks: of a WRITE transfer's n P ranks (hosts[i]), those in
+ * candidates (a mask, bit i: rank i, i < 64) whose host's session under
+ * key gives a notice of tag, nonce, instance and xnonce the mac it
+ * carries, as if each were bound to that instance: the ranks a completion
+ * that overtook the reply binding its sender may belong to. *checked_p
+ * (may be NULL) tells whether any candidate's host has a session (an
+ * address); 0 with it set is a notice none of them sent.
+ */
+uint64_t kvc_notice_ranks(const uint64_t key[2], const char *const *hosts,
+                          uint32_t n, uint64_t candidates, uint64_t tag,
+                          uint64_t nonce, uint64_t instance, uint64_t xnonce,
+                          uint64_t mac, int *checked_p);
+
+/*
+ * kvc_early_done_t: completions (write_done or notice) of a D WRITE
+ * transfer from P instances no rank is bound to yet, each with the mask of
+ * the ranks it may complete (those of the host it came from). keep merges
+ * a repeat of an instance and reuses taken slots; it drops (returns 0)
+ * instance 0, an empty mask and a completion when every slot is in use.
+ * take consumes the entry of inst when it names rank k (returns 1): a
+ * completion from one P host never finishes the rank of another host by
+ * naming that rank's instance.
+ */
+typedef struct kvc_early_done {
+    uint64_t inst[KVC_RANKMAP_MAX];
+    uint64_t ranks[KVC_RANKMAP_MAX];
+} kvc_early_done_t;
+
+int kvc_early_done_keep(kvc_early_done_t *s, uint64_t inst, uint64_t ranks);
+int kvc_early_done_take(kvc_early_done_t *s, uint64_t inst, uint32_t k);
+
 /* kvc_rankmap_t: what one consumer (D) rank does against a producer (P)
  * instance. */
 typedef struct kvc_rankmap {

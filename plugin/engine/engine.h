@@ -219,9 +219,7 @@ typedef struct kvc_xfer {
     /* write_done or notice that overtook the reply binding its sender: the
      * sender's instance, and the mask of the unbound rel[] ranks whose host
      * it came from; it counts once a reply binds one of those to it. */
-    uint64_t          early_done[KVC_RANKMAP_MAX];
-    uint64_t          early_ranks[KVC_RANKMAP_MAX];
-    uint32_t          nearly_done;
+    kvc_early_done_t  early;
     int               aborting;
     kvc_layer_op_t   *ops;         /* one per local layer, owned */
     kvc_run_t       **plans;       /* distinct plans, owned */
@@ -433,6 +431,9 @@ struct kvx_engine {
         uint64_t notices_early;   /* D WRITE: notices that overtook the
                                      reply binding their P rank's instance,
                                      kept for it (kvc_write_d_keep_early) */
+        uint64_t early_completed; /* D WRITE: P ranks completed by a
+                                     completion kept early (write_done or
+                                     notice) once the reply bound them */
         uint64_t releases_on_dp;  /* D READ: releases sent as a data-plane
                                      notice (kvc_read_release_on_dp) */
         uint64_t write_done_skipped; /* P WRITE: transfers whose notice

@@ -184,29 +184,21 @@ static void kvc_write_d_done(struct kvx_engine *eng, kvc_xfer_t *x, int k)
 }
 
 /* kvc_write_d_keep_early: a completion (write_done or notice) from
- * instance inst, which no rank of x is bound to yet, is held until a reply
- * binds a rank to it (kvc_write_d_on_reply), and then completes that rank
- * only when it is one of ranks (the mask of the unbound ranks whose host
- * the completion came from): a completion from one P host cannot finish
- * the rank of another by naming its instance; a forged one matches no
- * reply and completes nothing. Returns 1 when kept. */
+ * instance inst, which no rank of x is bound to yet, held for the reply that
+ * binds one of ranks (those of the host it came from) to it
+ * (kvc_early_done_t). A drop (the store full) is logged: P may send nothing
+ * more, so the transfer then ends at its deadline. Returns 1 when kept. */
 static int kvc_write_d_keep_early(kvc_xfer_t *x, uint64_t inst,
                                   uint64_t ranks)
 {
-    uint32_t i;
-
-    for (i = 0; i < x->nearly_done && x->early_done[i] != inst; i++) {
+    if (kvc_early_done_keep(&x->early, inst, ranks)) {
+        return 1;
     }
-    if (i == x->nearly_done) {
-        if (i == KVC_RANKMAP_MAX) {
-            return 0;
-        }
-        x->early_done[i]  = inst;
-        x->early_ranks[i] = 0;
-        x->nearly_done++;
-    }
-    x->early_ranks[i] |= ranks;
-    return 1;
+    kvc_log_debug("KVX-WRITE-EARLY", "transfer %s: completion of instance "
+                  "%llu not kept (ranks %llx; %d held)", x->transfer_id,
+                  (unsigned long long)inst, (unsigned long long)ranks,
+                  KVC_RANKMAP_MAX);
+    return 0;
 }
 
 /* kvc_write_d_unbound: the mask of x's ranks not bound to an instance
@@ -281,23 +273,17 @@ void kvc_write_on_write_done(struct kvx_engine *eng, const kvc_msg_t *m,
 static int kvc_write_d_notice_early(struct kvx_engine *eng, kvc_xfer_t *x,
                                     const kvc_notice_t *nt)
 {
-    uint64_t unbound = kvc_write_d_unbound(x), ranks = 0;
-    int      checked = 0;
+    const char *hosts[KVC_RANKMAP_MAX];
+    uint64_t    ranks;
+    uint32_t    n = 0;
+    int         checked = 0;
 
-    /* Each unbound rank whose host's session gives the notice's mac, as if
-     * bound to the instance it names. */
-    for (uint32_t i = 0; i < x->nrel && i < 64 && nt->instance != 0; i++) {
-        const char *host = x->rel[i]->host;
-        int         k;
-
-        if (!(unbound >> i & 1)) {
-            continue;
-        }
-        k = kvc_notice_match(eng->expo.key, &host, &nt->instance, 1, nt->tag,
-                             nt->nonce, nt->instance, nt->xnonce, nt->mac);
-        checked |= k != -1; /* -1: a host name, no session to check */
-        ranks |= k == 0 ? 1ull << i : 0;
+    for (; n < x->nrel && n < KVC_RANKMAP_MAX; n++) {
+        hosts[n] = x->rel[n]->host;
     }
+    ranks = kvc_notice_ranks(eng->expo.key, hosts, n, kvc_write_d_unbound(x),
+                             nt->tag, nt->nonce, nt->instance, nt->xnonce,
+                             nt->mac, &checked);
     if (ranks != 0) {
         return kvc_write_d_keep_early(x, nt->instance, ranks);
     }
@@ -375,14 +361,11 @@ void kvc_write_d_on_reply(struct kvx_engine *eng, kvc_peer_t *peer,
         }
         if (type == KVC_MSG_REMOTE_BLOCKS && x->rel_inst[k] == 0) {
             x->rel_inst[k] = info->instance;
-            for (uint32_t i = 0; i < x->nearly_done; i++) {
-                if (x->early_done[i] == info->instance && info->instance &&
-                    (x->early_ranks[i] >> k & 1)) {
-                    x->early_done[i] = 0;
-                    kvc_write_d_done(eng, x, (int)k);
-                    if (x->state != KVC_XFER_WAIT_WRITE) {
-                        return;
-                    }
+            if (kvc_early_done_take(&x->early, info->instance, k)) {
+                eng->stats.early_completed++;
+                kvc_write_d_done(eng, x, (int)k);
+                if (x->state != KVC_XFER_WAIT_WRITE) {
+                    return;
                 }
             }
         } else if (type == KVC_MSG_RELEASE && info->fenced) {

@@ -286,8 +286,7 @@ void Scenario::Fail(const std::string &what)
     w_.Violate(what);
 }
 
-// Cleanup destroys every engine: running ones as a framework would, crashed
-// ones after reviving them cut off from the network.
+// StatOf: the counter key of an engine's stats JSON (0 when absent).
 static uint64_t StatOf(const char *json, const char *key)
 {
     std::string k = std::string("\"") + key + "\":";
@@ -296,6 +295,8 @@ static uint64_t StatOf(const char *json, const char *key)
     return p != nullptr ? strtoull(p + k.size(), nullptr, 10) : 0;
 }
 
+// Cleanup destroys every engine: running ones as a framework would, crashed
+// ones after reviving them cut off from the network.
 void Scenario::Cleanup()
 {
     cleanup_ = true;
@@ -309,6 +310,7 @@ void Scenario::Cleanup()
         if (api_->stats(r->eng, &js) == KVX_OK && js != nullptr) {
             res_.notices_early += StatOf(js, "notices_early");
             res_.write_done_skipped += StatOf(js, "write_done_skipped");
+            res_.early_completed += StatOf(js, "early_completed");
             api_->free(js);
         }
         if (r->state == Rank::kCrashed) {

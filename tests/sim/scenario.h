@@ -73,8 +73,9 @@ struct Result {
                                  // never accepted the transfer (D must fail)
     // Engine stats summed over the ranks destroyed at the end (so a test
     // can tell which paths a run took): WRITE notices kept for the reply
-    // binding their rank, write_done left out after a notice.
-    uint64_t    notices_early = 0, write_done_skipped = 0;
+    // binding their rank, write_done left out after a notice, ranks
+    // completed from such a kept completion once the reply bound them.
+    uint64_t    notices_early = 0, write_done_skipped = 0, early_completed = 0;
 };
 
 Result      RunSeed(uint64_t seed, const Options &o);

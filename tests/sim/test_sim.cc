@@ -48,19 +48,33 @@ TEST_P(FixedSeeds, PassWithoutFaultsAndMoveEveryTransfer)
 
 // WRITE: D completes P ranks on their data-plane notice alone (no
 // write_done), and a notice that overtakes the reply binding its rank's
-// instance is kept for that reply: both paths taken in these seeds, under
-// every invariant check, with the CI faults.
+// instance (lag holds replies back) is kept for that reply and completes
+// the rank when it comes: every path taken in these seeds, under every
+// invariant check, with the CI faults.
 TEST(WriteNotices, AloneAndEarlyPathsTakenUnderTheChecks)
 {
-    uint64_t early = 0, skipped = 0;
+    uint64_t early = 0, skipped = 0, completed = 0;
     for (uint64_t seed = 1; seed <= 300; seed++) {
-        Result r = RunSeed(seed, Opt("write", kCiFaults));
+        Result r = RunSeed(seed, Opt("write", kCiFaults | kFLag));
         EXPECT_TRUE(r.ok) << "seed " << seed << ": " << r.violation;
         early += r.notices_early;
         skipped += r.write_done_skipped;
+        completed += r.early_completed;
     }
     EXPECT_GT(skipped, 0u);
     EXPECT_GT(early, 0u) << "no notice overtook its binding reply";
+    EXPECT_GT(completed, 0u) << "no kept completion completed its rank";
+    // With replies held back (lag) but nothing failing, every transfer
+    // ends OK: a kept notice that never completed its rank would fail its
+    // transfer at the deadline.
+    uint64_t early0 = 0;
+    for (uint64_t seed = 1; seed <= 100; seed++) {
+        Result r = RunSeed(seed, Opt("write", kFLag));
+        EXPECT_TRUE(r.ok) << "seed " << seed << ": " << r.violation;
+        EXPECT_EQ(0u, r.failed) << "seed " << seed;
+        early0 += r.notices_early;
+    }
+    EXPECT_GT(early0, 0u) << "no notice overtook its binding reply";
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, FixedSeeds,

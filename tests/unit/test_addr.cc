@@ -1303,6 +1303,67 @@ TEST(NoticeMatch, OnlyTheBoundRankOfThatInstanceAuthenticates)
                                mac(s1, 7, 5, 100)), -1);
 }
 
+// A completion that overtook the reply binding its sender's instance:
+// kvc_notice_ranks names the unbound ranks whose host's session gives its
+// mac (so a notice from host B naming rank A's instance belongs to B's
+// ranks only), and the early store then completes only such a rank when a
+// reply binds it to that instance.
+TEST(NoticeMatch, EarlyCompletionBelongsToTheRanksOfItsHost)
+{
+    const uint64_t    key[2]  = {0x1111, 0x2222};
+    // Ranks 0 and 2 on host A, rank 1 on host B, rank 3 named by name.
+    const char *const hosts[] = {"192.0.2.1", "192.0.2.2", "192.0.2.1",
+                                 "p3.example"};
+    const uint64_t    sa = kvc_host_session(key, "192.0.2.1", 0);
+    const uint64_t    sb = kvc_host_session(key, "192.0.2.2", 0);
+    auto mac = [](uint64_t s, uint64_t inst) {
+        return kvc_req_mac(s, 7, 5, inst, 3, KVC_MAC_NOTICE);
+    };
+    int checked = -1;
+
+    // A's session: A's unbound ranks; B's session: B's rank only.
+    EXPECT_EQ(kvc_notice_ranks(key, hosts, 4, 0xf, 7, 5, 100, 3,
+                               mac(sa, 100), &checked), 0x5u);
+    EXPECT_EQ(checked, 1);
+    EXPECT_EQ(kvc_notice_ranks(key, hosts, 4, 0xf, 7, 5, 100, 3,
+                               mac(sb, 100), &checked), 0x2u);
+    // Only candidates (unbound ranks) count; none left of A's: refused.
+    EXPECT_EQ(kvc_notice_ranks(key, hosts, 4, 0x2 | 0x8, 7, 5, 100, 3,
+                               mac(sa, 100), &checked), 0u);
+    EXPECT_EQ(checked, 1);
+    // Only the host-name rank left: nothing can be checked.
+    EXPECT_EQ(kvc_notice_ranks(key, hosts, 4, 0x8, 7, 5, 100, 3,
+                               mac(sa, 100), &checked), 0u);
+    EXPECT_EQ(checked, 0);
+    // Other fields under the mac, instance 0.
+    EXPECT_EQ(kvc_notice_ranks(key, hosts, 4, 0xf, 7, 5, 101, 3,
+                               mac(sa, 100), nullptr), 0u);
+    EXPECT_EQ(kvc_notice_ranks(key, hosts, 4, 0xf, 7, 5, 100, 4,
+                               mac(sa, 100), nullptr), 0u);
+    EXPECT_EQ(kvc_notice_ranks(key, hosts, 4, 0xf, 7, 5, 0, 3, mac(sa, 0),
+                               nullptr), 0u);
+
+    kvc_early_done_t s = {};
+    // B's forged completion naming A's instance 100, then A's own.
+    EXPECT_EQ(kvc_early_done_keep(&s, 100, 0x2), 1);
+    EXPECT_EQ(kvc_early_done_take(&s, 100, 0), 0) << "B completed A's rank";
+    EXPECT_EQ(kvc_early_done_keep(&s, 100, 0x5), 1); // merged
+    EXPECT_EQ(kvc_early_done_take(&s, 100, 0), 1);
+    EXPECT_EQ(kvc_early_done_take(&s, 100, 2), 0) << "taken once";
+    EXPECT_EQ(kvc_early_done_take(&s, 999, 1), 0);
+    // Nothing kept for instance 0 or no rank; slots are reused once taken.
+    EXPECT_EQ(kvc_early_done_keep(&s, 0, 0x1), 0);
+    EXPECT_EQ(kvc_early_done_keep(&s, 5, 0), 0);
+    for (uint64_t i = 1; i <= KVC_RANKMAP_MAX; i++) {
+        EXPECT_EQ(kvc_early_done_keep(&s, 1000 + i, 1), 1) << i;
+    }
+    EXPECT_EQ(kvc_early_done_keep(&s, 5000, 1), 0) << "store full";
+    EXPECT_EQ(kvc_early_done_take(&s, 1001, 0), 1);
+    EXPECT_EQ(kvc_early_done_keep(&s, 5000, 1), 1) << "slot not reused";
+    EXPECT_EQ(kvc_early_done_take(&s, 5000, 0), 1);
+    EXPECT_EQ(kvc_early_done_take(&s, 1, 64), 0);
+}
+
 // A READ P takes a D rank's release notice only with the mac of the
 // session it gave the address the notice claims (the handshake's seen_as,
 // port and all, computed as the handshake did): another address, another
