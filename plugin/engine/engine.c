@@ -236,9 +236,9 @@ kvx_status_t kvx_engine_create(const kvt_env_t *env, const char *json,
         goto err_idset;
     }
     eng->epoch = eng->env.clock.random64(eng->env.clock.arg);
-    /* Uses of transfer ids are numbered from the instance id: another
-     * instance on the same address does not repeat them. */
-    eng->xnonce_seq = eng->epoch;
+    /* Uses of transfer ids: a keyed hash of this count (mode_write_d.c),
+     * so another instance (another key) does not repeat them either. */
+    eng->xnonce_seq = 0;
     eng->mode  = eng->cfg.read_mode ? &kvc_mode_read : &kvc_mode_write;
     kvc_timerq_init(&eng->timers);
     snprintf(eng->engine_id, sizeof(eng->engine_id), "%s:%u", eng->cfg.host_ip,

@@ -390,7 +390,8 @@ struct kvx_engine {
     char             *meta_json;     /* handshake reply, owned */
     size_t            meta_len;
     uint64_t          epoch;
-    uint64_t          xnonce_seq;    /* D WRITE: last kvc_xfer_t.xnonce */
+    uint64_t          xnonce_seq;    /* D WRITE: uses of transfer ids so
+                                        far (kvc_write_d_xnonce hashes it) */
     char              engine_id[KVX_ID_MAX + 16];
     kvc_peer_t       *peers;
     kvc_xfer_t      **xfers;         /* hash table, nbuckets chains */

@@ -8,6 +8,7 @@
  */
 #define _GNU_SOURCE
 #include "engine.h"
+#include "siphash.h"
 
 #include <json-c/json.h>
 #include <stdio.h>
@@ -34,6 +35,18 @@ static int kvc_write_d_by_notice(const struct kvx_engine *eng,
 {
     return eng->cfg.release_on_data_plane && KVD(eng)->notify != NULL &&
            kvc_host_session(eng->expo.key, peer->host, 0) != 0;
+}
+
+/* kvc_write_d_xnonce: a new use of a transfer id at this D: SipHash of a
+ * counter under the engine's secret key, so a peer that knows D's instance
+ * id (public: every message carries it) cannot tell the next one; never 0.
+ * Distinct uses collide with probability 2^-64. */
+static uint64_t kvc_write_d_xnonce(struct kvx_engine *eng)
+{
+    uint64_t seq = ++eng->xnonce_seq;
+    uint64_t v   = kvc_siphash24(eng->expo.key, &seq, sizeof(seq));
+
+    return v != 0 ? v : 1;
 }
 
 kvx_status_t kvc_write_consumer(struct kvx_engine *eng, const char *req_id,
@@ -74,7 +87,7 @@ kvx_status_t kvc_write_consumer(struct kvx_engine *eng, const char *req_id,
     snprintf(m.transfer_id, sizeof(m.transfer_id), "%s", x->transfer_id);
     m.consumer_rank = (int32_t)eng->cfg.tp_rank; /* P routes by it */
     pthread_mutex_lock(&eng->lock);
-    x->xnonce = ++eng->xnonce_seq; /* this use of the id */
+    x->xnonce = kvc_write_d_xnonce(eng); /* this use of the id */
     st        = kvc_xfer_insert(eng, x);
     if (st == KVX_OK && n == 0) {
         /* Nothing to allocate (full prefix hit): release P at once. */
