@@ -282,18 +282,15 @@ void kvc_write_on_write_done(struct kvx_engine *eng, const kvc_msg_t *m,
  * the host of such an unbound rank gives; the reply that binds a rank to
  * that instance completes the rank. Returns 1 when kept, -1 when an
  * unbound rank's host could have sent it but none did (refused), 0 when it
- * cannot be told (no unbound rank, host names, the early store full). */
+ * cannot be told (no unbound rank, host names, the early store full).
+ * hosts: the n hosts of x's ranks. */
 static int kvc_write_d_notice_early(struct kvx_engine *eng, kvc_xfer_t *x,
-                                    const kvc_notice_t *nt)
+                                    const kvc_notice_t *nt,
+                                    const char *const *hosts, uint32_t n)
 {
-    const char *hosts[KVC_RANKMAP_MAX];
-    uint64_t    ranks;
-    uint32_t    n = 0;
-    int         checked = 0;
+    uint64_t ranks;
+    int      checked = 0;
 
-    for (; n < x->nrel && n < KVC_RANKMAP_MAX; n++) {
-        hosts[n] = x->rel[n]->host;
-    }
     ranks = kvc_notice_ranks(eng->expo.key, hosts, n, kvc_write_d_unbound(x),
                              nt->tag, nt->nonce, nt->instance, nt->xnonce,
                              nt->mac, &checked);
@@ -342,7 +339,7 @@ void kvc_write_on_notice(struct kvx_engine *eng, const kvc_notice_t *nt)
         eng->stats.notices_done++;
         kvc_write_d_done(eng, x, k);
     } else if (k == -1) {
-        int e = kvc_write_d_notice_early(eng, x, nt);
+        int e = kvc_write_d_notice_early(eng, x, nt, hosts, n);
 
         if (e > 0) {
             eng->stats.notices_early++;
