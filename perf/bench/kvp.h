@@ -72,6 +72,8 @@ typedef struct kvp_opts {
     int         resident;      /* --resident: same block ids every transfer */
     int         busy_poll;     /* --busy-poll: D spins on poll_events
                                   instead of sleeping in wait_transfer */
+    int         write_ahead;   /* --write-ahead: WRITE P readies every
+                                  layer and seals before D asks */
     uint32_t    iters;         /* 0 = auto */
     uint32_t    warmup;        /* UINT32_MAX = auto */
     uint32_t    depth;

@@ -115,6 +115,12 @@ void kvp_usage(FILE *f, const char *prog)
 "      --busy-poll        D spins on poll_events for its transfer's event (as\n"
 "                         nixlbench spins on checkXfer) instead of sleeping in\n"
 "                         wait_transfer as a framework thread would (csv: wait)\n"
+"      --write-ahead      WRITE: P calls layer_ready for every layer and seal\n"
+"                         right after its producer_request, before D asks (the\n"
+"                         KV is computed; kvxfer posts the puts when D's\n"
+"                         remote_blocks arrive); Tx then runs from D's\n"
+"                         consumer_request. Default: P waits for remote_blocks\n"
+"                         (Tx from P's first layer_ready)\n"
 "      --connect-ahead    the initiator (READ: D, WRITE: P) calls connect_peer\n"
 "                         before the first transfer; the header then gives\n"
 "                         connect_peer's time and a first transfer without it\n"
@@ -237,6 +243,7 @@ enum {
     OPT_POOL, OPT_MEM, OPT_TLS, OPT_INFLIGHT, OPT_EXTRA, OPT_TLSDIR, OPT_KVPORT,
     OPT_CHECK, OPT_CONNECT_AHEAD, OPT_MEMCPY, OPT_TIMEOUT, OPT_CSV, OPT_JSON, OPT_ACCEPT,
     OPT_INJECT, OPT_CLOCK, OPT_HOLD, OPT_HOLD_TIMEOUT, OPT_RESIDENT, OPT_BUSY_POLL,
+    OPT_WRITE_AHEAD,
 };
 
 static const struct option kvp_longopts[] = {
@@ -260,6 +267,7 @@ static const struct option kvp_longopts[] = {
     {"scattered", no_argument, NULL, OPT_SCATTER},
     {"resident", no_argument, NULL, OPT_RESIDENT},
     {"busy-poll", no_argument, NULL, OPT_BUSY_POLL},
+    {"write-ahead", no_argument, NULL, OPT_WRITE_AHEAD},
     {"iters", required_argument, NULL, 'n'},
     {"warmup", required_argument, NULL, 'w'},
     {"depth", required_argument, NULL, 'd'},
@@ -468,6 +476,9 @@ int kvp_opts_parse(int argc, char **argv, kvp_opts_t *o, char *err,
             break;
         case OPT_BUSY_POLL:
             o->busy_poll = 1;
+            break;
+        case OPT_WRITE_AHEAD:
+            o->write_ahead = 1;
             break;
         case 'n':
             if (kvp_parse_u32(optarg, 1, 100000000u, &o->iters) != 0) {

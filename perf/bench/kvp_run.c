@@ -507,6 +507,27 @@ static int kvp_p_issue(kvp_sess_t *s, const kvp_point_msg_t *pm, uint32_t i,
     return 0;
 }
 
+/* kvp_p_ready: WRITE P: every layer of transfer i computed, then sealed. */
+static int kvp_p_ready(kvp_sess_t *s, const kvp_point_msg_t *pm, uint32_t i)
+{
+    char tid[KVX_ID_MAX];
+
+    kvp_tid(s, pm, i, tid, sizeof(tid));
+    for (uint32_t l = 0; l < s->side.geom.layers; l++) {
+        kvx_status_t r = s->api->layer_ready(s->side.eng, tid, l);
+
+        if (r != KVX_OK) {
+            return kvp_fatal(s, "layer_ready %s %u: %s: %s", tid, l,
+                             s->api->status_name(r), s->api->last_error());
+        }
+    }
+    if (s->api->seal_transfer(s->side.eng, tid) != KVX_OK) {
+        return kvp_fatal(s, "seal_transfer %s: %s", tid,
+                         s->api->last_error());
+    }
+    return 0;
+}
+
 /* P: takes D's DONE if it is waiting (an ABORT there is an error). */
 static int kvp_p_check_channel(kvp_sess_t *s, int *done_rx)
 {
@@ -534,13 +555,14 @@ static int kvp_p_point(kvp_sess_t *s, const kvp_point_msg_t *pm)
     double        deadline = kvp_now_us() + s->o->timeout_s * 1e6;
     double        t_rb0 = 0;
     long long     rb0 = 0;
-    int           done_rx = 0, rc = -1, got;
+    int           done_rx = 0, rc = -1, got, wahead;
     kvp_precs_t   *pr = NULL;
     size_t        prlen;
     int64_t       rss_tmp;
     kvp_backoff_t bo = {2, pm->point == KVP_PROBE ? 16 : 100};
 
     st.write = s->mode == KVP_WRITE;
+    wahead   = st.write && s->o->write_ahead;
     st.a     = calloc(total, sizeof(double));
     st.b     = calloc(total, sizeof(double));
     st.c     = calloc(total, sizeof(double));
@@ -574,10 +596,11 @@ static int kvp_p_point(kvp_sess_t *s, const kvp_point_msg_t *pm)
     while (issued < ahead) {
         double prep;
 
-        if (kvp_p_issue(s, pm, issued, ids, &prep) != 0) {
+        if (kvp_p_issue(s, pm, issued, ids, &prep) != 0 ||
+            (wahead && kvp_p_ready(s, pm, issued) != 0)) {
             goto out;
         }
-        if (!st.write) {
+        if (!st.write || wahead) {
             st.a[issued] = prep;
         }
         issued++;
@@ -587,10 +610,8 @@ static int kvp_p_point(kvp_sess_t *s, const kvp_point_msg_t *pm)
         kvp_err("%s", s->c->errmsg);
         goto out;
     }
-    if (st.write) {
+    if (st.write && !wahead) {
         for (uint32_t i = 0; i < total; i++) {
-            char tid[KVX_ID_MAX];
-
             /* D's remote_blocks for transfer i must have arrived. Events
              * first: FINISHED_SENDING of i-1 precedes its write_done, which
              * precedes D's next remote_blocks. */
@@ -616,23 +637,11 @@ static int kvp_p_point(kvp_sess_t *s, const kvp_point_msg_t *pm)
                 kvp_backoff_wait(&bo);
             }
             kvp_backoff_reset(&bo);
-            kvp_tid(s, pm, i, tid, sizeof(tid));
             st.a[i] = kvp_now_us();
             if (i == 0) {
                 t_rb0 = st.a[i];
             }
-            for (uint32_t l = 0; l < s->side.geom.layers; l++) {
-                kvx_status_t r = s->api->layer_ready(s->side.eng, tid, l);
-
-                if (r != KVX_OK) {
-                    kvp_fatal(s, "layer_ready %s %u: %s: %s", tid, l,
-                              s->api->status_name(r), s->api->last_error());
-                    goto out;
-                }
-            }
-            if (s->api->seal_transfer(s->side.eng, tid) != KVX_OK) {
-                kvp_fatal(s, "seal_transfer %s: %s", tid,
-                          s->api->last_error());
+            if (kvp_p_ready(s, pm, i) != 0) {
                 goto out;
             }
             st.b[i] = kvp_now_us() - st.a[i];
@@ -656,13 +665,15 @@ static int kvp_p_point(kvp_sess_t *s, const kvp_point_msg_t *pm)
             kvp_p_check_channel(s, &done_rx) != 0) {
             goto out;
         }
-        while (!st.write && issued < total && issued < st.finished + ahead) {
-            if (kvp_p_issue(s, pm, issued, ids, &st.a[issued]) != 0) {
+        while ((!st.write || wahead) && issued < total &&
+               issued < st.finished + ahead) {
+            if (kvp_p_issue(s, pm, issued, ids, &st.a[issued]) != 0 ||
+                (wahead && kvp_p_ready(s, pm, issued) != 0)) {
                 goto out;
             }
             issued++;
         }
-        if (!st.write && st.finished >= pm->warm + pm->iters / 2 &&
+        if ((!st.write || wahead) && st.finished >= pm->warm + pm->iters / 2 &&
             pr->rss_kb[1] == 0) {
             kvp_rss_kb(&pr->rss_kb[1], &rss_tmp);
         }
@@ -712,7 +723,9 @@ static int kvp_p_point(kvp_sess_t *s, const kvp_point_msg_t *pm)
         double hs = kvp_logger_last_handshake_us();
 
         pr->handshake_us = ahead_us >= 0 ? ahead_us
-                                         : hs > t_rb0 ? hs - t_rb0 : -1;
+                         : t_rb0 > 0 && hs > t_rb0 ? hs - t_rb0
+                                                   : -1; /* (--write-ahead:
+                                                            no reference) */
         kvp_transports(s);
         kvp_ctl_stats(s, pr->ctl_rtt, pr->hs_parts);
     }
@@ -1071,7 +1084,14 @@ static int kvp_d_point(kvp_sess_t *s, const kvp_point_msg_t *pm)
             uint32_t i = pm->warm + first_rec + k;
 
             rec[k].end_us = st.done_t[i];
-            if (s->mode == KVP_READ) {
+            if (s->mode == KVP_WRITE && s->o->write_ahead) {
+                /* P readied the layers before D asked: from D's
+                 * consumer_request (remote_blocks included). */
+                rec[k].start_us  = t0[i];
+                rec[k].prep_us   = post[i];
+                rec[k].post_us   = 0;
+                rec[k].notify_us = st.done_t[i] - (pc[i] - s->offset_us);
+            } else if (s->mode == KVP_READ) {
                 rec[k].start_us  = t0[i];
                 rec[k].prep_us   = pa[i];
                 rec[k].post_us   = post[i];
