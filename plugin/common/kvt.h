@@ -159,9 +159,20 @@ typedef struct kvt_data_params {
                         uint64_t instance, uint64_t xnonce, const char *id,
                         size_t idlen, const char *from);
     void       *notice_arg;
+    /* ctl: a control message a peer sent on the data plane
+     * (kvt_data_ops_t.ctl_send): msg (len bytes, msg[len] is NUL; no NUL
+     * inside), nonce and mac as the peer sent them, mac its authenticator
+     * kvc_msg_mac(session of the peer's endpoint, nonce, msg, len),
+     * unchecked; from the sender's claim of its address, unchecked too.
+     * Called on the progress owner without the transport's locks; NULL:
+     * such messages are dropped. */
+    void      (*ctl)(void *arg, const char *msg, size_t len, uint64_t nonce,
+                     uint64_t mac, const char *from);
+    void       *ctl_arg;
 } kvt_data_params_t;
 
 #define KVT_NOTICE_FROM_MAX 64 /* bytes of a notice's from, with its NUL */
+#define KVT_CTL_MAX 16384      /* bytes of a data-plane control message */
 
 /* kvt_data_params_t.remote_access: the least the engine's role needs (READ:
  * P's memory remote-readable; WRITE: D's remote-writable; else local). */
@@ -266,6 +277,17 @@ typedef struct kvt_data_ops {
      * recomputes the session (a READ release, mode_read.c). */
     kvx_status_t (*notify)(kvt_ep_t *ep, uint64_t tag, uint64_t instance,
                            uint64_t xnonce, const char *id, const char *from);
+    /* ctl_send sends the peer a control message (len bytes, 1..KVT_CTL_MAX,
+     * no NUL inside) on the data plane, authenticated under the endpoint's
+     * session (kvc_msg_mac), with from (1..KVT_NOTICE_FROM_MAX - 1 bytes):
+     * the address the peer saw this side at, from which the peer
+     * recomputes the session; it reaches the peer's params.ctl. Best
+     * effort, no reply, any thread. KVX_OK when handed to the transport;
+     * an error (endpoint failed or closed, no session, 256 unsent, bad
+     * length) leaves the message to the control plane. NULL member: none
+     * (the control plane carries every message). */
+    kvx_status_t (*ctl_send)(kvt_ep_t *ep, const char *msg, size_t len,
+                             const char *from);
 } kvt_data_ops_t;
 
 /* ---- control plane ------------------------------------------------------- */

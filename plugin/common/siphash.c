@@ -4,6 +4,9 @@
  */
 #include "siphash.h"
 
+#include <stdlib.h>
+#include <string.h>
+
 #define KVC_ROTL(x, b) (uint64_t)(((x) << (b)) | ((x) >> (64 - (b))))
 
 typedef struct kvc_sip {
@@ -82,5 +85,27 @@ uint64_t kvc_req_mac(uint64_t session, uint64_t tag, uint64_t nonce,
         in[i] = (uint8_t)(v[i / 8] >> (8 * (i % 8)));
     }
     m = kvc_siphash24(key, in, sizeof(in));
+    return m != 0 ? m : 1;
+}
+
+uint64_t kvc_msg_mac(uint64_t session, uint64_t nonce, const void *msg,
+                     size_t len)
+{
+    const uint64_t key[2] = {session ^ UINT64_C(0x6b76786d73673031),
+                             session};
+    uint8_t       *in;
+    uint64_t       m;
+
+    if (session == 0 || len > SIZE_MAX - 8 || (in = malloc(len + 8)) == NULL) {
+        return 0;
+    }
+    for (size_t i = 0; i < 8; i++) { /* little-endian on every host */
+        in[i] = (uint8_t)(nonce >> (8 * i));
+    }
+    if (len > 0) {
+        memcpy(in + 8, msg, len);
+    }
+    m = kvc_siphash24(key, in, len + 8);
+    free(in);
     return m != 0 ? m : 1;
 }

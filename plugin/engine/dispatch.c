@@ -7,6 +7,7 @@
  */
 #define _GNU_SOURCE
 #include "engine.h"
+#include "siphash.h"
 
 #include <json-c/json.h>
 #include <stdio.h>
@@ -64,29 +65,7 @@ void kvc_notify_handler(void *arg, const char *from, const char *msg,
     }
     m.from = from != NULL ? from : "";
     pthread_mutex_lock(&eng->lock);
-    eng->stats.rx_msgs[m.type]++;
-    if (m.to_instance != 0 && m.to_instance != eng->epoch) {
-        /* Meant for an earlier instance of this engine (it restarted):
-         * nothing here is bound to it. */
-        info.ok = 0;
-        eng->stats.rx_refused++;
-        snprintf(reason, sizeof(reason), "%s for '%s': addressed to instance "
-                 "%llu, this engine is instance %llu (restarted)",
-                 kvc_msg_desc(m.type)->name, m.transfer_id,
-                 (unsigned long long)m.to_instance,
-                 (unsigned long long)eng->epoch);
-    } else if (eng->mode->on_msg[m.type] != NULL) {
-        eng->mode->on_msg[m.type](eng, &m, reason, sizeof(reason), &info.ok);
-        eng->stats.rx_refused += !info.ok;
-    } else {
-        info.ok = 0;
-        eng->stats.rx_refused++;
-        kvc_refused(eng, KVC_PORT_NOTIFY, KVC_REFUSE_NOT_ACCEPTED);
-        snprintf(reason, sizeof(reason), "%s for '%s': not accepted by a %s "
-                 "in %s mode", kvc_msg_desc(m.type)->name, m.transfer_id,
-                 eng->cfg.is_producer ? "kv_producer" : "kv_consumer",
-                 eng->mode->name);
-    }
+    kvc_dispatch(eng, &m, reason, sizeof(reason), &info.ok);
     pthread_mutex_unlock(&eng->lock);
     if (!info.ok) {
         kvc_log_warn("KVX-CTL-REJECT", "%s: from %s: %s", eng->engine_id,
@@ -98,5 +77,85 @@ void kvc_notify_handler(void *arg, const char *from, const char *msg,
     *reply_p = kvc_reply_encode_info(&info, reason, len_p);
     if (*reply_p == NULL) {
         *len_p = 0;
+    }
+}
+
+void kvc_dispatch(struct kvx_engine *eng, kvc_msg_t *m, char *reason,
+                  size_t reason_len, int *ok_p)
+{
+    eng->stats.rx_msgs[m->type]++;
+    if (m->to_instance != 0 && m->to_instance != eng->epoch) {
+        /* Meant for an earlier instance of this engine (it restarted):
+         * nothing here is bound to it. */
+        *ok_p = 0;
+        eng->stats.rx_refused++;
+        snprintf(reason, reason_len, "%s for '%s': addressed to instance "
+                 "%llu, this engine is instance %llu (restarted)",
+                 kvc_msg_desc(m->type)->name, m->transfer_id,
+                 (unsigned long long)m->to_instance,
+                 (unsigned long long)eng->epoch);
+    } else if (eng->mode->on_msg[m->type] != NULL) {
+        eng->mode->on_msg[m->type](eng, m, reason, reason_len, ok_p);
+        eng->stats.rx_refused += !*ok_p;
+    } else {
+        *ok_p = 0;
+        eng->stats.rx_refused++;
+        kvc_refused(eng, KVC_PORT_NOTIFY, KVC_REFUSE_NOT_ACCEPTED);
+        snprintf(reason, reason_len, "%s for '%s': not accepted by a %s "
+                 "in %s mode", kvc_msg_desc(m->type)->name, m->transfer_id,
+                 eng->cfg.is_producer ? "kv_producer" : "kv_consumer",
+                 eng->mode->name);
+    }
+}
+
+void kvc_dp_ctl_handler(void *arg, const char *msg, size_t len,
+                        uint64_t nonce, uint64_t mac, const char *from)
+{
+    struct kvx_engine *eng = arg;
+    char               reason[KVX_REASON_MAX] = "";
+    char               host[KVC_HOST_MAX];
+    const char        *why = NULL;
+    kvc_msg_t          m;
+    int                ok = 1, decoded = 0;
+    uint64_t           s  = kvc_host_session(eng->expo.key, from, 1);
+
+    if (eng->cfg.tls.cert_file[0] != '\0') {
+        why = "control-plane TLS is on, and the data plane is not "
+              "encrypted (a captured message could be replayed)";
+    } else if (s == 0 || kvc_msg_mac(s, nonce, msg, len) != mac) {
+        why = "not authenticated by the session of the address it claims";
+    } else {
+        kvc_from_host(from, host, sizeof(host));
+        if (kvc_trust_check(&eng->trust, host, "the message sender") !=
+            KVX_OK) {
+            why = kvc_last_error();
+        } else if (kvc_msg_decode(msg, len, eng->cfg.is_producer, &m) !=
+                   KVX_OK) {
+            why = kvc_last_error();
+        } else if ((decoded = 1, m.type != KVC_MSG_REMOTE_BLOCKS)) {
+            why = "only remote_blocks travels on the data plane";
+        }
+    }
+    pthread_mutex_lock(&eng->lock);
+    if (why != NULL) {
+        eng->stats.dp_msgs_refused++;
+    } else if (!eng->stopping) {
+        /* (not once destroy freed the peers: the progress thread still
+         * delivers until the transport is destroyed) */
+        m.from = from;
+        kvc_dispatch(eng, &m, reason, sizeof(reason), &ok);
+    }
+    pthread_mutex_unlock(&eng->lock);
+    if (why != NULL) {
+        /* Debug only: whoever reaches the worker could flood the log. */
+        kvc_log_debug("KVX-DP-CTL", "%s: data-plane control message (%zu "
+                      "bytes) claiming %s refused: %s", eng->engine_id, len,
+                      from, why);
+    } else if (!ok) {
+        kvc_log_warn("KVX-CTL-REJECT", "%s: from %s (data plane): %s",
+                     eng->engine_id, from, reason);
+    }
+    if (decoded) {
+        kvc_msg_fini(&m);
     }
 }

@@ -264,6 +264,8 @@ kvx_status_t kvx_engine_create(const kvt_env_t *env, const char *json,
     up.worker_reset_arg   = eng;
     up.notice             = kvc_engine_on_notice;
     up.notice_arg         = eng;
+    up.ctl                = kvc_dp_ctl_handler;
+    up.ctl_arg            = eng;
     up.name               = eng->engine_id;
     up.remote_access = eng->cfg.read_mode ? (eng->cfg.is_producer
                                                  ? KVT_ACCESS_READ

@@ -437,6 +437,10 @@ struct kvx_engine {
                                      notice) once the reply bound them */
         uint64_t releases_on_dp;  /* D READ: releases sent as a data-plane
                                      notice (kvc_read_release_on_dp) */
+        uint64_t blocks_on_dp;    /* D WRITE: remote_blocks sent on the
+                                     data plane (kvc_write_d_blocks_on_dp) */
+        uint64_t dp_msgs_refused; /* data-plane control messages refused
+                                     (TLS, mac, trust, shape, type) */
         uint64_t write_done_skipped; /* P WRITE: transfers whose notice
                                         the transport took and D asked for
                                         no write_done after one */
@@ -662,6 +666,20 @@ void kvc_early_free_all(struct kvx_engine *eng);
 void kvc_msg_ignore(struct kvx_engine *eng, kvc_msg_t *m, char *reason,
                     size_t reason_len, int *ok_p);
 void kvc_reply(int ok, const char *reason, char **reply_p, size_t *len_p);
+/* kvc_dispatch: a decoded inbound message (m->from set) to the mode's
+ * handler, counted (lock held). *ok_p 0 with reason: refused. */
+void kvc_dispatch(struct kvx_engine *eng, kvc_msg_t *m, char *reason,
+                  size_t reason_len, int *ok_p);
+/* kvc_dp_ctl_handler (kvt_data_params_t.ctl): a control message a peer
+ * sent on the data plane (a WRITE D's remote_blocks,
+ * kvc_write_d_blocks_on_dp). Taken only without control-plane TLS, when
+ * its mac is the one the session this engine gives the address it claims
+ * gives (the sender handshook from there), that address is trusted
+ * (trusted_remote_hosts) and it is a remote_blocks; then exactly as over
+ * the control plane (kvc_dispatch), with no reply. Else counted
+ * (dp_msgs_refused). Progress owner, without the transport's locks. */
+void kvc_dp_ctl_handler(void *arg, const char *msg, size_t len,
+                        uint64_t nonce, uint64_t mac, const char *from);
 void kvc_notify_handler(void *arg, const char *from, const char *msg,
                         size_t len, char **reply_p, size_t *len_p);
 

@@ -247,6 +247,17 @@ static const char *kvc_peer_rma_mode(kvc_peer_t *peer, const kvc_hs_meta_t *m,
     return "direct-shm";
 }
 
+/* kvc_peer_ctl_only: a WRITE D's endpoint to a P rank carries control
+ * messages only (remote_blocks on the data plane, mode_write_d.c): no gets
+ * or puts, so neither the layer geometry (P checks it in its own
+ * handshake, from its side of the TP ratio) nor the rkeys are looked at,
+ * and a failed handshake fails no transfer (the control plane carries its
+ * messages as before). */
+static int kvc_peer_ctl_only(const struct kvx_engine *eng)
+{
+    return !eng->cfg.is_producer && !eng->cfg.read_mode;
+}
+
 static kvx_status_t kvc_peer_connect(kvc_peer_t *peer, kvc_hs_meta_t *m,
                                      kvt_ep_t **ep_p, kvt_rkey_t ***rkeys_p)
 {
@@ -273,7 +284,8 @@ static kvx_status_t kvc_peer_connect(kvc_peer_t *peer, kvc_hs_meta_t *m,
     rkeys = calloc(m->num_layers ? m->num_layers : 1, sizeof(*rkeys));
     st    = rkeys ? kvc_peer_check_lanes(peer, *ep_p)
                   : kvc_error(KVX_ERR_NO_MEMORY, "rkeys: out of memory");
-    for (size_t j = 0; st == KVX_OK && j < m->num_layers; j++) {
+    for (size_t j = 0; st == KVX_OK && !kvc_peer_ctl_only(eng) &&
+                       j < m->num_layers; j++) {
         size_t k = 0;
 
         /* Layers carved from one UCX-allocated region carry the same packed
@@ -288,7 +300,10 @@ static kvx_status_t kvc_peer_connect(kvc_peer_t *peer, kvc_hs_meta_t *m,
                                      m->layers[j].rkey_len, &rkeys[j]);
         rkeys[j] = k < j ? rkeys[k] : rkeys[j];
     }
-    if (st == KVX_OK) {
+    if (st == KVX_OK && kvc_peer_ctl_only(eng)) {
+        snprintf(peer->rma_mode, sizeof(peer->rma_mode), "control");
+        peer->hs_us[2] = kvc_now_us(eng) - t0;
+    } else if (st == KVX_OK) {
         const char *mode = kvc_peer_rma_mode(peer, m, *ep_p, rkeys);
 
         snprintf(peer->rma_mode, sizeof(peer->rma_mode), "%s", mode);
@@ -326,7 +341,9 @@ static void kvc_peer_hs_failed(kvc_peer_t *peer, kvx_status_t st,
     snprintf(peer->fail_reason, sizeof(peer->fail_reason), "%s", reason);
     kvc_log_warn("KVX-HANDSHAKE", "%s", peer->fail_reason);
     eng->stats.handshakes_failed++;
-    eng->mode->peer_failed(eng, peer);
+    if (!kvc_peer_ctl_only(eng)) {
+        eng->mode->peer_failed(eng, peer);
+    }
     pthread_cond_broadcast(&eng->cond);
 }
 
@@ -450,8 +467,10 @@ static kvx_status_t kvc_peer_hs_check(kvc_peer_t *peer, kvc_hs_meta_t *m,
         return st;
     }
     map = calloc(eng->nlayers ? eng->nlayers : 1, sizeof(int));
-    st  = map ? kvc_peer_check_meta(peer, m, map)
-              : kvc_error(KVX_ERR_NO_MEMORY, "handshake: out of memory");
+    st  = map == NULL ? kvc_error(KVX_ERR_NO_MEMORY,
+                                  "handshake: out of memory")
+          : kvc_peer_ctl_only(eng) ? KVX_OK /* (map unused) */
+                                   : kvc_peer_check_meta(peer, m, map);
     if (st == KVX_OK) {
         st = kvc_peer_connect(peer, m, ep_p, rkeys_p);
     }

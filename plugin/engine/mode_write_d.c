@@ -37,6 +37,63 @@ static int kvc_write_d_by_notice(const struct kvx_engine *eng,
            kvc_host_session(eng->expo.key, peer->host, 0) != 0;
 }
 
+/* kvc_write_d_blocks_on_dp: remote_blocks m to x's P rank k goes on the
+ * data plane (kvc_dp_ctl_handler at P) instead of over the control plane:
+ * saves both processes the control plane's thread hand-offs and round
+ * trip per transfer (perf/README.md, "remote_blocks on the data plane").
+ * Only over an endpoint to the rank's current instance (handshake done),
+ * when P told this engine the address its session is keyed by (seen_as),
+ * without control-plane TLS (the data plane is not encrypted: a captured
+ * message could be replayed) and with release_on_data_plane. The endpoint
+ * reaches that instance's worker only, so the rank is bound to it at once
+ * (no reply comes: as if it had answered). A message the transport
+ * refuses (endpoint failed or closed, 256 unsent, longer than
+ * KVT_CTL_MAX) goes over the control plane. Returns 1 when handed over. */
+static int kvc_write_d_dp_on(const struct kvx_engine *eng)
+{
+    return KVD(eng)->ctl_send != NULL && KVD(eng)->ep_set_session != NULL &&
+           eng->cfg.tls.cert_file[0] == '\0' &&
+           eng->cfg.release_on_data_plane;
+}
+
+static int kvc_write_d_blocks_on_dp(struct kvx_engine *eng, kvc_xfer_t *x,
+                                    uint32_t k, const kvc_msg_t *m)
+{
+    kvc_peer_t  *peer = x->rel[k];
+    kvc_msg_t    mm   = *m;
+    char        *buf;
+    size_t       len = 0;
+    kvx_status_t st;
+
+    if (!kvc_write_d_dp_on(eng) || peer->state != KVC_PEER_READY ||
+        peer->ep == NULL || peer->inst == 0 ||
+        peer->meta.epoch != peer->inst || peer->seen_as[0] == '\0') {
+        return 0;
+    }
+    mm.instance    = eng->epoch;
+    mm.to_instance = peer->inst;
+    buf            = kvc_msg_encode(&mm, &len);
+    if (buf == NULL) {
+        kvc_error_clear();
+        return 0;
+    }
+    st = len <= KVT_CTL_MAX
+             ? KVD(eng)->ctl_send(peer->ep, buf, len, peer->seen_as)
+             : KVX_ERR_INVALID_PARAM;
+    free(buf);
+    if (st != KVX_OK) {
+        kvc_log_debug("KVX-WRITE-BLOCKS", "transfer %s: remote_blocks of "
+                      "%zu bytes to %s over the control plane: %s",
+                      x->transfer_id, len, peer->name,
+                      len <= KVT_CTL_MAX ? kvc_last_error() : "too long");
+        kvc_error_clear();
+        return 0;
+    }
+    x->rel_inst[k] = peer->meta.epoch; /* the instance of ep's worker */
+    eng->stats.blocks_on_dp++;
+    return 1;
+}
+
 /* kvc_write_d_xnonce: a new use of a transfer id at this D: SipHash of a
  * counter under the engine's secret key, so a peer that knows D's instance
  * id (public: every message carries it) cannot tell the next one; never 0.
@@ -107,7 +164,14 @@ kvx_status_t kvc_write_consumer(struct kvx_engine *eng, const char *req_id,
         m.xfer_nonce = x->xnonce;
         for (uint32_t k = 0; k < x->nrel; k++) {
             m.done_by_notice = kvc_write_d_by_notice(eng, x->rel[k]);
-            kvc_peer_send_msg(x->rel[k], &m, "remote_blocks");
+            if (!kvc_write_d_blocks_on_dp(eng, x, k, &m)) {
+                kvc_peer_send_msg(x->rel[k], &m, "remote_blocks");
+            }
+            if (kvc_write_d_dp_on(eng) && x->rel[k]->state == KVC_PEER_NEW) {
+                /* The endpoint the next transfers' remote_blocks take
+                 * (in the background: this one went over nng). */
+                kvc_peer_want_handshake(x->rel[k]);
+            }
         }
     }
     pthread_mutex_unlock(&eng->lock);

@@ -43,7 +43,7 @@ void kvc_rkeys_destroy(struct kvx_engine *eng, kvt_rkey_t **rkeys,
         while (k < i && rkeys[k] != rkeys[i]) {
             k++;
         }
-        if (k == i) {
+        if (k == i && rkeys[i] != NULL) {
             KVD(eng)->rkey_destroy(rkeys[i]);
         }
     }

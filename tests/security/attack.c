@@ -696,13 +696,13 @@ static int cmd_rma(char **a)
     return served ? 1 : 0;
 }
 
-/* --- kvxfer's data-plane wire format (protocol 7), as a peer sees it ---
+/* --- kvxfer's data-plane wire format (protocol 8), as a peer sees it ---
  * An AM put: id 0x4b3, this header, then the bytes; the target answers on
  * the reply endpoint with id 0x4b4 and the header, status set. */
 #define AM_PUT    0x4b3
 #define AM_PUTACK 0x4b4
 #define AM_MAGIC  0x4d41564bu
-#define AM_PROTO  7
+#define AM_PROTO  8
 #define ST_WRONG_PEER  (-20) /* KVX_ERR_UNTRUSTED_PEER */
 #define ST_OOB         (-42) /* KVX_ERR_OUT_OF_BOUNDS */
 #define ST_NOT_EXPOSED (-46) /* KVX_ERR_NOT_EXPOSED */

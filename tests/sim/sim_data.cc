@@ -591,6 +591,39 @@ static kvx_status_t Notify(kvt_ep_t *handle, uint64_t tag, uint64_t instance,
     return KVX_OK;
 }
 
+// CtlSend: a data-plane control message travels as an event to the peer
+// context like a notice; data = nonce, mac (8 bytes each), from, a NUL and
+// the message.
+static kvx_status_t CtlSend(kvt_ep_t *handle, const char *msg, size_t len,
+                            const char *from)
+{
+    World *w  = W();
+    SimEp *ep = reinterpret_cast<SimEp *>(handle);
+    auto   pc = w->ctxs.find(ep->peer_ctx);
+
+    if (ep->failed || ep->session == 0 || from == nullptr || from[0] == 0 ||
+        len == 0 || len > KVT_CTL_MAX) {
+        return kvc_error(KVX_ERR_ENDPOINT, "sim: control message to %s "
+                         "refused", ep->peer_name.c_str());
+    }
+    if (pc == w->ctxs.end() || !w->NodeUp(ep->node)) {
+        return KVX_OK; // lost, as a message to or from a gone process
+    }
+    uint8_t  hdr[16];
+    uint64_t nonce = w->NewId();
+
+    PutU64(hdr, nonce);
+    PutU64(hdr + 8, kvc_msg_mac(ep->session, nonce, msg, len));
+    Event ev;
+    ev.kind = EvKind::kDpCtl;
+    ev.node = pc->second->node;
+    ev.obj  = pc->second->id;
+    ev.data = std::string(reinterpret_cast<const char *>(hdr), sizeof(hdr)) +
+              from + std::string(1, '\0') + std::string(msg, len);
+    w->Enqueue(ev);
+    return KVX_OK;
+}
+
 static kvx_status_t Flush(kvt_ep_t *handle, kvt_op_t *o)
 {
     SimEp *ep = reinterpret_cast<SimEp *>(handle);
@@ -614,7 +647,7 @@ static const kvt_data_ops_t kSimDataOps = {
     EpCreate,      EpClose,     EpFail,       EpTransports, EpZero,
     EpZero,        RkeyUnpack,  RkeyDestroy,  RkeyLocal,   Prefault,
     Post,          Flush,       nullptr,      nullptr,     nullptr,
-    EpSetSession,  Notify,
+    EpSetSession,  Notify,      CtlSend,
 };
 }
 

@@ -285,6 +285,32 @@ static void DeliverNotice(World *w, const Event &ev)
     w->delivering.pop_back();
 }
 
+// DeliverDpCtl: a CtlSend (sim_data.cc) reaches its peer context.
+static void DeliverDpCtl(World *w, const Event &ev)
+{
+    auto it = w->ctxs.find(ev.obj);
+
+    if (it == w->ctxs.end() || it->second->destroyed ||
+        it->second->p.ctl == nullptr || ev.data.size() <= 16) {
+        return;
+    }
+    SimCtx        *c = it->second;
+    const uint8_t *h = reinterpret_cast<const uint8_t *>(ev.data.data());
+    std::string    rest = ev.data.substr(16);
+    size_t         nul = rest.find('\0');
+
+    if (nul == std::string::npos) {
+        return;
+    }
+    std::string from = rest.substr(0, nul), msg = rest.substr(nul + 1);
+
+    w->SetCurrent(c->node);
+    w->delivering.push_back(c->id);
+    c->p.ctl(c->p.ctl_arg, msg.c_str(), msg.size(), NoticeU64(h),
+             NoticeU64(h + 8), from.c_str());
+    w->delivering.pop_back();
+}
+
 void World::DataDeliver(const Event &ev)
 {
     switch (ev.kind) {
@@ -294,6 +320,7 @@ void World::DataDeliver(const Event &ev)
     case EvKind::kJob:     DeliverJob(this, ev); break;
     case EvKind::kEpError: DeliverEpError(this, ev); break;
     case EvKind::kNotice:  DeliverNotice(this, ev); break;
+    case EvKind::kDpCtl:   DeliverDpCtl(this, ev); break;
     default: break;
     }
 }

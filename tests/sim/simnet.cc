@@ -145,6 +145,7 @@ static const char *KindName(EvKind k)
     case EvKind::kTick:       return "tick";
     case EvKind::kEpError:    return "ep-error";
     case EvKind::kNotice:     return "notice";
+    case EvKind::kDpCtl:      return "dp-ctl";
     }
     return "?";
 }

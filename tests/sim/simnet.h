@@ -65,6 +65,7 @@ enum class EvKind : uint8_t {
     kTick,       // a context's periodic tick (timer)
     kEpError,    // an endpoint's error callback
     kNotice,     // a completion notice reaches its peer context
+    kDpCtl,      // a data-plane control message reaches its peer context
 };
 
 struct Event {

@@ -106,7 +106,7 @@ std::vector<std::string> Entries(kvu_ctx_t *ctx)
 
 // A bare UCP worker address in kvxfer's published form (one entry).
 // The data-plane protocol of this build (kvu.c KVU_AM_VERSION).
-const uint16_t kProto = 7;
+const uint16_t kProto = 8;
 
 std::string Publish(const void *a, size_t n, uint16_t version = kProto)
 {
@@ -860,7 +860,7 @@ TEST_P(KvuAm, OtherDataPlaneProtocolIsRefusedAtUnpack)
     memcpy(&other[rklen - 4], &v, sizeof(v));
     EXPECT_EQ(kvu_rkey_unpack(pr.ep, other.data(), other.size(), &bad),
               KVX_ERR_PEER_VERSION);
-    EXPECT_NE(strstr(kvc_last_error(), "protocol 6, this build speaks 7"),
+    EXPECT_NE(strstr(kvc_last_error(), "protocol 7, this build speaks 8"),
               nullptr) << kvc_last_error();
     EXPECT_EQ(bad, nullptr);
     // an older build published UCX's rkey and the token only
@@ -1120,8 +1120,8 @@ TEST(KvuAddr, PublishedAddressIsCheckedBeforeUcxSeesIt)
     std::string old = Publish("abcdef", 6, kProto - 1);
     EXPECT_EQ(KVX_ERR_PEER_VERSION,
               kvu_addr_entries(old.data(), old.size(), ent, len, nullptr, &n));
-    EXPECT_NE(nullptr, strstr(kvc_last_error(), "protocol 6, this build "
-                                                "speaks 7"))
+    EXPECT_NE(nullptr, strstr(kvc_last_error(), "protocol 7, this build "
+                                                "speaks 8"))
         << kvc_last_error();
     std::string raw = "\x01\x02\x03\x04\x05\x06\x07\x08\x09";
     EXPECT_EQ(KVX_ERR_PEER_VERSION,

@@ -65,14 +65,16 @@
 #define KVU_AM_PUTACK     0x4b4
 #define KVU_AM_PROBE      0x4b5 /* the receive-FIFO watchdog's token */
 #define KVU_AM_NOTICE     0x4b6 /* a completion notice (kvu_notify) */
+#define KVU_AM_CTL        0x4b7 /* a control message (kvu_ctl_send) */
 #define KVU_AM_MAGIC      0x4d41564bu /* "KVAM" */
-#define KVU_AM_VERSION    7 /* 2: token and nonce; 3: transfer tag;
+#define KVU_AM_VERSION    8 /* 2: token and nonce; 3: transfer tag;
                                4: published rkeys end with kvu_pub_trailer;
                                5: published worker addresses are
                                   kvu_addr_hdr_t lists (the tcp plane);
                                6: requests carry a mac under the
                                origin's session (kvc_req_mac);
-                               7: completion notices (KVU_AM_NOTICE) */
+                               7: completion notices (KVU_AM_NOTICE);
+                               8: control messages (KVU_AM_CTL) */
 #define KVU_AM_MAX_LEN    (256u << 10) /* bytes per message (tcp) */
 #define KVU_AM_SMALL_LEN  (60u << 10)  /* to or from a worker whose tcp
                                           receive segments are UCX's
@@ -86,6 +88,8 @@
 #define KVU_NOTICE_ID_MAX 512  /* bytes of a notice's transfer id */
 #define KVU_NOTICE_QMAX   4096 /* notices waiting for delivery (more are
                                   dropped: a peer cannot grow memory) */
+#define KVU_CTL_QBYTES    (4u << 20) /* control-message bytes waiting for
+                                        delivery (more are dropped) */
 #define KVU_NOTICE_PENDING_MAX 256 /* notice sends outstanding on one
                                       endpoint (a peer that stopped reading
                                       cannot grow this side's memory) */
@@ -163,6 +167,8 @@ typedef struct kvu_amp {
 typedef struct kvu_notice {
     kvu_am_hdr_t       hdr;
     struct kvu_ep     *ep;      /* sent on (notices_pending), NULL received */
+    int                ctl;     /* a control message (KVU_AM_CTL): id holds
+                                   its idlen bytes, for params.ctl */
     size_t             idlen;
     char               from[KVT_NOTICE_FROM_MAX]; /* received: "" none */
     struct kvu_notice *next;
@@ -343,6 +349,7 @@ struct kvu_ctx {
     uint64_t        am_late_copied; /* GETREP bytes copied for a later pack */
     kvu_notice_t   *notice_head, *notice_tail; /* received, under lock */
     uint64_t        notice_queued;  /* entries in that list */
+    uint64_t        ctl_queued;     /* bytes of its control messages */
     uint64_t        notice_dropped; /* malformed or over KVU_NOTICE_QMAX */
     uint64_t        am_nonce;    /* splitmix64 state of request nonces */
     ucp_datatype_t  am_dt;       /* bytes, packed by copy (kvu_dt_*) */
@@ -929,6 +936,7 @@ static ucs_status_t kvu_am_notice_cb(void *arg, const void *header,
     }
     nt->hdr   = h;
     nt->ep    = NULL;
+    nt->ctl   = 0;
     nt->idlen = idlen;
     nt->next  = NULL;
     memcpy(nt->id, data, idlen);
@@ -944,6 +952,77 @@ static ucs_status_t kvu_am_notice_cb(void *arg, const void *header,
     }
     ctx->notice_tail = nt;
     ctx->notice_queued++;
+    return UCS_OK;
+}
+
+int kvu_ctl_split(const void *data, size_t len, size_t *flen_p)
+{
+    const char *nul  = len > 0 ? memchr(data, '\0', len) : NULL;
+    size_t      flen = nul != NULL ? (size_t)(nul - (const char *)data) : 0;
+
+    if (nul == NULL || flen == 0 || flen >= KVT_NOTICE_FROM_MAX ||
+        len - flen - 1 == 0 || len - flen - 1 > KVT_CTL_MAX ||
+        memchr(nul + 1, '\0', len - flen - 1) != NULL) {
+        return -1;
+    }
+    *flen_p = flen;
+    return 0;
+}
+
+/* kvu_am_ctl_cb: a peer's control message (inside ucp_worker_progress, ctx
+ * lock held): queued, bounded in count and bytes, for kvu_deliver, which
+ * hands it to params.ctl without the lock. Nothing in it is trusted here:
+ * the engine checks the mac. The payload is the sender's address claim, a
+ * NUL, then the message (hdr.len bytes). */
+static ucs_status_t kvu_am_ctl_cb(void *arg, const void *header, size_t hlen,
+                                  void *data, size_t len,
+                                  const ucp_am_recv_param_t *param)
+{
+    kvu_wk_t     *wk  = arg;
+    kvu_ctx_t    *ctx = wk->ctx;
+    kvu_am_hdr_t  h   = {0};
+    kvu_notice_t *nt  = NULL;
+    int           rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+    size_t        flen = 0, mlen = 0;
+
+    if (!rndv && kvu_am_hdr_ok(header, hlen, &h) &&
+        kvu_ctl_split(data, len, &flen) == 0 &&
+        (mlen = len - flen - 1) == h.len && ctx->params.ctl != NULL &&
+        ctx->notice_queued < KVU_NOTICE_QMAX &&
+        ctx->ctl_queued + mlen <= KVU_CTL_QBYTES) {
+        nt = malloc(sizeof(*nt) + mlen + 1);
+    }
+    if (rndv) {
+        ucp_am_data_release(wk->worker, data); /* never sent by kvxfer */
+    }
+    if (nt == NULL) {
+        uint64_t n = ++ctx->notice_dropped;
+
+        if ((n & (n - 1)) == 0) {
+            kvc_log_warn("KVX-UCX-AM", "%s: control message dropped "
+                         "(malformed, unwanted or too many queued; %llu "
+                         "notices and messages so far)", ctx->name,
+                         (unsigned long long)ctx->notice_dropped);
+        }
+        return UCS_OK;
+    }
+    nt->hdr   = h;
+    nt->ep    = NULL;
+    nt->ctl   = 1;
+    nt->idlen = mlen;
+    nt->next  = NULL;
+    memcpy(nt->from, data, flen);
+    nt->from[flen] = '\0';
+    memcpy(nt->id, (const char *)data + flen + 1, mlen);
+    nt->id[mlen] = '\0';
+    if (ctx->notice_tail != NULL) {
+        ctx->notice_tail->next = nt;
+    } else {
+        ctx->notice_head = nt;
+    }
+    ctx->notice_tail = nt;
+    ctx->notice_queued++;
+    ctx->ctl_queued += mlen;
     return UCS_OK;
 }
 
@@ -1023,6 +1102,78 @@ kvx_status_t kvu_notify(kvu_ep_t *ep, uint64_t tag, uint64_t instance,
     } else if (UCS_PTR_IS_ERR(sp)) {
         rc = kvc_error(KVX_ERR_ENDPOINT, "notice to %s: %s", ep->peer,
                        ucs_status_string(UCS_PTR_STATUS(sp)));
+        free(nt);
+    } else {
+        ep->notices_pending++;
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    kvu_ctx_kick(ctx);
+    return rc;
+}
+
+kvx_status_t kvu_ctl_send(kvu_ep_t *ep, const char *msg, size_t len,
+                          const char *from)
+{
+    kvu_ctx_t          *ctx  = ep->ctx;
+    size_t              flen = from != NULL ? strlen(from) : 0;
+    kvu_notice_t       *nt;
+    ucp_request_param_t prm;
+    ucs_status_ptr_t    sp;
+    kvx_status_t        rc = KVX_OK;
+
+    if (len == 0 || len > KVT_CTL_MAX || memchr(msg, '\0', len) != NULL) {
+        return kvc_error(KVX_ERR_INVALID_PARAM, "control message of %zu "
+                         "bytes (1..%u, no NUL)", len, KVT_CTL_MAX);
+    }
+    if (flen == 0 || flen >= KVT_NOTICE_FROM_MAX) {
+        return kvc_error(KVX_ERR_INVALID_PARAM, "control message: from of "
+                         "%zu bytes (1..%u)", flen, KVT_NOTICE_FROM_MAX - 1);
+    }
+    nt = calloc(1, sizeof(*nt) + flen + 1 + len);
+    if (nt == NULL) {
+        return kvc_error(KVX_ERR_NO_MEMORY, "control message: out of "
+                         "memory");
+    }
+    memcpy(nt->id, from, flen); /* from, NUL, the message */
+    memcpy(nt->id + flen + 1, msg, len);
+    nt->idlen = flen + 1 + len;
+    pthread_mutex_lock(&ctx->lock);
+    if (atomic_load(&ep->dead) || ep->failed || ep->session == 0) {
+        pthread_mutex_unlock(&ctx->lock);
+        free(nt);
+        return kvc_error(KVX_ERR_ENDPOINT, "control message to %s: %s",
+                         ep->peer, ep->session == 0 ? "no session"
+                                   : ep->failed     ? "endpoint failed"
+                                                    : "endpoint closed");
+    }
+    if (ep->notices_pending >= KVU_NOTICE_PENDING_MAX) {
+        pthread_mutex_unlock(&ctx->lock);
+        free(nt);
+        return kvc_error(KVX_ERR_ENDPOINT, "control message to %s: %u "
+                         "notices and messages not sent yet (the peer does "
+                         "not read)", ep->peer, KVU_NOTICE_PENDING_MAX);
+    }
+    nt->ep          = ep;
+    nt->ctl         = 1;
+    nt->hdr.magic   = KVU_AM_MAGIC;
+    nt->hdr.version = KVU_AM_VERSION;
+    nt->hdr.len     = len;
+    nt->hdr.nonce   = kvu_splitmix64(&ctx->am_nonce);
+    nt->hdr.mac     = kvc_msg_mac(ep->session, nt->hdr.nonce, msg, len);
+    memset(&prm, 0, sizeof(prm));
+    prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                       UCP_OP_ATTR_FIELD_USER_DATA |
+                       UCP_OP_ATTR_FIELD_FLAGS;
+    prm.cb.send      = kvu_notice_send_cb;
+    prm.user_data    = nt;
+    prm.flags        = UCP_AM_SEND_FLAG_EAGER;
+    sp = ucp_am_send_nbx(ep->ep, KVU_AM_CTL, &nt->hdr, sizeof(nt->hdr),
+                         nt->id, nt->idlen, &prm);
+    if (sp == NULL) {
+        free(nt);
+    } else if (UCS_PTR_IS_ERR(sp)) {
+        rc = kvc_error(KVX_ERR_ENDPOINT, "control message to %s: %s",
+                       ep->peer, ucs_status_string(UCS_PTR_STATUS(sp)));
         free(nt);
     } else {
         ep->notices_pending++;
@@ -1153,7 +1304,7 @@ static kvx_status_t kvu_am_handlers(kvu_wk_t *wk)
         {KVU_AM_GETREQ, kvu_am_getreq_cb}, {KVU_AM_GETREP, kvu_am_getrep_cb},
         {KVU_AM_PUT, kvu_am_put_cb},       {KVU_AM_PUTACK, kvu_am_putack_cb},
         {KVU_AM_PROBE, kvu_am_probe_cb},
-        {KVU_AM_NOTICE, kvu_am_notice_cb},
+        {KVU_AM_NOTICE, kvu_am_notice_cb}, {KVU_AM_CTL, kvu_am_ctl_cb},
     };
 
     for (size_t i = 0; i < sizeof(h) / sizeof(h[0]); i++) {
@@ -1468,6 +1619,7 @@ static int kvu_deliver(kvu_ctx_t *ctx)
     nts                = ctx->notice_head;
     ctx->notice_head   = ctx->notice_tail = NULL;
     ctx->notice_queued = 0;
+    ctx->ctl_queued    = 0;
     ctx->delivering    = nerr > 0;
     pthread_mutex_unlock(&ctx->lock);
 
@@ -1495,12 +1647,18 @@ static int kvu_deliver(kvu_ctx_t *ctx)
         ops = next;
         n++;
     }
-    while (nts != NULL) { /* params.notice is set: checked at receipt */
+    while (nts != NULL) { /* params.notice / ctl set: checked at receipt */
         kvu_notice_t *next = nts->next;
 
-        ctx->params.notice(ctx->params.notice_arg, nts->hdr.tag,
-                           nts->hdr.mac, nts->hdr.nonce, nts->hdr.addr,
-                           nts->hdr.token, nts->id, nts->idlen, nts->from);
+        if (nts->ctl) {
+            ctx->params.ctl(ctx->params.ctl_arg, nts->id, nts->idlen,
+                            nts->hdr.nonce, nts->hdr.mac, nts->from);
+        } else {
+            ctx->params.notice(ctx->params.notice_arg, nts->hdr.tag,
+                               nts->hdr.mac, nts->hdr.nonce, nts->hdr.addr,
+                               nts->hdr.token, nts->id, nts->idlen,
+                               nts->from);
+        }
         free(nts);
         nts = next;
         n++;

@@ -122,6 +122,12 @@ static kvx_status_t ops_notify(kvt_ep_t *ep, uint64_t tag, uint64_t instance,
     return kvu_notify(KVU_C(kvu_ep_t, ep), tag, instance, xnonce, id, from);
 }
 
+static kvx_status_t ops_ctl_send(kvt_ep_t *ep, const char *msg, size_t len,
+                                 const char *from)
+{
+    return kvu_ctl_send(KVU_C(kvu_ep_t, ep), msg, len, from);
+}
+
 static kvx_status_t ops_rkey_unpack(kvt_ep_t *ep, const void *buf, size_t len,
                                     kvt_rkey_t **rkey_p)
 {
@@ -180,6 +186,7 @@ const kvt_data_ops_t *kvt_ucx_ops(void)
         .ep_rma_shm_only    = ops_ep_rma_shm_only,
         .ep_set_session     = ops_ep_set_session,
         .notify             = ops_notify,
+        .ctl_send           = ops_ctl_send,
         .rkey_unpack        = ops_rkey_unpack,
         .rkey_destroy       = ops_rkey_destroy,
         .rkey_local         = ops_rkey_local,
