@@ -592,6 +592,19 @@ static inline const char *kvc_peer_why(const kvc_peer_t *peer)
     return peer->state == KVC_PEER_FAILED ? peer->fail_reason : "";
 }
 
+/* kvc_peer_ctl_only: a WRITE D's endpoint to a P rank carries control
+ * messages only (remote_blocks on the data plane, mode_write_d.c): no gets
+ * or puts, so neither the layer geometry (P checks it in its own
+ * handshake, from its side of the TP ratio) nor the rkeys are looked at,
+ * and neither a failed handshake nor the endpoint's failure fails a
+ * transfer (kvc_peer_ep_error): they say nothing of whether that P's puts
+ * can still land, which the control plane tells as before (a lost
+ * connection, a restart); the messages then go over it. */
+static inline int kvc_peer_ctl_only(const struct kvx_engine *eng)
+{
+    return !eng->cfg.is_producer && !eng->cfg.read_mode;
+}
+
 /* kvc_peer_bound_lost: during mode->peer_failed, whether a transfer bound
  * to instance inst (0: not bound) of peer is hit. */
 static inline int kvc_peer_bound_lost(const kvc_peer_t *peer, uint64_t inst)

@@ -247,17 +247,6 @@ static const char *kvc_peer_rma_mode(kvc_peer_t *peer, const kvc_hs_meta_t *m,
     return "direct-shm";
 }
 
-/* kvc_peer_ctl_only: a WRITE D's endpoint to a P rank carries control
- * messages only (remote_blocks on the data plane, mode_write_d.c): no gets
- * or puts, so neither the layer geometry (P checks it in its own
- * handshake, from its side of the TP ratio) nor the rkeys are looked at,
- * and a failed handshake fails no transfer (the control plane carries its
- * messages as before). */
-static int kvc_peer_ctl_only(const struct kvx_engine *eng)
-{
-    return !eng->cfg.is_producer && !eng->cfg.read_mode;
-}
-
 static kvx_status_t kvc_peer_connect(kvc_peer_t *peer, kvc_hs_meta_t *m,
                                      kvt_ep_t **ep_p, kvt_rkey_t ***rkeys_p)
 {
@@ -550,6 +539,18 @@ void kvc_peer_hs_finish(kvt_job_t *job)
         kvc_peer_conn_free(eng, &c);
         st = kvc_error(KVX_ERR_CANCELED, "peer %s: engine destroyed",
                        peer->name);
+    } else if (st == KVX_OK && kvc_peer_inst_dead(peer, m.epoch)) {
+        /* A reply held up on the way, from an instance that restarted
+         * while it travelled: adopting it would make the live instance
+         * "dead" and bind transfers to a gone worker. */
+        kvc_peer_conn_t c = {m, ep, rkeys, map};
+        uint64_t        stale = m.epoch;
+
+        kvc_peer_conn_free(eng, &c);
+        st = kvc_error(KVX_ERR_HANDSHAKE, "handshake with %s: the metadata "
+                       "names instance %llu, which restarted since (instance "
+                       "%llu)", peer->name, (unsigned long long)stale,
+                       (unsigned long long)peer->inst);
     }
     if (st != KVX_OK) {
         kvc_peer_hs_failed(peer, st, kvc_last_error());

@@ -165,7 +165,19 @@ void kvc_peer_ep_error(void *arg, kvt_ep_t *ep, kvx_status_t status,
     pthread_mutex_lock(&eng->lock);
     /* This runs on the progress owner, where ep_close never waits. */
     if (peer->ep == ep && peer->state == KVC_PEER_READY &&
-        kvc_peer_lost(peer, status, reason, &c)) {
+        kvc_peer_ctl_only(eng) && !eng->stopping) {
+        /* Only the data-plane path of remote_blocks is lost. */
+        kvc_log_warn("KVX-PEER-EP", "peer %s: control endpoint failed (%s): "
+                     "remote_blocks go over the control plane", peer->name,
+                     reason);
+        peer->state       = KVC_PEER_FAILED;
+        peer->fail_status = status;
+        snprintf(peer->fail_reason, sizeof(peer->fail_reason), "%s",
+                 reason);
+        kvc_peer_detach(peer, &c);
+        kvc_peer_conn_free(eng, &c);
+    } else if (peer->ep == ep && peer->state == KVC_PEER_READY &&
+               kvc_peer_lost(peer, status, reason, &c)) {
         kvc_peer_conn_free(eng, &c);
     }
     pthread_mutex_unlock(&eng->lock);

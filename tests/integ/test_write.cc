@@ -179,6 +179,24 @@ void NoticeRounds(const std::string &tls, bool by_notice_alone)
         ASSERT_EQ(KVX_OK, Api()->wait_transfer(w.d.eng, tid.c_str(), 20000))
             << Api()->last_error();
         EXPECT_EQ("", VerifyPull(w.model, w.d, 0, ids, ids)) << "round " << r;
+        if (r == 0 && by_notice_alone) {
+            // The first remote_blocks went over nng and started D's
+            // handshake of a control-only endpoint to P in the
+            // background: every later one travels on it.
+            ASSERT_EQ(1, StatAwait(w.d.eng, "handshakes_ok", 1));
+        }
+    }
+    // P took every remote_blocks (rx counts both planes), refused none.
+    EXPECT_EQ(rounds, StatCount(w.p.eng, "rx.remote_blocks"));
+    EXPECT_EQ(0, StatCount(w.p.eng, "dp_msgs_refused"));
+    EXPECT_EQ(0, StatCount(w.p.eng, "rx_refused"));
+    if (by_notice_alone) {
+        EXPECT_EQ(rounds - 1, StatCount(w.d.eng, "blocks_on_dp"));
+    } else {
+        // Without release_on_data_plane nothing goes that way, and D
+        // needs no endpoint to P.
+        EXPECT_EQ(0, StatCount(w.d.eng, "blocks_on_dp"));
+        EXPECT_EQ(0, StatCount(w.d.eng, "handshakes_ok"));
     }
     if (by_notice_alone) {
         // Every round completed by its notice (some may have overtaken the

@@ -30,6 +30,11 @@
 #              (its own UCP endpoint): claiming decode host C, and as B
 #              itself against a P bound to C; both refused, D on C
 #              byte-exact. Control: unbound, B's own notice releases P.
+#   blocks_thief WRITE remote_blocks forged on the data plane by an attacker
+#              process on B (its own UCP endpoint, KVU_AM_CTL) for P on
+#              A's transfer to decode host C, before C's own: claiming C
+#              (mac under B's session: not authenticated) and as B (bound
+#              to C: wrong peer); both refused, D on C byte-exact.
 #   untrusted  D with trusted_remote_hosts = {A, C, D} (not B): decode ranks
 #              8-15 fail synchronously with KVX_ERR_UNTRUSTED_PEER naming B
 #              and remote_hosts[1]; a plain TCP listener on B, on every port
@@ -51,7 +56,7 @@
 #
 # Environment:
 #   KVX_NETNS_SCENARIOS   cases to run [tp16 dp2tp8 untrusted hetero thief
-#                         write_thief notice_thief];
+#                         write_thief notice_thief blocks_thief];
 #                         also
 #                         peer_gone, release_on_destroy
 #   KVX_NETNS_TRUST_SCOPE what "untrusted" expects of decode ranks 0-7,
@@ -249,7 +254,9 @@ TIMEOUT=40
 WAIT=$((TIMEOUT + 30))   # deadline of the script's own waits
 COMMON=(--tls tcp --net-dev "$DEV" --timeout "$TIMEOUT"
         --log-level "${KVX_NETNS_LOG_LEVEL:-1}")
-SCENARIOS=" ${KVX_NETNS_SCENARIOS:-tp16 dp2tp8 untrusted hetero thief write_thief notice_thief} "
+DEFAULT_SCENARIOS="tp16 dp2tp8 untrusted hetero thief write_thief notice_thief"
+DEFAULT_SCENARIOS+=" blocks_thief"
+SCENARIOS=" ${KVX_NETNS_SCENARIOS:-$DEFAULT_SCENARIOS} "
 want() { [[ "$SCENARIOS" == *" $1 "* ]]; }
 P_ARGS=(--role prefill --hs-port "$P_HS" --notify-port "$P_NT"
         --node-hosts "$IP_A,$IP_B")
@@ -549,6 +556,81 @@ if want notice_thief; then
         run_notice_thief notice_thief_control 0
     else
         echo "FAIL notice_thief: no attack program (second argument)"
+        FAILED=$((FAILED + 1))
+    fi
+fi
+
+# (h) blocks_thief: WRITE P on A (tp 1) holds a sealed transfer for decode
+# host C (its remote_host) and waits for D's remote_blocks, the message
+# that names the blocks P writes into (the first one P takes wins). Before
+# D on C starts, an attacker on B (a trusted host: P's handshake gave it
+# B's session) sends P remote_blocks for that transfer naming blocks of
+# its own choosing, on the data plane from its own UCP endpoint
+# (tests/security/attack.c blocks, KVU_AM_CTL): first one claiming to come
+# from C, its mac under B's session, so not authenticated: counted in
+# dp_msgs_refused and never dispatched (rx.remote_blocks stays 0); then
+# one as itself, authenticated, decoded and dispatched (rx.remote_blocks
+# 1) but refused because the transfer's decode host is C (rx_refused,
+# refused.notify.wrong_peer). Either one taken would have bound the
+# transfer to the attacker's blocks, and C's own remote_blocks would be a
+# duplicate: D on C then sends it, P pushes, D checks every byte of its
+# blocks and P is released.
+run_blocks_thief() {
+    local name=blocks_thief rc=0 meta=$LOGDIR/blocks_thief_meta.json
+    local out=$LOGDIR/blocks_thief_attB.log log=$LOGDIR/blocks_thief_pA.log
+    # D's blocks are 3,8,1,6,4 (rankhost kLocal): the forgeries name others.
+    local steal=0,2,5,7,9
+    # StatCount takes one level of nesting: the first object named notify
+    # in the stats is refused.notify.
+    local p=(--role prefill --write 1 --hs-port "$P_HS" --notify-port "$P_NT"
+             --tp 1 --dp 1 --ranks 0-0 --peer-host "$IP_C"
+             --peer-hs-port "$D_HS" --peer-notify-port "$D_NT"
+             --transfer tx-$name "${COMMON[@]}" --host-ip $IP_A --hold 1
+             --expect-stat dp_msgs_refused --expect-stat rx.remote_blocks
+             --expect-stat rx_refused --expect-stat notify.wrong_peer)
+    local d=(--role decode --write 1 --hs-port "$D_HS" --notify-port "$D_NT"
+             --tp 1 --dp 1 --ranks 0-0 --peer-host "$IP_A"
+             --peer-hs-port "$P_HS" --peer-notify-port "$P_NT"
+             --transfer tx-$name "${COMMON[@]}" --host-ip $IP_C)
+    att_b() {
+        timeout -k 5 60 ip netns exec "$NS_B" "$ATTACK" "$@" >>"$out" 2>&1
+    }
+    start ${name}_pA "$NS_A" "${p[@]}"
+    if wait_ready ${name}_pA 60 && att_b fetch $IP_A "$P_HS" "$meta"; then
+        att_b blocks "$meta" tx-$name req-netns "$IP_C:40000" $steal || rc=1
+        # Refused before decoding, or dispatched: whichever P counts first.
+        wait_line ${name}_pA \
+            '^STAT 0 \(dp_msgs_refused\|rx\.remote_blocks\)=1$' $WAIT || rc=1
+        if grep -q '^STAT 0 rx\.remote_blocks=1$' "$log"; then
+            echo "the remote_blocks claiming C was dispatched" >>"$out"
+            rc=1
+        fi
+        att_b blocks "$meta" tx-$name req-netns "$IP_B:40000" $steal || rc=1
+        wait_line ${name}_pA '^STAT 0 notify\.wrong_peer=1$' $WAIT || rc=1
+        wait_line ${name}_pA '^STAT 0 rx_refused=1$' $WAIT || rc=1
+        if grep -q '^STAT 0 dp_msgs_refused=2$' "$log"; then
+            echo "B's own remote_blocks was not authenticated" >>"$out"
+            rc=1
+        fi
+        if grep -q '^RANK' "$log"; then
+            echo "a forged remote_blocks ended P's transfer" >>"$out"
+            rc=1
+        fi
+        start ${name}_dC "$NS_C" "${d[@]}"
+        finish ${name}_dC || rc=1
+        wait_line ${name}_pA '^RANK 0 OK released' $WAIT || rc=1
+        wait_line ${name}_pA '^HOLD' $WAIT || rc=1
+    else
+        rc=1
+    fi
+    stop_started $name dC pA || rc=1
+    verdict "$name" $rc ${name}_pA ${name}_attB ${name}_dC
+}
+if want blocks_thief; then
+    if [ -n "$ATTACK" ]; then
+        run_blocks_thief
+    else
+        echo "FAIL blocks_thief: no attack program (second argument)"
         FAILED=$((FAILED + 1))
     fi
 fi

@@ -49,6 +49,16 @@
  *                                        with the session in FILE: exit 0
  *                                        once it left; the engine's
  *                                        counters say what it did
+ *   attack blocks  FILE TRANSFER REQ FROM IDS
+ *                                        a WRITE remote_blocks (the
+ *                                        data-plane control message, wire
+ *                                        format below) for TRANSFER of
+ *                                        request REQ naming D's block ids
+ *                                        IDS ("3,8,1"), claiming to come
+ *                                        from FROM ("ip:port"), its mac
+ *                                        under the session in FILE: exit 0
+ *                                        once it left; the engine's
+ *                                        counters say what it did
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -698,7 +708,9 @@ static int cmd_rma(char **a)
 
 /* --- kvxfer's data-plane wire format (protocol 8), as a peer sees it ---
  * An AM put: id 0x4b3, this header, then the bytes; the target answers on
- * the reply endpoint with id 0x4b4 and the header, status set. */
+ * the reply endpoint with id 0x4b4 and the header, status set. A READ
+ * release notice: id 0x4b6 (cmd_notice). A control message: id 0x4b7,
+ * only len, nonce and mac set (cmd_blocks); no answer. */
 #define AM_PUT    0x4b3
 #define AM_PUTACK 0x4b4
 #define AM_MAGIC  0x4d41564bu
@@ -1016,6 +1028,116 @@ static int cmd_notice(char **a)
     return sst == UCS_OK && fst == UCS_OK ? 0 : 2;
 }
 
+/* blocks_json: the remote_blocks a WRITE D sends its P rank (encoded as
+ * plugin/core/ctlmsg.c does, so that P decodes it and the refusal, if any,
+ * is by P's checks, not by a parse error): TRANSFER of request REQ, decode
+ * (and consumer) rank 0, the block ids in ids ("3,8,1"), an xfer_nonce of
+ * the attacker's choosing; no instance (a D that never handshook P) and no
+ * to_instance (any instance of P). NULL when ids is not such a list. */
+static char *blocks_json(const char *tid, const char *req, const char *ids)
+{
+    json_object *o = json_object_new_object(), *list = json_object_new_array();
+    const char  *p = ids;
+    char        *out;
+
+    while (*p != '\0') {
+        char              *end;
+        unsigned long long b = strtoull(p, &end, 10);
+
+        if (end == p || (*end != ',' && *end != '\0')) {
+            json_object_put(o);
+            json_object_put(list);
+            return NULL;
+        }
+        json_object_array_add(list, json_object_new_uint64(b));
+        p = *end == ',' ? end + 1 : end;
+    }
+    json_object_object_add(o, "type", json_object_new_string("remote_blocks"));
+    json_object_object_add(o, "transfer_id", json_object_new_string(tid));
+    json_object_object_add(o, "req_id", json_object_new_string(req));
+    json_object_object_add(o, "block_notify_list", list);
+    json_object_object_add(o, "consumer_rank", json_object_new_int(0));
+    json_object_object_add(o, "decode_rank", json_object_new_int(0));
+    json_object_object_add(o, "xfer_nonce",
+                           json_object_new_string("4242424242"));
+    out = strdup(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
+    json_object_put(o);
+    return out;
+}
+
+/* cmd_blocks: a forged WRITE remote_blocks on the data plane (CTL, 0x4b7):
+ * the address FROM claims, a NUL, then the message (blocks_json); the
+ * header's len is the message's, its mac kvc_msg_mac under the session the
+ * engine's handshake gave THIS host (FILE, from attack fetch): P derives
+ * the session from FROM, so it authenticates only when FROM is on this
+ * host. Sent to the engine's first worker from a tcp-only UCP worker of
+ * its own. Exit 0 when it left (send and flush completed), 2 otherwise:
+ * the verdict is the engine's (run_netns.sh blocks_thief watches its
+ * counters and its transfer). */
+static int cmd_blocks(char **a)
+{
+    json_object        *o = json_object_from_file(a[0]), *v;
+    ucp_context_h       ucp;
+    ucp_worker_h        wk;
+    ucp_request_param_t rp;
+    ucp_ep_h            ep;
+    const ucp_address_t *wa;
+    am_hdr_t            h;
+    uint8_t            *addr;
+    char               *msg = blocks_json(a[1], a[2], a[4]), *data;
+    size_t              alen, off = 8, flen = strlen(a[3]), mlen;
+    uint64_t            session;
+    ucs_status_t        sst, fst;
+
+    if (msg == NULL || flen == 0 || flen > 63) {
+        printf("blocks: block ids '%s' or from '%s' malformed\n", a[4],
+               a[3]);
+        return 2;
+    }
+    if (o == NULL || !json_object_object_get_ex(o, "worker_addr", &v) ||
+        (addr = b64_decode(json_object_get_string(v), &alen)) == NULL ||
+        next_wk_addr(addr, alen, &off, &wa) != 0) {
+        printf("blocks: no worker address in %s\n", a[0]);
+        return 2;
+    }
+    session = u64_of(o, "session");
+    mlen    = strlen(msg);
+    data    = malloc(flen + 1 + mlen);
+    memcpy(data, a[3], flen + 1); /* from and its NUL */
+    memcpy(data + flen + 1, msg, mlen);
+    memset(&h, 0, sizeof(h));
+    h.magic   = AM_MAGIC;
+    h.version = AM_PROTO;
+    h.len     = mlen;
+    h.nonce   = (uint64_t)now_s() * 7919u + (uint64_t)getpid();
+    h.mac     = kvc_msg_mac(session, h.nonce, msg, mlen);
+    if (tcp_worker(UCP_FEATURE_AM, &ucp, &wk) != 0) {
+        return 2;
+    }
+    if (ep_to(wk, wa, &ep) != UCS_OK) {
+        printf("blocks: no endpoint to the engine's worker\n");
+        return 2;
+    }
+    memset(&rp, 0, sizeof(rp));
+    rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    rp.flags        = UCP_AM_SEND_FLAG_EAGER;
+    sst = req_wait(wk, ucp_am_send_nbx(ep, 0x4b7, &h, sizeof(h), data,
+                                       flen + 1 + mlen, &rp), 10);
+    memset(&rp, 0, sizeof(rp));
+    fst = req_wait(wk, ucp_ep_flush_nbx(ep, &rp), 10);
+    ep_close_wait(wk, ep, 0);
+    ucp_worker_destroy(wk);
+    ucp_cleanup(ucp);
+    printf("blocks: remote_blocks %s from \"%s\" with session %s: send %s, "
+           "flush %s\n", msg, a[3], session ? "given" : "none",
+           ucs_status_string(sst), ucs_status_string(fst));
+    free(addr);
+    free(data);
+    free(msg);
+    json_object_put(o);
+    return sst == UCS_OK && fst == UCS_OK ? 0 : 2;
+}
+
 int main(int argc, char **argv)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -1029,7 +1151,7 @@ int main(int argc, char **argv)
         {"stall", 4, cmd_stall}, {"big", 3, cmd_big},
         {"respond", 5, cmd_respond}, {"fetch", 3, cmd_fetch},
         {"rma", 2, cmd_rma},     {"amput", 3, cmd_amput},
-        {"notice", 5, cmd_notice},
+        {"notice", 5, cmd_notice}, {"blocks", 5, cmd_blocks},
     };
 
     for (size_t i = 0; argc >= 2 && i < sizeof(cmds) / sizeof(cmds[0]); i++) {

@@ -263,7 +263,8 @@ void Scenario::Configure()
     w_.set_net_faults(((o_.faults & kFDup) ? (uint32_t)kFaultDup : 0u) |
                       ((o_.faults & kFDelay) ? (uint32_t)kFaultDelay : 0u) |
                       ((o_.faults & kFLag) ? (uint32_t)kFaultLag : 0u) |
-                      ((o_.faults & kFSlow) ? (uint32_t)kFaultSlow : 0u));
+                      ((o_.faults & kFSlow) ? (uint32_t)kFaultSlow : 0u) |
+                      ((o_.faults & kFForge) ? (uint32_t)kFaultTamper : 0u));
     char buf[300];
     snprintf(buf, sizeof(buf), "%s, P tp%u dp%u -> D tp%u dp%u, %u layers "
              "[2,NB,%u,%u,%u]x%u B, P %u / D %u blocks, %u transfers, "
@@ -311,6 +312,8 @@ void Scenario::Cleanup()
             res_.notices_early += StatOf(js, "notices_early");
             res_.write_done_skipped += StatOf(js, "write_done_skipped");
             res_.early_completed += StatOf(js, "early_completed");
+            res_.blocks_on_dp += StatOf(js, "blocks_on_dp");
+            res_.dp_msgs_refused += StatOf(js, "dp_msgs_refused");
             api_->free(js);
         }
         if (r->state == Rank::kCrashed) {

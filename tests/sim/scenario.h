@@ -19,7 +19,8 @@ enum Fault : uint32_t {
     kFDestroy = 1u << 3, // engine_destroy of a rank mid-run
     kFJunk    = 1u << 4, // random bytes / malformed JSON from a stranger
     kFForge   = 1u << 5, // well-formed messages naming live transfers from
-                         // an untrusted host
+                         // an untrusted host; data-plane control messages
+                         // tampered with on the way (kFaultTamper)
     kFDup     = 1u << 6, // control requests delivered twice
     kFDelay   = 1u << 7, // control requests held up to 3 virtual seconds
     kFPreAbort = 1u << 8, // consumer_abort before D's request (never made)
@@ -76,6 +77,9 @@ struct Result {
     // binding their rank, write_done left out after a notice, ranks
     // completed from such a kept completion once the reply bound them.
     uint64_t    notices_early = 0, write_done_skipped = 0, early_completed = 0;
+    // remote_blocks D sent on the data plane, data-plane control messages
+    // P refused (the forge fault tampers with them on the way).
+    uint64_t    blocks_on_dp = 0, dp_msgs_refused = 0;
 };
 
 Result      RunSeed(uint64_t seed, const Options &o);

@@ -3,6 +3,7 @@
 // sim_ctl.cc.
 #include "simnet.h"
 
+#include <cctype>
 #include <cinttypes>
 #include <cstdarg>
 #include <cstdio>
@@ -238,6 +239,38 @@ bool World::StepLimit(uint64_t limit_us)
               (double)ev.due_us / 1e6);
         Enqueue(ev);
     } else {
+        if (ev.kind == EvKind::kDpCtl && (net_faults_ & kFaultTamper) &&
+            rng_.Percent(30)) {
+            // What an attacker on the path could do with it: point it at
+            // other blocks of D (still well-formed: taken, P would put
+            // there), change any byte, claim another sender (its session
+            // does not give that mac: refused), or replay it (the first
+            // one wins). Delivered before the real one.
+            Event    bad = ev;
+            uint64_t k   = rng_.Below(4);
+            size_t   nul = bad.data.find('\0', 16);
+            size_t   ids = bad.data.find("\"block_notify_list\":[");
+
+            if (k == 0 && ids != std::string::npos &&
+                isdigit((unsigned char)bad.data[ids + 21])) {
+                char &d = bad.data[ids + 21];
+                d       = d == '9' ? '8' : (char)(d + 1);
+            } else if (k == 1 && nul != std::string::npos &&
+                       nul + 1 < bad.data.size()) {
+                bad.data[nul + 1 + rng_.Below(bad.data.size() - nul - 1)] ^=
+                    0x02;
+            } else if (k == 2 && nul != std::string::npos) {
+                bad.data.replace(16, nul - 16, "10.0.9.9:7");
+            }
+            Trace("tamper (%s) %s: %s", k == 0   ? "blocks"
+                                        : k == 1 ? "byte"
+                                        : k == 2 ? "from"
+                                                 : "replay",
+                  Describe(ev).c_str(),
+                  nul != std::string::npos ? bad.data.substr(nul + 1).c_str()
+                                           : "");
+            Deliver(bad);
+        }
         if (ev.kind == EvKind::kCtlRequest && (net_faults_ & kFaultDup) &&
             rng_.Percent(10)) {
             Trace("duplicate %s", Describe(ev).c_str());

@@ -47,6 +47,9 @@ enum NetFault : uint32_t {
     kFaultLag   = 1u << 2, // hold a reply up to 100 virtual ms: messages
                            // sent after it (other connections) overtake it
     kFaultSlow  = 1u << 3, // hold a data run up to 1.5 virtual s (5 %)
+    kFaultTamper = 1u << 4, // before a data-plane control message (30 %):
+                            // a copy with one byte of its message flipped,
+                            // one claiming another sender, or a replay
 };
 
 enum class NodeState {

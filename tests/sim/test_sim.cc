@@ -77,6 +77,34 @@ TEST(WriteNotices, AloneAndEarlyPathsTakenUnderTheChecks)
     EXPECT_GT(early0, 0u) << "no notice overtook its binding reply";
 }
 
+// WRITE: D's remote_blocks travel on the data plane once its control-only
+// endpoint to the P rank is up, and what the forge fault does to them on
+// the way (a flipped byte, another claimed sender, a replay) is refused or
+// changes nothing: every invariant holds (no byte lands outside the blocks
+// D named), and without faults that kill something every transfer ends OK.
+TEST(WriteBlocksOnDp, TakenAndTamperedCopiesRefused)
+{
+    uint64_t on_dp = 0, refused = 0;
+    for (uint64_t seed = 1; seed <= 200; seed++) {
+        Result r = RunSeed(seed, Opt("write", kCiFaults | kFForge));
+        EXPECT_TRUE(r.ok) << "seed " << seed << ": " << r.violation;
+        on_dp += r.blocks_on_dp;
+        refused += r.dp_msgs_refused;
+    }
+    EXPECT_GT(on_dp, 0u) << "no remote_blocks took the data plane";
+    EXPECT_GT(refused, 0u) << "no tampered copy reached a P";
+    uint64_t on_dp0 = 0, refused0 = 0;
+    for (uint64_t seed = 1; seed <= 100; seed++) {
+        Result r = RunSeed(seed, Opt("write", kFForge));
+        EXPECT_TRUE(r.ok) << "seed " << seed << ": " << r.violation;
+        EXPECT_EQ(0u, r.failed) << "seed " << seed;
+        on_dp0 += r.blocks_on_dp;
+        refused0 += r.dp_msgs_refused;
+    }
+    EXPECT_GT(on_dp0, 0u);
+    EXPECT_GT(refused0, 0u);
+}
+
 INSTANTIATE_TEST_SUITE_P(Modes, FixedSeeds,
                          ::testing::Values(std::string("read"),
                                            std::string("write")));

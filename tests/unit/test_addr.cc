@@ -1178,6 +1178,30 @@ TEST(SipHash, ReferenceVectors)
     EXPECT_EQ(kvc_siphash24(key, m, 0), 0x726fdb47dd0e0e31ull);
 }
 
+// A data-plane control message's mac: keyed by the session, over the
+// nonce and every byte, in a domain of its own (no request or notice mac
+// of the same numbers passes for it), never 0, none without a session.
+TEST(SipHash, MessageMacCoversNonceAndEveryByte)
+{
+    const uint64_t s = 0x1234abcd5678ef01ull;
+    std::string    m = "{\"type\":\"remote_blocks\",\"block_ids\":[1,2]}";
+    uint64_t       a = kvc_msg_mac(s, 7, m.data(), m.size());
+
+    EXPECT_NE(a, 0u);
+    EXPECT_EQ(a, kvc_msg_mac(s, 7, m.data(), m.size()));
+    EXPECT_NE(a, kvc_msg_mac(s, 8, m.data(), m.size()));
+    EXPECT_NE(a, kvc_msg_mac(s + 1, 7, m.data(), m.size()));
+    for (size_t i = 0; i < m.size(); i++) {
+        std::string t = m;
+        t[i] ^= 1;
+        EXPECT_NE(a, kvc_msg_mac(s, 7, t.data(), t.size())) << "byte " << i;
+    }
+    EXPECT_NE(a, kvc_msg_mac(s, 7, m.data(), m.size() - 1));
+    EXPECT_EQ(0u, kvc_msg_mac(0, 7, m.data(), m.size()));
+    EXPECT_NE(0u, kvc_msg_mac(s, 0, "", 0));
+    EXPECT_NE(kvc_msg_mac(s, 7, "", 0), kvc_req_mac(s, 0, 7, 0, 0, 0));
+}
+
 // The data-plane session of a host: one per address (loopback addresses
 // are one host), the same from a sender address and from the host, none
 // for a host name, and another key gives other sessions.

@@ -508,6 +508,141 @@ TEST_P(KvuAm, NoticeCarriesTagInstanceIdAndSessionMac)
     EXPECT_EQ(box.n, 2);
 }
 
+// What a context's params.ctl received (kvu_ctl_send).
+struct CtlBox {
+    pthread_mutex_t          mu = PTHREAD_MUTEX_INITIALIZER;
+    pthread_cond_t           cv = PTHREAD_COND_INITIALIZER;
+    int                      n  = 0;
+    std::vector<std::string> msgs, froms;
+    std::vector<uint64_t>    nonces, macs;
+
+    static void cb(void *arg, const char *msg, size_t len, uint64_t nonce,
+                   uint64_t mac, const char *from)
+    {
+        CtlBox *b = static_cast<CtlBox *>(arg);
+        pthread_mutex_lock(&b->mu);
+        b->n++;
+        EXPECT_EQ(msg[len], '\0');
+        b->msgs.emplace_back(msg, len);
+        b->froms.emplace_back(from);
+        b->nonces.push_back(nonce);
+        b->macs.push_back(mac);
+        pthread_cond_broadcast(&b->cv);
+        pthread_mutex_unlock(&b->mu);
+    }
+    int wait_for(int want)
+    {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += 20;
+        pthread_mutex_lock(&mu);
+        while (n < want && pthread_cond_timedwait(&cv, &mu, &ts) == 0) {
+        }
+        int got = n;
+        pthread_mutex_unlock(&mu);
+        return got;
+    }
+};
+
+// A control message on the data plane (a WRITE D's remote_blocks) reaches
+// the peer's params.ctl whole, in order with the claimed from, under a mac
+// of the endpoint's session over its nonce and every byte (never the
+// session itself); nothing is sent without a session, and lengths outside
+// 1..KVT_CTL_MAX, a NUL inside or a missing from are refused to the caller
+// (the control plane then carries it).
+TEST_P(KvuAm, ControlMessageCarriesItsBytesUnderTheSessionMac)
+{
+    CtlBox       box;
+    kvu_params_t p{};
+    kvu_ctx_t   *tctx = nullptr;
+
+    p.tls                = GetParam();
+    p.err_mode_peer      = 1;
+    p.max_inflight_bytes = 1 << 20;
+    p.name               = "ctl-target";
+    p.remote_access      = KVT_ACCESS_LOCAL;
+    p.ctl                = CtlBox::cb;
+    p.ctl_arg            = &box;
+    ASSERT_EQ(kvu_ctx_create(&p, &tctx), KVX_OK);
+    Side        origin("ctl-origin", GetParam(), KVT_ACCESS_LOCAL, 0x6b);
+    const void *addr;
+    size_t      len;
+    kvu_ep_t   *ep = nullptr;
+
+    kvu_worker_address(tctx, &addr, &len);
+    ASSERT_EQ(kvu_ep_create(origin.ctx, addr, len, "ctl-target", nullptr,
+                            nullptr, &ep), KVX_OK);
+    const std::string small = "{\"type\":\"remote_blocks\"}";
+    std::string       big(KVT_CTL_MAX, 'b');
+    EXPECT_EQ(kvu_ctl_send(ep, small.data(), small.size(), "10.0.2.1:4"),
+              KVX_ERR_ENDPOINT)
+        << "sent without a session";
+    kvu_ep_set_session(ep, 0x1234abcd5678ef01ull);
+    ASSERT_EQ(kvu_ctl_send(ep, small.data(), small.size(), "10.0.2.1:4"),
+              KVX_OK);
+    big[100] = '{'; // every byte counts (below)
+    ASSERT_EQ(kvu_ctl_send(ep, big.data(), big.size(), "10.0.2.1:4"),
+              KVX_OK);
+    ASSERT_EQ(box.wait_for(2), 2);
+    pthread_mutex_lock(&box.mu);
+    EXPECT_EQ(box.msgs[0], small);
+    EXPECT_EQ(box.msgs[1], big);
+    EXPECT_EQ(box.froms[0], "10.0.2.1:4");
+    EXPECT_NE(box.nonces[0], box.nonces[1]);
+    for (int i = 0; i < 2; i++) {
+        EXPECT_EQ(box.macs[i], kvc_msg_mac(0x1234abcd5678ef01ull,
+                                           box.nonces[i], box.msgs[i].data(),
+                                           box.msgs[i].size()));
+        EXPECT_NE(box.macs[i], 0x1234abcd5678ef01ull) << "the session "
+                                                         "travelled";
+    }
+    big[100] = 'b';
+    EXPECT_NE(box.macs[1], kvc_msg_mac(0x1234abcd5678ef01ull, box.nonces[1],
+                                       big.data(), big.size()))
+        << "a changed byte keeps its mac";
+    pthread_mutex_unlock(&box.mu);
+    EXPECT_EQ(kvu_ctl_send(ep, "", 0, "10.0.2.1:4"), KVX_ERR_INVALID_PARAM);
+    big.push_back('x');
+    EXPECT_EQ(kvu_ctl_send(ep, big.data(), big.size(), "10.0.2.1:4"),
+              KVX_ERR_INVALID_PARAM);
+    EXPECT_EQ(kvu_ctl_send(ep, "a\0b", 3, "10.0.2.1:4"),
+              KVX_ERR_INVALID_PARAM);
+    EXPECT_EQ(kvu_ctl_send(ep, "{}", 2, ""), KVX_ERR_INVALID_PARAM);
+    EXPECT_EQ(kvu_ctl_send(ep, "{}", 2, std::string(64, '1').c_str()),
+              KVX_ERR_INVALID_PARAM);
+    kvu_ep_close(ep);
+    kvu_ctx_destroy(tctx);
+    EXPECT_EQ(box.n, 2);
+}
+
+// What a control message's receiver accepts as its data: from (1..63
+// bytes), a NUL, the message (1..KVT_CTL_MAX bytes, no NUL); nothing else.
+TEST(KvuCtl, SplitAcceptsFromAndOneMessageOnly)
+{
+    size_t      fl = 99;
+    std::string s;
+
+    s = std::string("10.0.0.1:5\0{}", 13);
+    ASSERT_EQ(kvu_ctl_split(s.data(), s.size(), &fl), 0);
+    EXPECT_EQ(fl, 10u);
+    EXPECT_EQ(kvu_ctl_split("", 0, &fl), -1);
+    EXPECT_EQ(kvu_ctl_split("{}", 2, &fl), -1);            // no from
+    s = std::string("\0{}", 3);                            // empty from
+    EXPECT_EQ(kvu_ctl_split(s.data(), s.size(), &fl), -1);
+    s = std::string("10.0.0.1:5\0", 11);                   // no message
+    EXPECT_EQ(kvu_ctl_split(s.data(), s.size(), &fl), -1);
+    s = std::string("10.0.0.1:5\0{\0}", 14);               // a NUL inside
+    EXPECT_EQ(kvu_ctl_split(s.data(), s.size(), &fl), -1);
+    s = std::string(64, '1') + std::string(1, '\0') + "{}";
+    EXPECT_EQ(kvu_ctl_split(s.data(), s.size(), &fl), -1);
+    s = std::string(63, '1') + std::string(1, '\0') + "{}";
+    EXPECT_EQ(kvu_ctl_split(s.data(), s.size(), &fl), 0);
+    s = "a:1" + std::string(1, '\0') + std::string(KVT_CTL_MAX, 'x');
+    EXPECT_EQ(kvu_ctl_split(s.data(), s.size(), &fl), 0);
+    s.push_back('x');
+    EXPECT_EQ(kvu_ctl_split(s.data(), s.size(), &fl), -1);
+}
+
 // What a notice's receiver accepts as its data: an id, optionally a NUL
 // and the sender's address claim; nothing else (a peer's bytes).
 TEST(KvuNotice, SplitAcceptsIdAndOptionalFromOnly)
