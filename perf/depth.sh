@@ -11,7 +11,9 @@
 # Usage: perf/depth.sh [BUILD_DIR] [OUT_FILE]
 # Env: REPS (3), ITERS (2000), SIZE (32K), BATCH (1), DEPTHS ("1 2 4 8"),
 #      TLS_LIST ("sm tcp"), OPS ("read write"), LOAD_MAX (0.6),
-#      QUIET_WAIT (300)
+#      QUIET_WAIT (300), WRITE_AHEAD (1: WRITE runs kvxfer_perf
+#      --write-ahead, P's layers ready before D asks; 0: P waits for each
+#      remote_blocks, polling, as the results before 5 December 2026 did)
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 build=${1:-$here/../build}
@@ -43,6 +45,9 @@ for rep in $(seq 1 "$REPS"); do
         for op in $OPS; do
             l=$(quiet) # one gate per series of depths: they run back to back
             for depth in $DEPTHS; do
+                extra=()
+                [ "$op" = write ] && [ "${WRITE_AHEAD:-1}" = 1 ] &&
+                    extra=(--write-ahead)
                 port=$((port + 1))
                 timeout 300 "$perf" -p "$port" --bind 127.0.0.1 \
                     --accept-timeout 60 -q > /dev/null 2>&1 &
@@ -50,7 +55,8 @@ for rep in $(seq 1 "$REPS"); do
                 sleep 0.3 # the server's listener; the client retries too
                 timeout 300 "$perf" 127.0.0.1 -p "$port" --tls "$tls" -t "$op" \
                     --mem app --resident --layers 1 --layout split -s "$SIZE" \
-                    -b "$BATCH" -d "$depth" -n "$ITERS" -q -f csv --csv "$csv" \
+                    -b "$BATCH" -d "$depth" -n "$ITERS" "${extra[@]}" -q \
+                    -f csv --csv "$csv" \
                     > /dev/null 2>&1 ||
                     echo "# kvxfer_perf $tls $op depth $depth failed" >> "$out"
                 wait "$spid" 2>/dev/null

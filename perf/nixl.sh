@@ -25,7 +25,10 @@
 # kvxfer --mem app), UCX_TLS=TLS (nixlbench; kvxfer ucx_tls). kvxfer moves
 # one layer of a key-only layout (one run per block), its blocks scattered in
 # the pool (nixlbench's batch entries are adjacent in its buffer, and kvxfer
-# would merge adjacent blocks into one run). Residency "resident": every
+# would merge adjacent blocks into one run). WRITE runs kvxfer_perf with
+# --write-ahead (P's layers ready before D asks, as nixlbench's initiator
+# has its data; Tx and B/W from D's consumer_request, remote_blocks
+# included); WRITE_AHEAD=0 leaves it out. Residency "resident": every
 # transfer moves the same blocks (kvxfer --resident; nixlbench always does);
 # "cold": kvxfer walks a 256 MiB pool (larger than the LLC), nixlbench gets
 # --total_buffer_size of the same 256 MiB but still reuses its first
@@ -131,6 +134,8 @@ run_kvxfer() {
     [ -n "$ld" ] && envs+=(LD_LIBRARY_PATH="$ld")
     local resident=()
     [ "$res" = resident ] && resident=(--resident)
+    [ "$op" = WRITE ] && [ "${WRITE_AHEAD:-1}" = 1 ] &&
+        resident+=(--write-ahead)
     port=$((port + 1))
     wait_quiet "$LOAD_MAX" "$QUIET_WAIT"
     l0=$(load1)

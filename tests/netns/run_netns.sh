@@ -581,11 +581,16 @@ run_blocks_thief() {
     # D's blocks are 3,8,1,6,4 (rankhost kLocal): the forgeries name others.
     local steal=0,2,5,7,9
     # StatCount takes one level of nesting: the first object named notify
-    # in the stats is refused.notify.
+    # in the stats is refused.notify. P's handshake timeout outlasts the
+    # attack: a forgery P took has it dial C before D runs there, and P
+    # then pushes to the attacker's blocks (which D, exposing only its
+    # transfer's blocks, refuses: P's transfer fails, D's times out) instead
+    # of failing on a handshake timeout.
     local p=(--role prefill --write 1 --hs-port "$P_HS" --notify-port "$P_NT"
              --tp 1 --dp 1 --ranks 0-0 --peer-host "$IP_C"
              --peer-hs-port "$D_HS" --peer-notify-port "$D_NT"
              --transfer tx-$name "${COMMON[@]}" --host-ip $IP_A --hold 1
+             --handshake-timeout 30
              --expect-stat dp_msgs_refused --expect-stat rx.remote_blocks
              --expect-stat rx_refused --expect-stat notify.wrong_peer)
     local d=(--role decode --write 1 --hs-port "$D_HS" --notify-port "$D_NT"
@@ -602,15 +607,20 @@ run_blocks_thief() {
         wait_line ${name}_pA \
             '^STAT 0 \(dp_msgs_refused\|rx\.remote_blocks\)=1$' $WAIT || rc=1
         if grep -q '^STAT 0 rx\.remote_blocks=1$' "$log"; then
+            # Taken: the transfer is bound to the attacker's blocks, and
+            # B's own would be a duplicate (ignored), so it is not sent.
             echo "the remote_blocks claiming C was dispatched" >>"$out"
             rc=1
-        fi
-        att_b blocks "$meta" tx-$name req-netns "$IP_B:40000" $steal || rc=1
-        wait_line ${name}_pA '^STAT 0 notify\.wrong_peer=1$' $WAIT || rc=1
-        wait_line ${name}_pA '^STAT 0 rx_refused=1$' $WAIT || rc=1
-        if grep -q '^STAT 0 dp_msgs_refused=2$' "$log"; then
-            echo "B's own remote_blocks was not authenticated" >>"$out"
-            rc=1
+        else
+            att_b blocks "$meta" tx-$name req-netns "$IP_B:40000" $steal ||
+                rc=1
+            wait_line ${name}_pA '^STAT 0 notify\.wrong_peer=1$' $WAIT ||
+                rc=1
+            wait_line ${name}_pA '^STAT 0 rx_refused=1$' $WAIT || rc=1
+            if grep -q '^STAT 0 dp_msgs_refused=2$' "$log"; then
+                echo "B's own remote_blocks was not authenticated" >>"$out"
+                rc=1
+            fi
         fi
         if grep -q '^RANK' "$log"; then
             echo "a forged remote_blocks ended P's transfer" >>"$out"

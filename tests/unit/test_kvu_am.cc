@@ -374,11 +374,29 @@ TEST_P(KvuAm, RequestsCarryTheEndpointSession)
     EXPECT_TRUE(all_eq(wr.target.buf.data(), 4096, 0x3c));
 }
 
-// What a context's params.notice received (kvu_notify).
-struct NoticeBox {
+// CbBox: callbacks counted under a lock; wait_for(want) waits (20 s at
+// most) until want of them came and returns how many did.
+struct CbBox {
     pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
     pthread_cond_t  cv = PTHREAD_COND_INITIALIZER;
     int             n  = 0;
+
+    int wait_for(int want)
+    {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += 20;
+        pthread_mutex_lock(&mu);
+        while (n < want && pthread_cond_timedwait(&cv, &mu, &ts) == 0) {
+        }
+        int got = n;
+        pthread_mutex_unlock(&mu);
+        return got;
+    }
+};
+
+// What a context's params.notice received (kvu_notify).
+struct NoticeBox : CbBox {
     uint64_t        tag = 0, mac = 0, nonce = 0, inst = 0, xn = 0;
     std::string     id;
 
@@ -401,18 +419,6 @@ struct NoticeBox {
         EXPECT_EQ(id[idlen], '\0');
         pthread_cond_broadcast(&b->cv);
         pthread_mutex_unlock(&b->mu);
-    }
-    int wait_for(int want)
-    {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_sec += 20;
-        pthread_mutex_lock(&mu);
-        while (n < want && pthread_cond_timedwait(&cv, &mu, &ts) == 0) {
-        }
-        int got = n;
-        pthread_mutex_unlock(&mu);
-        return got;
     }
 };
 
@@ -509,10 +515,7 @@ TEST_P(KvuAm, NoticeCarriesTagInstanceIdAndSessionMac)
 }
 
 // What a context's params.ctl received (kvu_ctl_send).
-struct CtlBox {
-    pthread_mutex_t          mu = PTHREAD_MUTEX_INITIALIZER;
-    pthread_cond_t           cv = PTHREAD_COND_INITIALIZER;
-    int                      n  = 0;
+struct CtlBox : CbBox {
     std::vector<std::string> msgs, froms;
     std::vector<uint64_t>    nonces, macs;
 
@@ -529,18 +532,6 @@ struct CtlBox {
         b->macs.push_back(mac);
         pthread_cond_broadcast(&b->cv);
         pthread_mutex_unlock(&b->mu);
-    }
-    int wait_for(int want)
-    {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_sec += 20;
-        pthread_mutex_lock(&mu);
-        while (n < want && pthread_cond_timedwait(&cv, &mu, &ts) == 0) {
-        }
-        int got = n;
-        pthread_mutex_unlock(&mu);
-        return got;
     }
 };
 

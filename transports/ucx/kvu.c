@@ -899,62 +899,6 @@ int kvu_notice_split(const void *data, size_t len, size_t *idlen_p,
     return 0;
 }
 
-/* kvu_am_notice_cb: a peer's completion notice (inside
- * ucp_worker_progress, ctx lock held): queued for kvu_deliver, which hands
- * it to params.notice without the lock. Nothing in it is trusted here: the
- * engine checks the mac. The payload is the transfer id, optionally
- * followed by a NUL and the sender's address claim (kvu_notify's from). */
-static ucs_status_t kvu_am_notice_cb(void *arg, const void *header,
-                                     size_t hlen, void *data, size_t len,
-                                     const ucp_am_recv_param_t *param)
-{
-    kvu_wk_t     *wk  = arg;
-    kvu_ctx_t    *ctx = wk->ctx;
-    kvu_am_hdr_t  h   = {0};
-    kvu_notice_t *nt  = NULL;
-    int           rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
-    size_t        idlen = 0, flen = 0;
-
-    if (!rndv && kvu_am_hdr_ok(header, hlen, &h) && h.len == 0 &&
-        kvu_notice_split(data, len, &idlen, &flen) == 0 &&
-        ctx->params.notice != NULL && ctx->notice_queued < KVU_NOTICE_QMAX) {
-        nt = malloc(sizeof(*nt) + idlen + 1);
-    }
-    if (rndv) {
-        ucp_am_data_release(wk->worker, data); /* never sent by kvxfer */
-    }
-    if (nt == NULL) {
-        uint64_t n = ++ctx->notice_dropped;
-
-        if ((n & (n - 1)) == 0) {
-            kvc_log_warn("KVX-UCX-AM", "%s: completion notice dropped "
-                         "(malformed, unwanted or too many queued; %llu "
-                         "so far)", ctx->name,
-                         (unsigned long long)ctx->notice_dropped);
-        }
-        return UCS_OK;
-    }
-    nt->hdr   = h;
-    nt->ep    = NULL;
-    nt->ctl   = 0;
-    nt->idlen = idlen;
-    nt->next  = NULL;
-    memcpy(nt->id, data, idlen);
-    nt->id[idlen] = '\0';
-    if (flen > 0) {
-        memcpy(nt->from, (const char *)data + idlen + 1, flen);
-    }
-    nt->from[flen] = '\0';
-    if (ctx->notice_tail != NULL) {
-        ctx->notice_tail->next = nt;
-    } else {
-        ctx->notice_head = nt;
-    }
-    ctx->notice_tail = nt;
-    ctx->notice_queued++;
-    return UCS_OK;
-}
-
 int kvu_ctl_split(const void *data, size_t len, size_t *flen_p)
 {
     const char *nul  = len > 0 ? memchr(data, '\0', len) : NULL;
@@ -969,28 +913,38 @@ int kvu_ctl_split(const void *data, size_t len, size_t *flen_p)
     return 0;
 }
 
-/* kvu_am_ctl_cb: a peer's control message (inside ucp_worker_progress, ctx
- * lock held): queued, bounded in count and bytes, for kvu_deliver, which
- * hands it to params.ctl without the lock. Nothing in it is trusted here:
- * the engine checks the mac. The payload is the sender's address claim, a
- * NUL, then the message (hdr.len bytes). */
-static ucs_status_t kvu_am_ctl_cb(void *arg, const void *header, size_t hlen,
-                                  void *data, size_t len,
-                                  const ucp_am_recv_param_t *param)
+/* kvu_am_queue: a peer's completion notice (ctl 0: the transfer id,
+ * optionally a NUL and the sender's address claim, kvu_notify's from) or
+ * control message (ctl 1: the claim, a NUL, then the message of hdr.len
+ * bytes, kvu_ctl_send), inside ucp_worker_progress with the ctx lock held:
+ * queued, bounded in count (and messages in bytes), for kvu_deliver,
+ * which hands it to params.notice / params.ctl without the lock. Nothing
+ * in it is trusted here: the engine checks the mac. */
+static ucs_status_t kvu_am_queue(void *arg, const void *header, size_t hlen,
+                                 void *data, size_t len,
+                                 const ucp_am_recv_param_t *param, int ctl)
 {
     kvu_wk_t     *wk  = arg;
     kvu_ctx_t    *ctx = wk->ctx;
     kvu_am_hdr_t  h   = {0};
     kvu_notice_t *nt  = NULL;
     int           rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
-    size_t        flen = 0, mlen = 0;
+    int           ok   = !rndv && kvu_am_hdr_ok(header, hlen, &h);
+    size_t        idlen = 0, flen = 0;
+    const char   *idp = data, *fp = data;
 
-    if (!rndv && kvu_am_hdr_ok(header, hlen, &h) &&
-        kvu_ctl_split(data, len, &flen) == 0 &&
-        (mlen = len - flen - 1) == h.len && ctx->params.ctl != NULL &&
-        ctx->notice_queued < KVU_NOTICE_QMAX &&
-        ctx->ctl_queued + mlen <= KVU_CTL_QBYTES) {
-        nt = malloc(sizeof(*nt) + mlen + 1);
+    if (ok && ctl) {
+        ok = kvu_ctl_split(data, len, &flen) == 0 &&
+             (idlen = len - flen - 1) == h.len && ctx->params.ctl != NULL &&
+             ctx->ctl_queued + idlen <= KVU_CTL_QBYTES;
+        idp = (const char *)data + flen + 1;
+    } else if (ok) {
+        ok = h.len == 0 && kvu_notice_split(data, len, &idlen, &flen) == 0 &&
+             ctx->params.notice != NULL;
+        fp = (const char *)data + idlen + 1;
+    }
+    if (ok && ctx->notice_queued < KVU_NOTICE_QMAX) {
+        nt = malloc(sizeof(*nt) + idlen + 1);
     }
     if (rndv) {
         ucp_am_data_release(wk->worker, data); /* never sent by kvxfer */
@@ -999,22 +953,25 @@ static ucs_status_t kvu_am_ctl_cb(void *arg, const void *header, size_t hlen,
         uint64_t n = ++ctx->notice_dropped;
 
         if ((n & (n - 1)) == 0) {
-            kvc_log_warn("KVX-UCX-AM", "%s: control message dropped "
-                         "(malformed, unwanted or too many queued; %llu "
-                         "notices and messages so far)", ctx->name,
+            kvc_log_warn("KVX-UCX-AM", "%s: %s dropped (malformed, unwanted "
+                         "or too many queued; %llu notices and messages so "
+                         "far)", ctx->name,
+                         ctl ? "control message" : "completion notice",
                          (unsigned long long)ctx->notice_dropped);
         }
         return UCS_OK;
     }
     nt->hdr   = h;
     nt->ep    = NULL;
-    nt->ctl   = 1;
-    nt->idlen = mlen;
+    nt->ctl   = ctl;
+    nt->idlen = idlen;
     nt->next  = NULL;
-    memcpy(nt->from, data, flen);
+    memcpy(nt->id, idp, idlen);
+    nt->id[idlen] = '\0';
+    if (flen > 0) {
+        memcpy(nt->from, fp, flen);
+    }
     nt->from[flen] = '\0';
-    memcpy(nt->id, (const char *)data + flen + 1, mlen);
-    nt->id[mlen] = '\0';
     if (ctx->notice_tail != NULL) {
         ctx->notice_tail->next = nt;
     } else {
@@ -1022,8 +979,22 @@ static ucs_status_t kvu_am_ctl_cb(void *arg, const void *header, size_t hlen,
     }
     ctx->notice_tail = nt;
     ctx->notice_queued++;
-    ctx->ctl_queued += mlen;
+    ctx->ctl_queued += ctl ? idlen : 0;
     return UCS_OK;
+}
+
+static ucs_status_t kvu_am_notice_cb(void *arg, const void *header,
+                                     size_t hlen, void *data, size_t len,
+                                     const ucp_am_recv_param_t *param)
+{
+    return kvu_am_queue(arg, header, hlen, data, len, param, 0);
+}
+
+static ucs_status_t kvu_am_ctl_cb(void *arg, const void *header, size_t hlen,
+                                  void *data, size_t len,
+                                  const ucp_am_recv_param_t *param)
+{
+    return kvu_am_queue(arg, header, hlen, data, len, param, 1);
 }
 
 static void kvu_notice_send_cb(void *request, ucs_status_t status,
@@ -1037,16 +1008,76 @@ static void kvu_notice_send_cb(void *request, ucs_status_t status,
     ucp_request_free(request);
 }
 
-kvx_status_t kvu_notify(kvu_ep_t *ep, uint64_t tag, uint64_t instance,
-                        uint64_t xnonce, const char *id, const char *from)
+/* kvu_notice_send: nt (payload nt->id, nt->idlen bytes; a notice's tag,
+ * address and token, a message's length set in nt->hdr) to ep's peer as
+ * one eager active message, authenticated under ep's session; nt is
+ * consumed. */
+static kvx_status_t kvu_notice_send(kvu_ep_t *ep, kvu_notice_t *nt)
 {
-    kvu_ctx_t          *ctx   = ep->ctx;
-    size_t              idlen = strlen(id);
-    size_t              flen  = from != NULL ? strlen(from) : 0;
-    kvu_notice_t       *nt;
+    kvu_ctx_t          *ctx  = ep->ctx;
+    int                 ctl  = nt->ctl;
+    const char         *what = ctl ? "control message" : "notice";
     ucp_request_param_t prm;
     ucs_status_ptr_t    sp;
     kvx_status_t        rc = KVX_OK;
+
+    pthread_mutex_lock(&ctx->lock);
+    if (atomic_load(&ep->dead) || ep->failed ||
+        (ctl && ep->session == 0)) {
+        pthread_mutex_unlock(&ctx->lock);
+        free(nt);
+        return kvc_error(KVX_ERR_ENDPOINT, "%s to %s: %s", what, ep->peer,
+                         ep->failed                ? "endpoint failed"
+                         : atomic_load(&ep->dead) ? "endpoint closed"
+                                                   : "no session");
+    }
+    if (ep->notices_pending >= KVU_NOTICE_PENDING_MAX) {
+        pthread_mutex_unlock(&ctx->lock);
+        free(nt);
+        return kvc_error(KVX_ERR_ENDPOINT, "%s to %s: %u notices and "
+                         "messages not sent yet (the peer does not read)",
+                         what, ep->peer, KVU_NOTICE_PENDING_MAX);
+    }
+    nt->ep          = ep;
+    nt->hdr.magic   = KVU_AM_MAGIC;
+    nt->hdr.version = KVU_AM_VERSION;
+    nt->hdr.nonce   = kvu_splitmix64(&ctx->am_nonce);
+    nt->hdr.mac     = ctl
+                          ? kvc_msg_mac(ep->session, nt->hdr.nonce,
+                                        nt->id + nt->idlen - nt->hdr.len,
+                                        nt->hdr.len)
+                          : kvc_req_mac(ep->session, nt->hdr.tag,
+                                        nt->hdr.nonce, nt->hdr.addr,
+                                        nt->hdr.token, KVC_MAC_NOTICE);
+    memset(&prm, 0, sizeof(prm));
+    prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                       UCP_OP_ATTR_FIELD_USER_DATA |
+                       UCP_OP_ATTR_FIELD_FLAGS;
+    prm.cb.send      = kvu_notice_send_cb;
+    prm.user_data    = nt;
+    prm.flags        = UCP_AM_SEND_FLAG_EAGER;
+    sp = ucp_am_send_nbx(ep->ep, ctl ? KVU_AM_CTL : KVU_AM_NOTICE,
+                         &nt->hdr, sizeof(nt->hdr), nt->id, nt->idlen, &prm);
+    if (sp == NULL) {
+        free(nt);
+    } else if (UCS_PTR_IS_ERR(sp)) {
+        rc = kvc_error(KVX_ERR_ENDPOINT, "%s to %s: %s", what, ep->peer,
+                       ucs_status_string(UCS_PTR_STATUS(sp)));
+        free(nt);
+    } else {
+        ep->notices_pending++;
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    kvu_ctx_kick(ctx);
+    return rc;
+}
+
+kvx_status_t kvu_notify(kvu_ep_t *ep, uint64_t tag, uint64_t instance,
+                        uint64_t xnonce, const char *id, const char *from)
+{
+    size_t        idlen = strlen(id);
+    size_t        flen  = from != NULL ? strlen(from) : 0;
+    kvu_notice_t *nt;
 
     if (idlen == 0 || idlen > KVU_NOTICE_ID_MAX) {
         return kvc_error(KVX_ERR_INVALID_PARAM, "notice: transfer id of %zu "
@@ -1064,62 +1095,18 @@ kvx_status_t kvu_notify(kvu_ep_t *ep, uint64_t tag, uint64_t instance,
     if (flen > 0) { /* id, NUL, from */
         memcpy(nt->id + idlen + 1, from, flen);
     }
-    nt->idlen = idlen;
-    pthread_mutex_lock(&ctx->lock);
-    if (atomic_load(&ep->dead) || ep->failed) {
-        pthread_mutex_unlock(&ctx->lock);
-        free(nt);
-        return kvc_error(KVX_ERR_ENDPOINT, "notice to %s: endpoint %s",
-                         ep->peer, ep->failed ? "failed" : "closed");
-    }
-    if (ep->notices_pending >= KVU_NOTICE_PENDING_MAX) {
-        pthread_mutex_unlock(&ctx->lock);
-        free(nt);
-        return kvc_error(KVX_ERR_ENDPOINT, "notice to %s: %u notices not "
-                         "sent yet (the peer does not read)", ep->peer,
-                         KVU_NOTICE_PENDING_MAX);
-    }
-    nt->ep          = ep;
-    nt->hdr.magic   = KVU_AM_MAGIC;
-    nt->hdr.version = KVU_AM_VERSION;
-    nt->hdr.tag     = tag;
-    nt->hdr.addr    = instance;
-    nt->hdr.token   = xnonce;
-    nt->hdr.nonce   = kvu_splitmix64(&ctx->am_nonce);
-    nt->hdr.mac     = kvc_req_mac(ep->session, tag, nt->hdr.nonce, instance,
-                                  xnonce, KVC_MAC_NOTICE);
-    memset(&prm, 0, sizeof(prm));
-    prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
-                       UCP_OP_ATTR_FIELD_USER_DATA |
-                       UCP_OP_ATTR_FIELD_FLAGS;
-    prm.cb.send      = kvu_notice_send_cb;
-    prm.user_data    = nt;
-    prm.flags        = UCP_AM_SEND_FLAG_EAGER;
-    sp = ucp_am_send_nbx(ep->ep, KVU_AM_NOTICE, &nt->hdr, sizeof(nt->hdr),
-                         nt->id, flen > 0 ? idlen + 1 + flen : idlen, &prm);
-    if (sp == NULL) {
-        free(nt);
-    } else if (UCS_PTR_IS_ERR(sp)) {
-        rc = kvc_error(KVX_ERR_ENDPOINT, "notice to %s: %s", ep->peer,
-                       ucs_status_string(UCS_PTR_STATUS(sp)));
-        free(nt);
-    } else {
-        ep->notices_pending++;
-    }
-    pthread_mutex_unlock(&ctx->lock);
-    kvu_ctx_kick(ctx);
-    return rc;
+    nt->idlen     = flen > 0 ? idlen + 1 + flen : idlen;
+    nt->hdr.tag   = tag;
+    nt->hdr.addr  = instance;
+    nt->hdr.token = xnonce;
+    return kvu_notice_send(ep, nt);
 }
 
 kvx_status_t kvu_ctl_send(kvu_ep_t *ep, const char *msg, size_t len,
                           const char *from)
 {
-    kvu_ctx_t          *ctx  = ep->ctx;
-    size_t              flen = from != NULL ? strlen(from) : 0;
-    kvu_notice_t       *nt;
-    ucp_request_param_t prm;
-    ucs_status_ptr_t    sp;
-    kvx_status_t        rc = KVX_OK;
+    size_t        flen = from != NULL ? strlen(from) : 0;
+    kvu_notice_t *nt;
 
     if (len == 0 || len > KVT_CTL_MAX || memchr(msg, '\0', len) != NULL) {
         return kvc_error(KVX_ERR_INVALID_PARAM, "control message of %zu "
@@ -1136,51 +1123,10 @@ kvx_status_t kvu_ctl_send(kvu_ep_t *ep, const char *msg, size_t len,
     }
     memcpy(nt->id, from, flen); /* from, NUL, the message */
     memcpy(nt->id + flen + 1, msg, len);
-    nt->idlen = flen + 1 + len;
-    pthread_mutex_lock(&ctx->lock);
-    if (atomic_load(&ep->dead) || ep->failed || ep->session == 0) {
-        pthread_mutex_unlock(&ctx->lock);
-        free(nt);
-        return kvc_error(KVX_ERR_ENDPOINT, "control message to %s: %s",
-                         ep->peer, ep->session == 0 ? "no session"
-                                   : ep->failed     ? "endpoint failed"
-                                                    : "endpoint closed");
-    }
-    if (ep->notices_pending >= KVU_NOTICE_PENDING_MAX) {
-        pthread_mutex_unlock(&ctx->lock);
-        free(nt);
-        return kvc_error(KVX_ERR_ENDPOINT, "control message to %s: %u "
-                         "notices and messages not sent yet (the peer does "
-                         "not read)", ep->peer, KVU_NOTICE_PENDING_MAX);
-    }
-    nt->ep          = ep;
-    nt->ctl         = 1;
-    nt->hdr.magic   = KVU_AM_MAGIC;
-    nt->hdr.version = KVU_AM_VERSION;
-    nt->hdr.len     = len;
-    nt->hdr.nonce   = kvu_splitmix64(&ctx->am_nonce);
-    nt->hdr.mac     = kvc_msg_mac(ep->session, nt->hdr.nonce, msg, len);
-    memset(&prm, 0, sizeof(prm));
-    prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
-                       UCP_OP_ATTR_FIELD_USER_DATA |
-                       UCP_OP_ATTR_FIELD_FLAGS;
-    prm.cb.send      = kvu_notice_send_cb;
-    prm.user_data    = nt;
-    prm.flags        = UCP_AM_SEND_FLAG_EAGER;
-    sp = ucp_am_send_nbx(ep->ep, KVU_AM_CTL, &nt->hdr, sizeof(nt->hdr),
-                         nt->id, nt->idlen, &prm);
-    if (sp == NULL) {
-        free(nt);
-    } else if (UCS_PTR_IS_ERR(sp)) {
-        rc = kvc_error(KVX_ERR_ENDPOINT, "control message to %s: %s",
-                       ep->peer, ucs_status_string(UCS_PTR_STATUS(sp)));
-        free(nt);
-    } else {
-        ep->notices_pending++;
-    }
-    pthread_mutex_unlock(&ctx->lock);
-    kvu_ctx_kick(ctx);
-    return rc;
+    nt->idlen   = flen + 1 + len;
+    nt->ctl     = 1;
+    nt->hdr.len = len;
+    return kvu_notice_send(ep, nt);
 }
 
 static ucs_status_t kvu_am_getreq_cb(void *arg, const void *header,
