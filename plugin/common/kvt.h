@@ -281,13 +281,14 @@ typedef struct kvt_data_ops {
      * no NUL inside) on the data plane, authenticated under the endpoint's
      * session (kvc_msg_mac), with from (1..KVT_NOTICE_FROM_MAX - 1 bytes):
      * the address the peer saw this side at, from which the peer
-     * recomputes the session; it reaches the peer's params.ctl. Best
+     * recomputes the session; it reaches the peer's params.ctl with nonce
+     * (the caller's, never 0: the receiver refuses replays by it). Best
      * effort, no reply, any thread. KVX_OK when handed to the transport;
      * an error (endpoint failed or closed, no session, 256 unsent, bad
      * length) leaves the message to the control plane. NULL member: none
      * (the control plane carries every message). */
     kvx_status_t (*ctl_send)(kvt_ep_t *ep, const char *msg, size_t len,
-                             const char *from);
+                             const char *from, uint64_t nonce);
 } kvt_data_ops_t;
 
 /* ---- control plane ------------------------------------------------------- */

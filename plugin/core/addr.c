@@ -1556,3 +1556,45 @@ kvx_status_t kvc_params_build_decode(const char *prefill_response_json,
     kvc_params_fini(&p);
     return st;
 }
+
+const char *kvc_replay_check(kvc_replay_t *r, uint64_t key, uint64_t nonce,
+                             uint64_t now, unsigned shift,
+                             uint64_t window_us)
+{
+    uint64_t d   = nonce > now ? nonce - now : now - nonce;
+    uint32_t i, lru = 0, low = 0;
+
+    if ((d >> shift) > window_us) {
+        return nonce > now ? "stamped in the future (clocks further apart "
+                             "than clock_skew)"
+                           : "too old (sent before the replay window)";
+    }
+    for (i = 0; i < KVC_REPLAY_SENDERS && r->s[i].key != key; i++) {
+        if (r->s[i].last_heard < r->s[lru].last_heard) {
+            lru = i;
+        }
+    }
+    if (i == KVC_REPLAY_SENDERS) { /* a new sender: the least recent slot */
+        i = lru;
+        memset(&r->s[i], 0, sizeof(r->s[i]));
+        r->s[i].key = key;
+    }
+    for (uint32_t k = 0; k < r->s[i].n; k++) {
+        if (r->s[i].seen[k] == nonce) {
+            return "a replay (this sender's nonce was taken before)";
+        }
+        if (r->s[i].seen[k] < r->s[i].seen[low]) {
+            low = k;
+        }
+    }
+    if (r->s[i].n == KVC_REPLAY_DEPTH) {
+        if (nonce < r->s[i].seen[low]) {
+            return "older than the last messages taken from its sender";
+        }
+        r->s[i].seen[low] = nonce;
+    } else {
+        r->s[i].seen[r->s[i].n++] = nonce;
+    }
+    r->s[i].last_heard = ++r->heard;
+    return NULL;
+}

@@ -137,6 +137,21 @@ void kvc_dp_ctl_handler(void *arg, const char *msg, size_t len,
         }
     }
     pthread_mutex_lock(&eng->lock);
+    if (why == NULL && eng->dp_replay == NULL &&
+        (eng->dp_replay = calloc(1, sizeof(*eng->dp_replay))) == NULL) {
+        why = "out of memory";
+    }
+    if (why == NULL) {
+        /* A sender is an engine instance of a host (its session): its
+         * stamps increase, and one taken before is a replay. */
+        const kvt_clock_t *c = &eng->env.clock;
+
+        why = kvc_replay_check(eng->dp_replay,
+                               s ^ (m.instance * 0x9e3779b97f4a7c15ull),
+                               nonce, c->stamp(c->arg), c->stamp_shift,
+                               (uint64_t)(eng->cfg.clock_skew * 1e6) +
+                                   KVC_DP_FRESH_US);
+    }
     if (why != NULL) {
         eng->stats.dp_msgs_refused++;
     } else if (!eng->stopping) {

@@ -264,7 +264,9 @@ kvx_status_t kvx_engine_create(const kvt_env_t *env, const char *json,
     up.worker_reset_arg   = eng;
     up.notice             = kvc_engine_on_notice;
     up.notice_arg         = eng;
-    up.ctl                = kvc_dp_ctl_handler;
+    up.ctl = eng->cfg.is_producer && !eng->cfg.read_mode
+                 ? kvc_dp_ctl_handler /* only a WRITE P takes them */
+                 : NULL;
     up.ctl_arg            = eng;
     up.name               = eng->engine_id;
     up.remote_access = eng->cfg.read_mode ? (eng->cfg.is_producer
@@ -441,6 +443,7 @@ void kvx_engine_destroy(struct kvx_engine *eng)
     kvc_trust_fini(&eng->trust);
     kvc_config_fini(&eng->cfg);
     kvc_expo_fini(&eng->expo); /* after ctx_destroy: no authorize calls */
+    free(eng->dp_replay);      /* (and no ctl deliveries) */
     pthread_cond_destroy(&eng->cond);
     pthread_mutex_destroy(&eng->lock);
     free(eng);

@@ -96,6 +96,12 @@ typedef struct kvc_peer {
     kvc_peer_state_t  state;
     char              rma_mode[16];  /* rma | direct-shm | emulated */
     int               want_handshake;
+    uint32_t          hs_stale;     /* replies of another instance in a row
+                                       (KVC_HS_STALE_RETRIES) */
+    uint64_t          ctl_retry_us; /* control-only: no handshake before */
+    uint32_t          dp_unconfirmed; /* control-only: remote_blocks sent
+                                         on its endpoint whose rank has not
+                                         completed (KVC_DP_UNCONFIRMED_MAX) */
     kvx_status_t      fail_status;
     char              fail_reason[KVX_REASON_MAX];
     kvc_hs_meta_t     meta;         /* valid when READY */
@@ -216,6 +222,9 @@ typedef struct kvc_xfer {
      * confirmed that none of its puts can land any more (fenced). */
     uint64_t          rel_inst[KVC_RANKMAP_MAX];
     uint64_t          rel_done, rel_fenced;
+    uint64_t          rel_dp;      /* D WRITE: ranks whose remote_blocks
+                                      went on the data plane, not settled
+                                      (peer->dp_unconfirmed) */
     /* write_done or notice that overtook the reply binding its sender: the
      * sender's instance, and the mask of the unbound rel[] ranks whose host
      * it came from; it counts once a reply binds one of those to it. */
@@ -390,6 +399,12 @@ struct kvx_engine {
     char             *meta_json;     /* handshake reply, owned */
     size_t            meta_len;
     uint64_t          epoch;
+    uint64_t          dp_nonce;      /* D WRITE: the last data-plane
+                                        control message's nonce (a stamp,
+                                        strictly increasing) */
+    kvc_replay_t     *dp_replay;     /* P WRITE: data-plane control
+                                        messages taken (kvc_replay_check),
+                                        allocated at the first */
     uint64_t          xnonce_seq;    /* D WRITE: uses of transfer ids so
                                         far (kvc_write_d_xnonce hashes it) */
     char              engine_id[KVX_ID_MAX + 16];
@@ -604,6 +619,24 @@ static inline int kvc_peer_ctl_only(const struct kvx_engine *eng)
 {
     return !eng->cfg.is_producer && !eng->cfg.read_mode;
 }
+#define KVC_DP_FRESH_US 5000000u /* a data-plane control message older
+                                    (or newer) than this plus clock_skew
+                                    is refused (kvc_replay_check) */
+#define KVC_DP_UNCONFIRMED_MAX 16 /* a control-only endpoint that drops
+                                     messages silently loses at most this
+                                     many transfers before their deadline
+                                     closes it (kvc_write_d_dp_timeout) */
+#define KVC_CTL_RETRY_US 5000000u /* a control-only endpoint lost: the
+                                     next handshake not before this */
+#define KVC_HS_STALE_RETRIES 3    /* handshake replies of another instance
+                                     than the known one: asked again */
+
+/* kvc_peer_ctl_lost: a control-only peer's endpoint is given up (it
+ * failed, or messages sent on it got no answer by their deadline): closed,
+ * the peer FAILED without failing a transfer, another handshake not before
+ * KVC_CTL_RETRY_US. Lock held, progress owner. */
+void kvc_peer_ctl_lost(kvc_peer_t *peer, kvx_status_t status,
+                       const char *reason);
 
 /* kvc_peer_bound_lost: during mode->peer_failed, whether a transfer bound
  * to instance inst (0: not bound) of peer is hit. */
@@ -787,6 +820,10 @@ void         kvc_write_d_send(kvc_xfer_t *x, kvc_msg_t *m, const char *what);
 void         kvc_write_on_write_done(struct kvx_engine *eng,
                                      const kvc_msg_t *m, char *reason,
                                      size_t len, int *ok_p);
+/* kvc_write_d_dp_timeout: x's deadline passed with ranks whose
+ * remote_blocks went on the data plane not done: their control-only
+ * endpoints may drop messages silently (kvc_peer_ctl_lost). */
+void kvc_write_d_dp_timeout(struct kvx_engine *eng, kvc_xfer_t *x);
 /* kvc_write_on_notice (kvc_mode_t.on_notice): a P rank's data-plane
  * completion notice, the fast twin of its write_done. */
 void         kvc_write_on_notice(struct kvx_engine *eng,

@@ -166,7 +166,7 @@ static kvx_status_t kvc_peer_check_meta(kvc_peer_t *peer,
                          m->dp_size, m->tp_rank, m->tp_size, peer->dp_rank,
                          peer->dp_size, peer->tp_rank, peer->tp_size);
     }
-    for (size_t i = 0; i < eng->nlayers; i++) {
+    for (size_t i = 0; i < eng->nlayers && !kvc_peer_ctl_only(eng); i++) {
         kvx_status_t st;
 
         map[i] = -1;
@@ -330,8 +330,11 @@ static void kvc_peer_hs_failed(kvc_peer_t *peer, kvx_status_t st,
     snprintf(peer->fail_reason, sizeof(peer->fail_reason), "%s", reason);
     kvc_log_warn("KVX-HANDSHAKE", "%s", peer->fail_reason);
     eng->stats.handshakes_failed++;
+    peer->hs_stale = 0;
     if (!kvc_peer_ctl_only(eng)) {
         eng->mode->peer_failed(eng, peer);
+    } else {
+        peer->ctl_retry_us = kvc_now_us(eng) + KVC_CTL_RETRY_US;
     }
     pthread_cond_broadcast(&eng->cond);
 }
@@ -456,10 +459,8 @@ static kvx_status_t kvc_peer_hs_check(kvc_peer_t *peer, kvc_hs_meta_t *m,
         return st;
     }
     map = calloc(eng->nlayers ? eng->nlayers : 1, sizeof(int));
-    st  = map == NULL ? kvc_error(KVX_ERR_NO_MEMORY,
-                                  "handshake: out of memory")
-          : kvc_peer_ctl_only(eng) ? KVX_OK /* (map unused) */
-                                   : kvc_peer_check_meta(peer, m, map);
+    st  = map ? kvc_peer_check_meta(peer, m, map)
+              : kvc_error(KVX_ERR_NO_MEMORY, "handshake: out of memory");
     if (st == KVX_OK) {
         st = kvc_peer_connect(peer, m, ep_p, rkeys_p);
     }
@@ -539,24 +540,41 @@ void kvc_peer_hs_finish(kvt_job_t *job)
         kvc_peer_conn_free(eng, &c);
         st = kvc_error(KVX_ERR_CANCELED, "peer %s: engine destroyed",
                        peer->name);
-    } else if (st == KVX_OK && kvc_peer_inst_dead(peer, m.epoch)) {
+    } else if (st == KVX_OK &&
+               (kvc_peer_inst_dead(peer, m.epoch) ||
+                (kvc_peer_ctl_only(eng) && peer->inst != 0 &&
+                 m.epoch != peer->inst))) {
         /* A reply held up on the way, from an instance that restarted
          * while it travelled: adopting it would make the live instance
-         * "dead" and bind transfers to a gone worker. */
+         * "dead" and bind transfers to a gone worker. (A control-only
+         * peer learns a restart from the control plane, which fails what
+         * the old instance held: its endpoint waits for that.) Asked
+         * again, a few times. */
         kvc_peer_conn_t c = {m, ep, rkeys, map};
-        uint64_t        stale = m.epoch;
+        uint64_t        other = m.epoch;
 
         kvc_peer_conn_free(eng, &c);
         st = kvc_error(KVX_ERR_HANDSHAKE, "handshake with %s: the metadata "
-                       "names instance %llu, which restarted since (instance "
-                       "%llu)", peer->name, (unsigned long long)stale,
+                       "names instance %llu, this engine knows instance %llu",
+                       peer->name, (unsigned long long)other,
                        (unsigned long long)peer->inst);
+        if (peer->hs_stale < KVC_HS_STALE_RETRIES) {
+            peer->hs_stale++;
+            kvc_log_info("KVX-HANDSHAKE", "%s (asked again)",
+                         kvc_last_error());
+            kvc_error_clear();
+            peer->state = KVC_PEER_NEW;
+            kvc_peer_want_handshake(peer);
+            pthread_mutex_unlock(&eng->lock);
+            return;
+        }
     }
     if (st != KVX_OK) {
         kvc_peer_hs_failed(peer, st, kvc_last_error());
         pthread_mutex_unlock(&eng->lock);
         return;
     }
+    peer->hs_stale  = 0;
     peer->meta      = m;
     peer->ep        = ep;
     peer->rkeys     = rkeys;

@@ -67,7 +67,12 @@ static int kvc_write_d_blocks_on_dp(struct kvx_engine *eng, kvc_xfer_t *x,
 
     if (!kvc_write_d_dp_on(eng) || peer->state != KVC_PEER_READY ||
         peer->ep == NULL || peer->inst == 0 ||
-        peer->meta.epoch != peer->inst || peer->seen_as[0] == '\0') {
+        peer->meta.epoch != peer->inst || peer->seen_as[0] == '\0' ||
+        atomic_load(&peer->conn_down_us) != 0 || peer->conn_gone ||
+        peer->dp_unconfirmed >= KVC_DP_UNCONFIRMED_MAX || k >= 64) {
+        /* (nor while its control connection is down: the rank may be
+         * about to be declared gone, and a message of the data plane
+         * would bind a transfer to it) */
         return 0;
     }
     mm.instance    = eng->epoch;
@@ -77,9 +82,17 @@ static int kvc_write_d_blocks_on_dp(struct kvx_engine *eng, kvc_xfer_t *x,
         kvc_error_clear();
         return 0;
     }
-    st = len <= KVT_CTL_MAX
-             ? KVD(eng)->ctl_send(peer->ep, buf, len, peer->seen_as)
-             : KVX_ERR_INVALID_PARAM;
+    if (len <= KVT_CTL_MAX) {
+        /* Its nonce is a stamp, strictly increasing: P refuses one it
+         * took before, or one outside its freshness window (a replay). */
+        uint64_t stamp = eng->env.clock.stamp(eng->env.clock.arg);
+
+        eng->dp_nonce = stamp > eng->dp_nonce ? stamp : eng->dp_nonce + 1;
+        st = KVD(eng)->ctl_send(peer->ep, buf, len, peer->seen_as,
+                                eng->dp_nonce);
+    } else {
+        st = KVX_ERR_INVALID_PARAM;
+    }
     free(buf);
     if (st != KVX_OK) {
         kvc_log_debug("KVX-WRITE-BLOCKS", "transfer %s: remote_blocks of "
@@ -90,6 +103,8 @@ static int kvc_write_d_blocks_on_dp(struct kvx_engine *eng, kvc_xfer_t *x,
         return 0;
     }
     x->rel_inst[k] = peer->meta.epoch; /* the instance of ep's worker */
+    x->rel_dp |= 1ull << k;
+    peer->dp_unconfirmed++;
     eng->stats.blocks_on_dp++;
     return 1;
 }
@@ -167,9 +182,13 @@ kvx_status_t kvc_write_consumer(struct kvx_engine *eng, const char *req_id,
             if (!kvc_write_d_blocks_on_dp(eng, x, k, &m)) {
                 kvc_peer_send_msg(x->rel[k], &m, "remote_blocks");
             }
-            if (kvc_write_d_dp_on(eng) && x->rel[k]->state == KVC_PEER_NEW) {
+            if (kvc_write_d_dp_on(eng) &&
+                (x->rel[k]->state == KVC_PEER_NEW ||
+                 (x->rel[k]->state == KVC_PEER_FAILED &&
+                  kvc_now_us(eng) >= x->rel[k]->ctl_retry_us))) {
                 /* The endpoint the next transfers' remote_blocks take
-                 * (in the background: this one went over nng). */
+                 * (in the background: this one went over nng); again a
+                 * while after it was lost. */
                 kvc_peer_want_handshake(x->rel[k]);
             }
         }
@@ -180,6 +199,8 @@ kvx_status_t kvc_write_consumer(struct kvx_engine *eng, const char *req_id,
     }
     return st;
 }
+
+static void kvc_write_d_dp_settle(kvc_xfer_t *x, int k);
 
 /* kvc_write_d_all: the mask of x's nrel P ranks. */
 static uint64_t kvc_write_d_all(const kvc_xfer_t *x)
@@ -200,6 +221,7 @@ static void kvc_write_d_abort_check(struct kvx_engine *eng, kvc_xfer_t *x,
         return;
     }
     x->state = KVC_XFER_FAILED;
+    kvc_write_d_dp_settle(x, -1);
     if (why != NULL) {
         snprintf(x->reason, sizeof(x->reason), "%s", why);
     }
@@ -247,9 +269,43 @@ static int kvc_write_d_rank(const kvc_xfer_t *x, const kvc_msg_t *m,
     return k;
 }
 
+/* kvc_write_d_dp_settle: rank k of x (every rank: k < 0) no longer waits
+ * on a remote_blocks sent on the data plane. */
+static void kvc_write_d_dp_settle(kvc_xfer_t *x, int k)
+{
+    for (uint32_t i = 0; i < x->nrel && i < 64; i++) {
+        if ((k < 0 || (uint32_t)k == i) && (x->rel_dp >> i & 1)) {
+            x->rel_dp &= ~(1ull << i);
+            if (x->rel[i]->dp_unconfirmed > 0) {
+                x->rel[i]->dp_unconfirmed--;
+            }
+        }
+    }
+}
+
+void kvc_write_d_dp_timeout(struct kvx_engine *eng, kvc_xfer_t *x)
+{
+    if (eng->stopping) {
+        return;
+    }
+    for (uint32_t i = 0; i < x->nrel && i < 64; i++) {
+        kvc_peer_t *peer = x->rel[i];
+
+        if ((x->rel_dp >> i & 1) && !(x->rel_done >> i & 1) &&
+            peer->state == KVC_PEER_READY && peer->ep != NULL &&
+            x->rel_inst[i] == peer->meta.epoch) {
+            kvc_peer_ctl_lost(peer, KVX_ERR_TRANSFER_TIMEOUT,
+                              "a remote_blocks sent on it was not completed "
+                              "by its transfer's deadline");
+        }
+    }
+    kvc_write_d_dp_settle(x, -1);
+}
+
 /* kvc_write_d_done: P rank k wrote everything (or was fenced). */
 static void kvc_write_d_done(struct kvx_engine *eng, kvc_xfer_t *x, int k)
 {
+    kvc_write_d_dp_settle(x, k);
     x->rel_done |= 1ull << k;
     if (x->aborting) {
         kvc_write_d_abort_check(eng, x, NULL);

@@ -464,6 +464,7 @@ static void kvc_write_tick_xfer(struct kvx_engine *eng, kvc_xfer_t *x)
         snprintf(why, sizeof(why), "no write_done (or its data-plane "
                  "notice) within defer_timeout + transfer_timeout (%.3f s)",
                  eng->cfg.defer_timeout + eng->cfg.transfer_timeout);
+        kvc_write_d_dp_timeout(eng, x);
         kvc_write_d_fence(eng, x, KVX_ERR_TRANSFER_TIMEOUT, why, NULL);
         return;
     }

@@ -155,6 +155,27 @@ int kvc_peer_saw_instance(kvc_peer_t *peer, uint64_t inst, kvc_peer_conn_t *c)
     return kvc_peer_lost(peer, KVX_ERR_ENDPOINT, why, c);
 }
 
+void kvc_peer_ctl_lost(kvc_peer_t *peer, kvx_status_t status,
+                       const char *reason)
+{
+    struct kvx_engine *eng = peer->eng;
+    kvc_peer_conn_t    c;
+
+    /* Only the data-plane path of remote_blocks is lost. */
+    kvc_log_warn("KVX-PEER-EP", "peer %s: control endpoint given up (%s): "
+                 "remote_blocks go over the control plane", peer->name,
+                 reason);
+    peer->state          = KVC_PEER_FAILED;
+    peer->fail_status    = status;
+    peer->ctl_retry_us   = kvc_now_us(eng) + KVC_CTL_RETRY_US;
+    peer->dp_unconfirmed = 0; /* (their transfers settle against a new
+                                 endpoint's count: at worst it lets that
+                                 many more through) */
+    snprintf(peer->fail_reason, sizeof(peer->fail_reason), "%s", reason);
+    kvc_peer_detach(peer, &c);
+    kvc_peer_conn_free(eng, &c);
+}
+
 void kvc_peer_ep_error(void *arg, kvt_ep_t *ep, kvx_status_t status,
                        const char *reason)
 {
@@ -166,16 +187,7 @@ void kvc_peer_ep_error(void *arg, kvt_ep_t *ep, kvx_status_t status,
     /* This runs on the progress owner, where ep_close never waits. */
     if (peer->ep == ep && peer->state == KVC_PEER_READY &&
         kvc_peer_ctl_only(eng) && !eng->stopping) {
-        /* Only the data-plane path of remote_blocks is lost. */
-        kvc_log_warn("KVX-PEER-EP", "peer %s: control endpoint failed (%s): "
-                     "remote_blocks go over the control plane", peer->name,
-                     reason);
-        peer->state       = KVC_PEER_FAILED;
-        peer->fail_status = status;
-        snprintf(peer->fail_reason, sizeof(peer->fail_reason), "%s",
-                 reason);
-        kvc_peer_detach(peer, &c);
-        kvc_peer_conn_free(eng, &c);
+        kvc_peer_ctl_lost(peer, status, reason);
     } else if (peer->ep == ep && peer->state == KVC_PEER_READY &&
                kvc_peer_lost(peer, status, reason, &c)) {
         kvc_peer_conn_free(eng, &c);

@@ -1109,7 +1109,16 @@ static int cmd_blocks(char **a)
     h.magic   = AM_MAGIC;
     h.version = AM_PROTO;
     h.len     = mlen;
-    h.nonce   = (uint64_t)now_s() * 7919u + (uint64_t)getpid();
+    /* A fresh stamp, as D's engine draws it (kvt_clock_t.stamp: CLOCK_REALTIME
+     * microseconds << 12): P's replay guard takes it, so what refuses a
+     * forgery is the check under test. */
+    {
+        struct timespec rt;
+
+        clock_gettime(CLOCK_REALTIME, &rt);
+        h.nonce = ((uint64_t)rt.tv_sec * 1000000u +
+                   (uint64_t)rt.tv_nsec / 1000u) << 12 | 0xfffu;
+    }
     h.mac     = kvc_msg_mac(session, h.nonce, msg, mlen);
     if (tcp_worker(UCP_FEATURE_AM, &ucp, &wk) != 0) {
         return 2;

@@ -595,7 +595,7 @@ static kvx_status_t Notify(kvt_ep_t *handle, uint64_t tag, uint64_t instance,
 // context like a notice; data = nonce, mac (8 bytes each), from, a NUL and
 // the message.
 static kvx_status_t CtlSend(kvt_ep_t *handle, const char *msg, size_t len,
-                            const char *from)
+                            const char *from, uint64_t nonce)
 {
     World *w  = W();
     SimEp *ep = reinterpret_cast<SimEp *>(handle);
@@ -609,8 +609,7 @@ static kvx_status_t CtlSend(kvt_ep_t *handle, const char *msg, size_t len,
     if (pc == w->ctxs.end() || !w->NodeUp(ep->node)) {
         return KVX_OK; // lost, as a message to or from a gone process
     }
-    uint8_t  hdr[16];
-    uint64_t nonce = w->NewId();
+    uint8_t hdr[16];
 
     PutU64(hdr, nonce);
     PutU64(hdr + 8, kvc_msg_mac(ep->session, nonce, msg, len));

@@ -220,8 +220,8 @@ bool World::StepLimit(uint64_t limit_us)
 
     events_.erase(seq);
     steps_++;
-    if (ev.kind == EvKind::kCtlRequest && (net_faults_ & kFaultDelay) &&
-        rng_.Percent(3)) {
+    if ((ev.kind == EvKind::kCtlRequest || ev.kind == EvKind::kDpCtl) &&
+        (net_faults_ & kFaultDelay) && rng_.Percent(3)) {
         ev.due_us = now_us_ + 1 + rng_.Below(3000000);
         Trace("delay %s until t=%.6f", Describe(ev).c_str(),
               (double)ev.due_us / 1e6);
@@ -244,10 +244,12 @@ bool World::StepLimit(uint64_t limit_us)
             // What an attacker on the path could do with it: point it at
             // other blocks of D (still well-formed: taken, P would put
             // there), change any byte, claim another sender (its session
-            // does not give that mac: refused), or replay it (the first
-            // one wins). Delivered before the real one.
+            // does not give that mac: refused), or replay it (its nonce
+            // was taken: refused), at once or up to 6 s later (then also
+            // outside the freshness window). Delivered before the real one
+            // but the late replay.
             Event    bad = ev;
-            uint64_t k   = rng_.Below(4);
+            uint64_t k   = rng_.Below(5);
             size_t   nul = bad.data.find('\0', 16);
             size_t   ids = bad.data.find("\"block_notify_list\":[");
 
@@ -265,11 +267,17 @@ bool World::StepLimit(uint64_t limit_us)
             Trace("tamper (%s) %s: %s", k == 0   ? "blocks"
                                         : k == 1 ? "byte"
                                         : k == 2 ? "from"
-                                                 : "replay",
+                                        : k == 3 ? "replay"
+                                                 : "late replay",
                   Describe(ev).c_str(),
                   nul != std::string::npos ? bad.data.substr(nul + 1).c_str()
                                            : "");
-            Deliver(bad);
+            if (k == 4) {
+                bad.due_us = now_us_ + 1 + rng_.Below(6000000);
+                Enqueue(bad);
+            } else {
+                Deliver(bad);
+            }
         }
         if (ev.kind == EvKind::kCtlRequest && (net_faults_ & kFaultDup) &&
             rng_.Percent(10)) {

@@ -48,8 +48,9 @@ enum NetFault : uint32_t {
                            // sent after it (other connections) overtake it
     kFaultSlow  = 1u << 3, // hold a data run up to 1.5 virtual s (5 %)
     kFaultTamper = 1u << 4, // before a data-plane control message (30 %):
-                            // a copy with one byte of its message flipped,
-                            // one claiming another sender, or a replay
+                            // a copy naming other blocks, with one byte
+                            // flipped, claiming another sender, or a
+                            // replay (at once or up to 6 s later)
 };
 
 enum class NodeState {

@@ -1,5 +1,6 @@
 // test_addr.cc - peer addressing: zmq_address, request_id, trust, host of a
 // remote rank, TP rank map and ack quorum, kv_transfer_params (SPEC §3-§4).
+#include <memory>
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -1200,6 +1201,52 @@ TEST(SipHash, MessageMacCoversNonceAndEveryByte)
     EXPECT_EQ(0u, kvc_msg_mac(0, 7, m.data(), m.size()));
     EXPECT_NE(0u, kvc_msg_mac(s, 0, "", 0));
     EXPECT_NE(kvc_msg_mac(s, 7, "", 0), kvc_req_mac(s, 0, 7, 0, 0, 0));
+}
+
+// Data-plane control messages: a nonce (its sender's stamp) is taken once
+// per sender, only within the window around now, and not when older than
+// the last KVC_REPLAY_DEPTH taken from that sender; senders are apart;
+// beyond KVC_REPLAY_SENDERS the least recently heard is forgotten.
+TEST(Replay, EachStampOncePerSenderWithinTheWindow)
+{
+    auto           r     = std::make_unique<kvc_replay_t>();
+    const unsigned shift = 4;
+    const uint64_t now   = 1000000000ull << shift, w = 5000000; // 5 s
+    auto us = [&](int64_t d) { return (uint64_t)((int64_t)now + (d << shift)); };
+
+    *r = {};
+    EXPECT_EQ(nullptr, kvc_replay_check(r.get(), 1, us(-10), now, shift, w));
+    EXPECT_NE(nullptr, kvc_replay_check(r.get(), 1, us(-10), now, shift, w))
+        << "a replay was taken";
+    EXPECT_EQ(nullptr, kvc_replay_check(r.get(), 2, us(-10), now, shift, w))
+        << "another sender's equal stamp";
+    EXPECT_EQ(nullptr, kvc_replay_check(r.get(), 1, us(-20), now, shift, w))
+        << "a little reordering";
+    EXPECT_NE(nullptr, kvc_replay_check(r.get(), 1, us(-5000001), now, shift,
+                                        w)) << "before the window";
+    EXPECT_NE(nullptr, kvc_replay_check(r.get(), 1, us(5000001), now, shift,
+                                        w)) << "after the window";
+    EXPECT_EQ(nullptr, kvc_replay_check(r.get(), 1, us(4999999), now, shift,
+                                        w));
+    // Fill sender 3's depth; then anything older than its oldest is out.
+    for (int i = 0; i < KVC_REPLAY_DEPTH; i++) {
+        ASSERT_EQ(nullptr, kvc_replay_check(r.get(), 3, us(100 + i), now,
+                                            shift, w));
+    }
+    EXPECT_NE(nullptr, kvc_replay_check(r.get(), 3, us(99), now, shift, w));
+    EXPECT_NE(nullptr, kvc_replay_check(r.get(), 3, us(100), now, shift, w));
+    EXPECT_EQ(nullptr, kvc_replay_check(r.get(), 3, us(200), now, shift, w));
+    EXPECT_NE(nullptr, kvc_replay_check(r.get(), 3, us(100), now, shift, w))
+        << "the oldest, pushed out, is still older than what is kept";
+    // One sender too many: sender 2, the least recently heard, is
+    // forgotten; 1 and 3 are kept.
+    for (uint64_t k = 1000; k < 1000 + KVC_REPLAY_SENDERS - 2; k++) {
+        ASSERT_EQ(nullptr, kvc_replay_check(r.get(), k, us(1), now, shift, w));
+    }
+    EXPECT_NE(nullptr, kvc_replay_check(r.get(), 3, us(200), now, shift, w));
+    EXPECT_NE(nullptr, kvc_replay_check(r.get(), 1, us(-10), now, shift, w));
+    EXPECT_EQ(nullptr, kvc_replay_check(r.get(), 2, us(-10), now, shift, w))
+        << "the evicted sender starts afresh (the window still bounds it)";
 }
 
 // The data-plane session of a host: one per address (loopback addresses

@@ -538,7 +538,8 @@ struct CtlBox : CbBox {
 // A control message on the data plane (a WRITE D's remote_blocks) reaches
 // the peer's params.ctl whole, in order with the claimed from, under a mac
 // of the endpoint's session over its nonce and every byte (never the
-// session itself); nothing is sent without a session, and lengths outside
+// session itself) and the sender's nonce (the receiver refuses replays by
+// it); nothing is sent without a session, and lengths outside
 // 1..KVT_CTL_MAX, a NUL inside or a missing from are refused to the caller
 // (the control plane then carries it).
 TEST_P(KvuAm, ControlMessageCarriesItsBytesUnderTheSessionMac)
@@ -565,21 +566,22 @@ TEST_P(KvuAm, ControlMessageCarriesItsBytesUnderTheSessionMac)
                             nullptr, &ep), KVX_OK);
     const std::string small = "{\"type\":\"remote_blocks\"}";
     std::string       big(KVT_CTL_MAX, 'b');
-    EXPECT_EQ(kvu_ctl_send(ep, small.data(), small.size(), "10.0.2.1:4"),
+    EXPECT_EQ(kvu_ctl_send(ep, small.data(), small.size(), "10.0.2.1:4", 7),
               KVX_ERR_ENDPOINT)
         << "sent without a session";
     kvu_ep_set_session(ep, 0x1234abcd5678ef01ull);
-    ASSERT_EQ(kvu_ctl_send(ep, small.data(), small.size(), "10.0.2.1:4"),
+    ASSERT_EQ(kvu_ctl_send(ep, small.data(), small.size(), "10.0.2.1:4", 7),
               KVX_OK);
     big[100] = '{'; // every byte counts (below)
-    ASSERT_EQ(kvu_ctl_send(ep, big.data(), big.size(), "10.0.2.1:4"),
+    ASSERT_EQ(kvu_ctl_send(ep, big.data(), big.size(), "10.0.2.1:4", 8),
               KVX_OK);
     ASSERT_EQ(box.wait_for(2), 2);
     pthread_mutex_lock(&box.mu);
     EXPECT_EQ(box.msgs[0], small);
     EXPECT_EQ(box.msgs[1], big);
     EXPECT_EQ(box.froms[0], "10.0.2.1:4");
-    EXPECT_NE(box.nonces[0], box.nonces[1]);
+    EXPECT_EQ(box.nonces[0], 7u) << "the sender's nonce travels";
+    EXPECT_EQ(box.nonces[1], 8u);
     for (int i = 0; i < 2; i++) {
         EXPECT_EQ(box.macs[i], kvc_msg_mac(0x1234abcd5678ef01ull,
                                            box.nonces[i], box.msgs[i].data(),
@@ -592,14 +594,14 @@ TEST_P(KvuAm, ControlMessageCarriesItsBytesUnderTheSessionMac)
                                        big.data(), big.size()))
         << "a changed byte keeps its mac";
     pthread_mutex_unlock(&box.mu);
-    EXPECT_EQ(kvu_ctl_send(ep, "", 0, "10.0.2.1:4"), KVX_ERR_INVALID_PARAM);
+    EXPECT_EQ(kvu_ctl_send(ep, "", 0, "10.0.2.1:4", 7), KVX_ERR_INVALID_PARAM);
     big.push_back('x');
-    EXPECT_EQ(kvu_ctl_send(ep, big.data(), big.size(), "10.0.2.1:4"),
+    EXPECT_EQ(kvu_ctl_send(ep, big.data(), big.size(), "10.0.2.1:4", 7),
               KVX_ERR_INVALID_PARAM);
-    EXPECT_EQ(kvu_ctl_send(ep, "a\0b", 3, "10.0.2.1:4"),
+    EXPECT_EQ(kvu_ctl_send(ep, "a\0b", 3, "10.0.2.1:4", 7),
               KVX_ERR_INVALID_PARAM);
-    EXPECT_EQ(kvu_ctl_send(ep, "{}", 2, ""), KVX_ERR_INVALID_PARAM);
-    EXPECT_EQ(kvu_ctl_send(ep, "{}", 2, std::string(64, '1').c_str()),
+    EXPECT_EQ(kvu_ctl_send(ep, "{}", 2, "", 7), KVX_ERR_INVALID_PARAM);
+    EXPECT_EQ(kvu_ctl_send(ep, "{}", 2, std::string(64, '1').c_str(), 7),
               KVX_ERR_INVALID_PARAM);
     kvu_ep_close(ep);
     kvu_ctx_destroy(tctx);

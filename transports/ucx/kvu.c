@@ -1041,7 +1041,9 @@ static kvx_status_t kvu_notice_send(kvu_ep_t *ep, kvu_notice_t *nt)
     nt->ep          = ep;
     nt->hdr.magic   = KVU_AM_MAGIC;
     nt->hdr.version = KVU_AM_VERSION;
-    nt->hdr.nonce   = kvu_splitmix64(&ctx->am_nonce);
+    if (!ctl) { /* (a control message carries its sender's) */
+        nt->hdr.nonce = kvu_splitmix64(&ctx->am_nonce);
+    }
     nt->hdr.mac     = ctl
                           ? kvc_msg_mac(ep->session, nt->hdr.nonce,
                                         nt->id + nt->idlen - nt->hdr.len,
@@ -1103,7 +1105,7 @@ kvx_status_t kvu_notify(kvu_ep_t *ep, uint64_t tag, uint64_t instance,
 }
 
 kvx_status_t kvu_ctl_send(kvu_ep_t *ep, const char *msg, size_t len,
-                          const char *from)
+                          const char *from, uint64_t nonce)
 {
     size_t        flen = from != NULL ? strlen(from) : 0;
     kvu_notice_t *nt;
@@ -1123,9 +1125,10 @@ kvx_status_t kvu_ctl_send(kvu_ep_t *ep, const char *msg, size_t len,
     }
     memcpy(nt->id, from, flen); /* from, NUL, the message */
     memcpy(nt->id + flen + 1, msg, len);
-    nt->idlen   = flen + 1 + len;
-    nt->ctl     = 1;
-    nt->hdr.len = len;
+    nt->idlen     = flen + 1 + len;
+    nt->ctl       = 1;
+    nt->hdr.len   = len;
+    nt->hdr.nonce = nonce != 0 ? nonce : 1;
     return kvu_notice_send(ep, nt);
 }
 

@@ -173,11 +173,11 @@ void         kvu_ep_set_session(kvu_ep_t *ep, uint64_t session);
 kvx_status_t kvu_notify(kvu_ep_t *ep, uint64_t tag, uint64_t instance,
                         uint64_t xnonce, const char *id, const char *from);
 /* kvu_ctl_send: kvt_data_ops_t.ctl_send (kvt.h): one active message
- * (KVU_AM_CTL) of a nonce, the message's length and its mac under the
+ * (KVU_AM_CTL) of nonce, the message's length and its mac under the
  * endpoint's session (kvc_msg_mac); from, a NUL and the message as its
  * data; any thread. */
 kvx_status_t kvu_ctl_send(kvu_ep_t *ep, const char *msg, size_t len,
-                          const char *from);
+                          const char *from, uint64_t nonce);
 /* kvu_ctl_split: a received control message's data (len bytes,
  * untrusted): from (1..63 bytes, no NUL) in its first *flen_p bytes, a
  * NUL, then the message (1..KVT_CTL_MAX bytes, no NUL). 0, or -1 for

@@ -123,9 +123,9 @@ static kvx_status_t ops_notify(kvt_ep_t *ep, uint64_t tag, uint64_t instance,
 }
 
 static kvx_status_t ops_ctl_send(kvt_ep_t *ep, const char *msg, size_t len,
-                                 const char *from)
+                                 const char *from, uint64_t nonce)
 {
-    return kvu_ctl_send(KVU_C(kvu_ep_t, ep), msg, len, from);
+    return kvu_ctl_send(KVU_C(kvu_ep_t, ep), msg, len, from, nonce);
 }
 
 static kvx_status_t ops_rkey_unpack(kvt_ep_t *ep, const void *buf, size_t len,
