@@ -960,6 +960,39 @@ static ucs_status_t req_wait(ucp_worker_h wk, ucs_status_ptr_t r, double secs)
     return st;
 }
 
+/* am_to_engine: one eager active message `id` (header h, len bytes of
+ * data) to the engine worker wa from a tcp-only UCP worker of our own,
+ * then a flush; *sst and *fst their statuses. 0, or 2 when no worker or
+ * endpoint could be made (`what` names the command in the message). */
+static int am_to_engine(const char *what, const ucp_address_t *wa,
+                        unsigned id, const am_hdr_t *h, const void *data,
+                        size_t len, ucs_status_t *sst, ucs_status_t *fst)
+{
+    ucp_context_h       ucp;
+    ucp_worker_h        wk;
+    ucp_request_param_t rp;
+    ucp_ep_h            ep;
+
+    if (tcp_worker(UCP_FEATURE_AM, &ucp, &wk) != 0) {
+        return 2;
+    }
+    if (ep_to(wk, wa, &ep) != UCS_OK) {
+        printf("%s: no endpoint to the engine's worker\n", what);
+        return 2;
+    }
+    memset(&rp, 0, sizeof(rp));
+    rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    rp.flags        = UCP_AM_SEND_FLAG_EAGER;
+    *sst = req_wait(wk, ucp_am_send_nbx(ep, id, h, sizeof(*h), data, len,
+                                        &rp), 10);
+    memset(&rp, 0, sizeof(rp));
+    *fst = req_wait(wk, ucp_ep_flush_nbx(ep, &rp), 10);
+    ep_close_wait(wk, ep, 0);
+    ucp_worker_destroy(wk);
+    ucp_cleanup(ucp);
+    return 0;
+}
+
 /* cmd_notice: a forged READ release notice (NOTICE, 0x4b6): the transfer id,
  * a NUL and the address FROM claims, tp size TP and rank RANK in the
  * instance field, authenticated with the session the engine's handshake
@@ -970,10 +1003,6 @@ static ucs_status_t req_wait(ucp_worker_h wk, ucs_status_ptr_t r, double secs)
 static int cmd_notice(char **a)
 {
     json_object        *o = json_object_from_file(a[0]), *v;
-    ucp_context_h       ucp;
-    ucp_worker_h        wk;
-    ucp_request_param_t rp;
-    ucp_ep_h            ep;
     const ucp_address_t *wa;
     am_hdr_t            h;
     uint8_t            *addr;
@@ -1002,23 +1031,10 @@ static int cmd_notice(char **a)
     h.nonce   = (uint64_t)now_s() * 7919u + (uint64_t)getpid();
     h.tag     = tag;
     h.mac     = kvc_req_mac(session, tag, h.nonce, h.addr, 0, 2);
-    if (tcp_worker(UCP_FEATURE_AM, &ucp, &wk) != 0) {
+    if (am_to_engine("notice", wa, 0x4b6, &h, data, (size_t)dlen, &sst,
+                     &fst) != 0) {
         return 2;
     }
-    if (ep_to(wk, wa, &ep) != UCS_OK) {
-        printf("notice: no endpoint to the engine's worker\n");
-        return 2;
-    }
-    memset(&rp, 0, sizeof(rp));
-    rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    rp.flags        = UCP_AM_SEND_FLAG_EAGER;
-    sst = req_wait(wk, ucp_am_send_nbx(ep, 0x4b6, &h, sizeof(h), data,
-                                       (size_t)dlen, &rp), 10);
-    memset(&rp, 0, sizeof(rp));
-    fst = req_wait(wk, ucp_ep_flush_nbx(ep, &rp), 10);
-    ep_close_wait(wk, ep, 0);
-    ucp_worker_destroy(wk);
-    ucp_cleanup(ucp);
     free(addr);
     json_object_put(o);
     printf("notice: release of %s from \"%s\" (tp %s rank %s) with session "
@@ -1077,10 +1093,6 @@ static char *blocks_json(const char *tid, const char *req, const char *ids)
 static int cmd_blocks(char **a)
 {
     json_object        *o = json_object_from_file(a[0]), *v;
-    ucp_context_h       ucp;
-    ucp_worker_h        wk;
-    ucp_request_param_t rp;
-    ucp_ep_h            ep;
     const ucp_address_t *wa;
     am_hdr_t            h;
     uint8_t            *addr;
@@ -1120,23 +1132,10 @@ static int cmd_blocks(char **a)
                    (uint64_t)rt.tv_nsec / 1000u) << 12 | 0xfffu;
     }
     h.mac     = kvc_msg_mac(session, h.nonce, msg, mlen);
-    if (tcp_worker(UCP_FEATURE_AM, &ucp, &wk) != 0) {
+    if (am_to_engine("blocks", wa, 0x4b7, &h, data, flen + 1 + mlen, &sst,
+                     &fst) != 0) {
         return 2;
     }
-    if (ep_to(wk, wa, &ep) != UCS_OK) {
-        printf("blocks: no endpoint to the engine's worker\n");
-        return 2;
-    }
-    memset(&rp, 0, sizeof(rp));
-    rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    rp.flags        = UCP_AM_SEND_FLAG_EAGER;
-    sst = req_wait(wk, ucp_am_send_nbx(ep, 0x4b7, &h, sizeof(h), data,
-                                       flen + 1 + mlen, &rp), 10);
-    memset(&rp, 0, sizeof(rp));
-    fst = req_wait(wk, ucp_ep_flush_nbx(ep, &rp), 10);
-    ep_close_wait(wk, ep, 0);
-    ucp_worker_destroy(wk);
-    ucp_cleanup(ucp);
     printf("blocks: remote_blocks %s from \"%s\" with session %s: send %s, "
            "flush %s\n", msg, a[3], session ? "given" : "none",
            ucs_status_string(sst), ucs_status_string(fst));
