@@ -1212,7 +1212,9 @@ TEST(Replay, EachStampOncePerSenderWithinTheWindow)
     auto           r     = std::make_unique<kvc_replay_t>();
     const unsigned shift = 4;
     const uint64_t now   = 1000000000ull << shift, w = 5000000; // 5 s
-    auto us = [&](int64_t d) { return (uint64_t)((int64_t)now + (d << shift)); };
+    auto us = [&](int64_t d) {
+        return (uint64_t)((int64_t)now + d * ((int64_t)1 << shift));
+    };
 
     *r = {};
     EXPECT_EQ(nullptr, kvc_replay_check(r.get(), 1, us(-10), now, shift, w));
