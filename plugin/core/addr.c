@@ -1557,27 +1557,37 @@ kvx_status_t kvc_params_build_decode(const char *prefill_response_json,
     return st;
 }
 
-const char *kvc_replay_check(kvc_replay_t *r, uint64_t key, uint64_t nonce,
-                             uint64_t now, unsigned shift,
+const char *kvc_replay_check(kvc_replay_t *r, uint64_t host, uint64_t inst,
+                             uint64_t nonce, uint64_t now, unsigned shift,
                              uint64_t window_us)
 {
     uint64_t d   = nonce > now ? nonce - now : now - nonce;
-    uint32_t i, lru = 0, low = 0;
+    uint32_t i, lru = 0, lru_host = 0, nhost = 0, low = 0;
 
     if ((d >> shift) > window_us) {
         return nonce > now ? "stamped in the future (clocks further apart "
-                             "than clock_skew)"
+                             "than the window)"
                            : "too old (sent before the replay window)";
     }
-    for (i = 0; i < KVC_REPLAY_SENDERS && r->s[i].key != key; i++) {
+    for (i = 0; i < KVC_REPLAY_SENDERS; i++) {
+        if (r->s[i].last_heard != 0 && r->s[i].host == host &&
+            r->s[i].inst == inst) {
+            break;
+        }
         if (r->s[i].last_heard < r->s[lru].last_heard) {
             lru = i;
         }
+        if (r->s[i].last_heard != 0 && r->s[i].host == host &&
+            (nhost++ == 0 ||
+             r->s[i].last_heard < r->s[lru_host].last_heard)) {
+            lru_host = i;
+        }
     }
-    if (i == KVC_REPLAY_SENDERS) { /* a new sender: the least recent slot */
-        i = lru;
+    if (i == KVC_REPLAY_SENDERS) { /* a new sender */
+        i = nhost >= KVC_REPLAY_PER_HOST ? lru_host : lru;
         memset(&r->s[i], 0, sizeof(r->s[i]));
-        r->s[i].key = key;
+        r->s[i].host = host;
+        r->s[i].inst = inst;
     }
     for (uint32_t k = 0; k < r->s[i].n; k++) {
         if (r->s[i].seen[k] == nonce) {

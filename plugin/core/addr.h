@@ -188,30 +188,33 @@ int kvc_early_done_take(kvc_early_done_t *s, uint64_t inst, uint32_t k);
  * cannot be replayed (from any host: the data plane carries no sender
  * address, only the claim under the mac). A message's nonce is its
  * sender's stamp (kvt_clock_t.stamp: microseconds << shift), strictly
- * increasing per sender, a sender being one engine instance of one host
- * (key: its host's session mixed with its instance). kvc_replay_check
- * refuses (returns a reason, else NULL and records it) a nonce more than
- * window_us from now either way (the hosts' clocks agree within the
- * window's clock_skew), one already taken from that sender, and one older
- * than the oldest of the KVC_REPLAY_DEPTH last taken from it (reordered
- * that far, or replayed after them). Senders beyond KVC_REPLAY_SENDERS
- * replace the least recently heard one; a replay within the window of an
- * evicted sender's message would pass, which needs that many senders
- * heard within the window. Zeroed: empty.
+ * increasing per sender, a sender being one engine instance (inst) of one
+ * host (host: its session). kvc_replay_check refuses (returns a reason,
+ * else NULL and records it) a nonce more than window_us from now either
+ * way (the hosts' clocks must agree that well), one already taken from
+ * that sender, and one older than the oldest of the KVC_REPLAY_DEPTH last
+ * taken from it (reordered that far, or replayed after them). A new
+ * sender takes the least recently heard slot, of its own host once that
+ * host holds KVC_REPLAY_PER_HOST (so one host, which can name any
+ * instance, cannot make the others' be forgotten); a replay within the
+ * window of a forgotten sender's message would pass, which needs
+ * KVC_REPLAY_SENDERS / KVC_REPLAY_PER_HOST hosts with sessions heard
+ * within the window. Zeroed: empty.
  */
-#define KVC_REPLAY_DEPTH   32
-#define KVC_REPLAY_SENDERS 256
+#define KVC_REPLAY_DEPTH    32
+#define KVC_REPLAY_SENDERS  256
+#define KVC_REPLAY_PER_HOST 16
 typedef struct kvc_replay {
     struct {
-        uint64_t key, last_heard;
+        uint64_t host, inst, last_heard; /* last_heard 0: free */
         uint64_t seen[KVC_REPLAY_DEPTH];
         uint32_t n;
     } s[KVC_REPLAY_SENDERS];
     uint64_t heard; /* counter for last_heard */
 } kvc_replay_t;
 
-const char *kvc_replay_check(kvc_replay_t *r, uint64_t key, uint64_t nonce,
-                             uint64_t now, unsigned shift,
+const char *kvc_replay_check(kvc_replay_t *r, uint64_t host, uint64_t inst,
+                             uint64_t nonce, uint64_t now, unsigned shift,
                              uint64_t window_us);
 
 /* kvc_rankmap_t: what one consumer (D) rank does against a producer (P)

@@ -146,11 +146,26 @@ void kvc_dp_ctl_handler(void *arg, const char *msg, size_t len,
          * stamps increase, and one taken before is a replay. */
         const kvt_clock_t *c = &eng->env.clock;
 
-        why = kvc_replay_check(eng->dp_replay,
-                               s ^ (m.instance * 0x9e3779b97f4a7c15ull),
-                               nonce, c->stamp(c->arg), c->stamp_shift,
+        why = kvc_replay_check(eng->dp_replay, s, m.instance, nonce,
+                               c->stamp(c->arg), c->stamp_shift,
                                (uint64_t)(eng->cfg.clock_skew * 1e6) +
                                    KVC_DP_FRESH_US);
+        if (why != NULL) {
+            /* Authentic but refused: a replay, or the hosts' clocks
+             * further apart than the window. Worth a warning (rate
+             * limited: powers of two), since D's transfer then waits for
+             * its deadline. */
+            uint64_t n = ++eng->dp_stale;
+
+            if ((n & (n - 1)) == 0) {
+                kvc_log_warn("KVX-DP-CTL", "%s: remote_blocks from %s on "
+                             "the data plane refused: %s (%llu so far; "
+                             "clocks must agree within %.1f s)",
+                             eng->engine_id, from, why,
+                             (unsigned long long)n,
+                             eng->cfg.clock_skew + KVC_DP_FRESH_US / 1e6);
+            }
+        }
     }
     if (why != NULL) {
         eng->stats.dp_msgs_refused++;

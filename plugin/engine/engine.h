@@ -402,6 +402,8 @@ struct kvx_engine {
     uint64_t          dp_nonce;      /* D WRITE: the last data-plane
                                         control message's nonce (a stamp,
                                         strictly increasing) */
+    uint64_t          dp_stale;      /* P WRITE: authentic ones refused
+                                        by kvc_replay_check */
     kvc_replay_t     *dp_replay;     /* P WRITE: data-plane control
                                         messages taken (kvc_replay_check),
                                         allocated at the first */
@@ -619,9 +621,10 @@ static inline int kvc_peer_ctl_only(const struct kvx_engine *eng)
 {
     return !eng->cfg.is_producer && !eng->cfg.read_mode;
 }
-#define KVC_DP_FRESH_US 5000000u /* a data-plane control message older
-                                    (or newer) than this plus clock_skew
-                                    is refused (kvc_replay_check) */
+#define KVC_DP_FRESH_US 60000000u /* a data-plane control message older
+                                     (or newer) than this plus clock_skew
+                                     is refused (kvc_replay_check): the
+                                     hosts' clocks must agree that well */
 #define KVC_DP_UNCONFIRMED_MAX 16 /* a control-only endpoint that drops
                                      messages silently loses at most this
                                      many transfers before their deadline

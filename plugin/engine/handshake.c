@@ -543,7 +543,7 @@ void kvc_peer_hs_finish(kvt_job_t *job)
     } else if (st == KVX_OK &&
                (kvc_peer_inst_dead(peer, m.epoch) ||
                 (kvc_peer_ctl_only(eng) && peer->inst != 0 &&
-                 m.epoch != peer->inst))) {
+                 !peer->inst_unconfirmed && m.epoch != peer->inst))) {
         /* A reply held up on the way, from an instance that restarted
          * while it travelled: adopting it would make the live instance
          * "dead" and bind transfers to a gone worker. (A control-only

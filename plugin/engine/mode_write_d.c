@@ -639,6 +639,7 @@ void kvc_write_d_deadline(struct kvx_engine *eng, kvc_xfer_t *x)
     if (open != 0) {
         eng->stats.fences_unconfirmed++;
     }
+    kvc_write_d_dp_timeout(eng, x); /* (an abort's wait ran out too) */
     kvc_write_d_abort_check(eng, x, why);
 }
 

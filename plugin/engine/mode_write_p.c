@@ -334,6 +334,16 @@ static void kvc_write_on_release_msg(struct kvx_engine *eng, kvc_msg_t *m,
             return;
         }
     }
+    if (!x->have_blocks && m->xfer_nonce != 0) {
+        /* That use's remote_blocks may still come (the data plane and the
+         * control plane do not keep each other's order): dropped, as one
+         * for an id P did not know yet, even once the framework reuses
+         * the id. */
+        char use[KVX_ID_MAX + 24];
+
+        kvc_write_use_key(m, use, sizeof(use));
+        kvc_idset_add(&eng->released, use);
+    }
     if (x->have_blocks && x->xnonce != 0 && m->xfer_nonce != 0 &&
         m->xfer_nonce != x->xnonce) {
         /* A release of another use of this transfer id (late, after the

@@ -1206,7 +1206,8 @@ TEST(SipHash, MessageMacCoversNonceAndEveryByte)
 // Data-plane control messages: a nonce (its sender's stamp) is taken once
 // per sender, only within the window around now, and not when older than
 // the last KVC_REPLAY_DEPTH taken from that sender; senders are apart;
-// beyond KVC_REPLAY_SENDERS the least recently heard is forgotten.
+// beyond KVC_REPLAY_SENDERS the least recently heard is forgotten, and a
+// host that holds KVC_REPLAY_PER_HOST forgets its own first.
 TEST(Replay, EachStampOncePerSenderWithinTheWindow)
 {
     auto           r     = std::make_unique<kvc_replay_t>();
@@ -1217,38 +1218,50 @@ TEST(Replay, EachStampOncePerSenderWithinTheWindow)
     };
 
     *r = {};
-    EXPECT_EQ(nullptr, kvc_replay_check(r.get(), 1, us(-10), now, shift, w));
-    EXPECT_NE(nullptr, kvc_replay_check(r.get(), 1, us(-10), now, shift, w))
+    EXPECT_EQ(nullptr, kvc_replay_check(r.get(), 1, 0, us(-10), now, shift, w));
+    EXPECT_NE(nullptr, kvc_replay_check(r.get(), 1, 0, us(-10), now, shift, w))
         << "a replay was taken";
-    EXPECT_EQ(nullptr, kvc_replay_check(r.get(), 2, us(-10), now, shift, w))
+    EXPECT_EQ(nullptr, kvc_replay_check(r.get(), 2, 0, us(-10), now, shift, w))
         << "another sender's equal stamp";
-    EXPECT_EQ(nullptr, kvc_replay_check(r.get(), 1, us(-20), now, shift, w))
+    EXPECT_EQ(nullptr, kvc_replay_check(r.get(), 1, 0, us(-20), now, shift, w))
         << "a little reordering";
-    EXPECT_NE(nullptr, kvc_replay_check(r.get(), 1, us(-5000001), now, shift,
+    EXPECT_NE(nullptr, kvc_replay_check(r.get(), 1, 0, us(-5000001), now, shift,
                                         w)) << "before the window";
-    EXPECT_NE(nullptr, kvc_replay_check(r.get(), 1, us(5000001), now, shift,
+    EXPECT_NE(nullptr, kvc_replay_check(r.get(), 1, 0, us(5000001), now, shift,
                                         w)) << "after the window";
-    EXPECT_EQ(nullptr, kvc_replay_check(r.get(), 1, us(4999999), now, shift,
+    EXPECT_EQ(nullptr, kvc_replay_check(r.get(), 1, 0, us(4999999), now, shift,
                                         w));
     // Fill sender 3's depth; then anything older than its oldest is out.
     for (int i = 0; i < KVC_REPLAY_DEPTH; i++) {
-        ASSERT_EQ(nullptr, kvc_replay_check(r.get(), 3, us(100 + i), now,
+        ASSERT_EQ(nullptr, kvc_replay_check(r.get(), 3, 0, us(100 + i), now,
                                             shift, w));
     }
-    EXPECT_NE(nullptr, kvc_replay_check(r.get(), 3, us(99), now, shift, w));
-    EXPECT_NE(nullptr, kvc_replay_check(r.get(), 3, us(100), now, shift, w));
-    EXPECT_EQ(nullptr, kvc_replay_check(r.get(), 3, us(200), now, shift, w));
-    EXPECT_NE(nullptr, kvc_replay_check(r.get(), 3, us(100), now, shift, w))
+    EXPECT_NE(nullptr, kvc_replay_check(r.get(), 3, 0, us(99), now, shift, w));
+    EXPECT_NE(nullptr, kvc_replay_check(r.get(), 3, 0, us(100), now, shift, w));
+    EXPECT_EQ(nullptr, kvc_replay_check(r.get(), 3, 0, us(200), now, shift, w));
+    EXPECT_NE(nullptr, kvc_replay_check(r.get(), 3, 0, us(100), now, shift, w))
         << "the oldest, pushed out, is still older than what is kept";
     // One sender too many: sender 2, the least recently heard, is
     // forgotten; 1 and 3 are kept.
     for (uint64_t k = 1000; k < 1000 + KVC_REPLAY_SENDERS - 2; k++) {
-        ASSERT_EQ(nullptr, kvc_replay_check(r.get(), k, us(1), now, shift, w));
+        ASSERT_EQ(nullptr, kvc_replay_check(r.get(), k, 0, us(1), now, shift, w));
     }
-    EXPECT_NE(nullptr, kvc_replay_check(r.get(), 3, us(200), now, shift, w));
-    EXPECT_NE(nullptr, kvc_replay_check(r.get(), 1, us(-10), now, shift, w));
-    EXPECT_EQ(nullptr, kvc_replay_check(r.get(), 2, us(-10), now, shift, w))
+    EXPECT_NE(nullptr, kvc_replay_check(r.get(), 3, 0, us(200), now, shift, w));
+    EXPECT_NE(nullptr, kvc_replay_check(r.get(), 1, 0, us(-10), now, shift, w));
+    EXPECT_EQ(nullptr, kvc_replay_check(r.get(), 2, 0, us(-10), now, shift, w))
         << "the evicted sender starts afresh (the window still bounds it)";
+    // One host naming ever new instances forgets only its own senders.
+    *r = {};
+    ASSERT_EQ(nullptr, kvc_replay_check(r.get(), 5, 1, us(-10), now, shift, w));
+    for (uint64_t inst = 100; inst < 100 + 4 * KVC_REPLAY_SENDERS; inst++) {
+        ASSERT_EQ(nullptr, kvc_replay_check(r.get(), 9, inst, us(-10), now,
+                                            shift, w));
+    }
+    EXPECT_NE(nullptr, kvc_replay_check(r.get(), 5, 1, us(-10), now, shift, w))
+        << "another host's flood made host 5's sender be forgotten";
+    EXPECT_NE(nullptr, kvc_replay_check(r.get(), 9, 100 + 4 *
+                                        KVC_REPLAY_SENDERS - 1, us(-10), now,
+                                        shift, w));
 }
 
 // The data-plane session of a host: one per address (loopback addresses
