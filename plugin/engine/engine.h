@@ -99,6 +99,8 @@ typedef struct kvc_peer {
     uint32_t          hs_stale;     /* replies of another instance in a row
                                        (KVC_HS_STALE_RETRIES) */
     uint64_t          ctl_retry_us; /* control-only: no handshake before */
+    uint64_t          dp_off_until; /* control-only: its endpoint not used
+                                       before (kvc_write_d_dp_timeout) */
     uint32_t          dp_unconfirmed; /* control-only: remote_blocks sent
                                          on its endpoint whose rank has not
                                          completed (KVC_DP_UNCONFIRMED_MAX) */
@@ -825,7 +827,8 @@ void         kvc_write_on_write_done(struct kvx_engine *eng,
                                      size_t len, int *ok_p);
 /* kvc_write_d_dp_timeout: x's deadline passed with ranks whose
  * remote_blocks went on the data plane not done: their control-only
- * endpoints may drop messages silently (kvc_peer_ctl_lost). */
+ * endpoints may drop messages silently, and are not used for
+ * KVC_CTL_RETRY_US (not closed: see the function). */
 void kvc_write_d_dp_timeout(struct kvx_engine *eng, kvc_xfer_t *x);
 /* kvc_write_on_notice (kvc_mode_t.on_notice): a P rank's data-plane
  * completion notice, the fast twin of its write_done. */
