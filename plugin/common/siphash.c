@@ -4,9 +4,6 @@
  */
 #include "siphash.h"
 
-#include <stdlib.h>
-#include <string.h>
-
 #define KVC_ROTL(x, b) (uint64_t)(((x) << (b)) | ((x) >> (64 - (b))))
 
 typedef struct kvc_sip {
@@ -40,16 +37,23 @@ static void kvc_sip_word(kvc_sip_t *s, uint64_t m)
     s->v0 ^= m;
 }
 
-uint64_t kvc_siphash24(const uint64_t key[2], const void *data, size_t len)
+/* kvc_sip: SipHash-2-4 under key of the eight little-endian bytes of *w0
+ * (when not NULL) followed by len bytes at data, without copying them
+ * together. */
+static uint64_t kvc_sip(const uint64_t key[2], const uint64_t *w0,
+                        const void *data, size_t len)
 {
     const uint8_t *p = data;
     kvc_sip_t      s = {key[0] ^ UINT64_C(0x736f6d6570736575),
                         key[1] ^ UINT64_C(0x646f72616e646f6d),
                         key[0] ^ UINT64_C(0x6c7967656e657261),
                         key[1] ^ UINT64_C(0x7465646279746573)};
-    uint64_t       last = (uint64_t)len << 56;
+    uint64_t       last = (uint64_t)(len + (w0 != NULL ? 8 : 0)) << 56;
     size_t         i;
 
+    if (w0 != NULL) {
+        kvc_sip_word(&s, *w0);
+    }
     for (i = 0; i + 8 <= len; i += 8) {
         uint64_t m = 0;
 
@@ -88,24 +92,21 @@ uint64_t kvc_req_mac(uint64_t session, uint64_t tag, uint64_t nonce,
     return m != 0 ? m : 1;
 }
 
+uint64_t kvc_siphash24(const uint64_t key[2], const void *data, size_t len)
+{
+    return kvc_sip(key, NULL, data, len);
+}
+
 uint64_t kvc_msg_mac(uint64_t session, uint64_t nonce, const void *msg,
                      size_t len)
 {
     const uint64_t key[2] = {session ^ UINT64_C(0x6b76786d73673031),
                              session};
-    uint8_t       *in;
     uint64_t       m;
 
-    if (session == 0 || len > SIZE_MAX - 8 || (in = malloc(len + 8)) == NULL) {
+    if (session == 0) {
         return 0;
     }
-    for (size_t i = 0; i < 8; i++) { /* little-endian on every host */
-        in[i] = (uint8_t)(nonce >> (8 * i));
-    }
-    if (len > 0) {
-        memcpy(in + 8, msg, len);
-    }
-    m = kvc_siphash24(key, in, len + 8);
-    free(in);
+    m = kvc_sip(key, &nonce, msg, len); /* the nonce, then the message */
     return m != 0 ? m : 1;
 }

@@ -30,9 +30,8 @@ uint64_t kvc_req_mac(uint64_t session, uint64_t tag, uint64_t nonce,
 /* kvc_msg_mac: the authenticator of a control message sent on the data
  * plane (kvt.h ctl_send): SipHash-2-4 under the session (a key domain of
  * its own: no request or notice mac authenticates a message) of the nonce
- * and the len bytes of msg. 0 when session is 0, or out of memory (a
- * receiver then refuses the message: a false refusal, never a false
- * acceptance). */
+ * and the len bytes of msg (hashed in place, no copy). 0 when session is
+ * 0. */
 uint64_t kvc_msg_mac(uint64_t session, uint64_t nonce, const void *msg,
                      size_t len);
 

@@ -48,7 +48,8 @@ static int kvc_write_d_by_notice(const struct kvx_engine *eng,
  * reaches that instance's worker only, so the rank is bound to it at once
  * (no reply comes: as if it had answered). A message the transport
  * refuses (endpoint failed or closed, 256 unsent, longer than
- * KVT_CTL_MAX) goes over the control plane. Returns 1 when handed over. */
+ * KVT_CTL_MAX) goes over the control plane. Returns 1 when handed over.
+ * (kvc_write_d_dp_on: this engine uses that path at all.) */
 static int kvc_write_d_dp_on(const struct kvx_engine *eng)
 {
     return KVD(eng)->ctl_send != NULL && KVD(eng)->ep_set_session != NULL &&

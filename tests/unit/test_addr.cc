@@ -1201,6 +1201,22 @@ TEST(SipHash, MessageMacCoversNonceAndEveryByte)
     EXPECT_EQ(0u, kvc_msg_mac(0, 7, m.data(), m.size()));
     EXPECT_NE(0u, kvc_msg_mac(s, 0, "", 0));
     EXPECT_NE(kvc_msg_mac(s, 7, "", 0), kvc_req_mac(s, 0, 7, 0, 0, 0));
+    // Its definition (peers of other builds must agree): SipHash-2-4 under
+    // {session ^ "10gsmxvk", session} of the nonce's 8 little-endian bytes
+    // and the message, hashed in place for every length around a word.
+    const uint64_t key[2] = {s ^ 0x6b76786d73673031ull, s};
+    for (size_t n = 0; n <= 20; n++) {
+        std::string in(8 + n, '\0');
+        for (int b = 0; b < 8; b++) {
+            in[b] = (char)(0x0123456789abcdefull >> (8 * b));
+        }
+        for (size_t i = 0; i < n; i++) {
+            in[8 + i] = (char)('a' + i);
+        }
+        EXPECT_EQ(kvc_msg_mac(s, 0x0123456789abcdefull, in.data() + 8, n),
+                  kvc_siphash24(key, in.data(), in.size()))
+            << n << " bytes";
+    }
 }
 
 // Data-plane control messages: a nonce (its sender's stamp) is taken once
