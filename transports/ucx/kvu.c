@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/random.h>
@@ -1730,6 +1731,8 @@ static void *kvu_progress_main(void *arg)
     uint64_t   last_busy = kvc_mono_us();
     uint64_t   last_tick = 0;
 
+    /* Named, so top -H, perf and gdb tell it from the framework's. */
+    (void)pthread_setname_np(pthread_self(), "kvx-progress");
     if (ctx->cpus[0] != '\0') {
         kvu_bind_cpus(ctx->cpus);
     }
@@ -1771,6 +1774,7 @@ static void *kvu_progress_main(void *arg)
             continue;
         }
         if (now - last_busy < ctx->params.spin_us) {
+            sched_yield();
             continue;
         }
         kvu_wait(ctx, seen);
