@@ -805,6 +805,16 @@ std::string OpenUseCloseCycles()
             if (!err.empty()) {
                 return c + err;
             }
+            // Each engine's progress thread carries its name (top -H,
+            // perf/placement.sh pins it by that name).
+            int named = 0;
+            for (const auto &t : Tasks()) {
+                named += t.second == "kvx-progress";
+            }
+            if (named != 2) {
+                return c + std::to_string(named) + " threads named "
+                       "kvx-progress with two engines alive (want 2)";
+            }
         } // both engines destroyed: engine_destroy joins their threads
         if (dlclose(h) != 0) {
             return c + "dlclose: " + dlerror();
