@@ -51,9 +51,11 @@ pin_progress() {
     return 1
 }
 
-# run BUILD PLACE TLS MEM SIZE BATCH: transfers/s of one run, "" on failure.
+# run PORT BUILD PLACE TLS MEM SIZE BATCH: transfers/s of one run, "" on
+# failure (run is called in a subshell: the caller counts the ports).
 run() {
-    local perf=$1/perf/bench/kvxfer_perf df dp pf pp ppid cpid csv k a b
+    local port=$1 perf=$2/perf/bench/kvxfer_perf df dp pf pp ppid cpid csv k a b
+    shift
     case $2 in
     A) df=0 dp=0 pf=1 pp=1 ;;
     B) df=0 pp=0 dp=1 pf=1 ;;
@@ -62,7 +64,6 @@ run() {
     *) echo "placement $2: A, B, C or S" >&2; return 1 ;;
     esac
     csv=$(mktemp)
-    port=$((port + 1))
     taskset -c "$pf" timeout 300 "$perf" -p "$port" --bind 127.0.0.1 \
         --accept-timeout 60 -q > /dev/null 2>&1 &
     ppid=$!
@@ -104,8 +105,14 @@ for pt in "${pts[@]}"; do
     echo "# $OP $pt: starts at load $(load1)"
     for place in $PLACES; do
         for rep in $(seq 1 "$REPS"); do
-            a=$(run "$A" "$place" "$@")
-            b=$(run "$B" "$place" "$@")
+            port=$((port + 2))
+            if [ $((rep % 2)) = 1 ]; then # alternate which build goes first
+                a=$(run "$port" "$A" "$place" "$@")
+                b=$(run "$((port + 1))" "$B" "$place" "$@")
+            else
+                b=$(run "$port" "$B" "$place" "$@")
+                a=$(run "$((port + 1))" "$A" "$place" "$@")
+            fi
             echo "${mark}op=$OP tls=$1 mem=$2 size=$3 batch=$4 place=$place rep=$rep load=$(load1) a=$a b=$b" |
                 tee -a "$log"
         done
@@ -116,7 +123,7 @@ import re, statistics as st, sys
 rows = {}
 for line in open(sys.argv[1]):
     m = dict(re.findall(r"(\w+)=(\S+)", line))
-    if not m.get("a") or not m.get("b"):
+    if not m.get("a") or not m.get("b") or float(m["a"]) <= 0:
         continue
     k = "%s %s %s x%s place %s" % (m["tls"], m["mem"], m["size"], m["batch"], m["place"])
     rows.setdefault(k, []).append((float(m["a"]), float(m["b"]), line.startswith("LOADED")))

@@ -31,6 +31,33 @@ void kvc_wait_until(struct kvx_engine *eng, uint64_t deadline_us)
                         deadline_us);
 }
 
+void kvc_wake(struct kvx_engine *eng)
+{
+    if (eng->defer_wake) {
+        eng->wake_pending = 1;
+    } else {
+        pthread_cond_broadcast(&eng->cond);
+    }
+}
+
+void kvc_lock_deferring(struct kvx_engine *eng)
+{
+    pthread_mutex_lock(&eng->lock);
+    eng->defer_wake = 1;
+}
+
+void kvc_unlock_waking(struct kvx_engine *eng)
+{
+    int wake = eng->wake_pending;
+
+    eng->defer_wake   = 0;
+    eng->wake_pending = 0;
+    pthread_mutex_unlock(&eng->lock);
+    if (wake) { /* eng outlives its progress owner's callbacks */
+        pthread_cond_broadcast(&eng->cond);
+    }
+}
+
 static void kvc_server_close(struct kvx_engine *eng, kvt_server_t **srv)
 {
     if (*srv != NULL) {
@@ -130,13 +157,13 @@ static void kvc_engine_on_notice(void *arg, uint64_t tag, uint64_t mac,
                               from != NULL ? from : ""};
 
     (void)idlen; /* id is NUL-terminated by the transport */
-    pthread_mutex_lock(&eng->lock);
+    kvc_lock_deferring(eng);
     /* Not once destroy freed the peers (stopping): the progress thread
      * still delivers until the transport is destroyed. */
     if (!eng->stopping && eng->mode->on_notice != NULL) {
         eng->mode->on_notice(eng, &nt);
     }
-    pthread_mutex_unlock(&eng->lock);
+    kvc_unlock_waking(eng);
 }
 
 /* kvc_engine_place: with gpu_bus_id set, hwloc picks the NIC nearest the
