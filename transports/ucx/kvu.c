@@ -14,7 +14,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sched.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/random.h>
@@ -1774,7 +1773,6 @@ static void *kvu_progress_main(void *arg)
             continue;
         }
         if (now - last_busy < ctx->params.spin_us) {
-            sched_yield();
             continue;
         }
         kvu_wait(ctx, seen);
