@@ -8,6 +8,7 @@
 #define _GNU_SOURCE
 #include "engine.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <json-c/json.h>
 #include <stdio.h>
@@ -27,6 +28,9 @@ uint64_t kvc_deadline_us(const struct kvx_engine *eng, double seconds)
 
 void kvc_wait_until(struct kvx_engine *eng, uint64_t deadline_us)
 {
+    /* Never inside kvc_lock_deferring: the wait would let other threads
+     * in with their wake-ups deferred to this section's unlock. */
+    assert(!eng->defer_wake);
     eng->env.clock.wait(eng->env.clock.arg, &eng->cond, &eng->lock,
                         deadline_us);
 }
