@@ -8,7 +8,6 @@
 #define _GNU_SOURCE
 #include "engine.h"
 
-#include <assert.h>
 #include <errno.h>
 #include <json-c/json.h>
 #include <stdio.h>
@@ -28,38 +27,8 @@ uint64_t kvc_deadline_us(const struct kvx_engine *eng, double seconds)
 
 void kvc_wait_until(struct kvx_engine *eng, uint64_t deadline_us)
 {
-    /* Never inside kvc_lock_deferring: the wait would let other threads
-     * in with their wake-ups deferred to this section's unlock. */
-    assert(!eng->defer_wake);
     eng->env.clock.wait(eng->env.clock.arg, &eng->cond, &eng->lock,
                         deadline_us);
-}
-
-void kvc_wake(struct kvx_engine *eng)
-{
-    if (eng->defer_wake) {
-        eng->wake_pending = 1;
-    } else {
-        pthread_cond_broadcast(&eng->cond);
-    }
-}
-
-void kvc_lock_deferring(struct kvx_engine *eng)
-{
-    pthread_mutex_lock(&eng->lock);
-    eng->defer_wake = 1;
-}
-
-void kvc_unlock_waking(struct kvx_engine *eng)
-{
-    int wake = eng->wake_pending;
-
-    eng->defer_wake   = 0;
-    eng->wake_pending = 0;
-    pthread_mutex_unlock(&eng->lock);
-    if (wake) { /* eng outlives its progress owner's callbacks */
-        pthread_cond_broadcast(&eng->cond);
-    }
 }
 
 static void kvc_server_close(struct kvx_engine *eng, kvt_server_t **srv)
@@ -161,13 +130,13 @@ static void kvc_engine_on_notice(void *arg, uint64_t tag, uint64_t mac,
                               from != NULL ? from : ""};
 
     (void)idlen; /* id is NUL-terminated by the transport */
-    kvc_lock_deferring(eng);
+    pthread_mutex_lock(&eng->lock);
     /* Not once destroy freed the peers (stopping): the progress thread
      * still delivers until the transport is destroyed. */
     if (!eng->stopping && eng->mode->on_notice != NULL) {
         eng->mode->on_notice(eng, &nt);
     }
-    kvc_unlock_waking(eng);
+    pthread_mutex_unlock(&eng->lock);
 }
 
 /* kvc_engine_place: with gpu_bus_id set, hwloc picks the NIC nearest the

@@ -385,8 +385,6 @@ struct kvx_engine {
     kvc_trust_t       trust;
     pthread_mutex_t   lock;
     pthread_cond_t    cond;          /* transfer progress */
-    int               defer_wake;    /* kvc_lock_deferring: wake at unlock */
-    int               wake_pending;  /* a kvc_wake while deferring */
     kvt_ctx_t        *ucx;
     kvc_layer_t      *layers;
     size_t            nlayers, layers_cap;
@@ -500,16 +498,6 @@ uint64_t kvc_deadline_us(const struct kvx_engine *eng, double seconds);
 /* kvc_wait_until: waits on eng->cond (lock held) until signalled or the
  * clock reaches deadline_us; callers re-check their condition. */
 void kvc_wait_until(struct kvx_engine *eng, uint64_t deadline_us);
-/* kvc_wake (lock held): eng->cond's waiters have something to look at.
- * Broadcast at once, or at kvc_unlock_waking inside kvc_lock_deferring. */
-void kvc_wake(struct kvx_engine *eng);
-/* kvc_lock_deferring / kvc_unlock_waking: the engine lock for a completion
- * callback of the progress owner; its wake-ups are broadcast after the
- * unlock, so a waiting framework thread does not wake into a lock that is
- * still held (a futex wait and wake more per completion). Every exit of
- * such a section must go through kvc_unlock_waking. */
-void kvc_lock_deferring(struct kvx_engine *eng);
-void kvc_unlock_waking(struct kvx_engine *eng);
 
 /* engine.c: lifetime (create, start, tick, destroy) */
 uint64_t kvc_now_us(const struct kvx_engine *eng);

@@ -104,7 +104,7 @@ static void kvc_read_finish(struct kvx_engine *eng, kvc_xfer_t *x)
         kvc_event_push(eng, KVX_EVENT_FAILED, x->status, x, x->reason, 1);
     }
     kvc_idset_add(&eng->terminal, x->transfer_id);
-    kvc_wake(eng);
+    pthread_cond_broadcast(&eng->cond);
 }
 
 /* kvc_read_retry_wanted: a get refused because the source has not exposed
@@ -125,7 +125,7 @@ static void kvc_read_op_done(kvt_op_t *op)
     struct kvx_engine *eng = lop->peer->eng;
     kvx_status_t       st  = (kvx_status_t)atomic_load(&op->status);
 
-    kvc_lock_deferring(eng);
+    pthread_mutex_lock(&eng->lock);
     if (kvc_read_retry_wanted(x, lop, st)) {
         /* 1, 2, 4 .. 32 ms, then every 32 ms. */
         uint32_t shift = lop->retries < 5 ? lop->retries : 5;
@@ -142,7 +142,7 @@ static void kvc_read_op_done(kvt_op_t *op)
         lop->waiting  = 1;
         lop->rnext    = eng->retry;
         eng->retry    = lop;
-        kvc_unlock_waking(eng);
+        pthread_mutex_unlock(&eng->lock);
         return;
     }
     lop->done   = 1;
@@ -168,8 +168,8 @@ static void kvc_read_op_done(kvt_op_t *op)
     if (--x->layers_pending == 0) {
         kvc_read_finish(eng, x);
     }
-    kvc_wake(eng);
-    kvc_unlock_waking(eng);
+    pthread_cond_broadcast(&eng->cond);
+    pthread_mutex_unlock(&eng->lock);
 }
 
 /* kvc_read_sources_ready: every source of x has handshaken. */

@@ -348,7 +348,7 @@ void kvc_event_push(struct kvx_engine *eng, kvx_event_type_t type,
     }
     eng->ev_tail = n;
     eng->nevents++;
-    kvc_wake(eng);
+    pthread_cond_broadcast(&eng->cond);
 }
 
 kvx_status_t kvc_events_wait(struct kvx_engine *eng, int64_t timeout_ms)
