@@ -37,6 +37,15 @@ static int kvc_write_d_by_notice(const struct kvx_engine *eng,
            kvc_host_session(eng->expo.key, peer->host, 0) != 0;
 }
 
+/* kvc_write_d_dp_on: does this engine send remote_blocks on the data
+ * plane at all (kvc_write_d_blocks_on_dp)? */
+static int kvc_write_d_dp_on(const struct kvx_engine *eng)
+{
+    return KVD(eng)->ctl_send != NULL && KVD(eng)->ep_set_session != NULL &&
+           eng->cfg.tls.cert_file[0] == '\0' &&
+           eng->cfg.release_on_data_plane;
+}
+
 /* kvc_write_d_blocks_on_dp: remote_blocks m to x's P rank k goes on the
  * data plane (kvc_dp_ctl_handler at P) instead of over the control plane:
  * saves both processes the control plane's thread hand-offs and round
@@ -48,15 +57,7 @@ static int kvc_write_d_by_notice(const struct kvx_engine *eng,
  * reaches that instance's worker only, so the rank is bound to it at once
  * (no reply comes: as if it had answered). A message the transport
  * refuses (endpoint failed or closed, 256 unsent, longer than
- * KVT_CTL_MAX) goes over the control plane. Returns 1 when handed over.
- * (kvc_write_d_dp_on: this engine uses that path at all.) */
-static int kvc_write_d_dp_on(const struct kvx_engine *eng)
-{
-    return KVD(eng)->ctl_send != NULL && KVD(eng)->ep_set_session != NULL &&
-           eng->cfg.tls.cert_file[0] == '\0' &&
-           eng->cfg.release_on_data_plane;
-}
-
+ * KVT_CTL_MAX) goes over the control plane. Returns 1 when handed over. */
 static int kvc_write_d_blocks_on_dp(struct kvx_engine *eng, kvc_xfer_t *x,
                                     uint32_t k, const kvc_msg_t *m)
 {
