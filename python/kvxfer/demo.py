@@ -144,13 +144,43 @@ def run_decode(a):
     return 0
 
 
+def _ephemeral_low():
+    """The first port the kernel hands out to outgoing connections."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
+    """n ports free on 127.0.0.1 now, below the ephemeral range: a port the
+    kernel picked (bind to 0) comes from that range, where any outgoing
+    connection made before the engine listens (UCX's tcp lanes, nng's
+    dialers, earlier tests) may take it ("Address in use" at start)."""
+    hi = max(_ephemeral_low(), 11000)
+    socks, ports = [], []
+    try:
+        for _ in range(1000):
+            if len(ports) == n:
+                break
+            port = random.randrange(10000, hi)
+            if port in ports:
+                continue
+            s = socket.socket()
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                s.close()
+                continue
+            socks.append(s)
+            ports.append(port)
+    finally:
+        for s in socks:
+            s.close()
+    if len(ports) < n:
+        raise RuntimeError("free_ports: no %d free ports in 10000..%d "
+                           "after 1000 tries" % (n, hi - 1))
     return ports
 
 
