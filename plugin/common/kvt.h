@@ -289,6 +289,17 @@ typedef struct kvt_data_ops {
      * (the control plane carries every message). */
     kvx_status_t (*ctl_send)(kvt_ep_t *ep, const char *msg, size_t len,
                              const char *from, uint64_t nonce);
+    /* Caller-driven progress: a thread about to wait for a completion
+     * runs the progress owner's passes itself. drive_begin, then drive
+     * (one pass when no other runs: its activity, 0 idle, -1 another
+     * thread holds the pass or the caller is inside one), then drive_end
+     * before it sleeps or returns; never with a lock a completion callback
+     * takes. driven: passes run so. NULL members: the progress owner alone
+     * progresses (the simulator's scheduler). */
+    void         (*drive_begin)(kvt_ctx_t *ctx);
+    int          (*drive)(kvt_ctx_t *ctx);
+    void         (*drive_end)(kvt_ctx_t *ctx);
+    uint64_t     (*driven)(const kvt_ctx_t *ctx);
 } kvt_data_ops_t;
 
 /* ---- control plane ------------------------------------------------------- */

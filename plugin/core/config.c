@@ -896,6 +896,12 @@ static const kvc_config_field_t kvc_cfg_fields[] = {
     {.key = "progress_spin_us", .dfl_json = "50", .type = &kvc_cfg_uint_range,
      .off = KVC_OFF(progress_spin_us), .lo = 0, .hi = 100000, .flags = KVC_X,
      .doc = "busy-poll time before the progress thread sleeps"},
+    {.key = "progress_caller", .dfl_json = "true", .type = &kvc_cfg_bool_loose,
+     .off = KVC_OFF(progress_caller), .flags = KVC_X,
+     .doc = "true: a thread waiting in wait_transfer / wait_layer / "
+            "wait_events progresses the data plane itself (busy-polls up to "
+            "progress_spin_us idle, then sleeps); false: it sleeps at once "
+            "and the progress thread does all"},
     {.key = "gpu_bus_id", .dfl_json = "\"\"", .type = &kvc_cfg_busid,
      .off = KVC_OFF(gpu_bus_id), .size = KVC_SIZE(gpu_bus_id), .lo = 0,
      .flags = KVC_X,

@@ -135,6 +135,11 @@ kvx_status_t kvc_report_stats(struct kvx_engine *eng, char **json_p)
                                (int64_t)kvc_timerq_size(&eng->timers)));
     json_object_object_add(o, "early", json_object_new_int64(
                                (int64_t)eng->nearly));
+    /* Progress passes run by threads waiting in the API (progress_caller). */
+    json_object_object_add(o, "driven_passes", json_object_new_int64(
+        eng->ucx != NULL && KVD(eng)->driven != NULL
+            ? (int64_t)KVD(eng)->driven(eng->ucx)
+            : 0));
     pthread_mutex_unlock(&eng->lock);
     *json_p = strdup(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
     json_object_put(o);

@@ -351,10 +351,63 @@ void kvc_event_push(struct kvx_engine *eng, kvx_event_type_t type,
     pthread_cond_broadcast(&eng->cond);
 }
 
+/* --- caller-driven waits ------------------------------------------------- */
+
+/* A wait drives the data plane itself (kvt drive_*: the completion is seen
+ * on the waiting thread, with no hand-off from the progress thread) while
+ * passes keep finding work, and sleeps on eng->cond once they have been
+ * idle for progress_spin_us; a wake-up drives again. */
+typedef struct kvc_drive {
+    int      on;        /* between drive_begin and drive_end */
+    int      idle;      /* idle for progress_spin_us: sleep next */
+    uint64_t last_busy; /* last pass with activity (kvc_now_us) */
+} kvc_drive_t;
+
+/* kvc_wait_step: one step of a wait (eng->lock held; dropped meanwhile). */
+static void kvc_wait_step(struct kvx_engine *eng, kvc_drive_t *d,
+                          uint64_t deadline)
+{
+    const kvt_data_ops_t *ops = KVD(eng);
+    uint64_t              now;
+    int                   n;
+
+    if (!eng->cfg.progress_caller || ops->drive == NULL || eng->ucx == NULL ||
+        d->idle) {
+        kvc_wait_until(eng, deadline);
+        d->idle = 0;
+        return;
+    }
+    if (!d->on) {
+        ops->drive_begin(eng->ucx);
+        d->on        = 1;
+        d->last_busy = kvc_now_us(eng);
+    }
+    pthread_mutex_unlock(&eng->lock); /* completion callbacks take it */
+    n = ops->drive(eng->ucx);
+    pthread_mutex_lock(&eng->lock);
+    now = kvc_now_us(eng);
+    if (n > 0) {
+        d->last_busy = now;
+    } else if (now - d->last_busy >= eng->cfg.progress_spin_us) {
+        ops->drive_end(eng->ucx); /* the progress thread takes over */
+        d->on   = 0;
+        d->idle = 1;
+    }
+}
+
+static void kvc_wait_end(struct kvx_engine *eng, kvc_drive_t *d)
+{
+    if (d->on) {
+        KVD(eng)->drive_end(eng->ucx);
+        d->on = 0;
+    }
+}
+
 kvx_status_t kvc_events_wait(struct kvx_engine *eng, int64_t timeout_ms)
 {
     uint64_t     deadline = kvc_now_us(eng) + (uint64_t)timeout_ms * 1000u;
     kvx_status_t st       = KVX_OK;
+    kvc_drive_t  d        = {0};
 
     pthread_mutex_lock(&eng->lock);
     while (eng->ev_head == NULL) {
@@ -363,9 +416,13 @@ kvx_status_t kvc_events_wait(struct kvx_engine *eng, int64_t timeout_ms)
                            "%lld ms", (long long)timeout_ms);
             break;
         }
-        kvc_wait_until(eng, deadline);
+        kvc_wait_step(eng, &d, deadline);
     }
+    kvc_wait_end(eng, &d);
     pthread_mutex_unlock(&eng->lock);
+    if (st == KVX_OK) {
+        kvc_error_clear(); /* nothing a driven callback said is ours */
+    }
     return st;
 }
 
@@ -423,6 +480,7 @@ kvx_status_t kvc_xfer_wait(struct kvx_engine *eng, const char *tid,
                                 ? kvc_now_us(eng) + (uint64_t)timeout_ms * 1000u
                                 : 0;
     kvx_status_t st;
+    kvc_drive_t  d = {0};
 
     pthread_mutex_lock(&eng->lock);
     while ((st = kvc_xfer_poll(eng, tid, layer, &deadline)) ==
@@ -432,8 +490,12 @@ kvx_status_t kvc_xfer_wait(struct kvx_engine *eng, const char *tid,
                            tid);
             break;
         }
-        kvc_wait_until(eng, deadline);
+        kvc_wait_step(eng, &d, deadline);
     }
+    kvc_wait_end(eng, &d);
     pthread_mutex_unlock(&eng->lock);
+    if (st == KVX_OK) {
+        kvc_error_clear(); /* nothing a driven callback said is ours */
+    }
     return st;
 }

@@ -647,6 +647,7 @@ static const kvt_data_ops_t kSimDataOps = {
     EpZero,        RkeyUnpack,  RkeyDestroy,  RkeyLocal,   Prefault,
     Post,          Flush,       nullptr,      nullptr,     nullptr,
     EpSetSession,  Notify,      CtlSend,
+    nullptr,       nullptr,     nullptr,      nullptr, // no caller drive
 };
 }
 

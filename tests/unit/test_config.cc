@@ -26,8 +26,8 @@ const char *const kExtraKeys[] = {
     "backend",          "qp_per_transfer",    "post_batch_size",
     "num_workers",      "ucx_tls",            "ucx_net_devices", "ucx_lane_settings",
     "ucx_required_transports", "ucx_error_mode", "max_inflight_bytes",
-    "progress_spin_us", "gpu_bus_id",         "hwloc_topology",
-    "proxy_ping_interval", "ucx_tcp_port_range", "tls_cert_file",
+    "progress_spin_us", "progress_caller",    "gpu_bus_id",
+    "hwloc_topology",   "proxy_ping_interval", "ucx_tcp_port_range", "tls_cert_file",
     "tls_key_file",     "tls_ca_file",        "tls_peer_name",
     "tls_proxy_name",
 };
@@ -131,6 +131,7 @@ TEST_F(ConfigDefaults, EveryKeyHasItsDefault)
     EXPECT_EQ(KVC_ERR_MODE_PEER, cfg_.ucx_error_mode);
     EXPECT_EQ(16777216u, cfg_.max_inflight_bytes);
     EXPECT_EQ(50u, cfg_.progress_spin_us);
+    EXPECT_EQ(1, cfg_.progress_caller);
     EXPECT_STREQ("", cfg_.gpu_bus_id);
     EXPECT_STREQ("", cfg_.hwloc_topology);
 }
@@ -207,8 +208,8 @@ TEST_F(ConfigParse, EveryKeySetToAValidValue)
         "ucx_tls":"rc,sm,self","ucx_net_devices":"mlx5_0:1",
         "ucx_required_transports":["rc_verbs","sysv"],
         "ucx_error_mode":"none","max_inflight_bytes":1073741824,
-        "progress_spin_us":0,"gpu_bus_id":"0000:c1:00.0",
-        "hwloc_topology":"/etc/kvxfer/topo.xml"}})";
+        "progress_spin_us":0,"progress_caller":false,
+        "gpu_bus_id":"0000:c1:00.0","hwloc_topology":"/etc/kvxfer/topo.xml"}})";
 
     ASSERT_EQ(KVX_OK, Parse(json)) << kvc_last_error();
     EXPECT_TRUE(warnings_.empty());
@@ -245,6 +246,7 @@ TEST_F(ConfigParse, EveryKeySetToAValidValue)
     EXPECT_EQ(KVC_ERR_MODE_NONE, cfg_.ucx_error_mode);
     EXPECT_EQ(1073741824u, cfg_.max_inflight_bytes);
     EXPECT_EQ(0u, cfg_.progress_spin_us);
+    EXPECT_EQ(0, cfg_.progress_caller);
     EXPECT_STREQ("0000:c1:00.0", cfg_.gpu_bus_id);
     EXPECT_STREQ("/etc/kvxfer/topo.xml", cfg_.hwloc_topology);
     EXPECT_EQ(6u, kvc_config_world(&cfg_));
@@ -542,6 +544,7 @@ void ExpectSameConfig(const kvc_config_t &a, const kvc_config_t &b)
     EXPECT_EQ(a.ucx_error_mode, b.ucx_error_mode);
     EXPECT_EQ(a.max_inflight_bytes, b.max_inflight_bytes);
     EXPECT_EQ(a.progress_spin_us, b.progress_spin_us);
+    EXPECT_EQ(a.progress_caller, b.progress_caller);
     EXPECT_STREQ(a.gpu_bus_id, b.gpu_bus_id);
     EXPECT_STREQ(a.hwloc_topology, b.hwloc_topology);
 }
@@ -805,6 +808,8 @@ std::vector<BadCase> BadCases()
           "progress_spin_us", "100001"),
         X("ProgressSpinUsNegative", R"("progress_spin_us":-1)",
           "progress_spin_us", "-1"),
+        X("ProgressCallerNumber", R"("progress_caller":2)",
+          "progress_caller", "2"),
         X("GpuBusIdWord", R"("gpu_bus_id":"gpu0")", "gpu_bus_id",
           "\"gpu0\""),
         X("GpuBusIdNumber", R"("gpu_bus_id":3)", "gpu_bus_id", "value 3"),

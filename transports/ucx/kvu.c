@@ -339,6 +339,13 @@ struct kvu_ctx {
     int             delivering;  /* error callbacks running unlocked */
     _Atomic uint64_t kicks;      /* kvu_ctx_kick calls */
     _Atomic int     sleeping;    /* progress thread in (or entering) poll */
+    /* A pass (kvu_pass), the tick and the FIFO check run under pass_lock,
+     * on the progress thread or on a framework thread waiting in the
+     * engine (kvu_drive): never two at once, so what the progress thread
+     * alone touched before is touched by one pass owner at a time. */
+    pthread_mutex_t pass_lock;
+    _Atomic int     drivers;     /* threads between drive_begin and _end */
+    _Atomic uint64_t driven;     /* passes run by drivers */
     int             am_rma;      /* KVX_UCX_AM_RMA (default 1) */
     int             rma;         /* UCP_FEATURE_RMA requested (kvu_rma_wanted) */
     kvu_mem_t      *mems;        /* registered memory, ctx lock */
@@ -412,7 +419,8 @@ void kvu_ctx_kick(kvu_ctx_t *ctx)
     uint64_t one = 1;
 
     atomic_fetch_add(&ctx->kicks, 1);
-    if (atomic_load(&ctx->sleeping)) {
+    /* A driver passes soon, and the last one to leave kicks again. */
+    if (atomic_load(&ctx->sleeping) && atomic_load(&ctx->drivers) == 0) {
         ssize_t rc = write(ctx->wakefd, &one, sizeof(one));
 
         (void)rc;
@@ -1724,6 +1732,72 @@ void kvu_defer(kvu_ctx_t *ctx, kvt_job_t *job)
 
 static void kvu_fifo_check(kvu_ctx_t *ctx, uint64_t now);
 
+/* The pass owner of the calling thread (kvu_in_progress_thread). */
+static __thread const kvu_ctx_t *kvu_passing;
+
+/* kvu_pass: progress the workers, issue posted runs, deliver completions,
+ * notices and errors, run deferred jobs (pass_lock held). Returns the
+ * amount of activity (0: nothing happened). */
+static unsigned int kvu_pass(kvu_ctx_t *ctx)
+{
+    unsigned int n = 0;
+
+    pthread_mutex_lock(&ctx->lock);
+    while (ucp_worker_progress(ctx->worker) != 0 && n < 1024) {
+        n++;
+    }
+    for (unsigned i = 0; i + 1 < ctx->nwk; i++) { /* retired workers */
+        n += ucp_worker_progress(ctx->wk[i].worker);
+    }
+    if (ctx->split) {
+        unsigned t = 0;
+
+        while (ucp_worker_progress(ctx->wkt.worker) != 0 && t < 1024) {
+            t++;
+        }
+        n += t;
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    pthread_cond_broadcast(&ctx->cond);
+    n += (unsigned int)kvu_deliver(ctx);
+    n += (unsigned int)kvu_run_deferred(ctx);
+    ctx->passes++;
+    return n;
+}
+
+/* kvu_housekeep: the FIFO watchdog and, every half tick, the owner's tick
+ * (pass_lock held, progress thread). */
+static void kvu_housekeep(kvu_ctx_t *ctx, uint64_t now, uint64_t *last_tick)
+{
+    kvu_fifo_check(ctx, now);
+    if (ctx->params.tick != NULL &&
+        now - *last_tick >= KVU_TICK_MS * 1000u / 2) {
+        *last_tick = now;
+        ctx->params.tick(ctx->params.tick_arg);
+    }
+}
+
+/* kvu_wait_aside: the progress thread while a framework thread drives:
+ * the workers are left to the driver (not armed, so their events do not
+ * wake this thread too); it sleeps until a kick (the last driver leaving
+ * kicks) or the next half tick. */
+static void kvu_wait_aside(kvu_ctx_t *ctx, uint64_t seen)
+{
+    struct pollfd pfd = {.fd = ctx->wakefd, .events = POLLIN};
+    uint64_t      val;
+
+    atomic_store(&ctx->sleeping, 1);
+    if (atomic_load(&ctx->kicks) != seen || atomic_load(&ctx->drivers) == 0) {
+        atomic_store(&ctx->sleeping, 0);
+        return;
+    }
+    if (poll(&pfd, 1, KVU_TICK_MS / 2) > 0 && (pfd.revents & POLLIN)) {
+        ssize_t rc = read(ctx->wakefd, &val, sizeof(val));
+        (void)rc;
+    }
+    atomic_store(&ctx->sleeping, 0);
+}
+
 static void *kvu_progress_main(void *arg)
 {
     kvu_ctx_t *ctx       = arg;
@@ -1741,33 +1815,26 @@ static void *kvu_progress_main(void *arg)
         uint64_t     seen = atomic_load(&ctx->kicks);
         uint64_t     now;
 
-        pthread_mutex_lock(&ctx->lock);
-        while (ucp_worker_progress(ctx->worker) != 0 && n < 1024) {
-            n++;
-        }
-        for (unsigned i = 0; i + 1 < ctx->nwk; i++) { /* retired workers */
-            n += ucp_worker_progress(ctx->wk[i].worker);
-        }
-        if (ctx->split) {
-            unsigned t = 0;
-
-            while (ucp_worker_progress(ctx->wkt.worker) != 0 && t < 1024) {
-                t++;
+        if (atomic_load(&ctx->drivers) > 0) {
+            kvu_wait_aside(ctx, seen);
+            now = kvc_mono_us();
+            if (now - last_tick >= KVU_TICK_MS * 1000u / 2) {
+                pthread_mutex_lock(&ctx->pass_lock);
+                kvu_passing = ctx;
+                kvu_housekeep(ctx, now, &last_tick);
+                kvu_passing = NULL;
+                pthread_mutex_unlock(&ctx->pass_lock);
             }
-            n += t;
+            last_busy = now; /* back in charge: spin before sleeping */
+            continue;
         }
-        pthread_mutex_unlock(&ctx->lock);
-        pthread_cond_broadcast(&ctx->cond);
-        n += (unsigned int)kvu_deliver(ctx);
-        n += (unsigned int)kvu_run_deferred(ctx);
+        pthread_mutex_lock(&ctx->pass_lock);
+        kvu_passing = ctx;
+        n   = kvu_pass(ctx);
         now = kvc_mono_us();
-        ctx->passes++;
-        kvu_fifo_check(ctx, now);
-        if (ctx->params.tick != NULL &&
-            now - last_tick >= KVU_TICK_MS * 1000u / 2) {
-            last_tick = now;
-            ctx->params.tick(ctx->params.tick_arg);
-        }
+        kvu_housekeep(ctx, now, &last_tick);
+        kvu_passing = NULL;
+        pthread_mutex_unlock(&ctx->pass_lock);
         if (n > 0) {
             last_busy = now;
             continue;
@@ -1778,6 +1845,41 @@ static void *kvu_progress_main(void *arg)
         kvu_wait(ctx, seen);
     }
     return NULL;
+}
+
+void kvu_drive_begin(kvu_ctx_t *ctx)
+{
+    atomic_fetch_add(&ctx->drivers, 1);
+}
+
+int kvu_drive(kvu_ctx_t *ctx)
+{
+    unsigned int n;
+
+    if (kvu_passing == ctx) {
+        return -1; /* from inside a pass (a callback): never nested */
+    }
+    if (atomic_load(&ctx->stop) || pthread_mutex_trylock(&ctx->pass_lock)) {
+        return -1;
+    }
+    kvu_passing = ctx;
+    n           = kvu_pass(ctx);
+    atomic_fetch_add(&ctx->driven, 1);
+    kvu_passing = NULL;
+    pthread_mutex_unlock(&ctx->pass_lock);
+    return n > INT32_MAX ? INT32_MAX : (int)n;
+}
+
+void kvu_drive_end(kvu_ctx_t *ctx)
+{
+    if (atomic_fetch_sub(&ctx->drivers, 1) == 1) {
+        kvu_ctx_kick(ctx); /* the progress thread is in charge again */
+    }
+}
+
+uint64_t kvu_driven_passes(const kvu_ctx_t *ctx)
+{
+    return atomic_load(&ctx->driven);
 }
 
 /* --- context ------------------------------------------------------------ */
@@ -2576,6 +2678,7 @@ static void kvu_ctx_free(kvu_ctx_t *ctx)
     }
     pthread_cond_destroy(&ctx->cond);
     pthread_mutex_destroy(&ctx->in_lock);
+    pthread_mutex_destroy(&ctx->pass_lock);
     pthread_mutex_destroy(&ctx->lock);
     free(ctx);
     kvu_log_release(); /* the hold of kvu_ctx_create */
@@ -2897,6 +3000,7 @@ kvx_status_t kvu_ctx_create(const kvu_params_t *params, kvu_ctx_t **ctx_p)
     }
     pthread_mutex_init(&ctx->lock, NULL);
     pthread_mutex_init(&ctx->in_lock, NULL);
+    pthread_mutex_init(&ctx->pass_lock, NULL);
     pthread_cond_init(&ctx->cond, NULL);
     ctx->am_nonce = kvu_random64();
     ctx->wakefd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -2967,8 +3071,7 @@ void kvu_ctx_destroy(kvu_ctx_t *ctx)
 
 int kvu_in_progress_thread(const kvu_ctx_t *ctx)
 {
-    return ctx != NULL && ctx->thread_started &&
-           pthread_equal(pthread_self(), ctx->thread);
+    return ctx != NULL && kvu_passing == ctx;
 }
 
 void kvu_worker_address(kvu_ctx_t *ctx, const void **addr_p, size_t *len_p)
@@ -3552,8 +3655,8 @@ void kvu_ep_close(kvu_ep_t *ep)
     ctx = ep->ctx;
     pthread_mutex_lock(&ctx->lock);
     /* An error callback being delivered may still use ep: wait for it,
-     * unless we are that callback (the progress thread). */
-    while (ctx->delivering && !pthread_equal(pthread_self(), ctx->thread)) {
+     * unless we are that callback (the pass owner). */
+    while (ctx->delivering && kvu_passing != ctx) {
         pthread_cond_wait(&ctx->cond, &ctx->lock);
     }
     ep->closed = 1;

@@ -113,9 +113,23 @@ size_t       kvu_mem_length(const kvu_mem_t *mem);
 void         kvu_mem_rkey(const kvu_mem_t *mem, const void **buf_p,
                           size_t *len_p);
 
-/* kvu_in_progress_thread: is the caller ctx's progress thread (where
- * completions are delivered)? */
+/* kvu_in_progress_thread: is the caller running one of ctx's passes (where
+ * completions are delivered): its progress thread, or a thread inside
+ * kvu_drive? */
 int kvu_in_progress_thread(const kvu_ctx_t *ctx);
+
+/* Caller-driven progress. A thread that waits for a completion may run the
+ * passes itself (no hand-off to the progress thread and back):
+ * kvu_drive_begin, then kvu_drive repeatedly (one pass when no other is
+ * running: its activity, 0 when idle; -1 when another thread holds the
+ * pass or the caller is inside one), then kvu_drive_end before sleeping or
+ * returning. While a driver is in, the progress thread leaves the workers
+ * to it (only its tick runs); the last driver out hands them back. Never
+ * with a lock a completion callback takes. */
+void     kvu_drive_begin(kvu_ctx_t *ctx);
+int      kvu_drive(kvu_ctx_t *ctx);
+void     kvu_drive_end(kvu_ctx_t *ctx);
+uint64_t kvu_driven_passes(const kvu_ctx_t *ctx);
 
 /* kvu_ep_create connects to a peer worker address, records the lanes it
  * selected and starts the wire-up without waiting for it (operations

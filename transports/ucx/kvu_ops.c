@@ -31,6 +31,26 @@ static int ops_in_progress_thread(const kvt_ctx_t *c)
     return kvu_in_progress_thread(KVU_C(const kvu_ctx_t, c));
 }
 
+static void ops_drive_begin(kvt_ctx_t *c)
+{
+    kvu_drive_begin(KVU_C(kvu_ctx_t, c));
+}
+
+static int ops_drive(kvt_ctx_t *c)
+{
+    return kvu_drive(KVU_C(kvu_ctx_t, c));
+}
+
+static void ops_drive_end(kvt_ctx_t *c)
+{
+    kvu_drive_end(KVU_C(kvu_ctx_t, c));
+}
+
+static uint64_t ops_driven(const kvt_ctx_t *c)
+{
+    return kvu_driven_passes(KVU_C(const kvu_ctx_t, c));
+}
+
 static const char *ops_settings(const kvt_ctx_t *c)
 {
     return kvu_settings(KVU_C(const kvu_ctx_t, c));
@@ -196,6 +216,10 @@ const kvt_data_ops_t *kvt_ucx_ops(void)
         .pick_nic           = kvu_topo_pick_nic,
         .cpuset             = kvu_topo_cpuset,
         .settings           = ops_settings,
+        .drive_begin        = ops_drive_begin,
+        .drive              = ops_drive,
+        .drive_end          = ops_drive_end,
+        .driven             = ops_driven,
     };
 
     return &ops;
