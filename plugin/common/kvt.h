@@ -293,12 +293,14 @@ typedef struct kvt_data_ops {
      * runs the progress owner's passes itself. drive_begin, then drive
      * (one pass when no other runs: its activity, 0 idle, -1 another
      * thread holds the pass or the caller is inside one), then drive_end
-     * before it sleeps or returns; never with a lock a completion callback
-     * takes. driven: passes run so. NULL members: the progress owner alone
-     * progresses (the simulator's scheduler). */
+     * before it sleeps (back 0) or returns (back 1: it is likely to wait
+     * again soon; the progress owner stays aside a little longer); never
+     * with a lock a completion callback takes. driven: passes run so. NULL
+     * members: the progress owner alone progresses (the simulator's
+     * scheduler). */
     void         (*drive_begin)(kvt_ctx_t *ctx);
     int          (*drive)(kvt_ctx_t *ctx);
-    void         (*drive_end)(kvt_ctx_t *ctx);
+    void         (*drive_end)(kvt_ctx_t *ctx, int back);
     uint64_t     (*driven)(const kvt_ctx_t *ctx);
 } kvt_data_ops_t;
 

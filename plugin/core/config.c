@@ -895,7 +895,8 @@ static const kvc_config_field_t kvc_cfg_fields[] = {
      .doc = "bytes in flight per endpoint"},
     {.key = "progress_spin_us", .dfl_json = "50", .type = &kvc_cfg_uint_range,
      .off = KVC_OFF(progress_spin_us), .lo = 0, .hi = 100000, .flags = KVC_X,
-     .doc = "busy-poll time before the progress thread sleeps"},
+     .doc = "busy-poll time before the progress thread (or a waiter "
+            "driving progress, progress_caller) sleeps"},
     {.key = "progress_caller", .dfl_json = "true", .type = &kvc_cfg_bool_loose,
      .off = KVC_OFF(progress_caller), .flags = KVC_X,
      .doc = "true: a thread waiting in wait_transfer / wait_layer / "

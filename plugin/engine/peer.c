@@ -470,9 +470,10 @@ static void kvc_peer_queue(kvc_peer_t *peer, char *buf, size_t len,
         peer->out_head = out;
     }
     peer->out_tail = out;
-    /* From the progress owner (a transfer just completed: release,
-     * write_done) straight out: no hop on the completion path. API callers
-     * only queue (the send then stays off the framework's thread). */
+    /* From a pass (a transfer just completed: release, write_done) straight
+     * out: no hop on the completion path. That pass may run on a framework
+     * thread waiting in the API (caller-driven progress), which then sends
+     * it; other API calls only queue. */
     if (KVD(eng)->in_progress_thread(eng->ucx)) {
         kvc_peer_drain(peer);
         if (peer->out_head == NULL) {

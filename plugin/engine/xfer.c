@@ -389,7 +389,7 @@ static void kvc_wait_step(struct kvx_engine *eng, kvc_drive_t *d,
     if (n > 0) {
         d->last_busy = now;
     } else if (now - d->last_busy >= eng->cfg.progress_spin_us) {
-        ops->drive_end(eng->ucx); /* the progress thread takes over */
+        ops->drive_end(eng->ucx, 0); /* the progress thread takes over */
         d->on   = 0;
         d->idle = 1;
     }
@@ -398,7 +398,7 @@ static void kvc_wait_step(struct kvx_engine *eng, kvc_drive_t *d,
 static void kvc_wait_end(struct kvx_engine *eng, kvc_drive_t *d)
 {
     if (d->on) {
-        KVD(eng)->drive_end(eng->ucx);
+        KVD(eng)->drive_end(eng->ucx, 1); /* its next wait comes soon */
         d->on = 0;
     }
 }

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/timerfd.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <time.h>
@@ -345,7 +346,15 @@ struct kvu_ctx {
      * alone touched before is touched by one pass owner at a time. */
     pthread_mutex_t pass_lock;
     _Atomic int     drivers;     /* threads between drive_begin and _end */
-    _Atomic uint64_t driven;     /* passes run by drivers */
+    /* A waiter that just left is expected back (its next wait) until
+     * lease_us (kvc_mono_us): meanwhile the progress thread stays aside and
+     * kicks skip the wake-up; timerfd fires at lease_us, so a waiter that
+     * does not come back costs at most progress_spin_us of latency. */
+    _Atomic uint64_t lease_us;
+    int             timerfd;
+    _Atomic uint64_t driven;     /* waiters' passes that found work */
+    _Atomic int     pass_wanted; /* the progress thread waits for the pass */
+    uint64_t        last_tick;   /* of params.tick (pass_lock) */
     int             am_rma;      /* KVX_UCX_AM_RMA (default 1) */
     int             rma;         /* UCP_FEATURE_RMA requested (kvu_rma_wanted) */
     kvu_mem_t      *mems;        /* registered memory, ctx lock */
@@ -414,13 +423,32 @@ const char *kvu_version(void)
  * post to a spinning thread costs no system call, and so no scheduling
  * point, on the caller's side. The thread re-checks the count after
  * announcing its sleep (kvu_wait), so no kick is lost. */
+/* kvu_driven: is a waiter driving, or expected back (its lease)? */
+static int kvu_driven(kvu_ctx_t *ctx)
+{
+    return atomic_load(&ctx->drivers) > 0 ||
+           kvc_mono_us() < atomic_load(&ctx->lease_us);
+}
+
+/* kvu_wake: the eventfd written if the progress thread sleeps. */
+static void kvu_wake(kvu_ctx_t *ctx)
+{
+    uint64_t one = 1;
+
+    if (atomic_load(&ctx->sleeping)) {
+        ssize_t rc = write(ctx->wakefd, &one, sizeof(one));
+
+        (void)rc;
+    }
+}
+
 void kvu_ctx_kick(kvu_ctx_t *ctx)
 {
     uint64_t one = 1;
 
     atomic_fetch_add(&ctx->kicks, 1);
-    /* A driver passes soon, and the last one to leave kicks again. */
-    if (atomic_load(&ctx->sleeping) && atomic_load(&ctx->drivers) == 0) {
+    /* A driver passes soon; a lease ends with the timer's wake-up. */
+    if (atomic_load(&ctx->sleeping) && !kvu_driven(ctx)) {
         ssize_t rc = write(ctx->wakefd, &one, sizeof(one));
 
         (void)rc;
@@ -1625,12 +1653,26 @@ static int kvu_deliver(kvu_ctx_t *ctx)
 
 /* kvu_wait sleeps until UCX or a kick has something; seen is the kick
  * count when the current pass began. */
+/* kvu_wake_clear reads the wake-up fds poll found readable. */
+static void kvu_wake_clear(kvu_ctx_t *ctx, short wake, short timer)
+{
+    uint64_t val;
+    ssize_t  rc = 0;
+
+    if (wake & POLLIN) {
+        rc = read(ctx->wakefd, &val, sizeof(val));
+    }
+    if (timer & POLLIN) {
+        rc = read(ctx->timerfd, &val, sizeof(val));
+    }
+    (void)rc;
+}
+
 static void kvu_wait(kvu_ctx_t *ctx, uint64_t seen)
 {
-    struct pollfd pfd[3];
+    struct pollfd pfd[4];
     ucs_status_t  st;
     unsigned      n  = 0;
-    uint64_t      val;
 
     /* Only the current worker is armed: a retired one whose FIFO is
      * blocked answers BUSY for good (the thread would never sleep); it is
@@ -1653,11 +1695,12 @@ static void kvu_wait(kvu_ctx_t *ctx, uint64_t seen)
         atomic_store(&ctx->sleeping, 0);
         return;
     }
-    pfd[n].fd     = ctx->wakefd;
-    pfd[n].events = POLLIN;
-    if (poll(pfd, n + 1, KVU_TICK_MS) > 0 && (pfd[n].revents & POLLIN)) {
-        ssize_t rc = read(ctx->wakefd, &val, sizeof(val));
-        (void)rc;
+    pfd[n].fd         = ctx->wakefd;
+    pfd[n].events     = POLLIN;
+    pfd[n + 1].fd     = ctx->timerfd; /* a lease ending: skipped kicks */
+    pfd[n + 1].events = POLLIN;
+    if (poll(pfd, n + 2, KVU_TICK_MS) > 0) {
+        kvu_wake_clear(ctx, pfd[n].revents, pfd[n + 1].revents);
     }
     atomic_store(&ctx->sleeping, 0);
 }
@@ -1727,7 +1770,10 @@ void kvu_defer(kvu_ctx_t *ctx, kvt_job_t *job)
     }
     ctx->def_tail = job;
     pthread_mutex_unlock(&ctx->in_lock);
-    kvu_ctx_kick(ctx);
+    /* Jobs run on the progress thread only: wake it even while a waiter
+     * drives. */
+    atomic_fetch_add(&ctx->kicks, 1);
+    kvu_wake(ctx);
 }
 
 static void kvu_fifo_check(kvu_ctx_t *ctx, uint64_t now);
@@ -1736,8 +1782,8 @@ static void kvu_fifo_check(kvu_ctx_t *ctx, uint64_t now);
 static __thread const kvu_ctx_t *kvu_passing;
 
 /* kvu_pass: progress the workers, issue posted runs, deliver completions,
- * notices and errors, run deferred jobs (pass_lock held). Returns the
- * amount of activity (0: nothing happened). */
+ * notices and errors (pass_lock held). Returns the amount of activity (0:
+ * nothing happened). */
 static unsigned int kvu_pass(kvu_ctx_t *ctx)
 {
     unsigned int n = 0;
@@ -1760,40 +1806,62 @@ static unsigned int kvu_pass(kvu_ctx_t *ctx)
     pthread_mutex_unlock(&ctx->lock);
     pthread_cond_broadcast(&ctx->cond);
     n += (unsigned int)kvu_deliver(ctx);
-    n += (unsigned int)kvu_run_deferred(ctx);
     ctx->passes++;
     return n;
 }
 
-/* kvu_housekeep: the FIFO watchdog and, every half tick, the owner's tick
- * (pass_lock held, progress thread). */
-static void kvu_housekeep(kvu_ctx_t *ctx, uint64_t now, uint64_t *last_tick)
+/* kvu_chores: the progress thread's own work (pass_lock held): deferred
+ * jobs (handshake completion, connection service: they may block, so never
+ * on a waiter's thread), the FIFO watchdog and, every half tick, the
+ * owner's tick. Returns the number of deferred jobs run. */
+static int kvu_chores(kvu_ctx_t *ctx)
 {
+    int      n   = kvu_run_deferred(ctx);
+    uint64_t now = kvc_mono_us();
+
     kvu_fifo_check(ctx, now);
     if (ctx->params.tick != NULL &&
-        now - *last_tick >= KVU_TICK_MS * 1000u / 2) {
-        *last_tick = now;
+        now - ctx->last_tick >= KVU_TICK_MS * 1000u / 2) {
+        ctx->last_tick = now;
         ctx->params.tick(ctx->params.tick_arg);
     }
+    return n;
 }
 
-/* kvu_wait_aside: the progress thread while a framework thread drives:
- * the workers are left to the driver (not armed, so their events do not
- * wake this thread too); it sleeps until a kick (the last driver leaving
- * kicks) or the next half tick. */
+/* kvu_take_pass: the progress thread takes pass_lock; pass_wanted makes
+ * waiters step back meanwhile (they only trylock, and would otherwise win
+ * every time). */
+static void kvu_take_pass(kvu_ctx_t *ctx)
+{
+    atomic_store(&ctx->pass_wanted, 1);
+    pthread_mutex_lock(&ctx->pass_lock);
+    atomic_store(&ctx->pass_wanted, 0);
+    kvu_passing = ctx;
+}
+
+static void kvu_drop_pass(kvu_ctx_t *ctx)
+{
+    kvu_passing = NULL;
+    pthread_mutex_unlock(&ctx->pass_lock);
+}
+
+/* kvu_wait_aside: the progress thread while a waiter drives or holds its
+ * lease: the workers are left to the waiter (not armed, so their events do
+ * not wake this thread too); it sleeps until a kick (the last waiter
+ * leaving for sleep, a deferred job), the lease's timer or the next half
+ * tick. */
 static void kvu_wait_aside(kvu_ctx_t *ctx, uint64_t seen)
 {
-    struct pollfd pfd = {.fd = ctx->wakefd, .events = POLLIN};
-    uint64_t      val;
+    struct pollfd pfd[2] = {{.fd = ctx->wakefd, .events = POLLIN},
+                            {.fd = ctx->timerfd, .events = POLLIN}};
 
     atomic_store(&ctx->sleeping, 1);
-    if (atomic_load(&ctx->kicks) != seen || atomic_load(&ctx->drivers) == 0) {
+    if (atomic_load(&ctx->kicks) != seen || !kvu_driven(ctx)) {
         atomic_store(&ctx->sleeping, 0);
         return;
     }
-    if (poll(&pfd, 1, KVU_TICK_MS / 2) > 0 && (pfd.revents & POLLIN)) {
-        ssize_t rc = read(ctx->wakefd, &val, sizeof(val));
-        (void)rc;
+    if (poll(pfd, 2, KVU_TICK_MS / 2) > 0) {
+        kvu_wake_clear(ctx, pfd[0].revents, pfd[1].revents);
     }
     atomic_store(&ctx->sleeping, 0);
 }
@@ -1802,7 +1870,6 @@ static void *kvu_progress_main(void *arg)
 {
     kvu_ctx_t *ctx       = arg;
     uint64_t   last_busy = kvc_mono_us();
-    uint64_t   last_tick = 0;
 
     /* Named, so top -H, perf and gdb tell it from the framework's. */
     (void)pthread_setname_np(pthread_self(), "kvx-progress");
@@ -1815,26 +1882,27 @@ static void *kvu_progress_main(void *arg)
         uint64_t     seen = atomic_load(&ctx->kicks);
         uint64_t     now;
 
-        if (atomic_load(&ctx->drivers) > 0) {
+        if (kvu_driven(ctx)) {
+            int jobs;
+
             kvu_wait_aside(ctx, seen);
-            now = kvc_mono_us();
-            if (now - last_tick >= KVU_TICK_MS * 1000u / 2) {
-                pthread_mutex_lock(&ctx->pass_lock);
-                kvu_passing = ctx;
-                kvu_housekeep(ctx, now, &last_tick);
-                kvu_passing = NULL;
-                pthread_mutex_unlock(&ctx->pass_lock);
+            pthread_mutex_lock(&ctx->in_lock);
+            jobs = ctx->def_head != NULL;
+            pthread_mutex_unlock(&ctx->in_lock);
+            if (jobs || kvc_mono_us() - ctx->last_tick >=
+                            KVU_TICK_MS * 1000u / 2) {
+                kvu_take_pass(ctx);
+                (void)kvu_chores(ctx);
+                kvu_drop_pass(ctx);
             }
-            last_busy = now; /* back in charge: spin before sleeping */
+            last_busy = kvc_mono_us(); /* back in charge: spin first */
             continue;
         }
-        pthread_mutex_lock(&ctx->pass_lock);
-        kvu_passing = ctx;
-        n   = kvu_pass(ctx);
+        kvu_take_pass(ctx);
+        n = kvu_pass(ctx);
+        n += (unsigned int)kvu_chores(ctx);
+        kvu_drop_pass(ctx);
         now = kvc_mono_us();
-        kvu_housekeep(ctx, now, &last_tick);
-        kvu_passing = NULL;
-        pthread_mutex_unlock(&ctx->pass_lock);
         if (n > 0) {
             last_busy = now;
             continue;
@@ -1847,34 +1915,65 @@ static void *kvu_progress_main(void *arg)
     return NULL;
 }
 
+/* kvu_lease_timer arms the lease's wake-up at us (0: disarms it). */
+static void kvu_lease_timer(kvu_ctx_t *ctx, uint64_t us)
+{
+    struct itimerspec its;
+
+    memset(&its, 0, sizeof(its));
+    its.it_value.tv_sec  = (time_t)(us / 1000000u);
+    its.it_value.tv_nsec = (long)(us % 1000000u) * 1000;
+    (void)timerfd_settime(ctx->timerfd, TFD_TIMER_ABSTIME, &its, NULL);
+}
+
 void kvu_drive_begin(kvu_ctx_t *ctx)
 {
-    atomic_fetch_add(&ctx->drivers, 1);
+    if (atomic_fetch_add(&ctx->drivers, 1) == 0 &&
+        atomic_load(&ctx->lease_us) != 0) {
+        /* Back within (or after) the lease: its wake-up is not needed.
+         * Ended leases stay ended: kvu_driven compares with now. */
+        atomic_store(&ctx->lease_us, 0);
+        kvu_lease_timer(ctx, 0);
+    }
 }
 
 int kvu_drive(kvu_ctx_t *ctx)
 {
-    unsigned int n;
+    const kvu_ctx_t *outer = kvu_passing;
+    unsigned int     n;
 
-    if (kvu_passing == ctx) {
-        return -1; /* from inside a pass (a callback): never nested */
-    }
-    if (atomic_load(&ctx->stop) || pthread_mutex_trylock(&ctx->pass_lock)) {
-        return -1;
+    if (outer == ctx || atomic_load(&ctx->stop) ||
+        atomic_load(&ctx->pass_wanted) ||
+        pthread_mutex_trylock(&ctx->pass_lock) != 0) {
+        return -1; /* inside a pass already, or another thread has it */
     }
     kvu_passing = ctx;
     n           = kvu_pass(ctx);
-    atomic_fetch_add(&ctx->driven, 1);
-    kvu_passing = NULL;
+    kvu_passing = outer;
     pthread_mutex_unlock(&ctx->pass_lock);
+    if (n > 0) {
+        atomic_fetch_add(&ctx->driven, 1);
+    }
     return n > INT32_MAX ? INT32_MAX : (int)n;
 }
 
-void kvu_drive_end(kvu_ctx_t *ctx)
+void kvu_drive_end(kvu_ctx_t *ctx, int back)
 {
-    if (atomic_fetch_sub(&ctx->drivers, 1) == 1) {
-        kvu_ctx_kick(ctx); /* the progress thread is in charge again */
+    uint64_t until = kvc_mono_us() + ctx->params.spin_us;
+
+    if (!back || ctx->params.spin_us == 0) {
+        if (atomic_fetch_sub(&ctx->drivers, 1) == 1) {
+            kvu_ctx_kick(ctx); /* the progress thread is in charge again */
+        }
+        return;
     }
+    /* The waiter is expected back soon (a framework loops: start, wait,
+     * start, ...): the progress thread stays aside until the lease ends,
+     * woken by the timer then, not by this call. Armed before the count
+     * drops, so no moment looks undriven while a kick is being skipped. */
+    atomic_store(&ctx->lease_us, until);
+    kvu_lease_timer(ctx, until);
+    atomic_fetch_sub(&ctx->drivers, 1);
 }
 
 uint64_t kvu_driven_passes(const kvu_ctx_t *ctx)
@@ -2676,6 +2775,9 @@ static void kvu_ctx_free(kvu_ctx_t *ctx)
     if (ctx->wakefd >= 0) {
         close(ctx->wakefd);
     }
+    if (ctx->timerfd >= 0) {
+        close(ctx->timerfd);
+    }
     pthread_cond_destroy(&ctx->cond);
     pthread_mutex_destroy(&ctx->in_lock);
     pthread_mutex_destroy(&ctx->pass_lock);
@@ -3003,9 +3105,15 @@ kvx_status_t kvu_ctx_create(const kvu_params_t *params, kvu_ctx_t **ctx_p)
     pthread_mutex_init(&ctx->pass_lock, NULL);
     pthread_cond_init(&ctx->cond, NULL);
     ctx->am_nonce = kvu_random64();
+    ctx->timerfd = -1;
     ctx->wakefd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (ctx->wakefd < 0) {
         status = kvc_error(KVX_ERR_INTERNAL, "eventfd: %s", strerror(errno));
+        goto err;
+    }
+    ctx->timerfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+    if (ctx->timerfd < 0) {
+        status = kvc_error(KVX_ERR_INTERNAL, "timerfd: %s", strerror(errno));
         goto err;
     }
     status = kvu_ucp_init(ctx);
@@ -3056,6 +3164,7 @@ void kvu_ctx_destroy(kvu_ctx_t *ctx)
     }
     pthread_mutex_unlock(&ctx->lock);
     atomic_store(&ctx->stop, 1);
+    atomic_store(&ctx->lease_us, 0); /* no waiter comes back: wake it now */
     kvu_ctx_kick(ctx);
     if (ctx->thread_started) {
         pthread_join(ctx->thread, NULL);

@@ -124,11 +124,14 @@ int kvu_in_progress_thread(const kvu_ctx_t *ctx);
  * running: its activity, 0 when idle; -1 when another thread holds the
  * pass or the caller is inside one), then kvu_drive_end before sleeping or
  * returning. While a driver is in, the progress thread leaves the workers
- * to it (only its tick runs); the last driver out hands them back. Never
- * with a lock a completion callback takes. */
+ * to it (only its tick runs); the last driver out hands them back: at once
+ * (back 0: the caller goes to sleep), or, when the caller is expected to
+ * wait again soon (back 1: its wait was satisfied), after a lease of
+ * progress_spin_us unless a driver comes in meanwhile. Never with a lock
+ * a completion callback takes. */
 void     kvu_drive_begin(kvu_ctx_t *ctx);
 int      kvu_drive(kvu_ctx_t *ctx);
-void     kvu_drive_end(kvu_ctx_t *ctx);
+void     kvu_drive_end(kvu_ctx_t *ctx, int back);
 uint64_t kvu_driven_passes(const kvu_ctx_t *ctx);
 
 /* kvu_ep_create connects to a peer worker address, records the lanes it

@@ -41,9 +41,9 @@ static int ops_drive(kvt_ctx_t *c)
     return kvu_drive(KVU_C(kvu_ctx_t, c));
 }
 
-static void ops_drive_end(kvt_ctx_t *c)
+static void ops_drive_end(kvt_ctx_t *c, int back)
 {
-    kvu_drive_end(KVU_C(kvu_ctx_t, c));
+    kvu_drive_end(KVU_C(kvu_ctx_t, c), back);
 }
 
 static uint64_t ops_driven(const kvt_ctx_t *c)
