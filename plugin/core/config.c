@@ -897,7 +897,7 @@ static const kvc_config_field_t kvc_cfg_fields[] = {
      .off = KVC_OFF(progress_spin_us), .lo = 0, .hi = 100000, .flags = KVC_X,
      .doc = "busy-poll time before the progress thread (or a waiter "
             "driving progress, progress_caller) sleeps"},
-    {.key = "progress_caller", .dfl_json = "true", .type = &kvc_cfg_bool_loose,
+    {.key = "progress_caller", .dfl_json = "false", .type = &kvc_cfg_bool_loose,
      .off = KVC_OFF(progress_caller), .flags = KVC_X,
      .doc = "true: a thread waiting in wait_transfer / wait_layer / "
             "wait_events progresses the data plane itself (busy-polls up to "

@@ -84,7 +84,7 @@ typedef struct kvc_config {
     uint64_t      max_inflight_bytes; /* [16 MiB] per endpoint, >= 4096 */
     uint32_t      progress_spin_us;   /* [50] 0..100000 busy-poll before
                                          sleeping */
-    int           progress_caller;    /* [true] waits drive the progress
+    int           progress_caller;    /* [false] waits drive the progress
                                          (kvt drive_*) */
 
     /* Device placement (SPEC §11: hwloc picks the NIC near the GPU) */

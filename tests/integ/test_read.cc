@@ -529,7 +529,7 @@ TEST(ReadRegion, UcxAllocatedPoolGivesDirectSharedMemoryCopies)
 }
 
 // A thread waiting in wait_transfer runs the data plane's progress itself
-// (progress_caller, default on): the completion is seen on that thread, not
+// (progress_caller, off by default): the completion is seen on that thread, not
 // handed over by the progress thread. driven_passes counts those passes;
 // with progress_caller off there are none, and the bytes are the same.
 class ReadDrive : public ::testing::TestWithParam<bool> {};

@@ -131,7 +131,7 @@ TEST_F(ConfigDefaults, EveryKeyHasItsDefault)
     EXPECT_EQ(KVC_ERR_MODE_PEER, cfg_.ucx_error_mode);
     EXPECT_EQ(16777216u, cfg_.max_inflight_bytes);
     EXPECT_EQ(50u, cfg_.progress_spin_us);
-    EXPECT_EQ(1, cfg_.progress_caller);
+    EXPECT_EQ(0, cfg_.progress_caller);
     EXPECT_STREQ("", cfg_.gpu_bus_id);
     EXPECT_STREQ("", cfg_.hwloc_topology);
 }
@@ -208,7 +208,7 @@ TEST_F(ConfigParse, EveryKeySetToAValidValue)
         "ucx_tls":"rc,sm,self","ucx_net_devices":"mlx5_0:1",
         "ucx_required_transports":["rc_verbs","sysv"],
         "ucx_error_mode":"none","max_inflight_bytes":1073741824,
-        "progress_spin_us":0,"progress_caller":false,
+        "progress_spin_us":0,"progress_caller":true,
         "gpu_bus_id":"0000:c1:00.0","hwloc_topology":"/etc/kvxfer/topo.xml"}})";
 
     ASSERT_EQ(KVX_OK, Parse(json)) << kvc_last_error();
@@ -246,7 +246,7 @@ TEST_F(ConfigParse, EveryKeySetToAValidValue)
     EXPECT_EQ(KVC_ERR_MODE_NONE, cfg_.ucx_error_mode);
     EXPECT_EQ(1073741824u, cfg_.max_inflight_bytes);
     EXPECT_EQ(0u, cfg_.progress_spin_us);
-    EXPECT_EQ(0, cfg_.progress_caller);
+    EXPECT_EQ(1, cfg_.progress_caller);
     EXPECT_STREQ("0000:c1:00.0", cfg_.gpu_bus_id);
     EXPECT_STREQ("/etc/kvxfer/topo.xml", cfg_.hwloc_topology);
     EXPECT_EQ(6u, kvc_config_world(&cfg_));
