@@ -42,6 +42,15 @@
 # load after a run is the benchmarks' own: nixlbench spins on both CPUs).
 # SUMMARY_ONLY=1 perf/nixl.sh X -- OUT_DIR rewrites OUT_DIR/summary.md from
 # its rows.csv.
+#
+# The other references in the same table: PERFTEST="LABEL=BIN[:LD_LIBRARY_PATH]
+# ..." runs each ucx_perftest at every resident point (ucp_get for READ,
+# ucp_put_bw for WRITE, -s SIZE, -O BATCH operations in flight, BATCH x the
+# transfers as iterations, UCX_TLS=TLS, application memory:
+# UCX_ALLOC_PRIO=mmap,heap; it reuses one buffer, so it has no cold run);
+# its label pairs it with the kvxfer build of the same label (the same UCX).
+# memcpy: kvxfer_perf --memcpy of the first build, single-thread copies of
+# the same blocks of the same pool, per point (MEMCPY=0 leaves it out).
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 [ $# -ge 2 ] || { sed -n '2,20p' "$0"; exit 2; }
@@ -132,7 +141,8 @@ run_kvxfer() {
     perf=$dir/perf/bench/kvxfer_perf
     csv=$out/logs/$tag.csv
     [ -n "$ld" ] && envs+=(LD_LIBRARY_PATH="$ld")
-    local resident=()
+    local resident=() memcpy=()
+    [ "$label" = "$first_label" ] && [ "${MEMCPY:-1}" = 1 ] && memcpy=(--memcpy)
     [ "$res" = resident ] && resident=(--resident)
     [ "$op" = WRITE ] && [ "${WRITE_AHEAD:-1}" = 1 ] &&
         resident+=(--write-ahead)
@@ -145,15 +155,46 @@ run_kvxfer() {
     env "${envs[@]}" timeout $TMO "$perf" 127.0.0.1 -p "$port" --tls "$tls" \
         -t "$(echo "$op" | tr A-Z a-z)" --mem app --layers 1 --layout key-only \
         -s "$size" -b "$batch" "${resident[@]}" -n "$n" -w $(( n / 10 > 2 ? n / 10 : 2 )) \
-        -q --csv "$csv" > "$out/logs/$tag.client.log" 2>&1
+        "${memcpy[@]}" -q --csv "$csv" > "$out/logs/$tag.client.log" 2>&1
     rc=$?
     wait "$spid" 2>/dev/null
+    if [ "$label" = "$first_label" ] && [ "${MEMCPY:-1}" = 1 ]; then
+        row memcpy \
+            "$(python3 -c 'import csv,sys; r=list(csv.DictReader(open(sys.argv[1]))); print(r[-1]["memcpy_bw_GBs"] if r else "")' "$csv" 2>/dev/null)" \
+            "" "$l0" "$rc"
+    fi
     row "kvxfer-$label" \
         "$(python3 -c 'import csv,sys; r=list(csv.DictReader(open(sys.argv[1]))); print(r[-1]["bw_GBs"] if r else "")' "$csv" 2>/dev/null)" \
         "$(python3 -c 'import csv,sys; r=list(csv.DictReader(open(sys.argv[1]))); print(r[-1]["avg_lat_us"] if r else "")' "$csv" 2>/dev/null)" \
         "$l0" "$rc"
 }
 
+# run_perftest LABEL BIN LD: one ucx_perftest run at the point.
+run_perftest() {
+    local label=$1 bin=$2 ld=$3 tag l0 rc spid line bw test=ucp_get
+    local envs=(UCX_TLS="$tls" UCX_ALLOC_PRIO=mmap,heap)
+    [ "$op" = WRITE ] && test=ucp_put_bw
+    [ -n "$ld" ] && envs+=(LD_LIBRARY_PATH="$ld")
+    tag="pt_${label}_${tls}_${op}_${size}_${batch}_r$rep"
+    port=$((port + 1))
+    wait_quiet "$LOAD_MAX" "$QUIET_WAIT"
+    l0=$(load1)
+    env "${envs[@]}" timeout $TMO "$bin" -p "$port" > "$out/logs/$tag.server.log" 2>&1 &
+    spid=$!
+    wait_listen "$port"
+    env "${envs[@]}" timeout $TMO "$bin" 127.0.0.1 -p "$port" -t "$test" \
+        -s "$size" -n $(( n * batch )) -w $(( n * batch / 10 + 2 )) -O "$batch" \
+        > "$out/logs/$tag.client.log" 2>&1
+    rc=$?
+    wait "$spid" 2>/dev/null
+    # The last line of numbers: ..., bandwidth MB/s (average, overall), ...
+    line=$(grep -E '^ *Final: |^ *[0-9]+ +[0-9.]+' "$out/logs/$tag.client.log" | tail -1)
+    bw=$(echo "$line" | sed 's/Final://' | awk '{ if (NF >= 7) printf "%.4f", $(NF-2) * 1048576 / 1e9 }')
+    row "ucx_perftest-$label" "$bw" "" "$l0" "$rc"
+}
+
+first_label=${builds[0]%%=*}
+read -r -a perftests <<< "${PERFTEST:-}"
 echo "nixl.sh: results in $out"
 [ "${SUMMARY_ONLY:-0}" = 1 ] && REPS=0
 for rep in $(seq 1 "$REPS"); do
@@ -171,6 +212,14 @@ for rep in $(seq 1 "$REPS"); do
                             ld=
                             [ "$spec" != "$dir" ] && ld=${spec#*:}
                             run_kvxfer "$label" "$dir" "$ld"
+                        done
+                        [ "$res" = resident ] || continue
+                        for b in "${perftests[@]}"; do
+                            spec=${b#*=}
+                            bin=${spec%%:*}
+                            ld=
+                            [ "$spec" != "$bin" ] && ld=${spec#*:}
+                            run_perftest "${b%%=*}" "$bin" "$ld"
                         done
                     done
                 done
@@ -205,22 +254,36 @@ print(f"# kvxfer_perf vs nixlbench ({os.path.basename(out)})\n")
 print("GB/s min / median / max over the repetitions; ratio = kvxfer / nixlbench "
       "pair by pair (same repetition), median; \"loaded\": some run of the "
       f"point started at a 1-minute load >= {load_max}, \"quiet\": none did. "
-      "nixlbench's cold column reuses the same buffer (it has no pool walk).\n")
-kvx = [t for t in tools if t != "nixlbench"]
-hdr = "| tls | op | block | batch | residency | nixlbench | " + " | ".join(kvx) + " | " + \
-      " | ".join(f"{t}/nixl" for t in kvx) + " | load |"
+      "nixlbench's cold column reuses the same buffer (it has no pool walk); "
+      "ucx_perftest runs at resident points only (one buffer, BATCH "
+      "operations in flight); memcpy: single-thread copies of the same "
+      "blocks of the same pool (kvxfer_perf --memcpy), ratio kvxfer / memcpy "
+      "of the first kvxfer build.\n")
+kvx = [t for t in tools if t.startswith("kvxfer-")]
+pts_tools = [t for t in tools if t.startswith("ucx_perftest-")]
+refs = pts_tools + (["memcpy"] if "memcpy" in tools else [])
+# ratio columns: (kvxfer tool, reference tool, heading)
+rcols = [(t, "nixlbench", f"{t}/nixl") for t in kvx]
+rcols += [(t, "ucx_perftest-" + t[7:], f"{t}/perftest") for t in kvx
+          if "ucx_perftest-" + t[7:] in pts_tools]
+if "memcpy" in tools and kvx:
+    rcols.append((kvx[0], "memcpy", f"{kvx[0]}/memcpy"))
+hdr = "| tls | op | block | batch | residency | nixlbench | " + \
+      " | ".join(kvx + refs) + " | " + " | ".join(h for (_, _, h) in rcols) + \
+      " | load |"
 print(hdr)
 print("|" + "---|" * (hdr.count("|") - 1))
 for key in sorted(pts):
     d = pts[key]
     loaded = any(l >= load_max for t in d.values() for (_, _, l, _) in t)
-    nx = {rep: bw for (rep, bw, _, _) in d.get("nixlbench", [])}
     cells = [mmm([bw for (_, bw, _, _) in d.get("nixlbench", [])])]
-    ratios = []
-    for t in kvx:
+    for t in kvx + refs:
         cells.append(mmm([bw for (_, bw, _, _) in d.get(t, [])]))
-        rs = [bw / nx[rep] for (rep, bw, _, _) in d.get(t, [])
-              if nx.get(rep, 0) > 0 and bw == bw and bw > 0]
+    ratios = []
+    for (t, ref, _) in rcols:
+        rb = {rep: bw for (rep, bw, _, _) in d.get(ref, [])}
+        rs = [bw / rb[rep] for (rep, bw, _, _) in d.get(t, [])
+              if rb.get(rep, 0) > 0 and bw == bw and bw > 0]
         ratios.append(f"{statistics.median(rs):.2f}" if rs else "-")
     tls, op, size, batch, res = key
     blk = f"{size // 1024} KiB" if size < 1048576 else f"{size // 1048576} MiB"
