@@ -418,11 +418,6 @@ const char *kvu_version(void)
     return ucp_get_version_string();
 }
 
-/* kvu_ctx_kick: something for the progress thread. Every kick is counted;
- * the eventfd is written only while the thread sleeps (or is about to): a
- * post to a spinning thread costs no system call, and so no scheduling
- * point, on the caller's side. The thread re-checks the count after
- * announcing its sleep (kvu_wait), so no kick is lost. */
 /* kvu_driven: is a waiter driving, or expected back (its lease)? */
 static int kvu_driven(kvu_ctx_t *ctx)
 {
@@ -442,6 +437,13 @@ static void kvu_wake(kvu_ctx_t *ctx)
     }
 }
 
+/* kvu_ctx_kick: something for the progress thread. Every kick is counted;
+ * the eventfd is written only while the thread sleeps (or is about to): a
+ * post to a spinning thread costs no system call, and so no scheduling
+ * point, on the caller's side. The thread re-checks the count after
+ * announcing its sleep (kvu_wait), so no kick is lost. While a waiter
+ * drives or holds its lease (kvu_drive_*), no eventfd is written either:
+ * the waiter's next pass, or the lease's timer, takes the work. */
 void kvu_ctx_kick(kvu_ctx_t *ctx)
 {
     uint64_t one = 1;
@@ -1651,8 +1653,6 @@ static int kvu_deliver(kvu_ctx_t *ctx)
     return n;
 }
 
-/* kvu_wait sleeps until UCX or a kick has something; seen is the kick
- * count when the current pass began. */
 /* kvu_wake_clear reads the wake-up fds poll found readable. */
 static void kvu_wake_clear(kvu_ctx_t *ctx, short wake, short timer)
 {
@@ -1668,6 +1668,8 @@ static void kvu_wake_clear(kvu_ctx_t *ctx, short wake, short timer)
     (void)rc;
 }
 
+/* kvu_wait sleeps until UCX or a kick has something; seen is the kick
+ * count when the current pass began. */
 static void kvu_wait(kvu_ctx_t *ctx, uint64_t seen)
 {
     struct pollfd pfd[4];
