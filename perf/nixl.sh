@@ -136,7 +136,7 @@ run_nixl() {
 }
 
 run_kvxfer() {
-    local label=$1 dir=$2 ld=$3 tag l0 rc spid perf csv envs=()
+    local label=$1 dir=$2 ld=${3:-} tag l0 rc spid perf csv envs=()
     tag="kvx_${label}_${tls}_${op}_${size}_${batch}_${res}_r$rep"
     perf=$dir/perf/bench/kvxfer_perf
     csv=$out/logs/$tag.csv
@@ -171,7 +171,7 @@ run_kvxfer() {
 
 # run_perftest LABEL BIN LD: one ucx_perftest run at the point.
 run_perftest() {
-    local label=$1 bin=$2 ld=$3 tag l0 rc spid line bw test=ucp_get
+    local label=$1 bin=$2 ld=${3:-} tag l0 rc spid line bw test=ucp_get
     local envs=(UCX_TLS="$tls" UCX_ALLOC_PRIO=mmap,heap)
     [ "$op" = WRITE ] && test=ucp_put_bw
     [ -n "$ld" ] && envs+=(LD_LIBRARY_PATH="$ld")
@@ -193,6 +193,17 @@ run_perftest() {
     row "ucx_perftest-$label" "$bw" "" "$l0" "$rc"
 }
 
+# split_spec LABEL=PATH[:LD]: prints LABEL PATH [LD] (no spaces in them).
+split_spec() {
+    local spec=${1#*=} path
+    path=${spec%%:*}
+    if [ "$spec" != "$path" ]; then
+        echo "${1%%=*} $path ${spec#*:}"
+    else
+        echo "${1%%=*} $path"
+    fi
+}
+
 first_label=${builds[0]%%=*}
 read -r -a perftests <<< "${PERFTEST:-}"
 echo "nixl.sh: results in $out"
@@ -206,20 +217,11 @@ for rep in $(seq 1 "$REPS"); do
                         n=$(iters "$size" "$batch")
                         run_nixl
                         for b in "${builds[@]}"; do
-                            label=${b%%=*}
-                            spec=${b#*=}
-                            dir=${spec%%:*}
-                            ld=
-                            [ "$spec" != "$dir" ] && ld=${spec#*:}
-                            run_kvxfer "$label" "$dir" "$ld"
+                            run_kvxfer $(split_spec "$b")
                         done
                         [ "$res" = resident ] || continue
                         for b in "${perftests[@]}"; do
-                            spec=${b#*=}
-                            bin=${spec%%:*}
-                            ld=
-                            [ "$spec" != "$bin" ] && ld=${spec#*:}
-                            run_perftest "${b%%=*}" "$bin" "$ld"
+                            run_perftest $(split_spec "$b")
                         done
                     done
                 done

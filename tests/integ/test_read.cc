@@ -54,6 +54,26 @@ void MakePair(Pair *pair, uint32_t tp, const std::string &tls)
     }
 }
 
+// MakeSmPair: one READ P rank (32 blocks, handshake port hs) and one D rank
+// (24 blocks, hs + 1) over ucx_tls sm; region: layers in alloc_region
+// memory; extra: more extra_config members for both.
+void MakeSmPair(const ModelSpec &m, uint16_t hs, bool region,
+                const std::string &extra, Rank *p, Rank *d)
+{
+    RankOpts o;
+    o.tls         = "sm";
+    o.region      = region;
+    o.extra       = extra;
+    o.hs_port     = hs;
+    o.notify_port = (uint16_t)(hs + 20000);
+    ASSERT_EQ(KVX_OK, MakeRank(m, o, p)) << Api()->last_error();
+    o.producer    = false;
+    o.num_blocks  = 24;
+    o.hs_port     = (uint16_t)(hs + 1);
+    o.notify_port = (uint16_t)(hs + 1 + 20000);
+    ASSERT_EQ(KVX_OK, MakeRank(m, o, d)) << Api()->last_error();
+}
+
 class ReadTransfer
     : public ::testing::TestWithParam<std::tuple<std::string, uint32_t>> {};
 
@@ -481,17 +501,10 @@ TEST(ReadRegion, UcxAllocatedPoolGivesDirectSharedMemoryCopies)
     ModelSpec m  = ThreeLayerModel();
     uint16_t  hs = PortBase(2);
     Rank      p, d;
-    RankOpts  o;
-    o.tls         = "sm";
-    o.region      = true;
-    o.hs_port     = hs;
-    o.notify_port = (uint16_t)(hs + 20000);
-    ASSERT_EQ(KVX_OK, MakeRank(m, o, &p)) << Api()->last_error();
-    o.producer    = false;
-    o.num_blocks  = 24;
-    o.hs_port     = (uint16_t)(hs + 1);
-    o.notify_port = (uint16_t)(hs + 1 + 20000);
-    ASSERT_EQ(KVX_OK, MakeRank(m, o, &d)) << Api()->last_error();
+    MakeSmPair(m, hs, true, "", &p, &d);
+    if (HasFatalFailure()) {
+        return;
+    }
     const std::vector<uint64_t> pids = {2, 9, 10, 11, 31};
     const std::vector<uint64_t> dids = {23, 0, 5, 6, 7};
     std::string prm = Params("tx-region", "127.0.0.1", hs, (uint16_t)(hs + 20000),
@@ -540,17 +553,12 @@ TEST_P(ReadDrive, WaitingThreadDrivesTheDataPlane)
     ModelSpec  m      = ThreeLayerModel();
     uint16_t   hs     = PortBase(2);
     Rank       p, d;
-    RankOpts   o;
-    o.tls         = "sm";
-    o.hs_port     = hs;
-    o.notify_port = (uint16_t)(hs + 20000);
-    o.extra = std::string("\"progress_caller\":") + (caller ? "true" : "false");
-    ASSERT_EQ(KVX_OK, MakeRank(m, o, &p)) << Api()->last_error();
-    o.producer    = false;
-    o.num_blocks  = 24;
-    o.hs_port     = (uint16_t)(hs + 1);
-    o.notify_port = (uint16_t)(hs + 1 + 20000);
-    ASSERT_EQ(KVX_OK, MakeRank(m, o, &d)) << Api()->last_error();
+    MakeSmPair(m, hs, false,
+               std::string("\"progress_caller\":") + (caller ? "true" : "false"),
+               &p, &d);
+    if (HasFatalFailure()) {
+        return;
+    }
     // Five transfers, each waited for right after it is requested: the
     // first at least spans the handshake, so the wait finds work to drive.
     std::vector<uint64_t> all_p, all_d; // D blocks differ between transfers
