@@ -204,7 +204,8 @@ split_spec() {
     fi
 }
 
-first_label=${builds[0]%%=*}
+first_label=${builds[0]:-}
+first_label=${first_label%%=*}
 read -r -a perftests <<< "${PERFTEST:-}"
 echo "nixl.sh: results in $out"
 [ "${SUMMARY_ONLY:-0}" = 1 ] && REPS=0

@@ -553,8 +553,12 @@ TEST_P(ReadDrive, WaitingThreadDrivesTheDataPlane)
     ModelSpec  m      = ThreeLayerModel();
     uint16_t   hs     = PortBase(2);
     Rank       p, d;
+    // A long spin keeps the waiter's lease over the gap between transfers:
+    // posts then wait for its passes (the progress thread stays aside), so
+    // the count does not depend on which thread the scheduler runs first.
     MakeSmPair(m, hs, false,
-               std::string("\"progress_caller\":") + (caller ? "true" : "false"),
+               caller ? "\"progress_caller\":true,\"progress_spin_us\":100000"
+                      : "\"progress_caller\":false",
                &p, &d);
     if (HasFatalFailure()) {
         return;

@@ -421,8 +421,10 @@ const char *kvu_version(void)
 /* kvu_driven: is a waiter driving, or expected back (its lease)? */
 static int kvu_driven(kvu_ctx_t *ctx)
 {
+    uint64_t lease = atomic_load(&ctx->lease_us);
+
     return atomic_load(&ctx->drivers) > 0 ||
-           kvc_mono_us() < atomic_load(&ctx->lease_us);
+           (lease != 0 && kvc_mono_us() < lease);
 }
 
 /* kvu_wake: the eventfd written if the progress thread sleeps. */
@@ -1856,13 +1858,23 @@ static void kvu_wait_aside(kvu_ctx_t *ctx, uint64_t seen)
 {
     struct pollfd pfd[2] = {{.fd = ctx->wakefd, .events = POLLIN},
                             {.fd = ctx->timerfd, .events = POLLIN}};
+    int           ms     = KVU_TICK_MS / 2;
+    uint64_t      lease, now;
 
     atomic_store(&ctx->sleeping, 1);
     if (atomic_load(&ctx->kicks) != seen || !kvu_driven(ctx)) {
         atomic_store(&ctx->sleeping, 0);
         return;
     }
-    if (poll(pfd, 2, KVU_TICK_MS / 2) > 0) {
+    /* No longer than the lease either: waiters beginning and ending at
+     * once can disarm its timer after another armed it. */
+    lease = atomic_load(&ctx->lease_us);
+    now   = kvc_mono_us();
+    if (atomic_load(&ctx->drivers) == 0 && lease > now &&
+        (lease - now + 999) / 1000 < (uint64_t)ms) {
+        ms = (int)((lease - now + 999) / 1000);
+    }
+    if (poll(pfd, 2, ms) > 0) {
         kvu_wake_clear(ctx, pfd[0].revents, pfd[1].revents);
     }
     atomic_store(&ctx->sleeping, 0);
@@ -1887,7 +1899,8 @@ static void *kvu_progress_main(void *arg)
         if (kvu_driven(ctx)) {
             int jobs;
 
-            kvu_wait_aside(ctx, seen);
+            /* Jobs looked for after seen was read: one deferred later
+             * moves kicks, and kvu_wait_aside does not sleep. */
             pthread_mutex_lock(&ctx->in_lock);
             jobs = ctx->def_head != NULL;
             pthread_mutex_unlock(&ctx->in_lock);
@@ -1896,6 +1909,8 @@ static void *kvu_progress_main(void *arg)
                 kvu_take_pass(ctx);
                 (void)kvu_chores(ctx);
                 kvu_drop_pass(ctx);
+            } else {
+                kvu_wait_aside(ctx, seen);
             }
             last_busy = kvc_mono_us(); /* back in charge: spin first */
             continue;
