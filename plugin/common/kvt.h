@@ -295,7 +295,8 @@ typedef struct kvt_data_ops {
      * thread holds the pass or the caller is inside one), then drive_end
      * before it sleeps (back 0) or returns (back 1: it is likely to wait
      * again soon; the progress owner stays aside a little longer); never
-     * with a lock a completion callback takes. driven: passes run so. NULL
+     * with a lock a completion callback takes. driven: the waiters' passes
+     * that found work. NULL
      * members: the progress owner alone progresses (the simulator's
      * scheduler). */
     void         (*drive_begin)(kvt_ctx_t *ctx);
