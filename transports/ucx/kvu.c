@@ -448,14 +448,10 @@ static void kvu_wake(kvu_ctx_t *ctx)
  * the waiter's next pass, or the lease's timer, takes the work. */
 void kvu_ctx_kick(kvu_ctx_t *ctx)
 {
-    uint64_t one = 1;
-
     atomic_fetch_add(&ctx->kicks, 1);
     /* A driver passes soon; a lease ends with the timer's wake-up. */
     if (atomic_load(&ctx->sleeping) && !kvu_driven(ctx)) {
-        ssize_t rc = write(ctx->wakefd, &one, sizeof(one));
-
-        (void)rc;
+        kvu_wake(ctx);
     }
 }
 
