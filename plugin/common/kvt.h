@@ -274,9 +274,12 @@ typedef struct kvt_data_ops {
      * (the control plane's message is the only one). from (NULL or "":
      * none; else at most KVT_NOTICE_FROM_MAX - 1 bytes) travels with it:
      * the address the peer saw this side at, from which the peer
-     * recomputes the session (a READ release, mode_read.c). */
+     * recomputes the session (a READ release, mode_read.c). nonce: the
+     * caller's (a READ release: D's stamp, strictly increasing, which P
+     * checks for replays), or 0 for one the transport draws. */
     kvx_status_t (*notify)(kvt_ep_t *ep, uint64_t tag, uint64_t instance,
-                           uint64_t xnonce, const char *id, const char *from);
+                           uint64_t xnonce, uint64_t nonce, const char *id,
+                           const char *from);
     /* ctl_send sends the peer a control message (len bytes, 1..KVT_CTL_MAX,
      * no NUL inside) on the data plane, authenticated under the endpoint's
      * session (kvc_msg_mac), with from (1..KVT_NOTICE_FROM_MAX - 1 bytes):

@@ -813,8 +813,10 @@ static const kvc_config_field_t kvc_cfg_fields[] = {
      .type = &kvc_cfg_bool_loose, .off = KVC_OFF(release_on_data_plane),
      .flags = KVC_X,
      .doc = "READ, D: a release to a P rank it read from goes as a notice "
-            "on that UCX endpoint, not over the control plane (never with "
-            "control-plane TLS)"},
+            "on that UCX endpoint, not over the control plane; WRITE, D: "
+            "remote_blocks too, once the endpoint is up (also with "
+            "control-plane TLS: authenticated under the session the TLS "
+            "handshake gave, replays refused by the sender's stamp)"},
     {.key = "node_hosts", .dfl_fn = kvc_cfg_auto_node_hosts,
      .type = &kvc_cfg_host_list, .off = KVC_OFF(node_hosts),
      .off_n = KVC_OFF(num_node_hosts), .lo = 1, .flags = KVC_X,

@@ -108,6 +108,49 @@ void kvc_dispatch(struct kvx_engine *eng, kvc_msg_t *m, char *reason,
     }
 }
 
+uint64_t kvc_dp_next_nonce(struct kvx_engine *eng)
+{
+    uint64_t stamp = eng->env.clock.stamp(eng->env.clock.arg);
+
+    eng->dp_nonce = stamp > eng->dp_nonce ? stamp : eng->dp_nonce + 1;
+    return eng->dp_nonce;
+}
+
+const char *kvc_dp_fresh(struct kvx_engine *eng, uint64_t session,
+                         uint64_t inst, uint64_t nonce, const char *what,
+                         const char *from)
+{
+    const kvt_clock_t *c = &eng->env.clock;
+    const char        *why;
+    uint64_t           n;
+
+    if (eng->dp_replay == NULL &&
+        (eng->dp_replay = calloc(1, sizeof(*eng->dp_replay))) == NULL) {
+        return "out of memory";
+    }
+    /* A sender is an engine instance of a host (its session): its stamps
+     * increase, and one taken before is a replay. */
+    why = kvc_replay_check(eng->dp_replay, session, inst, nonce,
+                           c->stamp(c->arg), c->stamp_shift,
+                           (uint64_t)(eng->cfg.clock_skew * 1e6) +
+                               KVC_DP_FRESH_US);
+    if (why == NULL) {
+        return NULL;
+    }
+    /* Authentic but refused: a replay, or the hosts' clocks further apart
+     * than the window. Worth a warning (rate limited: powers of two), since
+     * the transfer it serves then waits for its deadline. */
+    n = ++eng->stats.dp_stale;
+    if ((n & (n - 1)) == 0) {
+        kvc_log_warn("KVX-DP-CTL", "%s: %s from %s on the data plane "
+                     "refused: %s (%llu so far; clocks must agree within "
+                     "%.1f s)", eng->engine_id, what, from, why,
+                     (unsigned long long)n,
+                     eng->cfg.clock_skew + KVC_DP_FRESH_US / 1e6);
+    }
+    return why;
+}
+
 void kvc_dp_ctl_handler(void *arg, const char *msg, size_t len,
                         uint64_t nonce, uint64_t mac, const char *from)
 {
@@ -119,10 +162,7 @@ void kvc_dp_ctl_handler(void *arg, const char *msg, size_t len,
     int                ok = 1, decoded = 0;
     uint64_t           s  = kvc_host_session(eng->expo.key, from, 1);
 
-    if (eng->cfg.tls.cert_file[0] != '\0') {
-        why = "control-plane TLS is on, and the data plane is not "
-              "encrypted (a captured message could be replayed)";
-    } else if (s == 0 || kvc_msg_mac(s, nonce, msg, len) != mac) {
+    if (s == 0 || kvc_msg_mac(s, nonce, msg, len) != mac) {
         why = "not authenticated by the session of the address it claims";
     } else {
         kvc_from_host(from, host, sizeof(host));
@@ -137,35 +177,8 @@ void kvc_dp_ctl_handler(void *arg, const char *msg, size_t len,
         }
     }
     pthread_mutex_lock(&eng->lock);
-    if (why == NULL && eng->dp_replay == NULL &&
-        (eng->dp_replay = calloc(1, sizeof(*eng->dp_replay))) == NULL) {
-        why = "out of memory";
-    }
     if (why == NULL) {
-        /* A sender is an engine instance of a host (its session): its
-         * stamps increase, and one taken before is a replay. */
-        const kvt_clock_t *c = &eng->env.clock;
-
-        why = kvc_replay_check(eng->dp_replay, s, m.instance, nonce,
-                               c->stamp(c->arg), c->stamp_shift,
-                               (uint64_t)(eng->cfg.clock_skew * 1e6) +
-                                   KVC_DP_FRESH_US);
-        if (why != NULL) {
-            /* Authentic but refused: a replay, or the hosts' clocks
-             * further apart than the window. Worth a warning (rate
-             * limited: powers of two), since D's transfer then waits for
-             * its deadline. */
-            uint64_t n = ++eng->dp_stale;
-
-            if ((n & (n - 1)) == 0) {
-                kvc_log_warn("KVX-DP-CTL", "%s: remote_blocks from %s on "
-                             "the data plane refused: %s (%llu so far; "
-                             "clocks must agree within %.1f s)",
-                             eng->engine_id, from, why,
-                             (unsigned long long)n,
-                             eng->cfg.clock_skew + KVC_DP_FRESH_US / 1e6);
-            }
-        }
+        why = kvc_dp_fresh(eng, s, m.instance, nonce, "remote_blocks", from);
     }
     if (why != NULL) {
         eng->stats.dp_msgs_refused++;

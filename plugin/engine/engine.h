@@ -401,14 +401,14 @@ struct kvx_engine {
     char             *meta_json;     /* handshake reply, owned */
     size_t            meta_len;
     uint64_t          epoch;
-    uint64_t          dp_nonce;      /* D WRITE: the last data-plane
-                                        control message's nonce (a stamp,
-                                        strictly increasing) */
-    uint64_t          dp_stale;      /* P WRITE: authentic ones refused
-                                        by kvc_replay_check */
-    kvc_replay_t     *dp_replay;     /* P WRITE: data-plane control
-                                        messages taken (kvc_replay_check),
-                                        allocated at the first */
+    uint64_t          dp_nonce;      /* D: the last data-plane control
+                                        message's or READ release
+                                        notice's nonce (a stamp, strictly
+                                        increasing: kvc_dp_next_nonce) */
+    kvc_replay_t     *dp_replay;     /* P: data-plane control messages and
+                                        READ release notices taken
+                                        (kvc_dp_fresh), allocated at the
+                                        first */
     uint64_t          xnonce_seq;    /* D WRITE: uses of transfer ids so
                                         far (kvc_write_d_xnonce hashes it) */
     char              engine_id[KVX_ID_MAX + 16];
@@ -459,7 +459,11 @@ struct kvx_engine {
         uint64_t blocks_on_dp;    /* D WRITE: remote_blocks sent on the
                                      data plane (kvc_write_d_blocks_on_dp) */
         uint64_t dp_msgs_refused; /* data-plane control messages refused
-                                     (TLS, mac, trust, shape, type) */
+                                     (mac, trust, shape, type, replay) */
+        uint64_t dp_stale;        /* P: authentic data-plane control
+                                     messages and READ release notices
+                                     refused by kvc_dp_fresh (replayed,
+                                     or the hosts' clocks disagree) */
         uint64_t write_done_skipped; /* P WRITE: transfers whose notice
                                         the transport took and D asked for
                                         no write_done after one */
@@ -721,14 +725,28 @@ void kvc_reply(int ok, const char *reason, char **reply_p, size_t *len_p);
  * handler, counted (lock held). *ok_p 0 with reason: refused. */
 void kvc_dispatch(struct kvx_engine *eng, kvc_msg_t *m, char *reason,
                   size_t reason_len, int *ok_p);
+/* kvc_dp_next_nonce (D, lock held): the nonce of this engine's next
+ * data-plane control message or READ release notice: a stamp
+ * (kvt_clock_t.stamp), strictly increasing. */
+uint64_t    kvc_dp_next_nonce(struct kvx_engine *eng);
+/* kvc_dp_fresh (P, lock held): NULL when nonce, from the engine instance
+ * inst of the host whose session is session, was never taken before and
+ * is within the freshness window (kvc_replay_check; recorded then); else
+ * the reason, warned about (rate limited) as what from `from`. With
+ * control-plane TLS this is what stops a message or notice captured on
+ * the unencrypted data plane from being replayed. */
+const char *kvc_dp_fresh(struct kvx_engine *eng, uint64_t session,
+                         uint64_t inst, uint64_t nonce, const char *what,
+                         const char *from);
 /* kvc_dp_ctl_handler (kvt_data_params_t.ctl): a control message a peer
  * sent on the data plane (a WRITE D's remote_blocks,
- * kvc_write_d_blocks_on_dp). Taken only without control-plane TLS, when
- * its mac is the one the session this engine gives the address it claims
- * gives (the sender handshook from there), that address is trusted
- * (trusted_remote_hosts) and it is a remote_blocks; then exactly as over
- * the control plane (kvc_dispatch), with no reply. Else counted
- * (dp_msgs_refused). Progress owner, without the transport's locks. */
+ * kvc_write_d_blocks_on_dp). Taken only when its mac is the one the
+ * session this engine gives the address it claims gives (the sender
+ * handshook from there: with control-plane TLS, over TLS), that address
+ * is trusted (trusted_remote_hosts), it is a remote_blocks and it is fresh
+ * (kvc_dp_fresh); then exactly as over the control plane (kvc_dispatch),
+ * with no reply. Else counted (dp_msgs_refused). Progress owner, without
+ * the transport's locks. */
 void kvc_dp_ctl_handler(void *arg, const char *msg, size_t len,
                         uint64_t nonce, uint64_t mac, const char *from);
 void kvc_notify_handler(void *arg, const char *from, const char *msg,

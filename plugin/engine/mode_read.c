@@ -34,10 +34,12 @@ static void kvc_read_hold_why(const struct kvx_engine *eng, const char *when,
  * takes, and P told this engine the address its session is keyed by. (On a
  * direct RMA lane D may read before P's producer_request: P keeps such a
  * notice as an early release.) A notice the transport refuses (endpoint
- * gone, KVU_NOTICE_PENDING_MAX unsent) falls back to the message. Not with
- * control-plane TLS: the data plane is not encrypted, and a captured notice
- * could be replayed at a later use of the id. Returns 1 when the notice was
- * handed over. */
+ * gone, KVU_NOTICE_PENDING_MAX unsent) falls back to the message. The
+ * notice carries this engine's instance and a stamp (kvc_dp_next_nonce)
+ * under its mac, by which P refuses a copy captured on the unencrypted
+ * data plane and replayed (kvc_dp_fresh): so also with control-plane TLS,
+ * whose handshake gave the session. Returns 1 when the notice was handed
+ * over. */
 static int kvc_read_release_on_dp(struct kvx_engine *eng, kvc_xfer_t *x,
                                   kvc_peer_t *peer)
 {
@@ -46,8 +48,8 @@ static int kvc_read_release_on_dp(struct kvx_engine *eng, kvc_xfer_t *x,
     if (x->status != KVX_OK || x->ops == NULL || KVD(eng)->notify == NULL ||
         KVD(eng)->ep_set_session == NULL ||
         peer->state != KVC_PEER_READY || peer->ep == NULL ||
-        peer->seen_as[0] == '\0' || eng->cfg.tls.cert_file[0] != '\0' ||
-        eng->cfg.tp_rank >= 64 || !eng->cfg.release_on_data_plane) {
+        peer->seen_as[0] == '\0' || eng->cfg.tp_rank >= 64 ||
+        !eng->cfg.release_on_data_plane) {
         return 0;
     }
     for (size_t o = 0; o < eng->nlayers * kvc_xfer_nsrc(x) && !read_from;
@@ -62,7 +64,8 @@ static int kvc_read_release_on_dp(struct kvx_engine *eng, kvc_xfer_t *x,
     }
     if (KVD(eng)->notify(peer->ep, kvc_xfer_tag(x->transfer_id),
                          (uint64_t)eng->cfg.tp_size << 32 | eng->cfg.tp_rank,
-                         0, x->transfer_id, peer->seen_as) != KVX_OK) {
+                         eng->epoch, kvc_dp_next_nonce(eng), x->transfer_id,
+                         peer->seen_as) != KVX_OK) {
         kvc_log_debug("KVX-READ-NOTICE", "transfer %s: %s (the release goes "
                       "as a message)", x->transfer_id, kvc_last_error());
         kvc_error_clear();
@@ -599,8 +602,10 @@ static void kvc_read_on_release(struct kvx_engine *eng, kvc_msg_t *m,
  * (kvc_read_release_on_dp). It counts as that rank's release only when its
  * mac is the one the session this engine gave the address the notice
  * claims (kvc_hs_handler's seen_as) gives: the sender handshook from there,
- * past trusted_remote_hosts. The rank and tp size it names travel in the
- * instance field, under the mac. */
+ * past trusted_remote_hosts (with control-plane TLS: over TLS, so the
+ * session is the sender's secret), and when its stamp from that sender
+ * instance (xnonce) is fresh (kvc_dp_fresh: a replay is refused). The rank
+ * and tp size it names travel in the instance field, under the mac. */
 static void kvc_read_on_notice(struct kvx_engine *eng, const kvc_notice_t *nt)
 {
     kvc_xfer_t *x = kvc_xfer_find(eng, nt->id);
@@ -611,20 +616,20 @@ static void kvc_read_on_notice(struct kvx_engine *eng, const kvc_notice_t *nt)
     if (x != NULL && (!x->is_producer || x->state != KVC_XFER_HELD)) {
         return; /* ended here (its deadline, or this rank's release) */
     }
-    if (eng->cfg.tls.cert_file[0] != '\0') {
-        /* With control-plane TLS releases come over it only (a notice on
-         * the unencrypted data plane could be a replay). */
-        eng->stats.notices_refused++;
-        return;
-    }
     if (kvc_xfer_tag(nt->id) != nt->tag || tp == 0 || tp > 65535u ||
-        rank >= tp ||
+        rank >= tp || nt->xnonce == 0 ||
         !kvc_notice_from_ok(eng->expo.key, nt->from, nt->tag, nt->nonce,
                             nt->instance, nt->xnonce, nt->mac)) {
         eng->stats.notices_refused++;
         kvc_log_debug("KVX-READ-NOTICE", "release notice (tag %llx) "
                       "refused: not authenticated by the session of the "
                       "address it claims", (unsigned long long)nt->tag);
+        return;
+    }
+    if (kvc_dp_fresh(eng, kvc_host_session(eng->expo.key, nt->from, 1),
+                     nt->xnonce, nt->nonce, "release notice",
+                     nt->from) != NULL) {
+        eng->stats.notices_refused++;
         return;
     }
     if (x == NULL) {

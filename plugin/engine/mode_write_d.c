@@ -42,7 +42,6 @@ static int kvc_write_d_by_notice(const struct kvx_engine *eng,
 static int kvc_write_d_dp_on(const struct kvx_engine *eng)
 {
     return KVD(eng)->ctl_send != NULL && KVD(eng)->ep_set_session != NULL &&
-           eng->cfg.tls.cert_file[0] == '\0' &&
            eng->cfg.release_on_data_plane;
 }
 
@@ -52,8 +51,9 @@ static int kvc_write_d_dp_on(const struct kvx_engine *eng)
  * trip per transfer (perf/README.md, "remote_blocks on the data plane").
  * Only over an endpoint to the rank's current instance (handshake done),
  * when P told this engine the address its session is keyed by (seen_as),
- * without control-plane TLS (the data plane is not encrypted: a captured
- * message could be replayed) and with release_on_data_plane. The endpoint
+ * and with release_on_data_plane. Also with control-plane TLS: the session
+ * came inside the TLS handshake, and P refuses a replayed copy by its
+ * stamp (kvc_dp_fresh). The endpoint
  * reaches that instance's worker only, so the rank is bound to it at once
  * (no reply comes: as if it had answered). A message the transport
  * refuses (endpoint failed or closed, 256 unsent, longer than
@@ -88,11 +88,8 @@ static int kvc_write_d_blocks_on_dp(struct kvx_engine *eng, kvc_xfer_t *x,
     if (len <= KVT_CTL_MAX) {
         /* Its nonce is a stamp, strictly increasing: P refuses one it
          * took before, or one outside its freshness window (a replay). */
-        uint64_t stamp = eng->env.clock.stamp(eng->env.clock.arg);
-
-        eng->dp_nonce = stamp > eng->dp_nonce ? stamp : eng->dp_nonce + 1;
         st = KVD(eng)->ctl_send(peer->ep, buf, len, peer->seen_as,
-                                eng->dp_nonce);
+                                kvc_dp_next_nonce(eng));
     } else {
         st = KVX_ERR_INVALID_PARAM;
     }

@@ -98,7 +98,7 @@ static void kvc_write_flush_done(kvt_op_t *op)
 
         if (noticed &&
             KVD(eng)->notify(x->src->ep, kvc_xfer_tag(x->transfer_id),
-                             eng->epoch, x->xnonce,
+                             eng->epoch, x->xnonce, 0,
                              x->transfer_id, NULL) != KVX_OK) {
             kvc_log_debug("KVX-WRITE-NOTICE", "transfer %s: %s (write_done "
                           "follows)", x->transfer_id, kvc_last_error());

@@ -79,6 +79,7 @@ kvx_status_t kvc_report_stats(struct kvx_engine *eng, char **json_p)
     KVC_STAT(write_done_skipped);
     KVC_STAT(blocks_on_dp);
     KVC_STAT(dp_msgs_refused);
+    KVC_STAT(dp_stale);
     KVC_STAT(notices_early);
     KVC_STAT(early_completed);
     KVC_STAT(fences_unconfirmed);

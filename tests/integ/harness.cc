@@ -6,8 +6,10 @@ extern "C" {
 }
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 #include <unistd.h>
@@ -463,6 +465,43 @@ std::string RankConfig(const RankOpts &o)
              o.handshake_timeout, o.transfer_timeout, o.defer_timeout,
              o.extra.empty() ? "" : ",", o.extra.c_str());
     return buf;
+}
+
+std::string CtlTlsExtra()
+{
+    static std::string extra;
+    static bool        tried = false;
+
+    if (tried) {
+        return extra;
+    }
+    tried = true;
+    char dir[] = "/tmp/kvxfer-integ-pki-XXXXXX";
+    if (mkdtemp(dir) == nullptr) {
+        fprintf(stderr, "CtlTlsExtra: mkdtemp: %s\n", strerror(errno));
+        return extra;
+    }
+    const std::string d   = dir;
+    const std::string ec  = " -newkey ec -pkeyopt ec_paramgen_curve:prime256v1"
+                            " -nodes";
+    const std::string cmd =
+        "openssl req -x509" + ec + " -keyout " + d + "/ca.key -out " + d +
+        "/ca.crt -subj /CN=kvxfer-integ-ca -days 2 2>/dev/null &&"
+        " openssl req" + ec + " -keyout " + d + "/peer.key -out " + d +
+        "/peer.csr -subj /CN=kvxfer-peer 2>/dev/null &&"
+        " openssl x509 -req -in " + d + "/peer.csr -CA " + d +
+        "/ca.crt -CAkey " + d + "/ca.key -CAcreateserial -out " + d +
+        "/peer.crt -days 2 2>/dev/null";
+    if (system(cmd.c_str()) != 0) {
+        fprintf(stderr, "CtlTlsExtra: openssl failed (%s)\n", cmd.c_str());
+        return extra;
+    }
+    static std::string rm = "rm -rf " + d;
+    atexit([] { (void)!system(rm.c_str()); });
+    extra = "\"tls_cert_file\":\"" + d + "/peer.crt\",\"tls_key_file\":\"" +
+            d + "/peer.key\",\"tls_ca_file\":\"" + d +
+            "/ca.crt\",\"tls_peer_name\":\"kvxfer-peer\"";
+    return extra;
 }
 
 int Units(const LayerSpec &l)

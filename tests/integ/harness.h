@@ -122,6 +122,12 @@ struct RankOpts {
 uint16_t PortBase(int span);
 
 std::string RankConfig(const RankOpts &o);
+// CtlTlsExtra: extra config members that turn on mutual TLS on the control
+// plane (tls_cert_file, tls_key_file, tls_ca_file, tls_peer_name), with a
+// CA and one peer certificate made by openssl in a temporary directory at
+// the first call (removed at exit). "" when openssl failed (the reason is
+// printed).
+std::string CtlTlsExtra();
 // MakeRank creates, registers the model's layers (filled with the pattern
 // of `pattern_rank` for producers, 0xEE for consumers) and starts.
 kvx_status_t MakeRank(const ModelSpec &m, const RankOpts &o, Rank *r);

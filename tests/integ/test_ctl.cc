@@ -311,12 +311,14 @@ struct Pair {
 };
 
 void MakePair(Pair *pr, const std::string &dextra = "",
-              double d_hs_timeout = 5.0, double d_xfer_timeout = 20.0)
+              double d_hs_timeout = 5.0, double d_xfer_timeout = 20.0,
+              const std::string &pextra = "")
 {
     std::string err;
     pr->hs   = PortBase(2);
     pr->po   = Opts(true, pr->hs, 32);
     pr->dopt = Opts(false, (uint16_t)(pr->hs + 1), 24);
+    pr->po.extra               = pextra;
     pr->dopt.extra             = dextra;
     pr->dopt.handshake_timeout = d_hs_timeout;
     pr->dopt.transfer_timeout  = d_xfer_timeout;
@@ -1563,6 +1565,34 @@ TEST(CtlClient, ReleasesTravelOnTheDataPlane)
     EXPECT_EQ(n, StatCount(pr.d->eng, "releases_on_dp"));
     EXPECT_EQ(0, StatCount(pr.d->eng, "ctl_rtt.count"));
     EXPECT_EQ(0, StatCount(pr.p->eng, "rx.release"));
+}
+
+// The same with mutual TLS on the control plane: the handshake (over TLS)
+// gave D its session, the notices carry D's stamps, and P takes each once.
+TEST(CtlClient, ControlPlaneTlsKeepsReleasesOnTheDataPlane)
+{
+    std::string sec = CtlTlsExtra();
+    ASSERT_FALSE(sec.empty()) << "no certificates";
+    Pair pr;
+    MakePair(&pr, sec, 5.0, 20.0, sec);
+    if (HasFatalFailure()) {
+        return;
+    }
+    const int n = 4;
+    for (int i = 0; i < n; i++) {
+        std::vector<uint64_t> remote = {3, 1}, local = {0, 5};
+        Pull(pr, "tx-tls-rel-" + std::to_string(i), local, remote);
+        if (HasFatalFailure()) {
+            return;
+        }
+    }
+    WaitFor([&] { return StatCount(pr.p->eng, "notices_done") >= n; }, 5000);
+    EXPECT_EQ(n, StatCount(pr.p->eng, "notices_done"));
+    EXPECT_EQ(0, StatCount(pr.p->eng, "notices_refused"));
+    EXPECT_EQ(n, StatCount(pr.d->eng, "releases_on_dp"));
+    EXPECT_EQ(0, StatCount(pr.d->eng, "ctl_rtt.count"));
+    EXPECT_EQ(0, StatCount(pr.p->eng, "rx.release"));
+    EXPECT_EQ(1, StatCount(pr.d->eng, "handshakes_ok"));
 }
 
 // ========================================================================

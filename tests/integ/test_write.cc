@@ -25,7 +25,8 @@ struct WritePair {
 };
 
 void MakeWritePair(WritePair *w, const std::string &tls, double defer = 30.0,
-                   const std::string &d_extra = "")
+                   const std::string &d_extra = "",
+                   const std::string &p_extra = "")
 {
     w->hs = PortBase(2);
     RankOpts o;
@@ -36,6 +37,7 @@ void MakeWritePair(WritePair *w, const std::string &tls, double defer = 30.0,
     o.hs_port       = w->hs;
     o.notify_port   = (uint16_t)(w->hs + 20000);
     o.defer_timeout = defer;
+    o.extra         = p_extra;
     ASSERT_EQ(KVX_OK, MakeRank(w->model, o, &w->p)) << Api()->last_error();
     o.producer    = false;
     o.num_blocks  = 24;
@@ -145,12 +147,21 @@ TEST_P(WriteTransfer, MixedLayersOutOfOrderTwiceAndDuplicateBlocks)
 // host). By default D's remote_blocks says it completes on the notice
 // alone, and P sends no write_done; with release_on_data_plane off at D,
 // write_done follows the notice and D completes on whichever comes first,
-// exactly once, with every byte there; the other is ignored.
-void NoticeRounds(const std::string &tls, bool by_notice_alone)
+// exactly once, with every byte there; the other is ignored. With
+// control-plane TLS (ctl_tls) the same: the session the TLS handshake gave
+// authenticates remote_blocks and the notice on the data plane.
+void NoticeRounds(const std::string &tls, bool by_notice_alone,
+                  bool ctl_tls = false)
 {
-    WritePair w;
-    MakeWritePair(&w, tls, 30.0,
-                  by_notice_alone ? "" : "\"release_on_data_plane\":false");
+    WritePair   w;
+    std::string sec = ctl_tls ? CtlTlsExtra() : "";
+    ASSERT_TRUE(!ctl_tls || !sec.empty()) << "no certificates";
+    std::string d_extra =
+        by_notice_alone ? "" : "\"release_on_data_plane\":false";
+    if (ctl_tls) {
+        d_extra += (d_extra.empty() ? "" : ",") + sec;
+    }
+    MakeWritePair(&w, tls, 30.0, d_extra, sec);
     if (::testing::Test::HasFatalFailure()) {
         return;
     }
@@ -232,6 +243,13 @@ TEST_P(WriteTransfer, DataPlaneNoticeAloneCompletesTransfers)
 TEST_P(WriteTransfer, WriteDoneStillSentWhenDataPlaneCompletionIsOff)
 {
     NoticeRounds(GetParam(), false);
+}
+
+// With mutual TLS on the control plane only the first remote_blocks (and
+// the handshakes) cross it: no nng message per transfer after that.
+TEST_P(WriteTransfer, ControlPlaneTlsKeepsTheDataPlaneMessages)
+{
+    NoticeRounds(GetParam(), true, true);
 }
 
 INSTANTIATE_TEST_SUITE_P(Tls, WriteTransfer,

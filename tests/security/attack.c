@@ -706,7 +706,7 @@ static int cmd_rma(char **a)
     return served ? 1 : 0;
 }
 
-/* --- kvxfer's data-plane wire format (protocol 8), as a peer sees it ---
+/* --- kvxfer's data-plane wire format (protocol 9), as a peer sees it ---
  * An AM put: id 0x4b3, this header, then the bytes; the target answers on
  * the reply endpoint with id 0x4b4 and the header, status set. A READ
  * release notice: id 0x4b6 (cmd_notice). A control message: id 0x4b7,
@@ -714,7 +714,7 @@ static int cmd_rma(char **a)
 #define AM_PUT    0x4b3
 #define AM_PUTACK 0x4b4
 #define AM_MAGIC  0x4d41564bu
-#define AM_PROTO  8
+#define AM_PROTO  9
 #define ST_WRONG_PEER  (-20) /* KVX_ERR_UNTRUSTED_PEER */
 #define ST_OOB         (-42) /* KVX_ERR_OUT_OF_BOUNDS */
 #define ST_NOT_EXPOSED (-46) /* KVX_ERR_NOT_EXPOSED */
@@ -993,6 +993,19 @@ static int am_to_engine(const char *what, const ucp_address_t *wa,
     return 0;
 }
 
+/* stamp_now: a fresh stamp, as an engine draws it (kvt_clock_t.stamp:
+ * CLOCK_REALTIME microseconds << 12): P's replay guard takes it, so what
+ * refuses a forgery is the check under test. */
+static uint64_t stamp_now(void)
+{
+    struct timespec rt;
+
+    clock_gettime(CLOCK_REALTIME, &rt);
+    return ((uint64_t)rt.tv_sec * 1000000u + (uint64_t)rt.tv_nsec / 1000u)
+               << 12 |
+           0xfffu;
+}
+
 /* cmd_notice: a forged READ release notice (NOTICE, 0x4b6): the transfer id,
  * a NUL and the address FROM claims, tp size TP and rank RANK in the
  * instance field, authenticated with the session the engine's handshake
@@ -1028,9 +1041,10 @@ static int cmd_notice(char **a)
     h.magic   = AM_MAGIC;
     h.version = AM_PROTO;
     h.addr    = strtoull(a[3], NULL, 10) << 32 | strtoull(a[4], NULL, 10);
-    h.nonce   = (uint64_t)now_s() * 7919u + (uint64_t)getpid();
+    h.nonce   = stamp_now(); /* fresh: the replay guard takes it */
+    h.token   = 0x6174746b00000000ull | (uint64_t)getpid(); /* instance */
     h.tag     = tag;
-    h.mac     = kvc_req_mac(session, tag, h.nonce, h.addr, 0, 2);
+    h.mac     = kvc_req_mac(session, tag, h.nonce, h.addr, h.token, 2);
     if (am_to_engine("notice", wa, 0x4b6, &h, data, (size_t)dlen, &sst,
                      &fst) != 0) {
         return 2;
@@ -1121,16 +1135,7 @@ static int cmd_blocks(char **a)
     h.magic   = AM_MAGIC;
     h.version = AM_PROTO;
     h.len     = mlen;
-    /* A fresh stamp, as D's engine draws it (kvt_clock_t.stamp: CLOCK_REALTIME
-     * microseconds << 12): P's replay guard takes it, so what refuses a
-     * forgery is the check under test. */
-    {
-        struct timespec rt;
-
-        clock_gettime(CLOCK_REALTIME, &rt);
-        h.nonce = ((uint64_t)rt.tv_sec * 1000000u +
-                   (uint64_t)rt.tv_nsec / 1000u) << 12 | 0xfffu;
-    }
+    h.nonce   = stamp_now();
     h.mac     = kvc_msg_mac(session, h.nonce, msg, mlen);
     if (am_to_engine("blocks", wa, 0x4b7, &h, data, flen + 1 + mlen, &sst,
                      &fst) != 0) {

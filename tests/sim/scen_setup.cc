@@ -314,6 +314,10 @@ void Scenario::Cleanup()
             res_.early_completed += StatOf(js, "early_completed");
             res_.blocks_on_dp += StatOf(js, "blocks_on_dp");
             res_.dp_msgs_refused += StatOf(js, "dp_msgs_refused");
+            res_.releases_on_dp += StatOf(js, "releases_on_dp");
+            res_.notices_done += StatOf(js, "notices_done");
+            res_.notices_refused += StatOf(js, "notices_refused");
+            res_.dp_stale += StatOf(js, "dp_stale");
             api_->free(js);
         }
         if (r->state == Rank::kCrashed) {

@@ -80,6 +80,11 @@ struct Result {
     // remote_blocks D sent on the data plane, data-plane control messages
     // P refused (the forge fault tampers with them on the way).
     uint64_t    blocks_on_dp = 0, dp_msgs_refused = 0;
+    // READ releases D sent as notices, notices taken and refused (the
+    // forge fault replays and alters them on the way), and those refused
+    // as replays (dp_stale, with remote_blocks).
+    uint64_t    releases_on_dp = 0, notices_done = 0, notices_refused = 0;
+    uint64_t    dp_stale = 0;
 };
 
 Result      RunSeed(uint64_t seed, const Options &o);

@@ -556,7 +556,8 @@ static void EpSetSession(kvt_ep_t *handle, uint64_t session)
 // not up sends nothing), data = tag, instance, nonce, mac, xnonce (8 bytes
 // each) and the id, then a NUL and from when there is one.
 static kvx_status_t Notify(kvt_ep_t *handle, uint64_t tag, uint64_t instance,
-                           uint64_t xnonce, const char *id, const char *from)
+                           uint64_t xnonce, uint64_t nonce, const char *id,
+                           const char *from)
 {
     World *w  = W();
     SimEp *ep = reinterpret_cast<SimEp *>(handle);
@@ -569,9 +570,11 @@ static kvx_status_t Notify(kvt_ep_t *handle, uint64_t tag, uint64_t instance,
     if (pc == w->ctxs.end() || !w->NodeUp(ep->node)) {
         return KVX_OK; // lost, as a message to or from a gone process
     }
-    uint8_t  hdr[40];
-    uint64_t nonce = w->NewId();
+    uint8_t hdr[40];
 
+    if (nonce == 0) {
+        nonce = w->NewId();
+    }
     PutU64(hdr, tag);
     PutU64(hdr + 8, instance);
     PutU64(hdr + 16, nonce);

@@ -279,6 +279,29 @@ bool World::StepLimit(uint64_t limit_us)
                 Deliver(bad);
             }
         }
+        if (ev.kind == EvKind::kNotice && (net_faults_ & kFaultTamper) &&
+            rng_.Percent(30)) {
+            // A completion notice (a READ D's release, a WRITE P's "puts
+            // landed") captured on the unencrypted data plane: replayed at
+            // once or up to 6 s later, or with its nonce (a READ release's
+            // stamp) changed, which its mac no longer covers.
+            Event    bad = ev;
+            uint64_t k   = rng_.Below(3);
+
+            if (k == 2 && bad.data.size() > 16) {
+                bad.data[16] ^= 0x01;
+            }
+            Trace("tamper (%s) %s", k == 0   ? "replay"
+                                    : k == 1 ? "late replay"
+                                             : "nonce",
+                  Describe(ev).c_str());
+            if (k == 1) {
+                bad.due_us = now_us_ + 1 + rng_.Below(6000000);
+                Enqueue(bad);
+            } else {
+                Deliver(bad);
+            }
+        }
         if (ev.kind == EvKind::kCtlRequest && (net_faults_ & kFaultDup) &&
             rng_.Percent(10)) {
             Trace("duplicate %s", Describe(ev).c_str());

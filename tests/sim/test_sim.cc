@@ -105,6 +105,35 @@ TEST(WriteBlocksOnDp, TakenAndTamperedCopiesRefused)
     EXPECT_GT(refused0, 0u);
 }
 
+// READ: D releases the P ranks it read from with a data-plane notice
+// stamped under its mac; what the forge fault does to a notice on the way
+// (a replay at once or seconds later, a changed nonce) is refused: every
+// invariant holds, and without faults that kill something every transfer
+// ends OK with each release taken once.
+TEST(ReadReleaseOnDp, ReplayedAndAlteredNoticesRefused)
+{
+    uint64_t sent = 0, taken = 0, refused = 0, replays = 0;
+    for (uint64_t seed = 1; seed <= 100; seed++) {
+        Result r = RunSeed(seed, Opt("read", kFForge));
+        EXPECT_TRUE(r.ok) << "seed " << seed << ": " << r.violation;
+        EXPECT_EQ(0u, r.failed) << "seed " << seed;
+        sent += r.releases_on_dp;
+        taken += r.notices_done;
+        refused += r.notices_refused;
+        replays += r.dp_stale;
+    }
+    EXPECT_GT(sent, 0u) << "no release took the data plane";
+    EXPECT_GT(refused, replays) << "no altered notice was refused by its mac";
+    // A replay the id's end does not hide (its transfer still held for
+    // another rank, or P's request not there yet) is refused by its stamp.
+    EXPECT_GT(replays, 0u) << "no replayed notice was refused as one";
+    EXPECT_LE(taken, sent) << "a P took more releases than D sent";
+    for (uint64_t seed = 1; seed <= 100; seed++) {
+        Result r = RunSeed(seed, Opt("read", kCiFaults | kFForge));
+        EXPECT_TRUE(r.ok) << "seed " << seed << ": " << r.violation;
+    }
+}
+
 INSTANTIATE_TEST_SUITE_P(Modes, FixedSeeds,
                          ::testing::Values(std::string("read"),
                                            std::string("write")));

@@ -106,7 +106,7 @@ std::vector<std::string> Entries(kvu_ctx_t *ctx)
 
 // A bare UCP worker address in kvxfer's published form (one entry).
 // The data-plane protocol of this build (kvu.c KVU_AM_VERSION).
-const uint16_t kProto = 8;
+const uint16_t kProto = 9;
 
 std::string Publish(const void *a, size_t n, uint16_t version = kProto)
 {
@@ -473,8 +473,8 @@ TEST_P(KvuAm, NoticeCarriesTagInstanceIdAndSessionMac)
     ASSERT_EQ(kvu_flush(ep, &f.op), KVX_OK);
     EXPECT_EQ(f.wait(), KVX_OK);
     EXPECT_EQ(w.wait(), KVX_OK);
-    ASSERT_EQ(kvu_notify(ep, 0x77, 0x9000000000000001ull, 41, "tx-notice-1",
-                         nullptr),
+    ASSERT_EQ(kvu_notify(ep, 0x77, 0x9000000000000001ull, 41, 0,
+                         "tx-notice-1", nullptr),
               KVX_OK);
     ASSERT_EQ(box.wait_for(1), 1);
     EXPECT_TRUE(all_eq(tbuf.data(), tbuf.size(), 0x6b));
@@ -492,20 +492,28 @@ TEST_P(KvuAm, NoticeCarriesTagInstanceIdAndSessionMac)
     EXPECT_NE(box.mac, 0x1234abcd5678ef01ull) << "the session travelled";
     uint64_t first_nonce = box.nonce;
     pthread_mutex_unlock(&box.mu);
-    // A READ release carries the address the peer saw this side at.
-    ASSERT_EQ(kvu_notify(ep, 0x78, 5, 42, "tx-notice-2", "10.0.2.1:41234"),
+    // A READ release carries the address the peer saw this side at, and
+    // its sender's stamp as the nonce (under the mac).
+    ASSERT_EQ(kvu_notify(ep, 0x78, 5, 42, 0x5151000000000001ull, "tx-notice-2",
+                         "10.0.2.1:41234"),
               KVX_OK);
     ASSERT_EQ(box.wait_for(2), 2);
     pthread_mutex_lock(&box.mu);
     EXPECT_EQ(box.id, "tx-notice-2");
     EXPECT_EQ(box.from, "10.0.2.1:41234");
     EXPECT_NE(box.nonce, first_nonce);
+    EXPECT_EQ(box.nonce, 0x5151000000000001ull);
+    EXPECT_EQ(box.mac, kvc_req_mac(0x1234abcd5678ef01ull, 0x78,
+                                   0x5151000000000001ull, 5, 42,
+                                   KVC_MAC_NOTICE));
     pthread_mutex_unlock(&box.mu);
     // Ids that cannot be a transfer's are not sent, nor an overlong from.
-    EXPECT_EQ(kvu_notify(ep, 1, 1, 1, "", nullptr), KVX_ERR_INVALID_PARAM);
-    EXPECT_EQ(kvu_notify(ep, 1, 1, 1, std::string(600, 'x').c_str(), nullptr),
+    EXPECT_EQ(kvu_notify(ep, 1, 1, 1, 0, "", nullptr), KVX_ERR_INVALID_PARAM);
+    EXPECT_EQ(kvu_notify(ep, 1, 1, 1, 0, std::string(600, 'x').c_str(),
+                         nullptr),
               KVX_ERR_INVALID_PARAM);
-    EXPECT_EQ(kvu_notify(ep, 1, 1, 1, "tx", std::string(64, '1').c_str()),
+    EXPECT_EQ(kvu_notify(ep, 1, 1, 1, 0, "tx",
+                         std::string(64, '1').c_str()),
               KVX_ERR_INVALID_PARAM);
     kvu_rkey_destroy(rkey);
     kvu_ep_close(ep);
@@ -988,7 +996,7 @@ TEST_P(KvuAm, OtherDataPlaneProtocolIsRefusedAtUnpack)
     memcpy(&other[rklen - 4], &v, sizeof(v));
     EXPECT_EQ(kvu_rkey_unpack(pr.ep, other.data(), other.size(), &bad),
               KVX_ERR_PEER_VERSION);
-    EXPECT_NE(strstr(kvc_last_error(), "protocol 7, this build speaks 8"),
+    EXPECT_NE(strstr(kvc_last_error(), "protocol 8, this build speaks 9"),
               nullptr) << kvc_last_error();
     EXPECT_EQ(bad, nullptr);
     // an older build published UCX's rkey and the token only
@@ -1248,8 +1256,8 @@ TEST(KvuAddr, PublishedAddressIsCheckedBeforeUcxSeesIt)
     std::string old = Publish("abcdef", 6, kProto - 1);
     EXPECT_EQ(KVX_ERR_PEER_VERSION,
               kvu_addr_entries(old.data(), old.size(), ent, len, nullptr, &n));
-    EXPECT_NE(nullptr, strstr(kvc_last_error(), "protocol 7, this build "
-                                                "speaks 8"))
+    EXPECT_NE(nullptr, strstr(kvc_last_error(), "protocol 8, this build "
+                                                "speaks 9"))
         << kvc_last_error();
     std::string raw = "\x01\x02\x03\x04\x05\x06\x07\x08\x09";
     EXPECT_EQ(KVX_ERR_PEER_VERSION,

@@ -68,14 +68,17 @@
 #define KVU_AM_NOTICE     0x4b6 /* a completion notice (kvu_notify) */
 #define KVU_AM_CTL        0x4b7 /* a control message (kvu_ctl_send) */
 #define KVU_AM_MAGIC      0x4d41564bu /* "KVAM" */
-#define KVU_AM_VERSION    8 /* 2: token and nonce; 3: transfer tag;
+#define KVU_AM_VERSION    9 /* 2: token and nonce; 3: transfer tag;
                                4: published rkeys end with kvu_pub_trailer;
                                5: published worker addresses are
                                   kvu_addr_hdr_t lists (the tcp plane);
                                6: requests carry a mac under the
                                origin's session (kvc_req_mac);
                                7: completion notices (KVU_AM_NOTICE);
-                               8: control messages (KVU_AM_CTL) */
+                               8: control messages (KVU_AM_CTL);
+                               9: a READ release notice carries its
+                                  sender's stamp (nonce) and instance
+                                  (token), which P checks for replays */
 #define KVU_AM_MAX_LEN    (256u << 10) /* bytes per message (tcp) */
 #define KVU_AM_SMALL_LEN  (60u << 10)  /* to or from a worker whose tcp
                                           receive segments are UCX's
@@ -1077,7 +1080,8 @@ static kvx_status_t kvu_notice_send(kvu_ep_t *ep, kvu_notice_t *nt)
     nt->ep          = ep;
     nt->hdr.magic   = KVU_AM_MAGIC;
     nt->hdr.version = KVU_AM_VERSION;
-    if (!ctl) { /* (a control message carries its sender's) */
+    if (!ctl && nt->hdr.nonce == 0) {
+        /* (a control message carries its sender's, a READ release too) */
         nt->hdr.nonce = kvu_splitmix64(&ctx->am_nonce);
     }
     nt->hdr.mac     = ctl
@@ -1111,7 +1115,8 @@ static kvx_status_t kvu_notice_send(kvu_ep_t *ep, kvu_notice_t *nt)
 }
 
 kvx_status_t kvu_notify(kvu_ep_t *ep, uint64_t tag, uint64_t instance,
-                        uint64_t xnonce, const char *id, const char *from)
+                        uint64_t xnonce, uint64_t nonce, const char *id,
+                        const char *from)
 {
     size_t        idlen = strlen(id);
     size_t        flen  = from != NULL ? strlen(from) : 0;
@@ -1137,6 +1142,7 @@ kvx_status_t kvu_notify(kvu_ep_t *ep, uint64_t tag, uint64_t instance,
     nt->hdr.tag   = tag;
     nt->hdr.addr  = instance;
     nt->hdr.token = xnonce;
+    nt->hdr.nonce = nonce; /* 0: kvu_notice_send draws one */
     return kvu_notice_send(ep, nt);
 }
 

@@ -184,11 +184,12 @@ int          kvu_ep_rma_shm_only(const kvu_ep_t *ep);
  * carries to the target's authorize (kvt.h); set before the first post. */
 void         kvu_ep_set_session(kvu_ep_t *ep, uint64_t session);
 /* kvu_notify: kvt_data_ops_t.notify (kvt.h): one active message
- * (KVU_AM_NOTICE) of tag, instance, xnonce, a nonce and their mac under
- * the endpoint's session, the transfer id (and, when from is not NULL or
- * "", a NUL and from) as its data; any thread. */
+ * (KVU_AM_NOTICE) of tag, instance, xnonce, nonce (0: a random one) and
+ * their mac under the endpoint's session, the transfer id (and, when from
+ * is not NULL or "", a NUL and from) as its data; any thread. */
 kvx_status_t kvu_notify(kvu_ep_t *ep, uint64_t tag, uint64_t instance,
-                        uint64_t xnonce, const char *id, const char *from);
+                        uint64_t xnonce, uint64_t nonce, const char *id,
+                        const char *from);
 /* kvu_ctl_send: kvt_data_ops_t.ctl_send (kvt.h): one active message
  * (KVU_AM_CTL) of nonce, the message's length and its mac under the
  * endpoint's session (kvc_msg_mac); from, a NUL and the message as its

@@ -136,10 +136,11 @@ static void ops_ep_set_session(kvt_ep_t *ep, uint64_t session)
 }
 
 static kvx_status_t ops_notify(kvt_ep_t *ep, uint64_t tag, uint64_t instance,
-                               uint64_t xnonce, const char *id,
-                               const char *from)
+                               uint64_t xnonce, uint64_t nonce,
+                               const char *id, const char *from)
 {
-    return kvu_notify(KVU_C(kvu_ep_t, ep), tag, instance, xnonce, id, from);
+    return kvu_notify(KVU_C(kvu_ep_t, ep), tag, instance, xnonce, nonce, id,
+                      from);
 }
 
 static kvx_status_t ops_ctl_send(kvt_ep_t *ep, const char *msg, size_t len,
