@@ -7,8 +7,13 @@
 #        A) against UCX 1.13's own software RMA emulation
 #        (KVX_UCX_AM_RMA=0, B). Ratio A/B of bw_GBs per op and case.
 #   tls  control plane: mutual TLS (--tls-dir, certificates made here with
-#        openssl, A) against plain TCP (B). Ratio A/B of ctl_rtt_p50_us
-#        (control round trip; the target is <= 1.20) and of bw_GBs.
+#        openssl, A) against plain TCP (B). Ratio A/B (the target is
+#        <= 1.20) of the control path a framework sees in the probe's
+#        one-block transfers: ctl_tx_avg_us (request -> done; WRITE: D's
+#        remote_blocks, P's puts, its completion notice) and
+#        ctl_ntfy_avg_us (READ: D done -> P freed, the release; WRITE: P
+#        flushed -> D notified); ctl_rtt_p50_us (an nng request -> reply,
+#        where any crossed the control plane); and of bw_GBs.
 # Cases are compare.sh's: 1m (64 contiguous 1 MiB runs per transfer) and
 # 32k (2048 scattered 32 KiB blocks per transfer), READ and WRITE, tcp,
 # application memory, two processes on 127.0.0.1.
@@ -19,7 +24,7 @@
 # benchmark's own (two busy processes) and is recorded, not judged.
 set -u
 mode=${1:-}
-case "$mode" in am|tls) ;; *) sed -n '2,17p' "$0"; exit 2 ;; esac
+case "$mode" in am|tls) ;; *) sed -n '2,24p' "$0"; exit 2 ;; esac
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
 build=${2:-$root/build}
@@ -111,7 +116,9 @@ for r in runs:
         pass
 metrics = [("bw_GBs", "bandwidth")]
 if mode == "tls":
-    metrics.insert(0, ("ctl_rtt_p50_us", "control round trip p50"))
+    metrics[0:0] = [("ctl_tx_avg_us", "one-block transfer avg (µs)"),
+                    ("ctl_ntfy_avg_us", "release / completion one-way avg (µs)"),
+                    ("ctl_rtt_p50_us", "nng round trip p50 (µs)")]
 names = {"am": ("checked active messages", "UCX emulation (KVX_UCX_AM_RMA=0)"),
          "tls": ("mutual TLS", "plain TCP")}[mode]
 print(f"# secure_cost.sh {mode}: A = {names[0]}, B = {names[1]}")
@@ -131,6 +138,8 @@ for cs in ("1m", "32k"):
                 if not ra or not rb:
                     continue
                 va, vb = float(ra[key]), float(rb[key])
+                if va < 0 or vb < 0:
+                    continue  # not measured (no sample in that run)
                 a.append(va); b.append(vb)
                 if vb > 0:
                     ratio.append(va / vb)
