@@ -8,15 +8,18 @@
 #        (KVX_UCX_AM_RMA=0, B). Ratio A/B of bw_GBs per op and case.
 #   tls  control plane: mutual TLS (--tls-dir, certificates made here with
 #        openssl, A) against plain TCP (B). Ratio A/B (the target is
-#        <= 1.20) of the control path a framework sees in the probe's
-#        one-block transfers: ctl_tx_avg_us (request -> done; WRITE: D's
-#        remote_blocks, P's puts, its completion notice) and
-#        ctl_ntfy_avg_us (READ: D done -> P freed, the release; WRITE: P
-#        flushed -> D notified); ctl_rtt_p50_us (an nng request -> reply,
-#        where any crossed the control plane); and of bw_GBs.
-# Cases are compare.sh's: 1m (64 contiguous 1 MiB runs per transfer) and
-# 32k (2048 scattered 32 KiB blocks per transfer), READ and WRITE, tcp,
-# application memory, two processes on 127.0.0.1.
+#        <= 1.20 on the control path) of xfers_per_s and avg_tx_us (case
+#        ctl below: the control path a framework sees per transfer), of
+#        the probe's ctl_tx_avg_us and ctl_ntfy_avg_us (30 one-block
+#        transfers 2 ms apart: noisy), of ctl_rtt_p50_us (an nng request ->
+#        reply, "-" when none crossed the control plane), and of bw_GBs.
+# Cases (CASES, default "1m 32k", tls "ctl 1m 32k"): compare.sh's 1m (64
+# contiguous 1 MiB runs per transfer) and 32k (2048 scattered 32 KiB blocks
+# per transfer); tls's ctl: one block of the tiny model per transfer,
+# ITERS_CTL (2000) of them one at a time, WRITE with --write-ahead (from
+# D's consumer_request: remote_blocks, P's puts, its completion), where
+# the control path is most of a transfer: transfers/s and avg Tx (µs).
+# READ and WRITE, tcp, application memory, two processes on 127.0.0.1.
 # Env: PAIRS (5), ITERS (20), PORT_BASE (14800), LOAD_MAX (0.6),
 # QUIET_WAIT (600): the series starts once the 1-minute load is below
 # LOAD_MAX (waiting at most QUIET_WAIT s); a series that had to start above
@@ -24,7 +27,7 @@
 # benchmark's own (two busy processes) and is recorded, not judged.
 set -u
 mode=${1:-}
-case "$mode" in am|tls) ;; *) sed -n '2,24p' "$0"; exit 2 ;; esac
+case "$mode" in am|tls) ;; *) sed -n '2,27p' "$0"; exit 2 ;; esac
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
 build=${2:-$root/build}
@@ -35,6 +38,7 @@ PAIRS=${PAIRS:-5}
 ITERS=${ITERS:-20}
 port=${PORT_BASE:-14800}
 LOAD_MAX=${LOAD_MAX:-0.6}
+if [ "$mode" = tls ]; then CASES=${CASES:-ctl 1m 32k}; else CASES=${CASES:-1m 32k}; fi
 QUIET_WAIT=${QUIET_WAIT:-600}
 [ -x "$perf" ] || { echo "$perf not built (ninja -C $build)"; exit 1; }
 mkdir -p "$out/logs"
@@ -59,9 +63,11 @@ fi
 # run VARIANT PAIR CASE: one server + client kvxfer_perf run.
 run() {
     local v=$1 pair=$2 cs=$3 envs=() extra=() args tag before spid rc left
+    local n=$ITERS
     case $cs in
         1m)  args=(-m llama-8b --contiguous -b 32 --max-inflight 16M) ;;
         32k) args=(-m llama-8b -b 32 --max-inflight 1M) ;;
+        ctl) args=(-m tiny -b 1 --write-ahead); n=${ITERS_CTL:-2000} ;;
     esac
     case $mode/$v in
         am/B)  envs=(KVX_UCX_AM_RMA=0) ;;
@@ -74,7 +80,7 @@ run() {
         --accept-timeout 60 -q "${extra[@]}" > "$out/logs/$tag.server.log" 2>&1 &
     spid=$!
     env "${envs[@]}" timeout 300 "$perf" 127.0.0.1 -p "$port" --tls tcp \
-        -t read,write --mem app -n "$ITERS" -q "${extra[@]}" "${args[@]}" \
+        -t read,write --mem app -n "$n" -q "${extra[@]}" "${args[@]}" \
         -f csv --csv "$out/$tag.csv" > "$out/logs/$tag.client.log" 2>&1
     rc=$?
     left=300
@@ -95,15 +101,16 @@ run() {
 wait_quiet "$LOAD_MAX" "$QUIET_WAIT"
 echo "$(load1)" > "$out/start_load"
 for pair in $(seq 1 "$PAIRS"); do
-    for cs in 1m 32k; do
+    for cs in $CASES; do
         run A "$pair" "$cs"
         run B "$pair" "$cs"
     done
 done
 
-python3 - "$out" "$mode" "$LOAD_MAX" <<'PY' | tee "$out/summary.md"
+python3 - "$out" "$mode" "$LOAD_MAX" "$CASES" <<'PY' | tee "$out/summary.md"
 import csv, statistics, sys
 out, mode, load_max = sys.argv[1], sys.argv[2], float(sys.argv[3])
+cases = sys.argv[4].split()
 runs = list(csv.DictReader(open(out + "/runs.csv")))
 start = float(open(out + "/start_load").read())
 peak = max(max(float(r["load_before"]), float(r["load_after"])) for r in runs)
@@ -116,8 +123,10 @@ for r in runs:
         pass
 metrics = [("bw_GBs", "bandwidth")]
 if mode == "tls":
-    metrics[0:0] = [("ctl_tx_avg_us", "one-block transfer avg (µs)"),
-                    ("ctl_ntfy_avg_us", "release / completion one-way avg (µs)"),
+    metrics[0:0] = [("xfers_per_s", "transfers/s"),
+                    ("avg_tx_us", "transfer avg (µs)"),
+                    ("ctl_tx_avg_us", "probe: one-block transfer avg (µs)"),
+                    ("ctl_ntfy_avg_us", "probe: release / completion one-way avg (µs)"),
                     ("ctl_rtt_p50_us", "nng round trip p50 (µs)")]
 names = {"am": ("checked active messages", "UCX emulation (KVX_UCX_AM_RMA=0)"),
          "tls": ("mutual TLS", "plain TCP")}[mode]
@@ -128,7 +137,7 @@ print(f"1-minute load at the start {start:.2f}" +
 print()
 print("| case | op | metric | A median | B median | A/B min | A/B median | A/B max | pairs |")
 print("|---|---|---|---|---|---|---|---|---|")
-for cs in ("1m", "32k"):
+for cs in cases:
     for op in ("READ", "WRITE"):
         for key, label in metrics:
             a, b, ratio = [], [], []

@@ -1557,6 +1557,28 @@ kvx_status_t kvc_params_build_decode(const char *prefill_response_json,
     return st;
 }
 
+/* kvc_replay_floor: the floor entry of host (NULL: none); with make, the
+ * entry to raise for it (its own, a free one, else the lowest floor's). */
+static uint64_t *kvc_replay_floor(kvc_replay_t *r, uint64_t host, int make)
+{
+    uint32_t low = 0;
+
+    for (uint32_t i = 0; i < KVC_REPLAY_HOSTS; i++) {
+        if (r->f[i].floor != 0 && r->f[i].host == host) {
+            return &r->f[i].floor;
+        }
+        if (r->f[i].floor < r->f[low].floor) {
+            low = i;
+        }
+    }
+    if (!make) {
+        return NULL;
+    }
+    r->f[low].host  = host;
+    r->f[low].floor = 0;
+    return &r->f[low].floor;
+}
+
 const char *kvc_replay_check(kvc_replay_t *r, uint64_t host, uint64_t inst,
                              uint64_t nonce, uint64_t now, unsigned shift,
                              uint64_t window_us)
@@ -1584,7 +1606,23 @@ const char *kvc_replay_check(kvc_replay_t *r, uint64_t host, uint64_t inst,
         }
     }
     if (i == KVC_REPLAY_SENDERS) { /* a new sender */
+        const uint64_t *fl = kvc_replay_floor(r, host, 0);
+
+        if (fl != NULL && nonce <= *fl) {
+            return "not newer than the last message of a forgotten sender "
+                   "of its host (a replay, or reordered that far)";
+        }
         i = nhost >= KVC_REPLAY_PER_HOST ? lru_host : lru;
+        if (r->s[i].last_heard != 0) {
+            /* Forgotten: its host keeps its newest stamp as a floor. */
+            uint64_t  top = 0, *vf;
+
+            for (uint32_t k = 0; k < r->s[i].n; k++) {
+                top = r->s[i].seen[k] > top ? r->s[i].seen[k] : top;
+            }
+            vf  = kvc_replay_floor(r, r->s[i].host, 1);
+            *vf = top > *vf ? top : *vf;
+        }
         memset(&r->s[i], 0, sizeof(r->s[i]));
         r->s[i].host = host;
         r->s[i].inst = inst;

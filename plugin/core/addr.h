@@ -196,20 +196,29 @@ int kvc_early_done_take(kvc_early_done_t *s, uint64_t inst, uint32_t k);
  * taken from it (reordered that far, or replayed after them). A new
  * sender takes the least recently heard slot, of its own host once that
  * host holds KVC_REPLAY_PER_HOST (so one host, which can name any
- * instance, cannot make the others' be forgotten); a replay within the
- * window of a forgotten sender's message would pass, which needs
- * KVC_REPLAY_SENDERS / KVC_REPLAY_PER_HOST hosts with sessions heard
- * within the window. Zeroed: empty.
+ * instance, forgets mostly its own senders). A forgotten sender leaves
+ * its host a floor, its newest stamp: a new sender of that host (any
+ * instance, so also the forgotten one's replay) must be stamped above
+ * every floor of its host (a new instance stamps "now" on that host's
+ * clock, after the forgotten one's last). The floors of KVC_REPLAY_HOSTS
+ * hosts are kept (the lowest, oldest, is dropped first), so a replay
+ * within the window of a forgotten sender's message passes only after
+ * that many hosts' senders were forgotten within the window. Zeroed:
+ * empty.
  */
 #define KVC_REPLAY_DEPTH    32
 #define KVC_REPLAY_SENDERS  256
 #define KVC_REPLAY_PER_HOST 16
+#define KVC_REPLAY_HOSTS    1024
 typedef struct kvc_replay {
     struct {
         uint64_t host, inst, last_heard; /* last_heard 0: free */
         uint64_t seen[KVC_REPLAY_DEPTH];
         uint32_t n;
     } s[KVC_REPLAY_SENDERS];
+    struct {
+        uint64_t host, floor; /* floor 0: free */
+    } f[KVC_REPLAY_HOSTS];
     uint64_t heard; /* counter for last_heard */
 } kvc_replay_t;
 

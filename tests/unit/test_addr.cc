@@ -1264,20 +1264,43 @@ TEST(Replay, EachStampOncePerSenderWithinTheWindow)
     }
     EXPECT_NE(nullptr, kvc_replay_check(r.get(), 3, 0, us(200), now, shift, w));
     EXPECT_NE(nullptr, kvc_replay_check(r.get(), 1, 0, us(-10), now, shift, w));
-    EXPECT_EQ(nullptr, kvc_replay_check(r.get(), 2, 0, us(-10), now, shift, w))
-        << "the evicted sender starts afresh (the window still bounds it)";
-    // One host naming ever new instances forgets only its own senders.
+    EXPECT_NE(nullptr, kvc_replay_check(r.get(), 2, 0, us(-10), now, shift, w))
+        << "the forgotten sender's replay passed (its host keeps a floor)";
+    EXPECT_NE(nullptr, kvc_replay_check(r.get(), 2, 7, us(-11), now, shift, w))
+        << "as another instance of that host";
+    EXPECT_EQ(nullptr, kvc_replay_check(r.get(), 2, 0, us(-9), now, shift, w))
+        << "the forgotten sender's next message";
+    // One host naming ever new instances (each stamped later, as on one
+    // clock) forgets mostly its own senders, and their replays stay out.
     *r = {};
     ASSERT_EQ(nullptr, kvc_replay_check(r.get(), 5, 1, us(-10), now, shift, w));
     for (uint64_t inst = 100; inst < 100 + 4 * KVC_REPLAY_SENDERS; inst++) {
-        ASSERT_EQ(nullptr, kvc_replay_check(r.get(), 9, inst, us(-10), now,
-                                            shift, w));
+        ASSERT_EQ(nullptr, kvc_replay_check(r.get(), 9, inst,
+                                            us((int64_t)inst), now, shift, w));
     }
+    EXPECT_NE(nullptr, kvc_replay_check(r.get(), 9, 100, us(100), now, shift,
+                                        w)) << "a forgotten instance's replay";
     EXPECT_NE(nullptr, kvc_replay_check(r.get(), 5, 1, us(-10), now, shift, w))
         << "another host's flood made host 5's sender be forgotten";
     EXPECT_NE(nullptr, kvc_replay_check(r.get(), 9, 100 + 4 *
-                                        KVC_REPLAY_SENDERS - 1, us(-10), now,
-                                        shift, w));
+                                        KVC_REPLAY_SENDERS - 1,
+                                        us(100 + 4 * KVC_REPLAY_SENDERS - 1),
+                                        now, shift, w));
+    // Floors beyond KVC_REPLAY_HOSTS: the lowest is dropped, so only then
+    // does a forgotten sender's replay pass.
+    *r = {};
+    ASSERT_EQ(nullptr, kvc_replay_check(r.get(), 1, 0, us(-100), now, shift, w));
+    for (uint64_t h = 2; h < 2 + KVC_REPLAY_SENDERS; h++) {
+        ASSERT_EQ(nullptr, kvc_replay_check(r.get(), h, 0, us(0), now, shift,
+                                            w));
+    }
+    EXPECT_NE(nullptr, kvc_replay_check(r.get(), 1, 0, us(-100), now, shift, w));
+    for (uint64_t h = 10000; h < 10000 + 2 * KVC_REPLAY_HOSTS; h++) {
+        ASSERT_EQ(nullptr, kvc_replay_check(r.get(), h, 0, us(1), now, shift,
+                                            w));
+    }
+    EXPECT_EQ(nullptr, kvc_replay_check(r.get(), 1, 0, us(-100), now, shift, w))
+        << "host 1's floor was the lowest and is gone";
 }
 
 // The data-plane session of a host: one per address (loopback addresses
