@@ -504,6 +504,19 @@ std::string CtlTlsExtra()
     return extra;
 }
 
+bool CtlTlsOn(kvx_engine_t *eng)
+{
+    char *js = nullptr;
+    bool  on = false;
+
+    if (Api()->config_dump(eng, &js) == KVX_OK && js != nullptr) {
+        on = strstr(js, "kvxfer-integ-pki-") != nullptr &&
+             strstr(js, "peer.crt") != nullptr;
+        Api()->free(js);
+    }
+    return on;
+}
+
 int Units(const LayerSpec &l)
 {
     return l.kind == "key_only" ? 1 : 2;

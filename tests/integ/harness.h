@@ -128,6 +128,9 @@ std::string RankConfig(const RankOpts &o);
 // the first call (removed at exit). "" when openssl failed (the reason is
 // printed).
 std::string CtlTlsExtra();
+// CtlTlsOn: the engine's effective configuration (config_dump) names the
+// certificate CtlTlsExtra made.
+bool        CtlTlsOn(kvx_engine_t *eng);
 // MakeRank creates, registers the model's layers (filled with the pattern
 // of `pattern_rank` for producers, 0xEE for consumers) and starts.
 kvx_status_t MakeRank(const ModelSpec &m, const RankOpts &o, Rank *r);

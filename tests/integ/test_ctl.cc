@@ -1578,6 +1578,7 @@ TEST(CtlClient, ControlPlaneTlsKeepsReleasesOnTheDataPlane)
     if (HasFatalFailure()) {
         return;
     }
+    ASSERT_TRUE(CtlTlsOn(pr.p->eng) && CtlTlsOn(pr.d->eng));
     const int n = 4;
     for (int i = 0; i < n; i++) {
         std::vector<uint64_t> remote = {3, 1}, local = {0, 5};

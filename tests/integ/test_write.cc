@@ -165,6 +165,7 @@ void NoticeRounds(const std::string &tls, bool by_notice_alone,
     if (::testing::Test::HasFatalFailure()) {
         return;
     }
+    ASSERT_TRUE(!ctl_tls || (CtlTlsOn(w.p.eng) && CtlTlsOn(w.d.eng)));
     const int                   rounds = 8;
     const std::vector<uint64_t> ids    = {3, 1, 4};
 

@@ -123,7 +123,8 @@ TEST(ReadReleaseOnDp, ReplayedAndAlteredNoticesRefused)
         replays += r.dp_stale;
     }
     EXPECT_GT(sent, 0u) << "no release took the data plane";
-    EXPECT_GT(refused, replays) << "no altered notice was refused by its mac";
+    EXPECT_GT(refused, replays) << "no notice refused but by the replay guard "
+                                   "(an altered nonce fails the mac)";
     // A replay the id's end does not hide (its transfer still held for
     // another rank, or P's request not there yet) is refused by its stamp.
     EXPECT_GT(replays, 0u) << "no replayed notice was refused as one";
