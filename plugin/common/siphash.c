@@ -4,6 +4,8 @@
  */
 #include "siphash.h"
 
+#include <string.h>
+
 #define KVC_ROTL(x, b) (uint64_t)(((x) << (b)) | ((x) >> (64 - (b))))
 
 typedef struct kvc_sip {
@@ -69,6 +71,17 @@ static uint64_t kvc_sip(const uint64_t key[2], const uint64_t *w0,
     s.v2 ^= 0xff;
     kvc_sip_rounds(&s, 4);
     return s.v0 ^ s.v1 ^ s.v2 ^ s.v3;
+}
+
+uint64_t kvc_xfer_tag(const char *transfer_id)
+{
+    /* "kvxfer-transfer-tag-v9" folded into a key: public, fixed. */
+    static const uint64_t key[2] = {UINT64_C(0x6b76786665722d74),
+                                    UINT64_C(0x7261672d7639a5c3)};
+    uint64_t              h = kvc_siphash24(key, transfer_id,
+                                            strlen(transfer_id));
+
+    return h != 0 ? h : 1; /* 0: an op without a transfer */
 }
 
 uint64_t kvc_req_mac(uint64_t session, uint64_t tag, uint64_t nonce,

@@ -16,6 +16,14 @@
  * (key[0] the first eight key bytes read little-endian, key[1] the last). */
 uint64_t kvc_siphash24(const uint64_t key[2], const void *data, size_t len);
 
+/* kvc_xfer_tag: the 64-bit tag of a transfer id (never 0) that ops and
+ * notices carry to the peer (kvt_op_t.tag) and that their macs cover in
+ * place of the id: SipHash-2-4 of the id's bytes under a fixed, public key.
+ * Not secret; what matters is that no one can find another id with the
+ * tag of a given one (a second preimage) faster than by trying about 2^64
+ * ids, so a mac'd request or notice names one transfer id. */
+uint64_t kvc_xfer_tag(const char *transfer_id);
+
 /* kvc_req_mac: the authenticator a data-plane request carries instead of
  * its endpoint's session (kvt.h authorize): SipHash-2-4 under the session
  * of the request's tag, nonce, target address, length and direction, so

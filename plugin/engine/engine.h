@@ -24,6 +24,7 @@
 #include "latency.h"
 #include "layout.h"
 #include "mode.h"
+#include "siphash.h" /* kvc_xfer_tag */
 #include "timerq.h"
 #include "kvt.h"
 
@@ -305,7 +306,7 @@ typedef struct kvc_expo_layer {
 #define KVC_EXPO_SESS KVC_RANKMAP_MAX /* distinct peer hosts of a transfer */
 
 typedef struct kvc_expo_xfer {
-    uint64_t              tag;  /* kvc_xfer_tag(transfer_id) */
+    uint64_t              tag;  /* kvc_xfer_tag(transfer_id), siphash.h */
     const void           *owner; /* the kvc_xfer_t (identity only) */
     struct kvc_expo_xfer *next;
     /* The sessions (kvc_host_session) of the peer hosts the transfer is
@@ -335,9 +336,6 @@ typedef struct kvc_expo {
 } kvc_expo_t;
 
 struct kvx_engine;
-/* kvc_xfer_tag: the 64-bit tag of a transfer id (FNV-1a, never 0) that
- * ops carry to the peer (kvt_op_t.tag). */
-uint64_t kvc_xfer_tag(const char *transfer_id);
 void kvc_expo_init(kvc_expo_t *e);
 void kvc_expo_fini(kvc_expo_t *e);
 /* kvc_expose / kvc_unexpose (eng->lock held): x's local blocks start /

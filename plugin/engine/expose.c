@@ -55,18 +55,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-uint64_t kvc_xfer_tag(const char *transfer_id)
-{
-    uint64_t h = UINT64_C(0xcbf29ce484222325); /* FNV-1a 64 */
-
-    for (const unsigned char *p = (const unsigned char *)transfer_id;
-         *p != '\0'; p++) {
-        h ^= *p;
-        h *= UINT64_C(0x100000001b3);
-    }
-    return h != 0 ? h : 1; /* 0: an op without a transfer */
-}
-
 void kvc_expo_init(kvc_expo_t *e)
 {
     memset(e, 0, sizeof(*e));

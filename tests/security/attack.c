@@ -810,7 +810,7 @@ static int cmd_amput(char **a)
     ucp_worker_h        wk;
     uint8_t            *addr, *rkey, junk[16];
     size_t              alen, rlen, off = 8;
-    uint64_t            base, stride, nb, token, tag = 0xcbf29ce484222325ull;
+    uint64_t            base, stride, nb, token, tag = kvc_xfer_tag(a[1]);
     uint64_t            session;
     uint16_t            n;
     int                 sent = 0, served = 0, wrong = 0, oob = 0, nexp = 0,
@@ -838,9 +838,6 @@ static int cmd_amput(char **a)
     session = u64_of(o, "session");
     memcpy(&token, rkey + rlen - 16, 8); /* packed rkey, token, trailer */
     memcpy(&n, addr + 6, 2);
-    for (const unsigned char *p = (const unsigned char *)a[1]; *p; p++) {
-        tag = (tag ^ *p) * 0x100000001b3ull; /* the transfer's tag */
-    }
     if (nb == 0 || nb > 4096 || n < 1 || n > 8) {
         printf("amput: layer 0 has %llu blocks, %u worker addresses\n",
                (unsigned long long)nb, (unsigned)n);
@@ -1021,7 +1018,7 @@ static int cmd_notice(char **a)
     uint8_t            *addr;
     char                data[600];
     size_t              alen, off = 8;
-    uint64_t            tag = 0xcbf29ce484222325ull, session;
+    uint64_t            tag = kvc_xfer_tag(a[1]), session;
     ucs_status_t        sst, fst;
     int                 dlen;
 
@@ -1034,9 +1031,6 @@ static int cmd_notice(char **a)
         return 2;
     }
     session = u64_of(o, "session");
-    for (const unsigned char *p = (const unsigned char *)a[1]; *p; p++) {
-        tag = (tag ^ *p) * 0x100000001b3ull; /* the transfer's tag */
-    }
     memset(&h, 0, sizeof(h));
     h.magic   = AM_MAGIC;
     h.version = AM_PROTO;

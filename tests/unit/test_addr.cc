@@ -1179,6 +1179,25 @@ TEST(SipHash, ReferenceVectors)
     EXPECT_EQ(kvc_siphash24(key, m, 0), 0x726fdb47dd0e0e31ull);
 }
 
+// A transfer id's tag (what request and notice macs cover in place of the
+// id): SipHash-2-4 under the fixed public key, the same in every build of
+// data-plane protocol 9 (these values are the wire's), never 0, and not
+// FNV-1a, whose second preimages are cheap.
+TEST(SipHash, TransferTagIsSipHashOfTheIdUnderTheFixedKey)
+{
+    const uint64_t key[2] = {0x6b76786665722d74ull, 0x7261672d7639a5c3ull};
+
+    EXPECT_EQ(kvc_xfer_tag("tx-1"), 0x852bb052ac5599fcull);
+    EXPECT_EQ(kvc_xfer_tag(""), 0xebdd949511236de1ull);
+    EXPECT_EQ(kvc_xfer_tag("tx-1"), kvc_siphash24(key, "tx-1", 4));
+    EXPECT_NE(kvc_xfer_tag("tx-1"), kvc_xfer_tag("tx-2"));
+    uint64_t fnv = 0xcbf29ce484222325ull;
+    for (const char *p = "tx-1"; *p; p++) {
+        fnv = (fnv ^ (uint8_t)*p) * 0x100000001b3ull;
+    }
+    EXPECT_NE(kvc_xfer_tag("tx-1"), fnv);
+}
+
 // A data-plane control message's mac: keyed by the session, over the
 // nonce and every byte, in a domain of its own (no request or notice mac
 // of the same numbers passes for it), never 0, none without a session.

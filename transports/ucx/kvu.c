@@ -78,7 +78,9 @@
                                8: control messages (KVU_AM_CTL);
                                9: a READ release notice carries its
                                   sender's stamp (nonce) and instance
-                                  (token), which P checks for replays */
+                                  (token), which P checks for replays;
+                                  transfer tags are SipHash, not FNV
+                                  (kvc_xfer_tag) */
 #define KVU_AM_MAX_LEN    (256u << 10) /* bytes per message (tcp) */
 #define KVU_AM_SMALL_LEN  (60u << 10)  /* to or from a worker whose tcp
                                           receive segments are UCX's
