@@ -1557,26 +1557,31 @@ kvx_status_t kvc_params_build_decode(const char *prefill_response_json,
     return st;
 }
 
-/* kvc_replay_floor: the floor entry of host (NULL: none); with make, the
- * entry to raise for it (its own, a free one, else the lowest floor's). */
-static uint64_t *kvc_replay_floor(kvc_replay_t *r, uint64_t host, int make)
+/* kvc_replay_forget: slot i's sender leaves the table; its newest stamp
+ * (or its own floor, if higher) becomes its floor entry: a free entry, else
+ * the lowest of its host's once that host holds KVC_REPLAY_FLOORS_PER_HOST,
+ * else the lowest of all. */
+static void kvc_replay_forget(kvc_replay_t *r, uint32_t i)
 {
-    uint32_t low = 0;
+    uint64_t top = r->s[i].floor;
+    uint32_t low = 0, low_host = 0, nhost = 0, j;
 
-    for (uint32_t i = 0; i < KVC_REPLAY_HOSTS; i++) {
-        if (r->f[i].floor != 0 && r->f[i].host == host) {
-            return &r->f[i].floor;
+    for (uint32_t k = 0; k < r->s[i].n; k++) {
+        top = r->s[i].seen[k] > top ? r->s[i].seen[k] : top;
+    }
+    for (j = 0; j < KVC_REPLAY_FLOORS; j++) {
+        if (r->f[j].floor < r->f[low].floor) {
+            low = j;
         }
-        if (r->f[i].floor < r->f[low].floor) {
-            low = i;
+        if (r->f[j].floor != 0 && r->f[j].host == r->s[i].host &&
+            (nhost++ == 0 || r->f[j].floor < r->f[low_host].floor)) {
+            low_host = j;
         }
     }
-    if (!make) {
-        return NULL;
-    }
-    r->f[low].host  = host;
-    r->f[low].floor = 0;
-    return &r->f[low].floor;
+    j = nhost >= KVC_REPLAY_FLOORS_PER_HOST ? low_host : low;
+    r->f[j].host  = r->s[i].host;
+    r->f[j].inst  = r->s[i].inst;
+    r->f[j].floor = top;
 }
 
 const char *kvc_replay_check(kvc_replay_t *r, uint64_t host, uint64_t inst,
@@ -1605,27 +1610,35 @@ const char *kvc_replay_check(kvc_replay_t *r, uint64_t host, uint64_t inst,
             lru_host = i;
         }
     }
-    if (i == KVC_REPLAY_SENDERS) { /* a new sender */
-        const uint64_t *fl = kvc_replay_floor(r, host, 0);
+    if (i == KVC_REPLAY_SENDERS) { /* a new sender, or a forgotten one */
+        uint64_t floor = 0;
+        uint32_t j;
 
-        if (fl != NULL && nonce <= *fl) {
-            return "not newer than the last message of a forgotten sender "
-                   "of its host (a replay, or reordered that far)";
+        for (j = 0; j < KVC_REPLAY_FLOORS; j++) {
+            if (r->f[j].floor != 0 && r->f[j].host == host &&
+                r->f[j].inst == inst) {
+                floor = r->f[j].floor;
+                break;
+            }
+        }
+        if (nonce <= floor) {
+            return "not newer than this sender's last message before it was "
+                   "forgotten (a replay, or reordered that far)";
         }
         i = nhost >= KVC_REPLAY_PER_HOST ? lru_host : lru;
         if (r->s[i].last_heard != 0) {
-            /* Forgotten: its host keeps its newest stamp as a floor. */
-            uint64_t  top = 0, *vf;
-
-            for (uint32_t k = 0; k < r->s[i].n; k++) {
-                top = r->s[i].seen[k] > top ? r->s[i].seen[k] : top;
-            }
-            vf  = kvc_replay_floor(r, r->s[i].host, 1);
-            *vf = top > *vf ? top : *vf;
+            kvc_replay_forget(r, i);
+        }
+        if (j < KVC_REPLAY_FLOORS) {
+            r->f[j].floor = 0; /* back in a slot, which keeps it */
         }
         memset(&r->s[i], 0, sizeof(r->s[i]));
-        r->s[i].host = host;
-        r->s[i].inst = inst;
+        r->s[i].host  = host;
+        r->s[i].inst  = inst;
+        r->s[i].floor = floor;
+    } else if (nonce <= r->s[i].floor) {
+        return "not newer than this sender's last message before it was "
+               "forgotten (a replay, or reordered that far)";
     }
     for (uint32_t k = 0; k < r->s[i].n; k++) {
         if (r->s[i].seen[k] == nonce) {

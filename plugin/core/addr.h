@@ -196,29 +196,32 @@ int kvc_early_done_take(kvc_early_done_t *s, uint64_t inst, uint32_t k);
  * taken from it (reordered that far, or replayed after them). A new
  * sender takes the least recently heard slot, of its own host once that
  * host holds KVC_REPLAY_PER_HOST (so one host, which can name any
- * instance, forgets mostly its own senders). A forgotten sender leaves
- * its host a floor, its newest stamp: a new sender of that host (any
- * instance, so also the forgotten one's replay) must be stamped above
- * every floor of its host (a new instance stamps "now" on that host's
- * clock, after the forgotten one's last). The floors of KVC_REPLAY_HOSTS
- * hosts are kept (the lowest, oldest, is dropped first), so a replay
- * within the window of a forgotten sender's message passes only after
- * that many hosts' senders were forgotten within the window. Zeroed:
- * empty.
+ * instance, forgets mostly its own senders). A forgotten sender leaves a
+ * floor, its newest stamp, kept with its host and instance: when it is
+ * heard again its slot refuses anything not above the floor (its replays,
+ * or its own messages reordered past its forgetting). KVC_REPLAY_FLOORS
+ * floors are kept, at most KVC_REPLAY_FLOORS_PER_HOST of one host (its
+ * lowest goes first), else the lowest of all: so a replay within the
+ * window of a forgotten sender's message passes only once its floor was
+ * dropped, which needs KVC_REPLAY_FLOORS / KVC_REPLAY_FLOORS_PER_HOST hosts
+ * with sessions forgetting senders within the window. Other instances of
+ * the same host are not affected by a floor. Zeroed: empty.
  */
 #define KVC_REPLAY_DEPTH    32
 #define KVC_REPLAY_SENDERS  256
 #define KVC_REPLAY_PER_HOST 16
-#define KVC_REPLAY_HOSTS    1024
+#define KVC_REPLAY_FLOORS   1024 /* floors of forgotten senders */
+#define KVC_REPLAY_FLOORS_PER_HOST 64
 typedef struct kvc_replay {
     struct {
         uint64_t host, inst, last_heard; /* last_heard 0: free */
+        uint64_t floor; /* nonces up to it are refused (0: none) */
         uint64_t seen[KVC_REPLAY_DEPTH];
         uint32_t n;
     } s[KVC_REPLAY_SENDERS];
     struct {
-        uint64_t host, floor; /* floor 0: free */
-    } f[KVC_REPLAY_HOSTS];
+        uint64_t host, inst, floor; /* floor 0: free */
+    } f[KVC_REPLAY_FLOORS];
     uint64_t heard; /* counter for last_heard */
 } kvc_replay_t;
 

@@ -1284,42 +1284,65 @@ TEST(Replay, EachStampOncePerSenderWithinTheWindow)
     EXPECT_NE(nullptr, kvc_replay_check(r.get(), 3, 0, us(200), now, shift, w));
     EXPECT_NE(nullptr, kvc_replay_check(r.get(), 1, 0, us(-10), now, shift, w));
     EXPECT_NE(nullptr, kvc_replay_check(r.get(), 2, 0, us(-10), now, shift, w))
-        << "the forgotten sender's replay passed (its host keeps a floor)";
-    EXPECT_NE(nullptr, kvc_replay_check(r.get(), 2, 7, us(-11), now, shift, w))
-        << "as another instance of that host";
+        << "the forgotten sender's replay passed (it left a floor)";
+    EXPECT_EQ(nullptr, kvc_replay_check(r.get(), 2, 7, us(-11), now, shift, w))
+        << "another instance of that host is not held to its floor";
     EXPECT_EQ(nullptr, kvc_replay_check(r.get(), 2, 0, us(-9), now, shift, w))
         << "the forgotten sender's next message";
+    EXPECT_NE(nullptr, kvc_replay_check(r.get(), 2, 0, us(-10), now, shift, w))
+        << "back in a slot, the sender still refuses its old replay";
+    EXPECT_NE(nullptr, kvc_replay_check(r.get(), 2, 0, us(-30), now, shift, w))
+        << "nor an older one (its slot holds one stamp, above the floor)";
     // One host naming ever new instances (each stamped later, as on one
-    // clock) forgets mostly its own senders, and their replays stay out.
+    // clock) forgets only its own senders, and keeps floors for the last
+    // KVC_REPLAY_FLOORS_PER_HOST of them.
     *r = {};
     ASSERT_EQ(nullptr, kvc_replay_check(r.get(), 5, 1, us(-10), now, shift, w));
-    for (uint64_t inst = 100; inst < 100 + 4 * KVC_REPLAY_SENDERS; inst++) {
+    const uint64_t last = 100 + 4 * KVC_REPLAY_SENDERS - 1;
+    for (uint64_t inst = 100; inst <= last; inst++) {
         ASSERT_EQ(nullptr, kvc_replay_check(r.get(), 9, inst,
                                             us((int64_t)inst), now, shift, w));
     }
-    EXPECT_NE(nullptr, kvc_replay_check(r.get(), 9, 100, us(100), now, shift,
-                                        w)) << "a forgotten instance's replay";
+    const uint64_t late = last - KVC_REPLAY_PER_HOST; // forgotten last
+    EXPECT_NE(nullptr, kvc_replay_check(r.get(), 9, late, us((int64_t)late),
+                                        now, shift, w))
+        << "a recently forgotten instance's replay";
+    EXPECT_EQ(nullptr, kvc_replay_check(r.get(), 9, 100, us(100), now, shift,
+                                        w))
+        << "host 9's oldest floors gave way to its newer ones";
     EXPECT_NE(nullptr, kvc_replay_check(r.get(), 5, 1, us(-10), now, shift, w))
         << "another host's flood made host 5's sender be forgotten";
-    EXPECT_NE(nullptr, kvc_replay_check(r.get(), 9, 100 + 4 *
-                                        KVC_REPLAY_SENDERS - 1,
-                                        us(100 + 4 * KVC_REPLAY_SENDERS - 1),
+    EXPECT_NE(nullptr, kvc_replay_check(r.get(), 9, last, us((int64_t)last),
                                         now, shift, w));
-    // Floors beyond KVC_REPLAY_HOSTS: the lowest is dropped, so only then
-    // does a forgotten sender's replay pass.
+    // Hosts 1 and 3 forgotten (floors at -100 and +50), then one host's
+    // flood of instances: its floors replace only its own.
     *r = {};
     ASSERT_EQ(nullptr, kvc_replay_check(r.get(), 1, 0, us(-100), now, shift, w));
-    for (uint64_t h = 2; h < 2 + KVC_REPLAY_SENDERS; h++) {
+    ASSERT_EQ(nullptr, kvc_replay_check(r.get(), 3, 0, us(50), now, shift, w));
+    for (uint64_t h = 20; h < 20 + KVC_REPLAY_SENDERS - 1; h++) {
         ASSERT_EQ(nullptr, kvc_replay_check(r.get(), h, 0, us(0), now, shift,
                                             w));
     }
     EXPECT_NE(nullptr, kvc_replay_check(r.get(), 1, 0, us(-100), now, shift, w));
-    for (uint64_t h = 10000; h < 10000 + 2 * KVC_REPLAY_HOSTS; h++) {
+    EXPECT_NE(nullptr, kvc_replay_check(r.get(), 3, 0, us(50), now, shift, w));
+    for (uint64_t inst = 1; inst <= 4 * KVC_REPLAY_FLOORS; inst++) {
+        ASSERT_EQ(nullptr, kvc_replay_check(r.get(), 9, inst,
+                                            us(1000 + (int64_t)inst), now,
+                                            shift, w));
+    }
+    EXPECT_NE(nullptr, kvc_replay_check(r.get(), 1, 0, us(-100), now, shift, w))
+        << "one host's flood dropped another host's floor";
+    // Floors of many hosts beyond KVC_REPLAY_FLOORS: the lowest go first
+    // (host 1's at -100 before host 3's at +50), so only then does a
+    // forgotten sender's replay pass.
+    for (uint64_t h = 10000; h < 10000 + 2 * KVC_REPLAY_FLOORS; h++) {
         ASSERT_EQ(nullptr, kvc_replay_check(r.get(), h, 0, us(1), now, shift,
                                             w));
     }
     EXPECT_EQ(nullptr, kvc_replay_check(r.get(), 1, 0, us(-100), now, shift, w))
         << "host 1's floor was the lowest and is gone";
+    EXPECT_NE(nullptr, kvc_replay_check(r.get(), 3, 0, us(50), now, shift, w))
+        << "host 3's higher floor outlived the lower ones";
 }
 
 // The data-plane session of a host: one per address (loopback addresses
