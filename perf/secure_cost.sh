@@ -44,9 +44,9 @@ QUIET_WAIT=${QUIET_WAIT:-600}
 mkdir -p "$out/logs"
 echo "variant,pair,case,load_before,load_after,csv" > "$out/runs.csv"
 
-pki=$out/pki
+pki=$(mktemp -d /tmp/kvxfer-secure-cost-pki-XXXXXX)
+trap 'rm -rf "$pki"' EXIT # throwaway keys: never kept with the results
 if [ "$mode" = tls ]; then
-    mkdir -p "$pki"
     openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
         -keyout "$pki/ca.key" -out "$pki/ca.crt" -subj "/CN=kvxfer-perf-ca" \
         -days 2 2>/dev/null &&
