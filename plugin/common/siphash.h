@@ -2,7 +2,9 @@
  * siphash.h - SipHash-2-4 (Aumasson and Bernstein, 2012): a keyed 64-bit
  * pseudorandom function. kvxfer uses it where a value handed to a peer must
  * not let that peer compute the value of another input (the data-plane
- * session of a host, plugin/engine/expose.c); no other use is intended.
+ * session of a host, plugin/engine/expose.c), for the macs under it, and
+ * where no one may find a second input of a given value (a transfer id's
+ * tag, kvc_xfer_tag).
  *
  * Threading: pure, any thread.
  */
