@@ -1589,7 +1589,9 @@ const char *kvc_replay_check(kvc_replay_t *r, uint64_t host, uint64_t inst,
                              uint64_t window_us)
 {
     uint64_t d   = nonce > now ? nonce - now : now - nonce;
-    uint32_t i, lru = 0, lru_host = 0, nhost = 0, low = 0;
+    uint32_t i, j = KVC_REPLAY_FLOORS, lru = 0, lru_host = 0, nhost = 0,
+             low = 0;
+    uint64_t floor = 0;
 
     if ((d >> shift) > window_us) {
         return nonce > now ? "stamped in the future (clocks further apart "
@@ -1610,10 +1612,9 @@ const char *kvc_replay_check(kvc_replay_t *r, uint64_t host, uint64_t inst,
             lru_host = i;
         }
     }
-    if (i == KVC_REPLAY_SENDERS) { /* a new sender, or a forgotten one */
-        uint64_t floor = 0;
-        uint32_t j;
-
+    if (i < KVC_REPLAY_SENDERS) {
+        floor = r->s[i].floor;
+    } else { /* a new sender, or a forgotten one: its floor, if kept */
         for (j = 0; j < KVC_REPLAY_FLOORS; j++) {
             if (r->f[j].floor != 0 && r->f[j].host == host &&
                 r->f[j].inst == inst) {
@@ -1621,24 +1622,25 @@ const char *kvc_replay_check(kvc_replay_t *r, uint64_t host, uint64_t inst,
                 break;
             }
         }
-        if (nonce <= floor) {
-            return "not newer than this sender's last message before it was "
-                   "forgotten (a replay, or reordered that far)";
+    }
+    if (nonce <= floor) {
+        return "not newer than this sender's last message before it was "
+               "forgotten (a replay, or reordered that far)";
+    }
+    if (i == KVC_REPLAY_SENDERS) {
+        if (j < KVC_REPLAY_FLOORS) {
+            /* Back in a slot, which keeps it (freed first: forgetting the
+             * slot's sender below may take this entry). */
+            r->f[j].floor = 0;
         }
         i = nhost >= KVC_REPLAY_PER_HOST ? lru_host : lru;
         if (r->s[i].last_heard != 0) {
             kvc_replay_forget(r, i);
         }
-        if (j < KVC_REPLAY_FLOORS) {
-            r->f[j].floor = 0; /* back in a slot, which keeps it */
-        }
         memset(&r->s[i], 0, sizeof(r->s[i]));
         r->s[i].host  = host;
         r->s[i].inst  = inst;
         r->s[i].floor = floor;
-    } else if (nonce <= r->s[i].floor) {
-        return "not newer than this sender's last message before it was "
-               "forgotten (a replay, or reordered that far)";
     }
     for (uint32_t k = 0; k < r->s[i].n; k++) {
         if (r->s[i].seen[k] == nonce) {

@@ -1307,6 +1307,16 @@ TEST(Replay, EachStampOncePerSenderWithinTheWindow)
     EXPECT_NE(nullptr, kvc_replay_check(r.get(), 9, late, us((int64_t)late),
                                         now, shift, w))
         << "a recently forgotten instance's replay";
+    // A forgotten instance whose floor is its host's lowest comes back: the
+    // sender it pushes out keeps its own floor (in the entry just freed).
+    const uint64_t back = late - KVC_REPLAY_FLOORS_PER_HOST + 1;
+    ASSERT_NE(nullptr, kvc_replay_check(r.get(), 9, back, us((int64_t)back),
+                                        now, shift, w));
+    ASSERT_EQ(nullptr, kvc_replay_check(r.get(), 9, back, us((int64_t)last + 1),
+                                        now, shift, w));
+    EXPECT_NE(nullptr, kvc_replay_check(r.get(), 9, late + 1,
+                                        us((int64_t)late + 1), now, shift, w))
+        << "the sender pushed out by a returning one lost its floor";
     EXPECT_EQ(nullptr, kvc_replay_check(r.get(), 9, 100, us(100), now, shift,
                                         w))
         << "host 9's oldest floors gave way to its newer ones";
