@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include <atomic>
+#include <string>
 #include <vector>
 
 #include <stdlib.h>
@@ -77,14 +78,20 @@ struct Side {
         p.max_inflight_bytes = 1 << 20;
         p.name               = name;
         p.remote_access      = access;
-        EXPECT_EQ(kvu_ctx_create(&p, &ctx), KVX_OK);
-        EXPECT_EQ(kvu_mem_register(ctx, buf.data(), buf.size(), 0, &mem),
-                  KVX_OK);
+        EXPECT_EQ(kvu_ctx_create(&p, &ctx), KVX_OK) << kvc_last_error();
+        if (ctx != nullptr) {
+            EXPECT_EQ(kvu_mem_register(ctx, buf.data(), buf.size(), 0, &mem),
+                      KVX_OK);
+        }
     }
     ~Side()
     {
-        kvu_mem_release(mem);
-        kvu_ctx_destroy(ctx);
+        if (mem != nullptr) {
+            kvu_mem_release(mem);
+        }
+        if (ctx != nullptr) {
+            kvu_ctx_destroy(ctx);
+        }
     }
 };
 
@@ -1116,12 +1123,20 @@ TEST(KvuAmForge, AnswerFromAThirdWorkerIsDropped)
 TEST(KvuAmAnswer, LatePacksComeFromACopyAndAreExact)
 {
     // with 8 KiB send segments an answer is packed in pieces, and a send
-    // can return with some of them packed (the copy starts mid-answer)
-    for (const char *settings :
-         {"auto", "auto SNDBUF=4096", "auto TX_SEG_SIZE=8k SNDBUF=4096"}) {
+    // can return with some of them packed (the copy starts mid-answer);
+    // UCX 1.17 and later take tcp's keys as TCP_*
+    unsigned major = 0, minor = 0, release = 0;
+
+    ucp_get_version(&major, &minor, &release);
+    const std::string tcp = major > 1 || minor >= 17 ? "TCP_" : "";
+    for (const std::string &s :
+         {std::string("auto"), "auto " + tcp + "SNDBUF=4096",
+          "auto " + tcp + "TX_SEG_SIZE=8k " + tcp + "SNDBUF=4096"}) {
+        const char *settings = s.c_str();
         SCOPED_TRACE(settings);
         Side target("late-target", "tcp", KVT_ACCESS_READ, 0, nullptr,
                     nullptr, settings, 4u << 20);
+        ASSERT_NE(nullptr, target.ctx);
         Side origin("late-origin", "tcp", KVT_ACCESS_LOCAL, 0, nullptr,
                     nullptr, nullptr, 4u << 20);
         for (size_t i = 0; i < target.buf.size(); i++) {
@@ -1331,16 +1346,31 @@ TEST(KvuPlanes, TcpPlaneCarriesDataEitherWay)
 }
 
 // Two contexts on UCX's default transports on one host reach each other
-// through their RMA workers (shared memory), not the tcp plane.
+// through their RMA workers (shared memory), not the tcp plane. From UCX
+// 1.16 (protocol v2) the cma lane is kept in peer error mode, so gets and
+// puts on application memory are cma zero-copy, not emulated.
 TEST(KvuPlanes, SameHostDefaultsUseSharedMemory)
 {
-    Pair pr("", KVT_ACCESS_READ);
-    // shared memory kept in peer error mode; the tcp plane's segments hold
-    // a whole active message
-    EXPECT_STREQ("MM_ERROR_HANDLING=y; tcp plane: TX_SEG_SIZE=272k "
-                 "RX_SEG_SIZE=272k", kvu_settings(pr.target.ctx));
+    unsigned    major = 0, minor = 0, release = 0;
+    Pair        pr("", KVT_ACCESS_READ);
+    std::string want;
+
+    ucp_get_version(&major, &minor, &release);
+    const bool v116 = major > 1 || minor >= 16;
+    const bool v117 = major > 1 || minor >= 17;
+    const char *tcp = v117 ? "TCP_" : "";
+    // shared memory kept in peer error mode (and cma, from 1.16); the tcp
+    // plane's segments hold a whole active message
+    want = std::string("MM_ERROR_HANDLING=y") +
+           (v116 ? v117 ? " CMA_MEMORY_INVALIDATE=y" : " MEMORY_INVALIDATE=y"
+                 : "") +
+           "; tcp plane: " + tcp + "TX_SEG_SIZE=272k " + tcp +
+           "RX_SEG_SIZE=272k";
+    EXPECT_EQ(want, kvu_settings(pr.target.ctx));
     EXPECT_FALSE(kvu_ep_rma_emulated(pr.ep)) << kvu_ep_transports(pr.ep);
     EXPECT_EQ(nullptr, strstr(kvu_ep_transports(pr.ep), "tcp"))
+        << kvu_ep_transports(pr.ep);
+    EXPECT_EQ(v116, strstr(kvu_ep_transports(pr.ep), "cma/") != nullptr)
         << kvu_ep_transports(pr.ep);
     EXPECT_EQ(pr.post(0, pr.tbase(), 0, 65536), KVX_OK);
     EXPECT_EQ(0, memcmp(pr.origin.buf.data(), pr.target.buf.data(), 65536));

@@ -2029,6 +2029,29 @@ static int kvu_tls_has_mm(const char *tls)
     return 0;
 }
 
+/* kvu_tls_has_cma: does the UCX_TLS list enable cma (UCX's "sm" and "shm"
+ * include it)? */
+static int kvu_tls_has_cma(const char *tls)
+{
+    static const char *const names[] = {"cma", "sm", "shm", "all"};
+
+    if (tls == NULL || tls[0] == '\0') {
+        return 1;
+    }
+    if (tls[0] == '^') {
+        const char *l = tls + 1;
+
+        return !(kvu_tls_lists(l, "cma") || kvu_tls_lists(l, "sm") ||
+                 kvu_tls_lists(l, "shm"));
+    }
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        if (kvu_tls_lists(tls, names[i])) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
 /* --- lane settings (config key ucx_lane_settings) ----------------------
  * Settings go through ucp_config_modify only, never the environment, and
  * every one in force is listed in ctx->settings (logged, and reported with
@@ -2062,22 +2085,35 @@ static kvx_status_t kvu_setting(kvu_ctx_t *ctx, ucp_config_t *config,
     return KVX_OK;
 }
 
-/* kvu_tcp_key: the name UCX's tcp transport takes key under. UCX before
- * 1.17 applies a key ucp does not know to every transport's table by its
- * bare name (and ignores the "TCP_" one, warning "invalid
- * configurations"); from 1.17 it matches the table prefix, "TCP_"
- * (1.17-1.20 accept the bare name and silently ignore it; 1.21 and later
- * reject it). */
-static const char *kvu_tcp_key(const char *key, char *buf, size_t len)
+/* kvu_ucx_at_least: is the UCX this process runs on major.minor or newer? */
+static int kvu_ucx_at_least(unsigned want_major, unsigned want_minor)
 {
     unsigned major = 0, minor = 0, release = 0;
 
     ucp_get_version(&major, &minor, &release);
-    if (major > 1 || (major == 1 && minor >= 17)) {
-        snprintf(buf, len, "TCP_%s", key);
+    return major > want_major ||
+           (major == want_major && minor >= want_minor);
+}
+
+/* kvu_tl_key: the name a transport's (or memory domain's) table takes key
+ * under (prefix "TCP_", "CMA_"). UCX before 1.17 applies a key ucp does
+ * not know to every transport's table by its bare name (and ignores the
+ * prefixed one, warning "invalid configurations"); from 1.17 it matches
+ * the table prefix (1.17-1.20 accept the bare name and silently ignore it;
+ * 1.21 and later reject it). */
+static const char *kvu_tl_key(const char *prefix, const char *key, char *buf,
+                              size_t len)
+{
+    if (kvu_ucx_at_least(1, 17)) {
+        snprintf(buf, len, "%s%s", prefix, key);
         return buf;
     }
     return key;
+}
+
+static const char *kvu_tcp_key(const char *key, char *buf, size_t len)
+{
+    return kvu_tl_key("TCP_", key, buf, len);
 }
 
 /* kvu_setting_tcp: an optional setting of UCX's tcp transport, under the
@@ -2102,7 +2138,19 @@ static int kvu_setting_tcp(kvu_ctx_t *ctx, ucp_config_t *config,
  *   kvxfer's active messages of up to KVU_AM_MAX_LEN: tcp segments that
  *   hold a whole message (TX_SEG_SIZE, RX_SEG_SIZE), so UCX neither
  *   fragments it nor reassembles it into a buffer of its own before the
- *   handler copies it (tcp READ 2.8x, WRITE 2.3x at 1 MiB). */
+ *   handler copies it (tcp READ 2.8x, WRITE 2.3x at 1 MiB);
+ * - cma in peer error mode, UCX 1.16 and later (protocol v2, whose
+ *   one-sided operations use cma zero-copy on application memory, "0..inf
+ *   zero-copy cma/memory" under UCX_PROTO_INFO): CMA_MEMORY_INVALIDATE=y.
+ *   Peer error mode keeps a zero-copy RMA lane only on a memory domain
+ *   that can invalidate registrations (so a failed peer's access can be
+ *   fenced), and cma's says it cannot unless told so; a cma access needs
+ *   ptrace rights over the target process, so a failed (or hostile) peer
+ *   with them could read or write that process anyway. Without it every
+ *   get/put on application memory over shared memory is emulated (kvxfer's
+ *   checked active messages: three copies instead of one). On 1.13 (v1
+ *   protocols: RMA lanes need bcopy, which cma lacks) it would only add a
+ *   rendezvous lane kvxfer does not use, so it is not set there. */
 static kvx_status_t kvu_settings_auto(kvu_ctx_t *ctx, ucp_config_t *config,
                                       const char *tls)
 {
@@ -2110,6 +2158,15 @@ static kvx_status_t kvu_settings_auto(kvu_ctx_t *ctx, ucp_config_t *config,
 
     if (ctx->params.err_mode_peer && kvu_tls_has_mm(tls)) {
         status = kvu_setting(ctx, config, "MM_ERROR_HANDLING", "y", 1);
+    }
+    if (status == KVX_OK && ctx->params.err_mode_peer && ctx->rma &&
+        kvu_tls_has_cma(tls) && kvu_ucx_at_least(1, 16)) {
+        char key[64];
+
+        status = kvu_setting(ctx, config,
+                             kvu_tl_key("CMA_", "MEMORY_INVALIDATE", key,
+                                        sizeof(key)),
+                             "y", 1);
     }
     if (status == KVX_OK && ctx->am_rma && tls != NULL && tls[0] != '\0' &&
         !kvu_rma_wanted(tls, 1)) {
@@ -2234,7 +2291,9 @@ const char *kvu_settings(const kvu_ctx_t *ctx)
  * sender names (rma_sw.c: no check against registered memory): anyone able
  * to reach the worker over tcp could use them. When every allowed
  * transport is tcp (or self), no lane could carry a real one-sided
- * operation anyway (UCX 1.13; on 1.22 tcp's zero-copy put is no safer), so
+ * operation anyway (UCX 1.13; on 1.22 tcp's zero-copy put is no safer, and
+ * its receiving side writes wherever a PUT_REQ says whatever the features:
+ * transports/ucx/README.md, "Not closed"), so
  * the feature is not requested, those handlers do not exist, and all data
  * moves over kvxfer's own checked active messages. Any other transport
  * list keeps the feature (shared memory, RDMA and GPU lanes copy for real).
