@@ -226,25 +226,25 @@ static kvx_status_t kvc_peer_check_lanes(kvc_peer_t *peer, kvt_ep_t *ep)
 }
 
 /* kvc_peer_rma_mode: how gets/puts to this peer really move (research/
- * ucx.md §0.1-0.3): over a hardware/transport RMA lane, as direct copies
- * into UCX-allocated shared memory, or emulated over active messages. */
+ * ucx.md §0.1-0.3): as direct copies into UCX-allocated shared memory
+ * (every layer's rkey maps here; also beside a zero-copy lane such as
+ * cma, UCX 1.22), over a hardware/transport RMA lane, or emulated over
+ * active messages (shared-memory lanes only, memory that does not map). */
 static const char *kvc_peer_rma_mode(kvc_peer_t *peer, const kvc_hs_meta_t *m,
                                      kvt_ep_t *ep, kvt_rkey_t **rkeys)
 {
     const struct kvx_engine *eng = peer->eng;
+    int                      mapped = m->num_layers > 0;
 
     if (KVD(eng)->ep_rma_emulated(ep)) {
         return "emulated";
     }
-    if (!KVD(eng)->ep_rma_shm_only(ep)) {
-        return "rma";
+    for (size_t j = 0; j < m->num_layers && mapped; j++) {
+        mapped = KVD(eng)->rkey_local(rkeys[j], m->layers[j].base) != NULL;
     }
-    for (size_t j = 0; j < m->num_layers; j++) {
-        if (KVD(eng)->rkey_local(rkeys[j], m->layers[j].base) == NULL) {
-            return "emulated";
-        }
-    }
-    return "direct-shm";
+    return mapped                            ? "direct-shm"
+           : !KVD(eng)->ep_rma_shm_only(ep) ? "rma"
+                                            : "emulated";
 }
 
 static kvx_status_t kvc_peer_connect(kvc_peer_t *peer, kvc_hs_meta_t *m,
