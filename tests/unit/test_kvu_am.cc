@@ -1222,6 +1222,46 @@ TEST(KvuAmSegments, LargeAndDefaultSegmentsInterwork)
     }
 }
 
+// UCX before 1.16 ships protocol v2 as an experiment that aborts kvxfer's
+// gets (1.13.1: stack smashing in libucp): turning it on there, by
+// ucx_lane_settings or the environment, is a configuration error naming
+// the setting and the version; from 1.16 it is UCX's default and taken.
+TEST(KvuLaneSettings, ExperimentalProtocolV2IsRefusedBefore116)
+{
+    unsigned major = 0, minor = 0, release = 0;
+
+    ucp_get_version(&major, &minor, &release);
+    const bool old = major == 1 && minor < 16;
+    for (int env = 0; env < 2; env++) {
+        kvu_params_t p{};
+        kvu_ctx_t   *ctx = nullptr;
+        p.tls           = "tcp";
+        p.err_mode_peer = 1;
+        p.name          = "proto-v2";
+        p.lane_settings = env ? "auto" : "auto PROTO_ENABLE=y";
+        if (env) {
+            setenv("UCX_PROTO_ENABLE", "yes", 1);
+        }
+        kvx_status_t st = kvu_ctx_create(&p, &ctx);
+        unsetenv("UCX_PROTO_ENABLE");
+        SCOPED_TRACE(env ? "environment" : "ucx_lane_settings");
+        if (old) {
+            EXPECT_EQ(KVX_ERR_CONFIG, st);
+            EXPECT_NE(nullptr, strstr(kvc_last_error(),
+                                      env ? "UCX_PROTO_ENABLE=yes"
+                                          : "'PROTO_ENABLE=y'"))
+                << kvc_last_error();
+            EXPECT_NE(nullptr, strstr(kvc_last_error(), "1.16"))
+                << kvc_last_error();
+        } else {
+            EXPECT_EQ(KVX_OK, st) << kvc_last_error();
+        }
+        if (ctx != nullptr) {
+            kvu_ctx_destroy(ctx);
+        }
+    }
+}
+
 // Receive segments a peer's one-segment message would overrun are refused,
 // naming the setting; 64k and up (and sizes UCX reads otherwise) are taken.
 TEST(KvuAmSegments, ReceiveSegmentsBelow64kAreRefused)

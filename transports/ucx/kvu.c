@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/eventfd.h>
 #include <sys/timerfd.h>
 #include <sys/mman.h>
@@ -2201,6 +2202,26 @@ static int kvu_rx_seg_too_small(const char *val)
     return *end == '\0' && v < (64u << 10);
 }
 
+/* kvu_proto_v2_refused: UCX before 1.16 ships its protocol v2 as an
+ * experiment (PROTO_ENABLE, default n), and UCX 1.13.1 with it aborts a
+ * kvxfer READ ("stack smashing detected" inside libucp on the reading
+ * side, tcp and sm, seen 2026-12-05); so it is refused there, naming where
+ * it came from. 1 when val turns it on under such a UCX. */
+static int kvu_proto_v2_refused(const char *val)
+{
+    static const char *const on[] = {"y", "yes", "on", "1", "true"};
+
+    if (kvu_ucx_at_least(1, 16)) {
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof(on) / sizeof(on[0]); i++) {
+        if (strcasecmp(val, on[i]) == 0) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
 /* kvu_settings_token applies one KEY=VALUE token of ucx_lane_settings. */
 static kvx_status_t kvu_settings_token(kvu_ctx_t *ctx, ucp_config_t *config,
                                        const char *tok, size_t n)
@@ -2230,6 +2251,14 @@ static kvx_status_t kvu_settings_token(kvu_ctx_t *ctx, ucp_config_t *config,
                          strncmp(key, "UCX_", 4) == 0
                              ? "give UCX's name without the UCX_ prefix"
                              : "set it with ucx_tls / ucx_net_devices");
+    }
+    if (strcmp(key, "PROTO_ENABLE") == 0 && kvu_proto_v2_refused(val)) {
+        return kvc_error(KVX_ERR_CONFIG,
+                         "kv_connector_extra_config.ucx_lane_settings: "
+                         "'%s=%s': UCX %s's protocol v2 is experimental and "
+                         "aborts kvxfer's gets (stack smashing in libucp); "
+                         "it needs UCX 1.16 or later", key, val,
+                         ucp_get_version_string());
     }
     if (klen >= 8 && strcmp(key + klen - 8, "SEG_SIZE") == 0) {
         ctx->big_rx_last = 0; /* the user's segments: small messages */
@@ -2561,6 +2590,14 @@ static kvx_status_t kvu_ucp_init(kvu_ctx_t *ctx)
     if (strlen(tls) >= sizeof(ctx->tls)) {
         return kvc_error(KVX_ERR_CONFIG, "UCX_TLS: %zu characters, at most "
                          "%zu", strlen(tls), sizeof(ctx->tls) - 1);
+    }
+    if (getenv("UCX_PROTO_ENABLE") != NULL &&
+        kvu_proto_v2_refused(getenv("UCX_PROTO_ENABLE"))) {
+        return kvc_error(KVX_ERR_CONFIG, "UCX_PROTO_ENABLE=%s (environment): "
+                         "UCX %s's protocol v2 is experimental and aborts "
+                         "kvxfer's gets (stack smashing in libucp); it needs "
+                         "UCX 1.16 or later", getenv("UCX_PROTO_ENABLE"),
+                         ucp_get_version_string());
     }
     if (getenv("UCX_TCP_RX_SEG_SIZE") != NULL &&
         kvu_rx_seg_too_small(getenv("UCX_TCP_RX_SEG_SIZE"))) {
