@@ -96,7 +96,10 @@ struct Ctx {
     Ctx(const char *name, uint8_t fill) : buf(65536, fill)
     {
         kvu_params_t p{};
-        p.tls                = "sm";
+        // shared memory without cma: gets on application memory are then
+        // emulated over the FIFO on every UCX version (with cma, UCX 1.16+
+        // copies them zero-copy and no answer crosses a FIFO)
+        p.tls                = "sysv,posix";
         p.err_mode_peer      = 1;
         p.max_inflight_bytes = 1 << 20;
         p.name               = name;
