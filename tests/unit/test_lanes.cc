@@ -83,6 +83,7 @@ TEST(Lanes, Ucx113RmaBwLaneIsNotAnRmaLaneInV1)
     EXPECT_STREQ("rma_bw#0", p.lanes.lane[2].roles);
     EXPECT_EQ(0, p.lanes.lane[2].rma);
     EXPECT_EQ(1, kvu_lanes_rma_shm_only(&p.lanes));
+    EXPECT_EQ(0, kvu_lanes_rma_on(&p.lanes, "cma"));
 }
 
 // UCX 1.22 (protocol v2): "seg 4294967295" on every lane, protocol tables
@@ -108,6 +109,7 @@ TEST(Lanes, Ucx122SmLanesCopyDirectlyIntoUcxMemory)
     EXPECT_EQ(0, kvu_lanes_rma_emulated(&p.lanes));
     EXPECT_EQ(1, kvu_lanes_rma_shm_only(&p.lanes));
     EXPECT_EQ(1, kvu_lanes_am_fifo(&p.lanes));
+    EXPECT_EQ(0, kvu_lanes_rma_on(&p.lanes, "cma"));
 }
 
 // In v2 an rma_bw lane carries zero-copy put/get (cma on app memory).
@@ -121,6 +123,8 @@ TEST(Lanes, Ucx122CmaRmaBwLaneIsAnRmaLane)
     EXPECT_EQ("sysv/memory[am rma] posix/memory[rma] cma/memory[rma_bw#0 rma]",
               p.report);
     EXPECT_EQ(0, kvu_lanes_rma_shm_only(&p.lanes));
+    EXPECT_EQ(1, kvu_lanes_rma_on(&p.lanes, "cma"));
+    EXPECT_EQ(0, kvu_lanes_rma_on(&p.lanes, "tcp"));
 }
 
 TEST(Lanes, SegmentSizeIsNeverARole)

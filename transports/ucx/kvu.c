@@ -214,8 +214,16 @@ struct kvu_job {
 };
 
 /* How a job's runs move (kvu_job_route, decided once per job). */
-#define KVU_ROUTE_UCX 1 /* ucp_get_nbx / ucp_put_nbx */
-#define KVU_ROUTE_AM  2 /* kvxfer's own active messages (kvu_am_issue) */
+#define KVU_ROUTE_UCX  1 /* ucp_get_nbx / ucp_put_nbx */
+#define KVU_ROUTE_AM   2 /* kvxfer's own active messages (kvu_am_issue) */
+#define KVU_ROUTE_SIZE 3 /* per run: UCX (cma) from KVU_CMA_MIN_RUN bytes,
+                            else active messages */
+/* Runs shorter than this take kvxfer's active messages even where a cma
+ * lane could copy them: measured on this VM (UCX 1.22, sm, application
+ * memory, transports/ucx/README.md "cma"), cma moved 32 KiB blocks at
+ * 0.52-0.77x the active messages and 1 MiB blocks at 1.2-1.5x (resident;
+ * about 1.0x cold). */
+#define KVU_CMA_MIN_RUN (256u << 10)
 
 /* kvu_req_t lives inside every UCP request (UCP_PARAM_FIELD_REQUEST_SIZE). */
 typedef struct kvu_req {
@@ -252,6 +260,9 @@ struct kvu_ep {
     char          transports[512];
     int           emulated;      /* no RMA lane at all */
     int           rma_shm_only;  /* RMA lanes are shared memory only */
+    int           rma_cma;       /* a cma RMA lane (zero-copy, protocol
+                                    v2): runs of KVU_CMA_MIN_RUN and more
+                                    go cma, shorter ones kvxfer's AMs */
     int           am_fifo;       /* AM lane is a shared-memory FIFO: gets
                                     capped at KVU_FIFO_MAX_GETS */
     int           am_rma;        /* gets/puts over kvxfer AMs (emulated) */
@@ -1324,7 +1335,7 @@ static kvx_status_t kvu_am_handlers(kvu_wk_t *wk)
     return KVX_OK;
 }
 
-static int kvu_issue(kvu_ep_t *ep, kvu_job_t *job, uint64_t len)
+static int kvu_issue(kvu_ep_t *ep, kvu_job_t *job, int route, uint64_t len)
 {
     const kvc_run_t   *run = &job->runs[job->idx];
     ucp_request_param_t prm;
@@ -1333,7 +1344,7 @@ static int kvu_issue(kvu_ep_t *ep, kvu_job_t *job, uint64_t len)
                                                  run->local_off + job->off);
     uint64_t            raddr = job->remote_base + run->remote_off + job->off;
 
-    if (job->route == KVU_ROUTE_AM) {
+    if (route == KVU_ROUTE_AM) {
         return kvu_am_issue(ep, job, lbuf, raddr, len);
     }
     memset(&prm, 0, sizeof(prm));
@@ -1425,6 +1436,13 @@ static int kvu_job_route(const kvu_ep_t *ep, const kvu_job_t *job)
                      &ptr) != UCS_OK) {
         return KVU_ROUTE_AM;
     }
+    if (ep->rma_cma && job->n > 0 &&
+        ucp_rkey_ptr(job->rkey, job->remote_base + job->runs[0].remote_off,
+                     &ptr) != UCS_OK) {
+        /* application memory beside a cma lane: short runs are faster as
+         * kvxfer's active messages (KVU_CMA_MIN_RUN) */
+        return KVU_ROUTE_SIZE;
+    }
     return KVU_ROUTE_UCX;
 }
 
@@ -1447,7 +1465,12 @@ static void kvu_ep_drain(kvu_ep_t *ep)
         while (job->idx < job->n) {
             const kvc_run_t *run = &job->runs[job->idx];
             uint64_t         len;
+            int              route = job->route;
 
+            if (route == KVU_ROUTE_SIZE) {
+                route = run->len >= KVU_CMA_MIN_RUN ? KVU_ROUTE_UCX
+                                                    : KVU_ROUTE_AM;
+            }
             if (ep->inflight > 0 &&
                 ep->inflight >= ctx->params.max_inflight_bytes) {
                 return;
@@ -1460,7 +1483,7 @@ static void kvu_ep_drain(kvu_ep_t *ep)
             if (len > ctx->chunk) {
                 len = ctx->chunk;
             }
-            if (job->route == KVU_ROUTE_AM) {
+            if (route == KVU_ROUTE_AM) {
                 uint64_t max = job->is_put ? ep->am_put_max : ep->am_get_max;
 
                 if (ep->am_fifo && max > KVU_AM_FIFO_LEN) {
@@ -1470,7 +1493,7 @@ static void kvu_ep_drain(kvu_ep_t *ep)
                     len = max;
                 }
             }
-            if (len > 0 && kvu_issue(ep, job, len) != 0) {
+            if (len > 0 && kvu_issue(ep, job, route, len) != 0) {
                 job->idx = job->n;
                 break;
             }
@@ -2140,18 +2163,18 @@ static int kvu_setting_tcp(kvu_ctx_t *ctx, ucp_config_t *config,
  *   hold a whole message (TX_SEG_SIZE, RX_SEG_SIZE), so UCX neither
  *   fragments it nor reassembles it into a buffer of its own before the
  *   handler copies it (tcp READ 2.8x, WRITE 2.3x at 1 MiB);
- * - cma in peer error mode, UCX 1.16 and later (protocol v2, whose
- *   one-sided operations use cma zero-copy on application memory, "0..inf
- *   zero-copy cma/memory" under UCX_PROTO_INFO): CMA_MEMORY_INVALIDATE=y.
- *   Peer error mode keeps a zero-copy RMA lane only on a memory domain
- *   that can invalidate registrations (so a failed peer's access can be
- *   fenced), and cma's says it cannot unless told so; a cma access needs
- *   ptrace rights over the target process, so a failed (or hostile) peer
- *   with them could read or write that process anyway. Without it every
- *   get/put on application memory over shared memory is emulated (kvxfer's
- *   checked active messages: three copies instead of one). On 1.13 (v1
- *   protocols: RMA lanes need bcopy, which cma lacks) it would only add a
- *   rendezvous lane kvxfer does not use, so it is not set there. */
+ * - cma in peer error mode, UCX 1.16 and later (protocol v2, whose gets
+ *   and puts on application memory take cma zero-copy, "0..inf zero-copy
+ *   cma/memory" under UCX_PROTO_INFO): CMA_MEMORY_INVALIDATE=y. Peer error
+ *   mode keeps a zero-copy RMA lane only on a memory domain that says it
+ *   can invalidate registrations (so a failed peer's access can be
+ *   fenced); cma's says so only when told, and a cma access needs ptrace
+ *   rights over the target process, which let a peer read or write it
+ *   anyway. Runs of KVU_CMA_MIN_RUN and more then go cma, shorter ones
+ *   stay on kvxfer's active messages (faster there, measured:
+ *   transports/ucx/README.md "cma"). Not on 1.13 (v1 RMA lanes need bcopy,
+ *   which cma lacks: it would only add a rendezvous lane kvxfer does not
+ *   use). */
 static kvx_status_t kvu_settings_auto(kvu_ctx_t *ctx, ucp_config_t *config,
                                       const char *tls)
 {
@@ -3607,6 +3630,7 @@ static void kvu_ep_describe(kvu_ep_t *ep)
     kvu_ep_query_names(ep, &lanes);
     ep->emulated     = kvu_lanes_rma_emulated(&lanes);
     ep->rma_shm_only = kvu_lanes_rma_shm_only(&lanes);
+    ep->rma_cma      = kvu_lanes_rma_on(&lanes, "cma");
     ep->am_fifo      = kvu_lanes_am_fifo(&lanes);
     ep->am_rma       = (ep->emulated && ep->ctx->am_rma) || ep->am_only;
     (void)kvu_lanes_format(&lanes, ep->transports, sizeof(ep->transports));

@@ -233,6 +233,16 @@ int kvu_lanes_am_fifo(const kvu_lanes_t *l)
     return 0;
 }
 
+int kvu_lanes_rma_on(const kvu_lanes_t *l, const char *tl)
+{
+    for (int i = 0; i < l->n; i++) {
+        if (l->lane[i].rma && strcmp(l->lane[i].tl, tl) == 0) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
 int kvu_lanes_rma_shm_only(const kvu_lanes_t *l)
 {
     int any = 0;

@@ -58,6 +58,10 @@ int kvu_lanes_is_shm(const char *tl);
 
 /* kvu_lanes_rma_emulated: no lane carries one-sided operations. */
 int kvu_lanes_rma_emulated(const kvu_lanes_t *l);
+/* kvu_lanes_rma_on: some RMA lane is transport tl (e.g. "cma": on protocol
+ * v2 its rma_bw lane carries zero-copy gets/puts on application memory). */
+int kvu_lanes_rma_on(const kvu_lanes_t *l, const char *tl);
+
 /* kvu_lanes_rma_shm_only: there are RMA lanes and all are shared memory. */
 int kvu_lanes_rma_shm_only(const kvu_lanes_t *l);
 
