@@ -125,6 +125,24 @@ TEST(Lanes, Ucx122CmaRmaBwLaneIsAnRmaLane)
     EXPECT_EQ(0, kvu_lanes_rma_shm_only(&p.lanes));
     EXPECT_EQ(1, kvu_lanes_rma_on(&p.lanes, "cma"));
     EXPECT_EQ(0, kvu_lanes_rma_on(&p.lanes, "tcp"));
+    EXPECT_EQ(1, kvu_lanes_rma_shm_or(&p.lanes, "cma"));
+}
+
+// A GPU or RDMA RMA lane beside cma: UCX keeps every run (device memory
+// cannot cross kvxfer's active messages).
+TEST(Lanes, CmaBesideAGpuLaneIsNotShmOrCma)
+{
+    Parsed p = Parse(
+        "#                 lane[0]:  0:sysv/memory.0 md[0]  -> "
+        "md[0]/sysv/sysdev[255] seg 4294967295 am keepalive\n"
+        "#                 lane[1]:  1:rocm_ipc/rocm.0 md[1] -> "
+        "md[1]/rocm_ipc/sysdev[255] seg 4294967295 rma_bw#0\n"
+        "#                 lane[2]:  2:cma/memory.0 md[2]   -> "
+        "md[2]/cma/sysdev[255] seg 4294967295 rma_bw#1\n");
+
+    ASSERT_EQ(3, p.lanes.n);
+    EXPECT_EQ(1, kvu_lanes_rma_on(&p.lanes, "cma"));
+    EXPECT_EQ(0, kvu_lanes_rma_shm_or(&p.lanes, "cma"));
 }
 
 TEST(Lanes, SegmentSizeIsNeverARole)

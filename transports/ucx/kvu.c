@@ -219,10 +219,10 @@ struct kvu_job {
 #define KVU_ROUTE_SIZE 3 /* per run: UCX (cma) from KVU_CMA_MIN_RUN bytes,
                             else active messages */
 /* Runs shorter than this take kvxfer's active messages even where a cma
- * lane could copy them: measured on this VM (UCX 1.22, sm, application
- * memory, transports/ucx/README.md "cma"), cma moved 32 KiB blocks at
- * 0.52-0.77x the active messages and 1 MiB blocks at 1.2-1.5x (resident;
- * about 1.0x cold). */
+ * lane could copy them (the user's CMA_MEMORY_INVALIDATE=y): measured on
+ * this VM (UCX 1.22, sm, application memory, transports/ucx/README.md
+ * "cma"), cma moved 32 KiB blocks at 0.52-0.77x the active messages and
+ * 1 MiB blocks at 0.76-1.59x. */
 #define KVU_CMA_MIN_RUN (256u << 10)
 
 /* kvu_req_t lives inside every UCP request (UCP_PARAM_FIELD_REQUEST_SIZE). */
@@ -260,9 +260,11 @@ struct kvu_ep {
     char          transports[512];
     int           emulated;      /* no RMA lane at all */
     int           rma_shm_only;  /* RMA lanes are shared memory only */
-    int           rma_cma;       /* a cma RMA lane (zero-copy, protocol
-                                    v2): runs of KVU_CMA_MIN_RUN and more
-                                    go cma, shorter ones kvxfer's AMs */
+    int           rma_cma;       /* RMA lanes are shared memory and cma
+                                    (zero-copy, protocol v2; no GPU or
+                                    RDMA lane): on application memory
+                                    runs of KVU_CMA_MIN_RUN and more go
+                                    cma, shorter ones kvxfer's AMs */
     int           am_fifo;       /* AM lane is a shared-memory FIFO: gets
                                     capped at KVU_FIFO_MAX_GETS */
     int           am_rma;        /* gets/puts over kvxfer AMs (emulated) */
@@ -1468,8 +1470,11 @@ static void kvu_ep_drain(kvu_ep_t *ep)
             int              route = job->route;
 
             if (route == KVU_ROUTE_SIZE) {
-                route = run->len >= KVU_CMA_MIN_RUN ? KVU_ROUTE_UCX
-                                                    : KVU_ROUTE_AM;
+                /* what one cma call would copy: the run, cut to chunks */
+                route = run->len >= KVU_CMA_MIN_RUN &&
+                                ctx->chunk >= KVU_CMA_MIN_RUN
+                            ? KVU_ROUTE_UCX
+                            : KVU_ROUTE_AM;
             }
             if (ep->inflight > 0 &&
                 ep->inflight >= ctx->params.max_inflight_bytes) {
@@ -2053,29 +2058,6 @@ static int kvu_tls_has_mm(const char *tls)
     return 0;
 }
 
-/* kvu_tls_has_cma: does the UCX_TLS list enable cma (UCX's "sm" and "shm"
- * include it)? */
-static int kvu_tls_has_cma(const char *tls)
-{
-    static const char *const names[] = {"cma", "sm", "shm", "all"};
-
-    if (tls == NULL || tls[0] == '\0') {
-        return 1;
-    }
-    if (tls[0] == '^') {
-        const char *l = tls + 1;
-
-        return !(kvu_tls_lists(l, "cma") || kvu_tls_lists(l, "sm") ||
-                 kvu_tls_lists(l, "shm"));
-    }
-    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
-        if (kvu_tls_lists(tls, names[i])) {
-            return 1;
-        }
-    }
-    return 0;
-}
-
 /* --- lane settings (config key ucx_lane_settings) ----------------------
  * Settings go through ucp_config_modify only, never the environment, and
  * every one in force is listed in ctx->settings (logged, and reported with
@@ -2162,19 +2144,13 @@ static int kvu_setting_tcp(kvu_ctx_t *ctx, ucp_config_t *config,
  *   kvxfer's active messages of up to KVU_AM_MAX_LEN: tcp segments that
  *   hold a whole message (TX_SEG_SIZE, RX_SEG_SIZE), so UCX neither
  *   fragments it nor reassembles it into a buffer of its own before the
- *   handler copies it (tcp READ 2.8x, WRITE 2.3x at 1 MiB);
- * - cma in peer error mode, UCX 1.16 and later (protocol v2, whose gets
- *   and puts on application memory take cma zero-copy, "0..inf zero-copy
- *   cma/memory" under UCX_PROTO_INFO): CMA_MEMORY_INVALIDATE=y. Peer error
- *   mode keeps a zero-copy RMA lane only on a memory domain that says it
- *   can invalidate registrations (so a failed peer's access can be
- *   fenced); cma's says so only when told, and a cma access needs ptrace
- *   rights over the target process, which let a peer read or write it
- *   anyway. Runs of KVU_CMA_MIN_RUN and more then go cma, shorter ones
- *   stay on kvxfer's active messages (faster there, measured:
- *   transports/ucx/README.md "cma"). Not on 1.13 (v1 RMA lanes need bcopy,
- *   which cma lacks: it would only add a rendezvous lane kvxfer does not
- *   use). */
+ *   handler copies it (tcp READ 2.8x, WRITE 2.3x at 1 MiB).
+ * Not in it, measured (transports/ucx/README.md "cma"): CMA_MEMORY_
+ * INVALIDATE=y (UCX 1.16: MEMORY_INVALIDATE=y), which keeps cma's
+ * zero-copy lane in peer error mode on protocol v2; runs of
+ * KVU_CMA_MIN_RUN and more then go cma (kvu_job_route). Faster on resident
+ * 1 MiB blocks, slower on cold ones and on 32 KiB blocks on this VM, so it
+ * is the user's choice ("auto CMA_MEMORY_INVALIDATE=y"). */
 static kvx_status_t kvu_settings_auto(kvu_ctx_t *ctx, ucp_config_t *config,
                                       const char *tls)
 {
@@ -2182,15 +2158,6 @@ static kvx_status_t kvu_settings_auto(kvu_ctx_t *ctx, ucp_config_t *config,
 
     if (ctx->params.err_mode_peer && kvu_tls_has_mm(tls)) {
         status = kvu_setting(ctx, config, "MM_ERROR_HANDLING", "y", 1);
-    }
-    if (status == KVX_OK && ctx->params.err_mode_peer && ctx->rma &&
-        kvu_tls_has_cma(tls) && kvu_ucx_at_least(1, 16)) {
-        char key[64];
-
-        status = kvu_setting(ctx, config,
-                             kvu_tl_key("CMA_", "MEMORY_INVALIDATE", key,
-                                        sizeof(key)),
-                             "y", 1);
     }
     if (status == KVX_OK && ctx->am_rma && tls != NULL && tls[0] != '\0' &&
         !kvu_rma_wanted(tls, 1)) {
@@ -3630,7 +3597,7 @@ static void kvu_ep_describe(kvu_ep_t *ep)
     kvu_ep_query_names(ep, &lanes);
     ep->emulated     = kvu_lanes_rma_emulated(&lanes);
     ep->rma_shm_only = kvu_lanes_rma_shm_only(&lanes);
-    ep->rma_cma      = kvu_lanes_rma_on(&lanes, "cma");
+    ep->rma_cma      = kvu_lanes_rma_shm_or(&lanes, "cma");
     ep->am_fifo      = kvu_lanes_am_fifo(&lanes);
     ep->am_rma       = (ep->emulated && ep->ctx->am_rma) || ep->am_only;
     (void)kvu_lanes_format(&lanes, ep->transports, sizeof(ep->transports));

@@ -243,6 +243,17 @@ int kvu_lanes_rma_on(const kvu_lanes_t *l, const char *tl)
     return 0;
 }
 
+int kvu_lanes_rma_shm_or(const kvu_lanes_t *l, const char *tl)
+{
+    for (int i = 0; i < l->n; i++) {
+        if (l->lane[i].rma && strcmp(l->lane[i].tl, tl) != 0 &&
+            !kvu_lanes_is_shm(l->lane[i].tl)) {
+            return 0;
+        }
+    }
+    return kvu_lanes_rma_on(l, tl);
+}
+
 int kvu_lanes_rma_shm_only(const kvu_lanes_t *l)
 {
     int any = 0;

@@ -62,6 +62,10 @@ int kvu_lanes_rma_emulated(const kvu_lanes_t *l);
  * v2 its rma_bw lane carries zero-copy gets/puts on application memory). */
 int kvu_lanes_rma_on(const kvu_lanes_t *l, const char *tl);
 
+/* kvu_lanes_rma_shm_or: some RMA lane is tl and every other one is shared
+ * memory (no GPU or RDMA lane beside them). */
+int kvu_lanes_rma_shm_or(const kvu_lanes_t *l, const char *tl);
+
 /* kvu_lanes_rma_shm_only: there are RMA lanes and all are shared memory. */
 int kvu_lanes_rma_shm_only(const kvu_lanes_t *l);
 
