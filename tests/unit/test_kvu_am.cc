@@ -862,6 +862,31 @@ bool ForeignPutLandsAt(Side &target, const std::string &addr,
     (*reached)++;
     ucp_mem_h own     = nullptr;
     void     *own_rkb = nullptr;
+    // force-closes ep (returns its close request, done or not) and frees
+    // the attacker's own registration
+    auto finish = [&]() {
+        ucp_request_param_t cp{};
+        cp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+        cp.flags        = UCP_EP_CLOSE_FLAG_FORCE;
+        ucs_status_ptr_t cl = ucp_ep_close_nbx(ep, &cp);
+        for (int i = 0; i < 100000 && UCS_PTR_IS_PTR(cl) &&
+                        ucp_request_check_status(cl) == UCS_INPROGRESS;
+             i++) {
+            ucp_worker_progress(wk);
+        }
+        if (UCS_PTR_IS_PTR(cl)) {
+            ucp_request_free(cl);
+        }
+        if (rk != nullptr) {
+            ucp_rkey_destroy(rk);
+        }
+        if (own_rkb != nullptr) {
+            ucp_rkey_buffer_release(own_rkb);
+        }
+        if (own != nullptr) {
+            ucp_mem_unmap(attacker.ucp, own);
+        }
+    };
     if (ucp_ep_rkey_unpack(ep, rkb, &rk) != UCS_OK) {
         // UCX 1.22 refuses an rkey packed on memory domains this endpoint
         // lacks (the tcp plane's); tcp's receiving side never looks at an
@@ -879,24 +904,7 @@ bool ForeignPutLandsAt(Side &target, const std::string &addr,
         EXPECT_EQ(UCS_OK, ucp_ep_rkey_unpack(ep, own_rkb, &rk));
     }
     if (rk == nullptr) { // nothing to attack with
-        ucp_request_param_t cp{};
-        cp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-        cp.flags        = UCP_EP_CLOSE_FLAG_FORCE;
-        ucs_status_ptr_t cl = ucp_ep_close_nbx(ep, &cp);
-        for (int i = 0; i < 100000 && UCS_PTR_IS_PTR(cl) &&
-                        ucp_request_check_status(cl) == UCS_INPROGRESS;
-             i++) {
-            ucp_worker_progress(wk);
-        }
-        if (UCS_PTR_IS_PTR(cl)) {
-            ucp_request_free(cl);
-        }
-        if (own_rkb != nullptr) {
-            ucp_rkey_buffer_release(own_rkb);
-        }
-        if (own != nullptr) {
-            ucp_mem_unmap(attacker.ucp, own);
-        }
+        finish();
         return false;
     }
 
@@ -928,26 +936,11 @@ bool ForeignPutLandsAt(Side &target, const std::string &addr,
     // landed in memory, acknowledged or not (UCX 1.22's tcp zero-copy put
     // writes before, and whether or not, its flush completes)
     landed = target.buf[0] == 0xee;
-    ucp_request_param_t cp{};
-    cp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    cp.flags        = UCP_EP_CLOSE_FLAG_FORCE;
-    ucs_status_ptr_t cl = ucp_ep_close_nbx(ep, &cp);
-    for (int i = 0; i < 100000 && UCS_PTR_IS_PTR(cl) &&
-                    ucp_request_check_status(cl) == UCS_INPROGRESS;
-         i++) {
-        ucp_worker_progress(wk);
-    }
-    for (ucs_status_ptr_t r : {put, get, fl, cl}) {
+    finish();
+    for (ucs_status_ptr_t r : {put, get, fl}) {
         if (UCS_PTR_IS_PTR(r)) {
             ucp_request_free(r);
         }
-    }
-    ucp_rkey_destroy(rk);
-    if (own_rkb != nullptr) {
-        ucp_rkey_buffer_release(own_rkb);
-    }
-    if (own != nullptr) {
-        ucp_mem_unmap(attacker.ucp, own);
     }
     return landed;
 }
