@@ -1433,17 +1433,13 @@ static int kvu_job_route(const kvu_ep_t *ep, const kvu_job_t *job)
     if (ep->emulated || !ep->ctx->rma) {
         return KVU_ROUTE_AM;
     }
-    if (ep->rma_shm_only && job->n > 0 &&
+    if ((ep->rma_shm_only || ep->rma_cma) && job->n > 0 &&
         ucp_rkey_ptr(job->rkey, job->remote_base + job->runs[0].remote_off,
                      &ptr) != UCS_OK) {
-        return KVU_ROUTE_AM;
-    }
-    if (ep->rma_cma && job->n > 0 &&
-        ucp_rkey_ptr(job->rkey, job->remote_base + job->runs[0].remote_off,
-                     &ptr) != UCS_OK) {
-        /* application memory beside a cma lane: short runs are faster as
-         * kvxfer's active messages (KVU_CMA_MIN_RUN) */
-        return KVU_ROUTE_SIZE;
+        /* application memory: emulated on shared-memory lanes alone;
+         * beside a cma lane short runs are faster as kvxfer's active
+         * messages (KVU_CMA_MIN_RUN) */
+        return ep->rma_cma ? KVU_ROUTE_SIZE : KVU_ROUTE_AM;
     }
     return KVU_ROUTE_UCX;
 }
