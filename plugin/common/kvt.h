@@ -169,7 +169,25 @@ typedef struct kvt_data_params {
     void      (*ctl)(void *arg, const char *msg, size_t len, uint64_t nonce,
                      uint64_t mac, const char *from);
     void       *ctl_arg;
+    /* inbound_set: the listening sockets the transport opens (UCX's tcp
+     * interfaces) take connections only from the networks in
+     * inbound[0..n_inbound) (none: no connection at all), the address
+     * entries of trusted_remote_hosts, enforced in the kernel (a socket
+     * filter) so a refused sender's bytes never reach the transport.
+     * inbound_set 0: open to all. Copied by ctx_create. */
+    int              inbound_set;
+    const struct kvt_net *inbound;
+    size_t           n_inbound;
 } kvt_data_params_t;
+
+/* An IPv4 or IPv6 network: family 4 or 6, addr (4 or 16 bytes, network
+ * order), prefix bits (0..32 / 0..128). */
+typedef struct kvt_net {
+    int      family;
+    uint8_t  addr[16];
+    uint32_t prefix;
+} kvt_net_t;
+#define KVT_INBOUND_MAX 256 /* networks a listening socket's filter holds */
 
 #define KVT_NOTICE_FROM_MAX 64 /* bytes of a notice's from, with its NUL */
 #define KVT_CTL_MAX 16384      /* bytes of a data-plane control message */

@@ -688,6 +688,26 @@ kvx_status_t kvc_trust_init(kvc_trust_t *trust, char *const *hosts, size_t n,
     return KVX_OK;
 }
 
+size_t kvc_trust_nets(const kvc_trust_t *trust, kvt_net_t *out, size_t max)
+{
+    size_t n = 0;
+
+    for (size_t i = 0; i < trust->num_entries; i++) {
+        const kvc_trust_entry_t *e = &trust->entries[i];
+
+        if (e->kind == 0) {
+            continue;
+        }
+        if (n < max) {
+            out[n].family = e->kind;
+            memcpy(out[n].addr, e->addr, sizeof(out[n].addr));
+            out[n].prefix = e->prefix;
+        }
+        n++;
+    }
+    return n;
+}
+
 void kvc_trust_fini(kvc_trust_t *trust)
 {
     if (trust == NULL) {

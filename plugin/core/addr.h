@@ -13,6 +13,7 @@
 
 #include "config.h"
 #include "error.h"
+#include "kvt.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -71,6 +72,13 @@ typedef struct kvc_trust {
  * trusted_remote_hosts[i]. kvc_trust_fini frees; zeroed struct is a no-op. */
 kvx_status_t kvc_trust_init(kvc_trust_t *trust, char *const *hosts, size_t n,
                             int set);
+
+/* kvc_trust_nets: the address entries of trust (IPv4, IPv6, CIDR; host
+ * names match no inbound address and are left out) into out[0..max), for
+ * the kernel filter of the data plane's listening sockets
+ * (kvt_data_params_t.inbound). Returns how many there are (more than max:
+ * only max were written). */
+size_t kvc_trust_nets(const kvc_trust_t *trust, kvt_net_t *out, size_t max);
 void kvc_trust_fini(kvc_trust_t *trust);
 
 /*

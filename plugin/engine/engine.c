@@ -187,6 +187,7 @@ kvx_status_t kvx_engine_create(const kvt_env_t *env, const char *json,
 {
     struct kvx_engine *eng = calloc(1, sizeof(*eng));
     kvt_data_params_t       up;
+    kvt_net_t         *nets = NULL;
     char               nic[256], cpus[256];
     kvx_status_t       st;
 
@@ -269,6 +270,28 @@ kvx_status_t kvx_engine_create(const kvt_env_t *env, const char *json,
                  : NULL;
     up.ctl_arg            = eng;
     up.name               = eng->engine_id;
+    if (eng->trust.set) {
+        /* The data plane's listening sockets (UCX's tcp interfaces)
+         * admit the same senders as the control plane. */
+        size_t nn = kvc_trust_nets(&eng->trust, NULL, 0);
+
+        if (nn > KVT_INBOUND_MAX) {
+            st = kvc_error(KVX_ERR_CONFIG, "trusted_remote_hosts: %zu "
+                           "address entries: at most %d (the kernel filter "
+                           "of the data plane's listening sockets)", nn,
+                           KVT_INBOUND_MAX);
+            goto err_idset;
+        }
+        nets = calloc(nn ? nn : 1, sizeof(*nets));
+        if (nets == NULL) {
+            st = kvc_error(KVX_ERR_NO_MEMORY, "trusted_remote_hosts: out "
+                           "of memory");
+            goto err_idset;
+        }
+        up.inbound_set = 1;
+        up.n_inbound   = kvc_trust_nets(&eng->trust, nets, nn);
+        up.inbound     = nets;
+    }
     up.remote_access = eng->cfg.read_mode ? (eng->cfg.is_producer
                                                  ? KVT_ACCESS_READ
                                                  : KVT_ACCESS_LOCAL)
@@ -276,6 +299,7 @@ kvx_status_t kvx_engine_create(const kvt_env_t *env, const char *json,
                                                  ? KVT_ACCESS_LOCAL
                                                  : KVT_ACCESS_WRITE);
     st = KVD(eng)->ctx_create(&up, &eng->ucx);
+    free(nets); /* ctx_create copied them */
     if (st != KVX_OK) {
         goto err_idset;
     }

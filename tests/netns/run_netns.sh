@@ -35,6 +35,10 @@
 #              A's transfer to decode host C, before C's own: claiming C
 #              (mac under B's session: not authenticated) and as B (bound
 #              to C: wrong peer); both refused, D on C byte-exact.
+#   ucx_guard  WRITE D on C with trusted_remote_hosts = {A}: every UCX tcp
+#              listener of D takes a connection from A and none from B (its
+#              SYN dropped by the kernel filter: the connect times out); P
+#              on A then pushes and D verifies every byte.
 #   untrusted  D with trusted_remote_hosts = {A, C, D} (not B): decode ranks
 #              8-15 fail synchronously with KVX_ERR_UNTRUSTED_PEER naming B
 #              and remote_hosts[1]; a plain TCP listener on B, on every port
@@ -56,7 +60,8 @@
 #
 # Environment:
 #   KVX_NETNS_SCENARIOS   cases to run [tp16 dp2tp8 untrusted hetero thief
-#                         write_thief notice_thief blocks_thief];
+#                         write_thief notice_thief blocks_thief
+#                         ucx_guard];
 #                         also
 #                         peer_gone, release_on_destroy
 #   KVX_NETNS_TRUST_SCOPE what "untrusted" expects of decode ranks 0-7,
@@ -255,7 +260,7 @@ WAIT=$((TIMEOUT + 30))   # deadline of the script's own waits
 COMMON=(--tls tcp --net-dev "$DEV" --timeout "$TIMEOUT"
         --log-level "${KVX_NETNS_LOG_LEVEL:-1}")
 DEFAULT_SCENARIOS="tp16 dp2tp8 untrusted hetero thief write_thief notice_thief"
-DEFAULT_SCENARIOS+=" blocks_thief"
+DEFAULT_SCENARIOS+=" blocks_thief ucx_guard"
 SCENARIOS=" ${KVX_NETNS_SCENARIOS:-$DEFAULT_SCENARIOS} "
 want() { [[ "$SCENARIOS" == *" $1 "* ]]; }
 P_ARGS=(--role prefill --hs-port "$P_HS" --notify-port "$P_NT"
@@ -445,19 +450,26 @@ run_thief() {
 want thief && run_thief thief 1
 want thief && run_thief thief_control 0
 
+# write_args NAME: WRITE_D and WRITE_P, the arguments of a WRITE decode
+# rank on C and of its prefill rank on A (tp 1, holding) for tx-NAME.
+write_args() {
+    WRITE_D=(--role decode --write 1 --hs-port "$D_HS" --notify-port "$D_NT"
+             --tp 1 --dp 1 --ranks 0-0 --peer-host "$IP_A"
+             --peer-hs-port "$P_HS" --peer-notify-port "$P_NT"
+             --transfer tx-$1 "${COMMON[@]}" --host-ip $IP_C)
+    WRITE_P=(--role prefill --write 1 --hs-port "$P_HS" --notify-port "$P_NT"
+             --tp 1 --dp 1 --ranks 0-0 --peer-host "$IP_C"
+             --peer-hs-port "$D_HS" --peer-notify-port "$D_NT"
+             --transfer tx-$1 "${COMMON[@]}" --host-ip $IP_A --hold 1)
+}
+
 # (f) write_thief: D (WRITE, tp 1) on C waits for P on A; the attacker
 # fetches D's handshake from B and puts with B's session (refused), then
 # from A with A's session (served: the control); then P pushes.
 run_write_thief() {
     local name=write_thief rc=0 n out
-    local d=(--role decode --write 1 --hs-port "$D_HS" --notify-port "$D_NT"
-             --tp 1 --dp 1 --ranks 0-0 --peer-host "$IP_A"
-             --peer-hs-port "$P_HS" --peer-notify-port "$P_NT"
-             --transfer tx-$name "${COMMON[@]}" --host-ip $IP_C)
-    local p=(--role prefill --write 1 --hs-port "$P_HS" --notify-port "$P_NT"
-             --tp 1 --dp 1 --ranks 0-0 --peer-host "$IP_C"
-             --peer-hs-port "$D_HS" --peer-notify-port "$D_NT"
-             --transfer tx-$name "${COMMON[@]}" --host-ip $IP_A --hold 1)
+    write_args $name
+    local d=("${WRITE_D[@]}") p=("${WRITE_P[@]}")
     start ${name}_dC "$NS_C" "${d[@]}"
     if wait_ready ${name}_dC 60; then
         for n in B A; do
@@ -487,6 +499,49 @@ run_write_thief() {
     stop_started $name dC pA || rc=1
     verdict "$name" $rc ${name}_attB ${name}_attA ${name}_dC ${name}_pA
 }
+# (f2) ucx_guard: D (WRITE, tp 1) on C trusts only A, its UCX tcp ports
+# pinned to a small range. A connects to each of D's UCX listeners (the
+# ports of the range that answer from A); from B every one of them stays
+# silent (the kernel filter drops B's SYN: the connect times out, where a
+# closed port would refuse at once). Then P on A pushes and D verifies
+# every byte.
+run_ucx_guard() {
+    local name=ucx_guard rc=0 port open=()
+    local lo=31000 hi=31009
+    write_args $name
+    local d=("${WRITE_D[@]}" --trusted "$IP_A"
+             --config-extra "\"ucx_tcp_port_range\":\"$lo-$hi\"")
+    local p=("${WRITE_P[@]}")
+    start ${name}_dC "$NS_C" "${d[@]}"
+    if wait_ready ${name}_dC 60; then
+        for port in $(seq $lo $hi); do
+            if timeout -k 1 5 ip netns exec "$NS_A" bash -c \
+                   "exec 3<>/dev/tcp/$IP_C/$port" 2>/dev/null; then
+                open+=("$port")
+            fi
+        done
+        echo "D's UCX tcp listeners (connect from A): ${open[*]:-none}" \
+            >>"$LOGDIR/${name}_dC.log"
+        [ ${#open[@]} -gt 0 ] || rc=1
+        for port in "${open[@]}"; do
+            timeout -k 1 2 ip netns exec "$NS_B" bash -c \
+                "exec 3<>/dev/tcp/$IP_C/$port" 2>/dev/null
+            local brc=$?
+            echo "connect from B to $IP_C:$port: exit $brc (124: timed out)" \
+                >>"$LOGDIR/${name}_dC.log"
+            [ $brc = 124 ] || rc=1
+        done
+        start ${name}_pA "$NS_A" "${p[@]}"
+        finish ${name}_dC || rc=1
+        wait_line ${name}_pA '^HOLD' $WAIT || rc=1
+    else
+        rc=1
+    fi
+    stop_started $name dC pA || rc=1
+    verdict "$name" $rc ${name}_dC ${name}_pA
+}
+want ucx_guard && run_ucx_guard
+
 if want write_thief; then
     if [ -n "$ATTACK" ]; then
         run_write_thief

@@ -23,9 +23,33 @@
 extern "C" {
 #include "siphash.h"
 #include "ucx/kvu.h"
+#include "ucx/kvu_guard.h"
 }
 
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 namespace {
+
+// The networks every Side created meanwhile admits on its listening
+// sockets (kvt_data_params_t.inbound); nullptr: open to all.
+const std::vector<kvt_net_t> *g_inbound = nullptr;
+
+struct InboundScope {
+    std::vector<kvt_net_t> nets;
+    explicit InboundScope(std::vector<kvt_net_t> n) : nets(std::move(n))
+    {
+        g_inbound = &nets;
+    }
+    ~InboundScope() { g_inbound = nullptr; }
+};
 
 struct Waiter {
     kvt_op_t        op{};
@@ -78,6 +102,11 @@ struct Side {
         p.max_inflight_bytes = max_inflight;
         p.name               = name;
         p.remote_access      = access;
+        if (g_inbound != nullptr) {
+            p.inbound_set = 1;
+            p.inbound     = g_inbound->data();
+            p.n_inbound   = g_inbound->size();
+        }
         EXPECT_EQ(kvu_ctx_create(&p, &ctx), KVX_OK) << kvc_last_error();
         if (ctx != nullptr) {
             EXPECT_EQ(kvu_mem_register(ctx, buf.data(), buf.size(), 0, &mem),
@@ -1528,5 +1557,300 @@ INSTANTIATE_TEST_SUITE_P(Lanes, KvuAm, ::testing::Values("tcp", "sm"),
                          [](const ::testing::TestParamInfo<const char *> &i) {
                              return std::string(i.param);
                          });
+
+
+// --- trusted_remote_hosts on UCX's listening sockets (kvu_guard.h) --------
+
+kvt_net_t Net(const char *cidr)
+{
+    kvt_net_t   n{};
+    std::string s(cidr);
+    size_t      slash = s.find('/');
+    std::string ip    = s.substr(0, slash);
+    if (inet_pton(AF_INET, ip.c_str(), n.addr) == 1) {
+        n.family = 4;
+        n.prefix = 32;
+    } else {
+        EXPECT_EQ(1, inet_pton(AF_INET6, ip.c_str(), n.addr)) << cidr;
+        n.family = 6;
+        n.prefix = 128;
+    }
+    if (slash != std::string::npos) {
+        n.prefix = static_cast<uint32_t>(atoi(s.c_str() + slash + 1));
+    }
+    return n;
+}
+
+// A tcp listener of our own on addr (port chosen by the kernel); -1 when
+// the address family is not available here.
+int Listen(const char *addr, uint16_t *port, bool v6only = true)
+{
+    sockaddr_storage ss{};
+    socklen_t        sl;
+    int              fam = strchr(addr, ':') ? AF_INET6 : AF_INET;
+    int              fd  = socket(fam, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        return -1;
+    }
+    if (fam == AF_INET6) {
+        int v = v6only ? 1 : 0;
+        setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &v, sizeof(v));
+        auto *a = reinterpret_cast<sockaddr_in6 *>(&ss);
+        a->sin6_family = AF_INET6;
+        inet_pton(AF_INET6, addr, &a->sin6_addr);
+        sl = sizeof(*a);
+    } else {
+        auto *a = reinterpret_cast<sockaddr_in *>(&ss);
+        a->sin_family = AF_INET;
+        inet_pton(AF_INET, addr, &a->sin_addr);
+        sl = sizeof(*a);
+    }
+    if (bind(fd, reinterpret_cast<sockaddr *>(&ss), sl) != 0 ||
+        listen(fd, 64) != 0 ||
+        getsockname(fd, reinterpret_cast<sockaddr *>(&ss), &sl) != 0) {
+        close(fd);
+        return -1;
+    }
+    *port = ntohs(fam == AF_INET6
+                      ? reinterpret_cast<sockaddr_in6 *>(&ss)->sin6_port
+                      : reinterpret_cast<sockaddr_in *>(&ss)->sin_port);
+    return fd;
+}
+
+// Does a tcp connection from src to dst:port complete within wait_ms? A
+// listener's filter drops the SYN of a refused source, so its connect stays
+// in progress, unanswered, whatever the wait (the SYN retransmitted after
+// 1 s is dropped too): callers wait 300 ms for what must be refused, 5 s
+// for what must be admitted.
+bool ConnectsFrom(const char *src, const char *dst, uint16_t port,
+                  int wait_ms)
+{
+    int              fam = strchr(dst, ':') ? AF_INET6 : AF_INET;
+    sockaddr_storage s{}, d{};
+    socklen_t        sl;
+    int              fd = socket(fam, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        ADD_FAILURE() << "socket: " << strerror(errno);
+        return false;
+    }
+    if (fam == AF_INET6) {
+        auto *a = reinterpret_cast<sockaddr_in6 *>(&s);
+        auto *b = reinterpret_cast<sockaddr_in6 *>(&d);
+        a->sin6_family = b->sin6_family = AF_INET6;
+        inet_pton(AF_INET6, src, &a->sin6_addr);
+        inet_pton(AF_INET6, dst, &b->sin6_addr);
+        b->sin6_port = htons(port);
+        sl = sizeof(*a);
+    } else {
+        auto *a = reinterpret_cast<sockaddr_in *>(&s);
+        auto *b = reinterpret_cast<sockaddr_in *>(&d);
+        a->sin_family = b->sin_family = AF_INET;
+        inet_pton(AF_INET, src, &a->sin_addr);
+        inet_pton(AF_INET, dst, &b->sin_addr);
+        b->sin_port = htons(port);
+        sl = sizeof(*a);
+    }
+    bool ok = false;
+    if (bind(fd, reinterpret_cast<sockaddr *>(&s), sl) != 0) {
+        ADD_FAILURE() << "bind " << src << ": " << strerror(errno);
+    } else if (connect(fd, reinterpret_cast<sockaddr *>(&d), sl) == 0) {
+        ok = true;
+    } else if (errno == EINPROGRESS) {
+        pollfd    p{fd, POLLOUT, 0};
+        int       err = 0;
+        socklen_t el  = sizeof(err);
+        if (poll(&p, 1, wait_ms) == 1 &&
+            getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) == 0) {
+            ok = err == 0;
+        }
+    }
+    close(fd);
+    return ok;
+}
+
+struct GuardCase {
+    std::vector<const char *> nets;
+    const char               *src;
+    bool                      admitted;
+};
+
+// Each case's networks on listener fd (dst:port), then one connection
+// from its source: admitted or not.
+void RunCases(int fd, const char *dst, uint16_t port, const GuardCase *cs,
+              size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        const GuardCase       &c = cs[i];
+        std::vector<kvt_net_t> nets;
+        std::string            what;
+        for (const char *net : c.nets) {
+            nets.push_back(Net(net));
+            what += std::string(net) + " ";
+        }
+        SCOPED_TRACE("networks {" + what + "} from " + c.src);
+        ASSERT_EQ(KVX_OK, kvu_guard_attach_fd(fd, nets.data(), nets.size()))
+            << kvc_last_error();
+        EXPECT_EQ(c.admitted,
+                  ConnectsFrom(c.src, dst, port, c.admitted ? 5000 : 300));
+    }
+}
+
+// The filter itself, on sockets of our own: IPv4 and IPv6 networks of any
+// prefix, the empty list, and a dual-stack listener's IPv4 peers.
+TEST(KvuGuard, FilterAdmitsExactlyItsNetworks)
+{
+    uint16_t port = 0;
+    int      fd   = Listen("127.0.0.1", &port);
+    ASSERT_GE(fd, 0) << strerror(errno);
+    EXPECT_TRUE(ConnectsFrom("127.0.0.2", "127.0.0.1", port, 5000)); // open
+    const GuardCase v4[] = {
+        {{"127.0.0.2", "10.0.0.0/8"}, "127.0.0.2", true},
+        {{"127.0.0.2", "10.0.0.0/8"}, "127.0.0.1", false},
+        {{"127.0.0.2", "10.0.0.0/8"}, "127.0.0.3", false},
+        {{"127.0.0.0/8"}, "127.0.0.3", true},
+        {{"127.0.0.0/31"}, "127.0.0.1", true},
+        {{"127.0.0.0/31"}, "127.0.0.2", false},
+        {{"127.0.0.128/25"}, "127.0.0.200", true},
+        {{"127.0.0.128/25"}, "127.0.0.100", false},
+        {{"0.0.0.0/0"}, "127.0.0.9", true},
+        {{}, "127.0.0.1", false},
+        {{"::1", "::/0"}, "127.0.0.1", false}, // IPv6 networks: IPv6 only
+    };
+    RunCases(fd, "127.0.0.1", port, v4, sizeof(v4) / sizeof(v4[0]));
+    close(fd);
+
+    fd = Listen("::1", &port);
+    if (fd < 0) {
+        GTEST_SKIP() << "no IPv6 loopback here: the IPv4 cases ran";
+    }
+    const GuardCase v6[] = {
+        {{"::1"}, "::1", true},
+        {{"fd00::/8", "127.0.0.1"}, "::1", false},
+        {{"::/127"}, "::1", true},
+        {{"::/0"}, "::1", true},
+        {{"0:0:0:1::/64"}, "::1", false},
+        {{}, "::1", false},
+    };
+    RunCases(fd, "::1", port, v6, sizeof(v6) / sizeof(v6[0]));
+    close(fd);
+    // a dual-stack listener sees IPv4 peers as IPv4 packets
+    fd = Listen("::", &port, false);
+    ASSERT_GE(fd, 0);
+    std::vector<kvt_net_t> nets = {Net("127.0.0.1")};
+    ASSERT_EQ(KVX_OK, kvu_guard_attach_fd(fd, nets.data(), nets.size()));
+    EXPECT_TRUE(ConnectsFrom("127.0.0.1", "127.0.0.1", port, 5000));
+    EXPECT_FALSE(ConnectsFrom("127.0.0.2", "127.0.0.1", port, 300));
+    EXPECT_FALSE(ConnectsFrom("::1", "::1", port, 300));
+    nets = {Net("::1")};
+    ASSERT_EQ(KVX_OK, kvu_guard_attach_fd(fd, nets.data(), nets.size()));
+    EXPECT_TRUE(ConnectsFrom("::1", "::1", port, 5000));
+    EXPECT_FALSE(ConnectsFrom("127.0.0.1", "127.0.0.1", port, 300));
+    close(fd);
+}
+
+// More networks than a listening socket's filter holds: refused at
+// creation, naming the setting and the limit.
+TEST(KvuGuard, TooManyNetworksIsAConfigurationError)
+{
+    std::vector<kvt_net_t> nets(KVT_INBOUND_MAX + 1, Net("10.0.0.0/8"));
+    kvu_params_t           p{};
+    kvu_ctx_t             *ctx = nullptr;
+    p.tls         = "tcp";
+    p.name        = "guard-many";
+    p.inbound_set = 1;
+    p.inbound     = nets.data();
+    p.n_inbound   = nets.size();
+    EXPECT_EQ(KVX_ERR_CONFIG, kvu_ctx_create(&p, &ctx));
+    EXPECT_EQ(nullptr, ctx);
+    EXPECT_NE(nullptr, strstr(kvc_last_error(), "trusted_remote_hosts: 257"))
+        << kvc_last_error();
+    p.n_inbound = KVT_INBOUND_MAX; // the most it takes
+    EXPECT_EQ(KVX_OK, kvu_ctx_create(&p, &ctx)) << kvc_last_error();
+    kvu_ctx_destroy(ctx);
+}
+
+// The loopback listening tcp sockets opened since before: port and address.
+std::vector<std::pair<std::string, uint16_t>>
+NewLoopbackListeners(const kvu_guard_list_t &before)
+{
+    std::vector<std::pair<std::string, uint16_t>> v;
+    DIR *d = opendir("/proc/self/fd");
+    if (d == nullptr) {
+        return v;
+    }
+    while (dirent *e = readdir(d)) {
+        int         fd = atoi(e->d_name);
+        struct stat st;
+        int         acc = 0;
+        socklen_t   l   = sizeof(acc);
+        if (e->d_name[0] == '.' || fd == dirfd(d) || fstat(fd, &st) != 0 ||
+            !S_ISSOCK(st.st_mode) ||
+            getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &acc, &l) != 0 || !acc) {
+            continue;
+        }
+        bool old = false;
+        for (size_t i = 0; i < before.n; i++) {
+            old = old || before.ino[i] == static_cast<uint64_t>(st.st_ino);
+        }
+        sockaddr_in a{};
+        l = sizeof(a);
+        if (old || getsockname(fd, reinterpret_cast<sockaddr *>(&a), &l) != 0 ||
+            a.sin_family != AF_INET ||
+            (ntohl(a.sin_addr.s_addr) >> 24) != 127) {
+            continue;
+        }
+        char ip[INET_ADDRSTRLEN];
+        inet_ntop(AF_INET, &a.sin_addr, ip, sizeof(ip));
+        v.emplace_back(ip, ntohs(a.sin_port));
+    }
+    closedir(d);
+    return v;
+}
+
+// With trusted_remote_hosts (the engine passes its address entries as
+// params.inbound), the tcp listening sockets UCX opens for a kvxfer worker
+// take connections only from those networks: a stranger's SYN is dropped
+// in the kernel, before UCX's tcp transport (whose zero-copy put handler
+// writes wherever a frame says) sees a byte. Trusted peers still transfer.
+// Control: without the list the same stranger connects.
+TEST(KvuGuard, UcxTcpListenersAdmitOnlyTrustedHosts)
+{
+    kvu_guard_list_t before;
+    ASSERT_EQ(0, kvu_guard_listeners(&before));
+    {
+        Side open("guard-open", "tcp", KVT_ACCESS_DEFAULT, 0x5a);
+        auto ls = NewLoopbackListeners(before);
+        ASSERT_FALSE(ls.empty()) << "no UCX tcp listener on loopback";
+        for (auto &l : ls) {
+            EXPECT_TRUE(ConnectsFrom("127.0.0.2", l.first.c_str(), l.second, 5000))
+                << l.first << ":" << l.second;
+        }
+    }
+    kvu_guard_list_free(&before);
+    ASSERT_EQ(0, kvu_guard_listeners(&before));
+    {
+        InboundScope trust({Net("127.0.0.1"), Net("fd00::/8")});
+        Pair         pr("tcp", KVT_ACCESS_DEFAULT);
+        auto         ls = NewLoopbackListeners(before);
+        // the target's tcp plane and the origin's: both filtered
+        EXPECT_GE(ls.size(), 2u);
+        for (auto &l : ls) {
+            SCOPED_TRACE(l.first + ":" + std::to_string(l.second));
+            EXPECT_FALSE(ConnectsFrom("127.0.0.2", l.first.c_str(), l.second, 300));
+            EXPECT_FALSE(ConnectsFrom("127.0.0.9", l.first.c_str(), l.second, 300));
+            EXPECT_TRUE(ConnectsFrom("127.0.0.1", l.first.c_str(), l.second, 5000));
+        }
+        // the trusted origin (127.0.0.1) puts and gets byte-exact
+        memset(pr.origin.buf.data(), 0xc3, 8192);
+        EXPECT_EQ(KVX_OK, pr.post(1, pr.tbase(), 0, 8192));
+        EXPECT_TRUE(all_eq(pr.target.buf.data(), 8192, 0xc3));
+        EXPECT_TRUE(all_eq(pr.target.buf.data() + 8192,
+                           pr.target.buf.size() - 8192, 0x5a));
+        memset(pr.origin.buf.data(), 0, pr.origin.buf.size());
+        EXPECT_EQ(KVX_OK, pr.post(0, pr.tbase(), 16384, 4096));
+        EXPECT_TRUE(all_eq(pr.origin.buf.data(), 4096, 0x5a));
+    }
+    kvu_guard_list_free(&before);
+}
 
 } // namespace

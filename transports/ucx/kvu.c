@@ -5,6 +5,7 @@
 #define _GNU_SOURCE
 #include "kvu.h"
 #include "kvu_lanes.h"
+#include "kvu_guard.h"
 #include "clock.h"
 #include "siphash.h"
 
@@ -342,6 +343,7 @@ struct kvu_ctx {
     int             efd;
     int             wakefd;
     kvu_params_t    params;
+    kvt_net_t       inbound[KVT_INBOUND_MAX]; /* params.inbound's copy */
     char            name[64];
     char            cpus[256];
     char            settings[768]; /* UCX settings in force, KEY=VALUE ... */
@@ -2755,6 +2757,57 @@ kvx_status_t kvu_addr_entries(const void *buf, size_t len,
     return KVX_OK;
 }
 
+/* kvu_guard_worker: trusted_remote_hosts' filter on the listening sockets
+ * the new worker wk opened (kvu_guard.h), under kvu_guard_lock with the
+ * list before its creation. */
+static kvx_status_t kvu_guard_worker(kvu_ctx_t *ctx, kvu_wk_t *wk,
+                                     const kvu_guard_list_t *before)
+{
+    ucp_worker_attr_t wa;
+    ucs_status_t      st;
+    kvx_status_t      status;
+    uint16_t          ports[8];
+    size_t            n = 0, others = 0;
+    char              list[64] = "";
+
+    memset(&wa, 0, sizeof(wa));
+    wa.field_mask = UCP_WORKER_ATTR_FIELD_ADDRESS;
+    st = ucp_worker_query(wk->worker, &wa);
+    if (st != UCS_OK) {
+        return kvc_error(KVX_ERR_TRANSPORT, "%s: ucp_worker_query: %s",
+                         ctx->name, ucs_status_string(st));
+    }
+    status = kvu_guard_attach_new(before, wa.address, wa.address_length,
+                                  ctx->params.inbound, ctx->params.n_inbound,
+                                  ports, 8, &n, &others, ctx->name);
+    ucp_worker_release_address(wk->worker, wa.address);
+    if (status != KVX_OK) {
+        return status;
+    }
+    for (size_t i = 0; i < n && i < 8; i++) {
+        size_t len = strlen(list);
+
+        snprintf(list + len, sizeof(list) - len, "%s%u", i ? "," : "",
+                 (unsigned)ports[i]);
+    }
+    if (others > 0) {
+        /* Not this worker's as far as its address tells: another thread
+         * of the process opened them meanwhile, or a UCX whose address
+         * format hides the port (the test that lists UCX's listeners
+         * itself would see it). */
+        kvc_log_warn("KVX-UCX-GUARD", "%s: %zu listening socket(s) opened "
+                     "beside this worker's whose port is not in its "
+                     "address: not filtered", ctx->name, others);
+    }
+    if (n > 0) {
+        kvc_log_info("KVX-UCX-GUARD", "%s: %zu tcp listening socket(s) "
+                     "(port %s) admit only trusted_remote_hosts (%zu "
+                     "network(s))", ctx->name, n, list,
+                     ctx->params.n_inbound);
+    }
+    return KVX_OK;
+}
+
 /* kvu_worker_open creates a worker of the UCP context ucp into wk (its
  * event fd, address and active-message handlers; wk->pub unless wk is the
  * tcp plane's); on error wk may hold a partial worker, released by
@@ -2762,7 +2815,8 @@ kvx_status_t kvu_addr_entries(const void *buf, size_t len,
 static kvx_status_t kvu_worker_open(kvu_ctx_t *ctx, ucp_context_h ucp,
                                     kvu_wk_t *wk)
 {
-    kvx_status_t status;
+    kvx_status_t     status;
+    kvu_guard_list_t before;
 
     ucp_worker_params_t wp;
     ucs_status_t        st;
@@ -2776,11 +2830,35 @@ static kvx_status_t kvu_worker_open(kvu_ctx_t *ctx, ucp_context_h ucp,
     wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;
     wp.events      = UCP_WAKEUP_RMA | UCP_WAKEUP_AMO | UCP_WAKEUP_TAG_SEND |
                      UCP_WAKEUP_TAG_RECV | UCP_WAKEUP_TX | UCP_WAKEUP_RX;
+    if (ctx->params.inbound_set) {
+        /* The listening sockets this worker opens are the new ones
+         * (kvu_guard.h); no other kvxfer worker is created meanwhile. */
+        kvu_guard_lock();
+        if (kvu_guard_listeners(&before) != 0) {
+            kvu_guard_unlock();
+            return kvc_error(KVX_ERR_INTERNAL, "%s: trusted_remote_hosts: "
+                             "/proc/self/fd: %s: cannot find UCX's "
+                             "listening sockets to filter", ctx->name,
+                             strerror(errno));
+        }
+    }
     st = ucp_worker_create(ucp, &wp, &wk->worker);
     if (st != UCS_OK) {
+        if (ctx->params.inbound_set) {
+            kvu_guard_unlock();
+            kvu_guard_list_free(&before);
+        }
         wk->worker = NULL;
         return kvc_error(KVX_ERR_TRANSPORT, "ucp_worker_create: %s",
                          ucs_status_string(st));
+    }
+    if (ctx->params.inbound_set) {
+        status = kvu_guard_worker(ctx, wk, &before);
+        kvu_guard_unlock();
+        kvu_guard_list_free(&before);
+        if (status != KVX_OK) {
+            return status;
+        }
     }
     st = ucp_worker_get_efd(wk->worker, &wk->efd);
     if (st != UCS_OK) {
@@ -3196,6 +3274,22 @@ kvx_status_t kvu_ctx_create(const kvu_params_t *params, kvu_ctx_t **ctx_p)
     snprintf(ctx->cpus, sizeof(ctx->cpus), "%s",
              params->cpus ? params->cpus : "");
     ctx->params.cpus = ctx->cpus;
+    if (params->inbound_set) {
+        if (params->n_inbound > KVT_INBOUND_MAX ||
+            (params->n_inbound > 0 && params->inbound == NULL)) {
+            status = kvc_error(KVX_ERR_CONFIG, "trusted_remote_hosts: %zu "
+                               "networks: at most %d", params->n_inbound,
+                               KVT_INBOUND_MAX);
+            kvu_log_release();
+            free(ctx);
+            return status;
+        }
+        if (params->n_inbound > 0) {
+            memcpy(ctx->inbound, params->inbound,
+                   params->n_inbound * sizeof(ctx->inbound[0]));
+        }
+    }
+    ctx->params.inbound = ctx->inbound;
     if (ctx->params.max_inflight_bytes < 4096) {
         ctx->params.max_inflight_bytes = 16u << 20;
     }
