@@ -18,7 +18,11 @@
 #   seconds to wait for the 1-minute load to drop below LOAD_MAX before each
 #   run), PORT_BASE (15600), PIN (1: pin nixlbench's two processes to CPUs
 #   0 and 1 as its author's runs do; both busy-poll, and on one core every
-#   round trip costs a time slice).
+#   round trip costs a time slice), PIN_KVX (0: kvxfer_perf's P and D
+#   unpinned, the scheduler places their threads; 1: P on CPU 0, D on CPU 1,
+#   as nixlbench's, which on 2 vCPUs is placement A of perf/placement.sh;
+#   a build whose LABEL ends in "-pinned" is pinned so whatever PIN_KVX
+#   says, so one run can hold a build unpinned and pinned side by side).
 #
 # A point: one transfer in flight of BATCH blocks of SIZE bytes, host memory
 # the application allocated and registered on both sides (nixlbench DRAM,
@@ -74,6 +78,7 @@ RESIDENCY=${RESIDENCY:-"resident cold"}
 LOAD_MAX=${LOAD_MAX:-0.6}
 QUIET_WAIT=${QUIET_WAIT:-120}
 PIN=${PIN:-1}
+PIN_KVX=${PIN_KVX:-0}
 port=${PORT_BASE:-15600}
 TMO=300
 mkdir -p "$out/logs"
@@ -83,7 +88,7 @@ mkdir -p "$out/logs"
     echo "# $(date -Is) $(uname -srm), $(nproc) cpus, $(lscpu | sed -n 's/^Model name: *//p')"
     echo "# nixlbench: $nixl"
     echo "# kvxfer builds: ${builds[*]}"
-    echo "# REPS=$REPS TLS_LIST=$TLS_LIST OPS=$OPS SIZES=$SIZES BATCHES=$BATCHES RESIDENCY=$RESIDENCY PIN=$PIN"
+    echo "# REPS=$REPS TLS_LIST=$TLS_LIST OPS=$OPS SIZES=$SIZES BATCHES=$BATCHES RESIDENCY=$RESIDENCY PIN=$PIN PIN_KVX=$PIN_KVX"
 } > "$out/env.txt"
 [ "${SUMMARY_ONLY:-0}" = 1 ] ||
     echo "rep,tool,tls,op,size,batch,residency,iters,bw_GBs,avg_lat_us,load_before,load_after,rc" > "$out/rows.csv"
@@ -141,7 +146,10 @@ run_kvxfer() {
     perf=$dir/perf/bench/kvxfer_perf
     csv=$out/logs/$tag.csv
     [ -n "$ld" ] && envs+=(LD_LIBRARY_PATH="$ld")
-    local resident=() memcpy=()
+    local resident=() memcpy=() pin0=() pin1=()
+    if [ "$PIN_KVX" = 1 ] || [ "${label%-pinned}" != "$label" ]; then
+        pin0=(taskset -c 0) pin1=(taskset -c 1)
+    fi
     [ "$label" = "$first_label" ] && [ "${MEMCPY:-1}" = 1 ] && memcpy=(--memcpy)
     [ "$res" = resident ] && resident=(--resident)
     [ "$op" = WRITE ] && [ "${WRITE_AHEAD:-1}" = 1 ] &&
@@ -149,10 +157,10 @@ run_kvxfer() {
     port=$((port + 1))
     wait_quiet "$LOAD_MAX" "$QUIET_WAIT"
     l0=$(load1)
-    env "${envs[@]}" timeout $TMO "$perf" -p "$port" --bind 127.0.0.1 --accept-timeout 60 -q \
+    env "${envs[@]}" timeout $TMO "${pin0[@]}" "$perf" -p "$port" --bind 127.0.0.1 --accept-timeout 60 -q \
         > "$out/logs/$tag.server.log" 2>&1 &
     spid=$!
-    env "${envs[@]}" timeout $TMO "$perf" 127.0.0.1 -p "$port" --tls "$tls" \
+    env "${envs[@]}" timeout $TMO "${pin1[@]}" "$perf" 127.0.0.1 -p "$port" --tls "$tls" \
         -t "$(echo "$op" | tr A-Z a-z)" --mem app --layers 1 --layout key-only \
         -s "$size" -b "$batch" "${resident[@]}" -n "$n" -w $(( n / 10 > 2 ? n / 10 : 2 )) \
         "${memcpy[@]}" -q --csv "$csv" > "$out/logs/$tag.client.log" 2>&1

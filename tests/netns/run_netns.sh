@@ -463,13 +463,23 @@ write_args() {
              --transfer tx-$1 "${COMMON[@]}" --host-ip $IP_A --hold 1)
 }
 
+# write_push NAME: P on A (WRITE_P) pushes tx-NAME to the D on C waiting
+# for it; 1 when D did not verify every byte or P did not finish.
+write_push() {
+    local rc=0
+    start ${1}_pA "$NS_A" "${WRITE_P[@]}"
+    finish ${1}_dC || rc=1
+    wait_line ${1}_pA '^HOLD' $WAIT || rc=1
+    return $rc
+}
+
 # (f) write_thief: D (WRITE, tp 1) on C waits for P on A; the attacker
 # fetches D's handshake from B and puts with B's session (refused), then
 # from A with A's session (served: the control); then P pushes.
 run_write_thief() {
     local name=write_thief rc=0 n out
     write_args $name
-    local d=("${WRITE_D[@]}") p=("${WRITE_P[@]}")
+    local d=("${WRITE_D[@]}")
     start ${name}_dC "$NS_C" "${d[@]}"
     if wait_ready ${name}_dC 60; then
         for n in B A; do
@@ -490,15 +500,14 @@ run_write_thief() {
                 rc=1
             fi
         done
-        start ${name}_pA "$NS_A" "${p[@]}"
-        finish ${name}_dC || rc=1
-        wait_line ${name}_pA '^HOLD' $WAIT || rc=1
+        write_push $name || rc=1
     else
         rc=1
     fi
     stop_started $name dC pA || rc=1
     verdict "$name" $rc ${name}_attB ${name}_attA ${name}_dC ${name}_pA
 }
+
 # (f2) ucx_guard: D (WRITE, tp 1) on C trusts only A, its UCX tcp ports
 # pinned to a small range. A connects to each of D's UCX listeners (the
 # ports of the range that answer from A); from B every one of them stays
@@ -511,7 +520,6 @@ run_ucx_guard() {
     write_args $name
     local d=("${WRITE_D[@]}" --trusted "$IP_A"
              --config-extra "\"ucx_tcp_port_range\":\"$lo-$hi\"")
-    local p=("${WRITE_P[@]}")
     start ${name}_dC "$NS_C" "${d[@]}"
     if wait_ready ${name}_dC 60; then
         for port in $(seq $lo $hi); do
@@ -531,9 +539,7 @@ run_ucx_guard() {
                 >>"$LOGDIR/${name}_dC.log"
             [ $brc = 124 ] || rc=1
         done
-        start ${name}_pA "$NS_A" "${p[@]}"
-        finish ${name}_dC || rc=1
-        wait_line ${name}_pA '^HOLD' $WAIT || rc=1
+        write_push $name || rc=1
     else
         rc=1
     fi
