@@ -180,6 +180,13 @@ typedef struct kvt_data_params {
     size_t           n_inbound;
 } kvt_data_params_t;
 
+/* kvt_listen_lock / kvt_listen_unlock: one process-wide lock a transport
+ * holds while it creates listening sockets (UCX workers, nng listeners), so
+ * the UCX transport can tell the sockets its worker opened from anyone
+ * else's (transports/ucx/kvu_guard.h). */
+void kvt_listen_lock(void);
+void kvt_listen_unlock(void);
+
 /* An IPv4 or IPv6 network: family 4 or 6, addr (4 or 16 bytes, network
  * order), prefix bits (0..32 / 0..128). */
 typedef struct kvt_net {

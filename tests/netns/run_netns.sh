@@ -510,10 +510,10 @@ run_write_thief() {
 
 # (f2) ucx_guard: D (WRITE, tp 1) on C trusts only A, its UCX tcp ports
 # pinned to a small range. A connects to each of D's UCX listeners (the
-# ports of the range that answer from A); from B every one of them stays
-# silent (the kernel filter drops B's SYN: the connect times out, where a
-# closed port would refuse at once). Then P on A pushes and D verifies
-# every byte.
+# ports of the range that answer from A); from B, which reaches D's
+# handshake port, every one of them stays silent (the kernel filter drops
+# B's SYN: the connect times out, where a closed port would refuse at
+# once). Then P on A pushes and D verifies every byte.
 run_ucx_guard() {
     local name=ucx_guard rc=0 port open=()
     local lo=31000 hi=31009
@@ -531,8 +531,11 @@ run_ucx_guard() {
         echo "D's UCX tcp listeners (connect from A): ${open[*]:-none}" \
             >>"$LOGDIR/${name}_dC.log"
         [ ${#open[@]} -gt 0 ] || rc=1
+        # B reaches C at all: D's handshake port (nng) takes its connection.
+        timeout -k 1 5 ip netns exec "$NS_B" bash -c \
+            "exec 3<>/dev/tcp/$IP_C/$D_HS" 2>/dev/null || rc=1
         for port in "${open[@]}"; do
-            timeout -k 1 2 ip netns exec "$NS_B" bash -c \
+            timeout -k 1 3 ip netns exec "$NS_B" bash -c \
                 "exec 3<>/dev/tcp/$IP_C/$port" 2>/dev/null
             local brc=$?
             echo "connect from B to $IP_C:$port: exit $brc (124: timed out)" \

@@ -1617,13 +1617,15 @@ int Listen(const char *addr, uint16_t *port, bool v6only = true)
     return fd;
 }
 
-// Does a tcp connection from src to dst:port complete within wait_ms? A
-// listener's filter drops the SYN of a refused source, so its connect stays
-// in progress, unanswered, whatever the wait (the SYN retransmitted after
-// 1 s is dropped too): callers wait 300 ms for what must be refused, 5 s
-// for what must be admitted.
-bool ConnectsFrom(const char *src, const char *dst, uint16_t port,
-                  int wait_ms)
+// What became of a tcp connection from src to dst:port after wait_ms.
+enum class Conn { kConnected, kPending, kFailed };
+
+// A connect a listener's filter refuses stays pending, unanswered,
+// whatever the wait (its SYN and every retransmission are dropped), where
+// a closed port fails at once: callers wait 300 ms for what must be
+// refused (kPending) and 5 s for what must be admitted (kConnected).
+Conn ConnectFrom(const char *src, const char *dst, uint16_t port, int wait_ms,
+                 int *fd_out = nullptr)
 {
     int              fam = strchr(dst, ':') ? AF_INET6 : AF_INET;
     sockaddr_storage s{}, d{};
@@ -1631,7 +1633,7 @@ bool ConnectsFrom(const char *src, const char *dst, uint16_t port,
     int              fd = socket(fam, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) {
         ADD_FAILURE() << "socket: " << strerror(errno);
-        return false;
+        return Conn::kFailed;
     }
     if (fam == AF_INET6) {
         auto *a = reinterpret_cast<sockaddr_in6 *>(&s);
@@ -1650,22 +1652,41 @@ bool ConnectsFrom(const char *src, const char *dst, uint16_t port,
         b->sin_port = htons(port);
         sl = sizeof(*a);
     }
-    bool ok = false;
+    Conn c = Conn::kFailed;
     if (bind(fd, reinterpret_cast<sockaddr *>(&s), sl) != 0) {
         ADD_FAILURE() << "bind " << src << ": " << strerror(errno);
     } else if (connect(fd, reinterpret_cast<sockaddr *>(&d), sl) == 0) {
-        ok = true;
+        c = Conn::kConnected;
     } else if (errno == EINPROGRESS) {
         pollfd    p{fd, POLLOUT, 0};
         int       err = 0;
         socklen_t el  = sizeof(err);
-        if (poll(&p, 1, wait_ms) == 1 &&
-            getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) == 0) {
-            ok = err == 0;
+        int       r   = poll(&p, 1, wait_ms);
+        if (r == 0) {
+            c = Conn::kPending;
+        } else if (r == 1 &&
+                   getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) == 0) {
+            c = err == 0 ? Conn::kConnected : Conn::kFailed;
         }
     }
-    close(fd);
-    return ok;
+    if (fd_out != nullptr && c == Conn::kConnected) {
+        *fd_out = fd;
+    } else {
+        close(fd);
+    }
+    return c;
+}
+
+bool ConnectsFrom(const char *src, const char *dst, uint16_t port,
+                  int wait_ms)
+{
+    return ConnectFrom(src, dst, port, wait_ms) == Conn::kConnected;
+}
+
+// Refused by a filter: the connect neither completes nor fails.
+bool FilteredFrom(const char *src, const char *dst, uint16_t port)
+{
+    return ConnectFrom(src, dst, port, 300) == Conn::kPending;
 }
 
 struct GuardCase {
@@ -1690,8 +1711,11 @@ void RunCases(int fd, const char *dst, uint16_t port, const GuardCase *cs,
         SCOPED_TRACE("networks {" + what + "} from " + c.src);
         ASSERT_EQ(KVX_OK, kvu_guard_attach_fd(fd, nets.data(), nets.size()))
             << kvc_last_error();
-        EXPECT_EQ(c.admitted,
-                  ConnectsFrom(c.src, dst, port, c.admitted ? 5000 : 300));
+        if (c.admitted) {
+            EXPECT_TRUE(ConnectsFrom(c.src, dst, port, 5000));
+        } else {
+            EXPECT_TRUE(FilteredFrom(c.src, dst, port));
+        }
     }
 }
 
@@ -1726,6 +1750,9 @@ TEST(KvuGuard, FilterAdmitsExactlyItsNetworks)
     const GuardCase v6[] = {
         {{"::1"}, "::1", true},
         {{"fd00::/8", "127.0.0.1"}, "::1", false},
+        {{"fd00::1", "::1"}, "::1", true},  // a /128 that fails at word 0
+        {{"::2"}, "::1", false},            // fails at word 3
+        {{"::2", "::0/127"}, "::1", true},
         {{"::/127"}, "::1", true},
         {{"::/0"}, "::1", true},
         {{"0:0:0:1::/64"}, "::1", false},
@@ -1739,12 +1766,12 @@ TEST(KvuGuard, FilterAdmitsExactlyItsNetworks)
     std::vector<kvt_net_t> nets = {Net("127.0.0.1")};
     ASSERT_EQ(KVX_OK, kvu_guard_attach_fd(fd, nets.data(), nets.size()));
     EXPECT_TRUE(ConnectsFrom("127.0.0.1", "127.0.0.1", port, 5000));
-    EXPECT_FALSE(ConnectsFrom("127.0.0.2", "127.0.0.1", port, 300));
-    EXPECT_FALSE(ConnectsFrom("::1", "::1", port, 300));
+    EXPECT_TRUE(FilteredFrom("127.0.0.2", "127.0.0.1", port));
+    EXPECT_TRUE(FilteredFrom("::1", "::1", port));
     nets = {Net("::1")};
     ASSERT_EQ(KVX_OK, kvu_guard_attach_fd(fd, nets.data(), nets.size()));
     EXPECT_TRUE(ConnectsFrom("::1", "::1", port, 5000));
-    EXPECT_FALSE(ConnectsFrom("127.0.0.1", "127.0.0.1", port, 300));
+    EXPECT_TRUE(FilteredFrom("127.0.0.1", "127.0.0.1", port));
     close(fd);
 }
 
@@ -1767,6 +1794,87 @@ TEST(KvuGuard, TooManyNetworksIsAConfigurationError)
     p.n_inbound = KVT_INBOUND_MAX; // the most it takes
     EXPECT_EQ(KVX_OK, kvu_ctx_create(&p, &ctx)) << kvc_last_error();
     kvu_ctx_destroy(ctx);
+}
+
+// kvu_guard_admits: the same rule in C, for what came in before the filter.
+TEST(KvuGuard, AdmitsMatchesTheFilterRule)
+{
+    std::vector<kvt_net_t> nets = {Net("10.1.0.0/16"), Net("fd00::/8"),
+                                   Net("192.0.2.7")};
+    auto v4 = [](const char *ip) {
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        inet_pton(AF_INET, ip, &a.sin_addr);
+        return a;
+    };
+    auto v6 = [](const char *ip) {
+        sockaddr_in6 a{};
+        a.sin6_family = AF_INET6;
+        inet_pton(AF_INET6, ip, &a.sin6_addr);
+        return a;
+    };
+    auto admits = [&](const auto &a) {
+        return kvu_guard_admits(nets.data(), nets.size(),
+                                reinterpret_cast<const sockaddr *>(&a));
+    };
+    EXPECT_TRUE(admits(v4("10.1.200.3")));
+    EXPECT_FALSE(admits(v4("10.2.0.1")));
+    EXPECT_TRUE(admits(v4("192.0.2.7")));
+    EXPECT_FALSE(admits(v4("192.0.2.8")));
+    EXPECT_TRUE(admits(v6("fd12::1")));
+    EXPECT_FALSE(admits(v6("fe80::1")));
+    EXPECT_TRUE(admits(v6("::ffff:10.1.0.9")));  // a dual-stack socket's
+    EXPECT_FALSE(admits(v6("::ffff:10.9.0.9"))); // IPv4 peers
+    sockaddr_in any = v4("10.1.0.1");
+    EXPECT_FALSE(kvu_guard_admits(nullptr, 0, // the empty list
+                                  reinterpret_cast<const sockaddr *>(&any)));
+}
+
+// Connections completed before the filter went on have no filter of their
+// own: kvu_guard_sweep accepts and closes what waits in the listener's
+// queue, and shuts down what was accepted from outside the networks; the
+// trusted connection stays.
+TEST(KvuGuard, SweepClosesWhatCameInBeforeTheFilter)
+{
+    uint16_t port = 0;
+    int      lfd  = Listen("127.0.0.1", &port);
+    ASSERT_GE(lfd, 0);
+    ASSERT_EQ(0, fcntl(lfd, F_SETFL, fcntl(lfd, F_GETFL) | O_NONBLOCK));
+    int trusted = -1, stranger = -1, queued = -1;
+    ASSERT_EQ(Conn::kConnected,
+              ConnectFrom("127.0.0.1", "127.0.0.1", port, 5000, &trusted));
+    ASSERT_EQ(Conn::kConnected,
+              ConnectFrom("127.0.0.2", "127.0.0.1", port, 5000, &stranger));
+    // the transport accepts these two (in order)
+    pollfd pl{lfd, POLLIN, 0};
+    int    acc[2];
+    for (int &a : acc) {
+        ASSERT_EQ(1, poll(&pl, 1, 5000));
+        a = accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
+        ASSERT_GE(a, 0);
+    }
+    // one more from the stranger waits in the queue
+    ASSERT_EQ(Conn::kConnected,
+              ConnectFrom("127.0.0.3", "127.0.0.1", port, 5000, &queued));
+    std::vector<kvt_net_t> nets = {Net("127.0.0.1")};
+    ASSERT_EQ(KVX_OK, kvu_guard_attach_fd(lfd, nets.data(), nets.size()));
+    EXPECT_EQ(2u, kvu_guard_sweep(lfd, nets.data(), nets.size()));
+    // the stranger's two see their connection end; the trusted one talks
+    char      b = 0;
+    pollfd    ps[2] = {{stranger, POLLIN, 0}, {queued, POLLIN, 0}};
+    for (pollfd &p : ps) {
+        ASSERT_EQ(1, poll(&p, 1, 5000));
+        EXPECT_LE(recv(p.fd, &b, 1, 0), 0);
+    }
+    ASSERT_EQ(1, send(trusted, "k", 1, 0));
+    pollfd pt{acc[0], POLLIN, 0};
+    ASSERT_EQ(1, poll(&pt, 1, 5000));
+    EXPECT_EQ(1, recv(acc[0], &b, 1, 0));
+    EXPECT_EQ('k', b);
+    EXPECT_TRUE(FilteredFrom("127.0.0.2", "127.0.0.1", port));
+    for (int fd : {trusted, stranger, queued, acc[0], acc[1], lfd}) {
+        close(fd);
+    }
 }
 
 // The loopback listening tcp sockets opened since before: port and address.
@@ -1836,8 +1944,8 @@ TEST(KvuGuard, UcxTcpListenersAdmitOnlyTrustedHosts)
         EXPECT_GE(ls.size(), 2u);
         for (auto &l : ls) {
             SCOPED_TRACE(l.first + ":" + std::to_string(l.second));
-            EXPECT_FALSE(ConnectsFrom("127.0.0.2", l.first.c_str(), l.second, 300));
-            EXPECT_FALSE(ConnectsFrom("127.0.0.9", l.first.c_str(), l.second, 300));
+            EXPECT_TRUE(FilteredFrom("127.0.0.2", l.first.c_str(), l.second));
+            EXPECT_TRUE(FilteredFrom("127.0.0.9", l.first.c_str(), l.second));
             EXPECT_TRUE(ConnectsFrom("127.0.0.1", l.first.c_str(), l.second, 5000));
         }
         // the trusted origin (127.0.0.1) puts and gets byte-exact

@@ -497,7 +497,12 @@ static int kvn_listen(kvn_server_t *srv, const kvt_ctl_sec_t *sec,
         rv = nng_listener_set_ptr(l, NNG_OPT_TLS_CONFIG, tls);
     }
     if (rv == 0) {
+        /* under the lock every kvxfer listener is created under, so the
+         * UCX transport's guard cannot take this socket for a worker's
+         * (kvt.h kvt_listen_lock) */
+        kvt_listen_lock();
         rv = nng_listener_start(l, 0);
+        kvt_listen_unlock();
     }
     if (rv == 0) {
         srv->listener  = l;

@@ -2763,14 +2763,14 @@ kvx_status_t kvu_addr_entries(const void *buf, size_t len,
 static kvx_status_t kvu_guard_worker(kvu_ctx_t *ctx, kvu_wk_t *wk,
                                      const kvu_guard_list_t *before)
 {
-    ucp_worker_attr_t wa;
-    ucs_status_t      st;
-    kvx_status_t      status;
-    uint16_t          ports[8];
-    size_t            n = 0, others = 0;
-    char              list[64] = "";
+    ucp_worker_attr_t  wa;
+    ucs_status_t       st;
+    kvx_status_t       status;
+    kvu_guard_report_t rep;
+    char               list[64] = "";
 
     memset(&wa, 0, sizeof(wa));
+    memset(&rep, 0, sizeof(rep));
     wa.field_mask = UCP_WORKER_ATTR_FIELD_ADDRESS;
     st = ucp_worker_query(wk->worker, &wa);
     if (st != UCS_OK) {
@@ -2779,30 +2779,34 @@ static kvx_status_t kvu_guard_worker(kvu_ctx_t *ctx, kvu_wk_t *wk,
     }
     status = kvu_guard_attach_new(before, wa.address, wa.address_length,
                                   ctx->params.inbound, ctx->params.n_inbound,
-                                  ports, 8, &n, &others, ctx->name);
+                                  &rep, ctx->name);
     ucp_worker_release_address(wk->worker, wa.address);
     if (status != KVX_OK) {
         return status;
     }
-    for (size_t i = 0; i < n && i < 8; i++) {
+    for (size_t i = 0; i < rep.found && i < 8; i++) {
         size_t len = strlen(list);
 
         snprintf(list + len, sizeof(list) - len, "%s%u", i ? "," : "",
-                 (unsigned)ports[i]);
+                 (unsigned)rep.ports[i]);
     }
-    if (others > 0) {
+    if (rep.others > 0) {
         /* Not this worker's as far as its address tells: another thread
-         * of the process opened them meanwhile, or a UCX whose address
-         * format hides the port (the test that lists UCX's listeners
-         * itself would see it). */
+         * of the process opened them meanwhile (not kvxfer's: every
+         * kvxfer listener is created under kvt_listen_lock). */
         kvc_log_warn("KVX-UCX-GUARD", "%s: %zu listening socket(s) opened "
                      "beside this worker's whose port is not in its "
-                     "address: not filtered", ctx->name, others);
+                     "address: not filtered", ctx->name, rep.others);
     }
-    if (n > 0) {
+    if (rep.closed > 0) {
+        kvc_log_warn("KVX-UCX-GUARD", "%s: closed %zu connection(s) made to "
+                     "UCX's tcp listener before its filter was on", ctx->name,
+                     rep.closed);
+    }
+    if (rep.found > 0) {
         kvc_log_info("KVX-UCX-GUARD", "%s: %zu tcp listening socket(s) "
                      "(port %s) admit only trusted_remote_hosts (%zu "
-                     "network(s))", ctx->name, n, list,
+                     "network(s))", ctx->name, rep.found, list,
                      ctx->params.n_inbound);
     }
     return KVX_OK;
@@ -2830,12 +2834,12 @@ static kvx_status_t kvu_worker_open(kvu_ctx_t *ctx, ucp_context_h ucp,
     wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;
     wp.events      = UCP_WAKEUP_RMA | UCP_WAKEUP_AMO | UCP_WAKEUP_TAG_SEND |
                      UCP_WAKEUP_TAG_RECV | UCP_WAKEUP_TX | UCP_WAKEUP_RX;
+    /* The listening sockets this worker opens are the new ones
+     * (kvu_guard.h): no other kvxfer listener is created meanwhile. */
+    kvt_listen_lock();
     if (ctx->params.inbound_set) {
-        /* The listening sockets this worker opens are the new ones
-         * (kvu_guard.h); no other kvxfer worker is created meanwhile. */
-        kvu_guard_lock();
         if (kvu_guard_listeners(&before) != 0) {
-            kvu_guard_unlock();
+            kvt_listen_unlock();
             return kvc_error(KVX_ERR_INTERNAL, "%s: trusted_remote_hosts: "
                              "/proc/self/fd: %s: cannot find UCX's "
                              "listening sockets to filter", ctx->name,
@@ -2844,8 +2848,8 @@ static kvx_status_t kvu_worker_open(kvu_ctx_t *ctx, ucp_context_h ucp,
     }
     st = ucp_worker_create(ucp, &wp, &wk->worker);
     if (st != UCS_OK) {
+        kvt_listen_unlock();
         if (ctx->params.inbound_set) {
-            kvu_guard_unlock();
             kvu_guard_list_free(&before);
         }
         wk->worker = NULL;
@@ -2854,11 +2858,13 @@ static kvx_status_t kvu_worker_open(kvu_ctx_t *ctx, ucp_context_h ucp,
     }
     if (ctx->params.inbound_set) {
         status = kvu_guard_worker(ctx, wk, &before);
-        kvu_guard_unlock();
+        kvt_listen_unlock();
         kvu_guard_list_free(&before);
         if (status != KVX_OK) {
             return status;
         }
+    } else {
+        kvt_listen_unlock();
     }
     st = ucp_worker_get_efd(wk->worker, &wk->efd);
     if (st != UCS_OK) {

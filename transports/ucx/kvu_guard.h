@@ -14,9 +14,13 @@
  *
  * Finding UCX's sockets: UCP has no call that names an interface's socket,
  * so the listening tcp sockets of the process are listed (/proc/self/fd)
- * before and after ucp_worker_create, under one process-wide lock that
- * every kvxfer worker creation takes, and a new one counts as the worker's
- * only if its port (network order) is in the worker's packed address.
+ * before and after ucp_worker_create, under kvt_listen_lock (every kvxfer
+ * worker and nng listener is created under it), and a new one counts as
+ * the worker's only if its port (network order) and, unless it is bound to
+ * a wildcard, its address are in the worker's packed address. New
+ * listeners none of which is the worker's fail the worker (it would run
+ * unguarded). Connections completed before the filter went on are closed
+ * (kvu_guard_sweep).
  */
 #ifndef KVU_GUARD_H
 #define KVU_GUARD_H
@@ -25,6 +29,7 @@
 #include "kvt.h"
 
 #include <linux/filter.h>
+#include <sys/socket.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -39,11 +44,6 @@ typedef struct kvu_guard_list {
     size_t    n, cap;
     int       oom; /* an inode did not fit: the list is not whole */
 } kvu_guard_list_t;
-
-/* kvu_guard_lock/unlock: around every worker creation (and the lists taken
- * before and after it). */
-void kvu_guard_lock(void);
-void kvu_guard_unlock(void);
 
 /* kvu_guard_listeners: the listening tcp sockets now (0, or -1 when
  * /proc/self/fd cannot be read or the list does not fit in memory: errno;
@@ -61,18 +61,36 @@ size_t kvu_guard_prog(const kvt_net_t *nets, size_t n, struct sock_filter *prog,
  * the socket and errno when the kernel refuses it). */
 kvx_status_t kvu_guard_attach_fd(int fd, const kvt_net_t *nets, size_t n);
 
-/* kvu_guard_attach_new: the filter on every listening tcp socket not in
- * before whose port is in the worker address addr (addr_len bytes);
- * ports (may be NULL) gets their local ports, *n_p how many (at most
- * max_ports are written), *others_p (may be NULL) how many new listening
- * sockets were left alone (their port is not in addr: not this worker's,
- * or an address format this does not know). name is for errors. */
+/* kvu_guard_admits: is the address sa (AF_INET, AF_INET6; an IPv4-mapped
+ * IPv6 address counts as its IPv4 one) in one of nets[0..n)? Pure. */
+int kvu_guard_admits(const kvt_net_t *nets, size_t n,
+                     const struct sockaddr *sa);
+
+/* kvu_guard_sweep: after the filter went on listening socket lfd, close
+ * what came in before it: connections waiting in its accept queue
+ * (accepted here and closed; lfd must be non-blocking, else they are left)
+ * and accepted connections to its address from outside nets (shut down).
+ * Returns how many. */
+size_t kvu_guard_sweep(int lfd, const kvt_net_t *nets, size_t n);
+
+/* What kvu_guard_attach_new did. */
+typedef struct kvu_guard_report {
+    uint16_t ports[8]; /* local ports filtered (the first 8) */
+    size_t   found;    /* listening sockets filtered */
+    size_t   others;   /* new listening sockets left alone (not this
+                          worker's as far as its address tells) */
+    size_t   closed;   /* connections closed by kvu_guard_sweep */
+} kvu_guard_report_t;
+
+/* kvu_guard_attach_new: the filter (and kvu_guard_sweep) on every listening
+ * tcp socket not in before whose port, and address unless a wildcard, are
+ * in the worker address addr (addr_len bytes). New listening sockets none
+ * of which is the worker's are an error (KVX_ERR_TRANSPORT: the worker
+ * would run unguarded). name is for errors. */
 kvx_status_t kvu_guard_attach_new(const kvu_guard_list_t *before,
                                   const void *addr, size_t addr_len,
                                   const kvt_net_t *nets, size_t n,
-                                  uint16_t *ports, size_t max_ports,
-                                  size_t *n_p, size_t *others_p,
-                                  const char *name);
+                                  kvu_guard_report_t *rep, const char *name);
 
 #ifdef __cplusplus
 }
