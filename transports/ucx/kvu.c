@@ -171,10 +171,6 @@ typedef struct kvu_amp {
     void           *lbuf;
     uint64_t        len;
     int             is_put;
-    int             zcopy;     /* a PUT sent from the blocks themselves
-                                  (KVU_AM_ZCOPY_MIN): UCX may read them
-                                  until the send completes, so the op's
-                                  reference is dropped only then */
     int             answered;
     int             send_done;
     struct kvu_amp *hnext;     /* ctx->amp[] bucket */
@@ -563,14 +559,10 @@ static void kvu_amp_answer(kvu_amp_t *amp, kvx_status_t status)
     if (status != KVX_OK) {
         kvu_op_set_error(amp->op, status);
     }
+    kvu_op_put(ctx, amp->op);
     if (amp->send_done) {
-        kvu_op_put(ctx, amp->op);
         free(amp);
-    } else if (!amp->zcopy) {
-        kvu_op_put(ctx, amp->op); /* UCX copies no more from the blocks
-                                     for a send it has not packed: it is
-                                     purged with the endpoint */
-    } /* else: kvu_am_send_cb drops the op's reference */
+    }
 }
 
 /* kvu_am_cancel_ep completes every unanswered AM op of ep with status
@@ -603,9 +595,6 @@ static void kvu_am_send_cb(void *request, ucs_status_t status,
         kvu_amp_answer(amp, ep->failed ? ep->fail_status
                                        : kvu_status_from_ucs(status));
     } else if (amp->answered) {
-        if (amp->zcopy) {
-            kvu_op_put(ep->ctx, amp->op); /* the blocks are UCX's no more */
-        }
         free(amp);
     }
     ucp_request_free(request);
@@ -679,10 +668,9 @@ static int kvu_am_issue(kvu_ep_t *ep, kvu_job_t *job, void *lbuf,
     prm.flags        = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER;
     if (job->is_put && len >= KVU_AM_ZCOPY_MIN) {
         /* The origin's own blocks, contiguous: UCX may send them without
-         * a copy (tcp: sendmsg from the blocks), and then reads them until
-         * the send completes, even after an answer or a cancel: the op
-         * holds them until kvu_am_send_cb (amp->zcopy). */
-        amp->zcopy = 1;
+         * a copy (tcp: sendmsg from the blocks). The blocks are read until
+         * the send completes, as the byte datatype's pack would read them;
+         * the op holds them until then. */
         sp = ucp_am_send_nbx(ep->ep, KVU_AM_PUT, &amp->hdr, sizeof(amp->hdr),
                              lbuf, len, &prm);
     } else if (job->is_put) {
