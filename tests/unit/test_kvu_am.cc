@@ -283,35 +283,6 @@ TEST_P(KvuAm, WriteRoleTakesPutsAndRefusesGets)
     EXPECT_TRUE(all_eq(pr.origin.buf.data(), 65536, 0));
 }
 
-// Puts of 256 KiB and more go as the origin's blocks themselves (tcp:
-// zero-copy sends), shorter ones through the pack: both land byte-exact,
-// and nothing beside the range changes.
-TEST_P(KvuAm, LongAndShortPutsLandByteExact)
-{
-    const size_t size = 1u << 20;
-    Pair         pr(GetParam(), KVT_ACCESS_WRITE, nullptr, nullptr, nullptr,
-                    size);
-
-    for (size_t i = 0; i < size; i++) {
-        pr.origin.buf[i] = (uint8_t)(i * 31 + (i >> 12));
-    }
-    struct {
-        uint64_t off, len;
-    } puts[] = {{4096, size - 8192}, {100, 300000}, {size - 70000, 65536},
-                {777, 1}};
-    for (auto p : puts) {
-        SCOPED_TRACE("put of " + std::to_string(p.len) + " at " +
-                     std::to_string(p.off));
-        std::fill(pr.target.buf.begin(), pr.target.buf.end(), 0x5a);
-        ASSERT_EQ(pr.post(1, pr.tbase(), p.off, p.len, 0), KVX_OK);
-        EXPECT_EQ(0, memcmp(pr.target.buf.data() + p.off,
-                            pr.origin.buf.data(), p.len));
-        EXPECT_TRUE(all_eq(pr.target.buf.data(), p.off, 0x5a));
-        EXPECT_TRUE(all_eq(pr.target.buf.data() + p.off + p.len,
-                           size - p.off - p.len, 0x5a));
-    }
-}
-
 // The engine's exposure (kvt_data_params_t.authorize): a request inside
 // registered memory is served only if the hook admits its range for the
 // tag the origin's op carried and the authenticator the origin's endpoint

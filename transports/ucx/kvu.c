@@ -92,13 +92,6 @@
                                           gets cap, KVU_FIFO_MAX_GETS, is
                                           sized for it) */
 #define KVU_TCP_SEG       "272k" /* a whole message, headers included */
-#define KVU_AM_ZCOPY_MIN  (256u << 10) /* a PUT this long goes as the
-                                          blocks themselves (contiguous
-                                          datatype: tcp sends it zero-copy),
-                                          a shorter one through the byte
-                                          datatype's pack (faster for
-                                          32 KiB: transports/ucx/README.md
-                                          "Zero-copy PUT sends") */
 #define KVU_AMP_BUCKETS   1024
 #define KVU_NOTICE_ID_MAX 512  /* bytes of a notice's transfer id */
 #define KVU_NOTICE_QMAX   4096 /* notices waiting for delivery (more are
@@ -666,14 +659,7 @@ static int kvu_am_issue(kvu_ep_t *ep, kvu_job_t *job, void *lbuf,
     prm.cb.send      = kvu_am_send_cb;
     prm.user_data    = amp;
     prm.flags        = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER;
-    if (job->is_put && len >= KVU_AM_ZCOPY_MIN) {
-        /* The origin's own blocks, contiguous: UCX may send them without
-         * a copy (tcp: sendmsg from the blocks). The blocks are read until
-         * the send completes, as the byte datatype's pack would read them;
-         * the op holds them until then. */
-        sp = ucp_am_send_nbx(ep->ep, KVU_AM_PUT, &amp->hdr, sizeof(amp->hdr),
-                             lbuf, len, &prm);
-    } else if (job->is_put) {
+    if (job->is_put) {
         prm.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
         prm.datatype      = ctx->am_dt;
         amp->dts.buf = lbuf;
