@@ -283,6 +283,34 @@ TEST_P(KvuAm, WriteRoleTakesPutsAndRefusesGets)
     EXPECT_TRUE(all_eq(pr.origin.buf.data(), 65536, 0));
 }
 
+// Puts of every length (one message, several, a whole 1 MiB in 64 or
+// 256 KiB messages) land byte-exact, and nothing beside the range changes.
+TEST_P(KvuAm, LongAndShortPutsLandByteExact)
+{
+    const size_t size = 1u << 20;
+    Pair         pr(GetParam(), KVT_ACCESS_WRITE, nullptr, nullptr, nullptr,
+                    size);
+
+    for (size_t i = 0; i < size; i++) {
+        pr.origin.buf[i] = (uint8_t)(i * 31 + (i >> 12));
+    }
+    struct {
+        uint64_t off, len;
+    } puts[] = {{4096, size - 8192}, {100, 300000}, {size - 70000, 65536},
+                {777, 1}};
+    for (auto p : puts) {
+        SCOPED_TRACE("put of " + std::to_string(p.len) + " at " +
+                     std::to_string(p.off));
+        std::fill(pr.target.buf.begin(), pr.target.buf.end(), 0x5a);
+        ASSERT_EQ(pr.post(1, pr.tbase(), p.off, p.len, 0), KVX_OK);
+        EXPECT_EQ(0, memcmp(pr.target.buf.data() + p.off,
+                            pr.origin.buf.data(), p.len));
+        EXPECT_TRUE(all_eq(pr.target.buf.data(), p.off, 0x5a));
+        EXPECT_TRUE(all_eq(pr.target.buf.data() + p.off + p.len,
+                           size - p.off - p.len, 0x5a));
+    }
+}
+
 // The engine's exposure (kvt_data_params_t.authorize): a request inside
 // registered memory is served only if the hook admits its range for the
 // tag the origin's op carried and the authenticator the origin's endpoint
@@ -1957,6 +1985,23 @@ TEST(KvuGuard, UcxTcpListenersAdmitOnlyTrustedHosts)
         memset(pr.origin.buf.data(), 0, pr.origin.buf.size());
         EXPECT_EQ(KVX_OK, pr.post(0, pr.tbase(), 16384, 4096));
         EXPECT_TRUE(all_eq(pr.origin.buf.data(), 4096, 0x5a));
+    }
+    kvu_guard_list_free(&before);
+    // UCX's default transports: tcp is a plane of its own beside the
+    // shared-memory context (which opens no listener); the plane's
+    // listeners are filtered the same way
+    ASSERT_EQ(0, kvu_guard_listeners(&before));
+    {
+        InboundScope trust({Net("127.0.0.1")});
+        Side         side("guard-split", "", KVT_ACCESS_DEFAULT, 0x5a);
+        ASSERT_NE(nullptr, side.ctx);
+        auto ls = NewLoopbackListeners(before);
+        EXPECT_GE(ls.size(), 1u);
+        for (auto &l : ls) {
+            SCOPED_TRACE(l.first + ":" + std::to_string(l.second));
+            EXPECT_TRUE(FilteredFrom("127.0.0.2", l.first.c_str(), l.second));
+            EXPECT_TRUE(ConnectsFrom("127.0.0.1", l.first.c_str(), l.second, 5000));
+        }
     }
     kvu_guard_list_free(&before);
 }

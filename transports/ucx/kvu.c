@@ -2757,6 +2757,21 @@ kvx_status_t kvu_addr_entries(const void *buf, size_t len,
     return KVX_OK;
 }
 
+/* kvu_worker_may_listen: may wk's UCX context open tcp listening sockets?
+ * The tcp plane's does; beside it (split) the other context has no tcp;
+ * an unsplit one has tcp unless its list names transports without it. */
+static int kvu_worker_may_listen(const kvu_ctx_t *ctx, const kvu_wk_t *wk)
+{
+    if (wk == &ctx->wkt) {
+        return 1;
+    }
+    if (ctx->split) {
+        return 0;
+    }
+    return ctx->tls[0] == '\0' || ctx->tls[0] == '^' ||
+           kvu_tls_lists(ctx->tls, "tcp") || kvu_tls_lists(ctx->tls, "all");
+}
+
 /* kvu_guard_worker: trusted_remote_hosts' filter on the listening sockets
  * the new worker wk opened (kvu_guard.h), under kvu_guard_lock with the
  * list before its creation. */
@@ -2779,7 +2794,8 @@ static kvx_status_t kvu_guard_worker(kvu_ctx_t *ctx, kvu_wk_t *wk,
     }
     status = kvu_guard_attach_new(before, wa.address, wa.address_length,
                                   ctx->params.inbound, ctx->params.n_inbound,
-                                  &rep, ctx->name);
+                                  kvu_worker_may_listen(ctx, wk), &rep,
+                                  ctx->name);
     ucp_worker_release_address(wk->worker, wa.address);
     if (status != KVX_OK) {
         return status;

@@ -499,7 +499,8 @@ static int kvu_guard_one(int fd, uint64_t ino, void *arg)
 kvx_status_t kvu_guard_attach_new(const kvu_guard_list_t *before,
                                   const void *addr, size_t addr_len,
                                   const kvt_net_t *nets, size_t n,
-                                  kvu_guard_report_t *rep, const char *name)
+                                  int may_listen, kvu_guard_report_t *rep,
+                                  const char *name)
 {
     kvu_guard_new_t a = {before, addr, addr_len, nets, n, rep->ports,
                          sizeof(rep->ports) / sizeof(rep->ports[0]),
@@ -517,7 +518,7 @@ kvx_status_t kvu_guard_attach_new(const kvu_guard_list_t *before,
     rep->found  = a.found;
     rep->others = a.others;
     rep->closed = a.closed;
-    if (a.found == 0 && a.others > 0) {
+    if (may_listen && a.found == 0 && a.others > 0) {
         /* Listening sockets appeared and none is this worker's as far as
          * its address tells: a UCX whose address format hides the port, or
          * another thread's; either way this worker's cannot be told. */

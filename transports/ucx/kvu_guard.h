@@ -84,13 +84,15 @@ typedef struct kvu_guard_report {
 
 /* kvu_guard_attach_new: the filter (and kvu_guard_sweep) on every listening
  * tcp socket not in before whose port, and address unless a wildcard, are
- * in the worker address addr (addr_len bytes). New listening sockets none
- * of which is the worker's are an error (KVX_ERR_TRANSPORT: the worker
- * would run unguarded). name is for errors. */
+ * in the worker address addr (addr_len bytes). When the worker may listen
+ * (its UCX context may use tcp), new listening sockets none of which is the
+ * worker's are an error (KVX_ERR_TRANSPORT: the worker would run
+ * unguarded). name is for errors. */
 kvx_status_t kvu_guard_attach_new(const kvu_guard_list_t *before,
                                   const void *addr, size_t addr_len,
                                   const kvt_net_t *nets, size_t n,
-                                  kvu_guard_report_t *rep, const char *name);
+                                  int may_listen, kvu_guard_report_t *rep,
+                                  const char *name);
 
 #ifdef __cplusplus
 }
