@@ -8,6 +8,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -44,7 +45,10 @@ static int kvu_guard_tcp(int fd, int want_listen, uint64_t *ino)
 
 /* kvu_guard_each: fn(fd, inode, arg) for every tcp socket of the process
  * that is listening (want_listen) or not; stops at a non-zero return. -1
- * (errno) when the list cannot be read. */
+ * (errno) when the list cannot be read. fn gets a duplicate of the
+ * process's descriptor, checked and closed here: what fn does (getsockname,
+ * setsockopt, accept, shutdown) goes to the socket that was checked, even
+ * if another thread closes the original number and it is reused. */
 static int kvu_guard_each(int want_listen,
                           int (*fn)(int fd, uint64_t ino, void *arg),
                           void *arg)
@@ -61,12 +65,20 @@ static int kvu_guard_each(int want_listen,
         char    *end;
         long     fd = strtol(e->d_name, &end, 10);
         uint64_t ino;
+        int      dup_fd, stop;
 
-        if (e->d_name[0] == '.' || *end != '\0' || fd < 0 || fd == dfd) {
+        if (e->d_name[0] == '.' || *end != '\0' || fd < 0 || fd > INT_MAX ||
+            fd == dfd) {
             continue;
         }
-        if (kvu_guard_tcp((int)fd, want_listen, &ino) &&
-            fn((int)fd, ino, arg)) {
+        dup_fd = fcntl((int)fd, F_DUPFD_CLOEXEC, 0);
+        if (dup_fd < 0) {
+            continue; /* closed meanwhile */
+        }
+        stop = kvu_guard_tcp(dup_fd, want_listen, &ino) &&
+               fn(dup_fd, ino, arg);
+        close(dup_fd);
+        if (stop) {
             break;
         }
     }
