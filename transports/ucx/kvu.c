@@ -2773,7 +2773,7 @@ static int kvu_worker_may_listen(const kvu_ctx_t *ctx, const kvu_wk_t *wk)
 }
 
 /* kvu_guard_worker: trusted_remote_hosts' filter on the listening sockets
- * the new worker wk opened (kvu_guard.h), under kvu_guard_lock with the
+ * the new worker wk opened (kvu_guard.h), under kvt_listen_lock with the
  * list before its creation. */
 static kvx_status_t kvu_guard_worker(kvu_ctx_t *ctx, kvu_wk_t *wk,
                                      const kvu_guard_list_t *before)
