@@ -5,7 +5,7 @@
  * Why: UCX's tcp transport copies the payload of a zero-copy put frame to
  * whatever address the frame names, on any connection, with no rkey check
  * (uct_tcp_ep_handle_put_req, 1.13.1 .. 1.22.0; transports/ucx/README.md
- * "Not closed"), and kvxfer cannot filter below UCT. What it can do is keep
+ * "Narrowed, not closed"), and kvxfer cannot filter below UCT. What it can do is keep
  * strangers from connecting at all: with trusted_remote_hosts set, every
  * tcp listening socket a kvxfer worker opens gets a classic BPF socket
  * filter (SO_ATTACH_FILTER) that drops segments from any other source, SYN
@@ -17,7 +17,8 @@
  * before and after ucp_worker_create, under kvt_listen_lock (every kvxfer
  * worker and nng listener is created under it), and a new one counts as
  * the worker's only if its port (network order) and, unless it is bound to
- * a wildcard, its address are in the worker's packed address. New
+ * a wildcard or loopback address, that address are in the worker's packed
+ * address. New
  * listeners none of which is the worker's fail the worker (it would run
  * unguarded). Connections completed before the filter went on are closed
  * (kvu_guard_sweep).
@@ -57,8 +58,10 @@ void kvu_guard_list_free(kvu_guard_list_t *l);
 size_t kvu_guard_prog(const kvt_net_t *nets, size_t n, struct sock_filter *prog,
                       size_t max);
 
-/* kvu_guard_attach_fd: that filter on socket fd (KVX_ERR_INTERNAL naming
- * the socket and errno when the kernel refuses it). */
+/* kvu_guard_attach_fd: that filter on socket fd (KVX_ERR_CONFIG naming
+ * trusted_remote_hosts when the program is too long for the kernel or for
+ * net.core.optmem_max, KVX_ERR_INTERNAL naming the socket and errno when
+ * the kernel refuses it otherwise). */
 kvx_status_t kvu_guard_attach_fd(int fd, const kvt_net_t *nets, size_t n);
 
 /* kvu_guard_admits: is the address sa (AF_INET, AF_INET6; an IPv4-mapped
