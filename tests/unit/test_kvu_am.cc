@@ -1609,13 +1609,31 @@ kvt_net_t Net(const char *cidr)
     return n;
 }
 
+// SockAddr: ip (IPv4 or IPv6 literal) and port into ss; its length.
+socklen_t SockAddr(const char *ip, uint16_t port, sockaddr_storage *ss)
+{
+    *ss = sockaddr_storage{};
+    if (strchr(ip, ':') != nullptr) {
+        auto *a = reinterpret_cast<sockaddr_in6 *>(ss);
+        a->sin6_family = AF_INET6;
+        a->sin6_port   = htons(port);
+        EXPECT_EQ(1, inet_pton(AF_INET6, ip, &a->sin6_addr)) << ip;
+        return sizeof(*a);
+    }
+    auto *a = reinterpret_cast<sockaddr_in *>(ss);
+    a->sin_family = AF_INET;
+    a->sin_port   = htons(port);
+    EXPECT_EQ(1, inet_pton(AF_INET, ip, &a->sin_addr)) << ip;
+    return sizeof(*a);
+}
+
 // A tcp listener of our own on addr (port chosen by the kernel); -1 when
 // the address family is not available here.
 int Listen(const char *addr, uint16_t *port, bool v6only = true)
 {
-    sockaddr_storage ss{};
-    socklen_t        sl;
-    int              fam = strchr(addr, ':') ? AF_INET6 : AF_INET;
+    sockaddr_storage ss;
+    socklen_t        sl  = SockAddr(addr, 0, &ss);
+    int              fam = ss.ss_family;
     int              fd  = socket(fam, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) {
         return -1;
@@ -1623,15 +1641,6 @@ int Listen(const char *addr, uint16_t *port, bool v6only = true)
     if (fam == AF_INET6) {
         int v = v6only ? 1 : 0;
         setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &v, sizeof(v));
-        auto *a = reinterpret_cast<sockaddr_in6 *>(&ss);
-        a->sin6_family = AF_INET6;
-        inet_pton(AF_INET6, addr, &a->sin6_addr);
-        sl = sizeof(*a);
-    } else {
-        auto *a = reinterpret_cast<sockaddr_in *>(&ss);
-        a->sin_family = AF_INET;
-        inet_pton(AF_INET, addr, &a->sin_addr);
-        sl = sizeof(*a);
     }
     if (bind(fd, reinterpret_cast<sockaddr *>(&ss), sl) != 0 ||
         listen(fd, 64) != 0 ||
@@ -1655,30 +1664,13 @@ enum class Conn { kConnected, kPending, kFailed };
 Conn ConnectFrom(const char *src, const char *dst, uint16_t port, int wait_ms,
                  int *fd_out = nullptr)
 {
-    int              fam = strchr(dst, ':') ? AF_INET6 : AF_INET;
-    sockaddr_storage s{}, d{};
-    socklen_t        sl;
-    int              fd = socket(fam, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    sockaddr_storage s, d;
+    socklen_t        sl = SockAddr(src, 0, &s);
+    SockAddr(dst, port, &d);
+    int fd = socket(d.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) {
         ADD_FAILURE() << "socket: " << strerror(errno);
         return Conn::kFailed;
-    }
-    if (fam == AF_INET6) {
-        auto *a = reinterpret_cast<sockaddr_in6 *>(&s);
-        auto *b = reinterpret_cast<sockaddr_in6 *>(&d);
-        a->sin6_family = b->sin6_family = AF_INET6;
-        inet_pton(AF_INET6, src, &a->sin6_addr);
-        inet_pton(AF_INET6, dst, &b->sin6_addr);
-        b->sin6_port = htons(port);
-        sl = sizeof(*a);
-    } else {
-        auto *a = reinterpret_cast<sockaddr_in *>(&s);
-        auto *b = reinterpret_cast<sockaddr_in *>(&d);
-        a->sin_family = b->sin_family = AF_INET;
-        inet_pton(AF_INET, src, &a->sin_addr);
-        inet_pton(AF_INET, dst, &b->sin_addr);
-        b->sin_port = htons(port);
-        sl = sizeof(*a);
     }
     Conn c = Conn::kFailed;
     if (bind(fd, reinterpret_cast<sockaddr *>(&s), sl) != 0) {
