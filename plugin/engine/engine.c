@@ -272,16 +272,10 @@ kvx_status_t kvx_engine_create(const kvt_env_t *env, const char *json,
     up.name               = eng->engine_id;
     if (eng->trust.set) {
         /* The data plane's listening sockets (UCX's tcp interfaces)
-         * admit the same senders as the control plane. */
+         * admit the same senders as the control plane (ctx_create checks
+         * how many networks it takes). */
         size_t nn = kvc_trust_nets(&eng->trust, NULL, 0);
 
-        if (nn > KVT_INBOUND_MAX) {
-            st = kvc_error(KVX_ERR_CONFIG, "trusted_remote_hosts: %zu "
-                           "address entries: at most %d (the kernel filter "
-                           "of the data plane's listening sockets)", nn,
-                           KVT_INBOUND_MAX);
-            goto err_idset;
-        }
         nets = calloc(nn ? nn : 1, sizeof(*nets));
         if (nets == NULL) {
             st = kvc_error(KVX_ERR_NO_MEMORY, "trusted_remote_hosts: out "
