@@ -317,7 +317,9 @@ static size_t sp_frame(uint8_t *buf, uint32_t id, const char *body)
 }
 
 /* stall_once: one raw SP connection that sends n handshake requests and
- * never reads a reply; 0 when the engine dropped it within hold_s. */
+ * never reads a reply; 0 when the engine dropped it within hold_s, 2 when
+ * the connection closed before the SP header exchange (an engine shutting
+ * down closes its listener's queued connections), 1 otherwise. */
 static int stall_once(const char *host, int port, int n, double hold_s)
 {
     static const uint8_t hdr[8] = {0, 'S', 'P', 0, 0, 0x30, 0, 0};
@@ -341,7 +343,7 @@ static int stall_once(const char *host, int port, int n, double hold_s)
     if (write(fd, hdr, 8) != 8 || read(fd, peer, 8) != 8) {
         printf("stall: SP header exchange failed\n");
         close(fd);
-        return 1;
+        return 2;
     }
     /* From here on nothing is read: the replies pile up in the engine. */
     for (i = 0; i < n && now_s() < end; i++) {
@@ -369,9 +371,28 @@ static int stall_once(const char *host, int port, int n, double hold_s)
     return 1;
 }
 
+/* listener_gone: 1 when connecting to host:port is refused within 10 s. */
+static int listener_gone(const char *host, int port)
+{
+    double end = now_s() + 10.0;
+
+    while (now_s() < end) {
+        int fd = tcp_connect(host, port);
+
+        if (fd < 0) {
+            return 1;
+        }
+        close(fd);
+        poll(NULL, 0, 50); /* polls the condition; bounded by end */
+    }
+    return 0;
+}
+
 /* cmd_stall: stalled connections one after another for SECS seconds (so
  * one is always parked while the legitimate transfer runs); each must be
- * dropped within 5 s. */
+ * dropped within 5 s. The engine's process may finish meanwhile (D released
+ * it): a connection it refuses, or one it closes unanswered while its
+ * listener goes away, ends the attack after at least one drop. */
 static int cmd_stall(char **a)
 {
     double end   = now_s() + atof(a[3]);
@@ -386,7 +407,13 @@ static int cmd_stall(char **a)
         if (fd >= 0) {
             close(fd);
         }
-        if (stall_once(a[0], atoi(a[1]), atoi(a[2]), 5.0) != 0) {
+        int rc = stall_once(a[0], atoi(a[1]), atoi(a[2]), 5.0);
+
+        if (rc == 2 && drops > 0 && listener_gone(a[0], atoi(a[1]))) {
+            printf("stall: the engine closed its listener\n");
+            break;
+        }
+        if (rc != 0) {
             return 1;
         }
         drops++;
