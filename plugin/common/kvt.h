@@ -397,7 +397,9 @@ typedef struct kvt_ctl_ops {
     void         (*client_close)(kvt_client_t *cli);
     /* client_watch (NULL if the transport cannot tell): fn(arg, up) runs
      * on a control-plane thread each time the client's connection comes up
-     * (1) or is lost (0), never after client_close began; fn must not
+     * (1) or is lost (0), never after client_close began; first, inside
+     * client_watch, for what happened since the client was opened (up; a
+     * reconnect as lost and up; lost when none is up now). fn must not
      * block nor call back into the transport. */
     void         (*client_watch)(kvt_client_t *cli, kvt_conn_fn fn,
                                  void *arg);

@@ -1479,6 +1479,103 @@ TEST(CtlClient, DeadlineExpiresWithTimeoutStatus)
     kvn_client_close(cli);
 }
 
+namespace {
+
+// Connection events of kvn_client_watch, in order.
+struct Watch {
+    std::mutex              m;
+    std::condition_variable cv;
+    std::vector<int>        ev;
+
+    std::vector<int> Seen()
+    {
+        std::lock_guard<std::mutex> lk(m);
+        return ev;
+    }
+    bool WaitN(size_t n, int ms)
+    {
+        std::unique_lock<std::mutex> lk(m);
+        return cv.wait_for(lk, std::chrono::milliseconds(ms),
+                           [&] { return ev.size() >= n; });
+    }
+};
+
+void WatchCb(void *arg, int up)
+{
+    Watch                      *w = static_cast<Watch *>(arg);
+    std::lock_guard<std::mutex> lk(w->m);
+    w->ev.push_back(up);
+    w->cv.notify_all();
+}
+
+// AnsweredWithin: one request at a time until one is answered (a request
+// may go to a connection that is closing), at most ms in all.
+bool AnsweredWithin(kvn_client_t *cli, const std::string &msg, int ms)
+{
+    auto t0 = Clock::now();
+    while (SecondsSince(t0) * 1e3 < ms) {
+        Replies r;
+        if (Post(cli, &r, msg, 500) == KVX_OK && r.WaitN(1, 2000) &&
+            r.v[0].st == KVX_OK) {
+            return true;
+        }
+    }
+    return false;
+}
+
+} // namespace
+
+// The engine watches a peer's control connection to notice a restart: a
+// reconnect makes it ask the peer for its instance (heartbeat). The dial
+// is non-blocking, so the connection can come up before the watch is
+// registered; the watch must still learn of it, or the reconnect to a
+// restarted peer looks like a first connection and nothing asks (a WRITE
+// D then waited for its deadline, fault campaign restart_p).
+TEST(CtlClient, WatchLearnsOfConnectionsThatCameUpBeforeIt)
+{
+    Gate          gate;
+    kvn_server_t *srv  = nullptr;
+    uint16_t      port = PortBase(1);
+    kvn_client_t *twice = nullptr;
+    Watch         w_twice, w_fresh;
+
+    ASSERT_EQ(KVX_OK, kvn_server_create("127.0.0.1", port, 4, 1 << 20,
+                                        GateHandler, &gate, &srv))
+        << kvc_last_error();
+    ASSERT_EQ(KVX_OK, kvn_client_open_async("127.0.0.1", port, 2, &twice));
+    ASSERT_TRUE(AnsweredWithin(twice, "x", 10000));
+
+    // The server restarts on its port: `twice` reconnects before it is
+    // watched.
+    kvn_server_destroy(srv);
+    srv = nullptr;
+    ASSERT_EQ(KVX_OK, kvn_server_create("127.0.0.1", port, 4, 1 << 20,
+                                        GateHandler, &gate, &srv))
+        << kvc_last_error();
+    ASSERT_TRUE(AnsweredWithin(twice, "y", 10000));
+
+    kvn_client_watch(twice, WatchCb, &w_twice);
+    EXPECT_EQ((std::vector<int>{1, 0, 1}), w_twice.Seen())
+        << "a connection, lost, and up again before the watch";
+
+    // A client connected once and watched afterwards: up, nothing else.
+    kvn_client_t *fresh = nullptr;
+    ASSERT_EQ(KVX_OK, kvn_client_open_async("127.0.0.1", port, 2, &fresh));
+    ASSERT_TRUE(AnsweredWithin(fresh, "z", 10000));
+    kvn_client_watch(fresh, WatchCb, &w_fresh);
+    EXPECT_EQ((std::vector<int>{1}), w_fresh.Seen());
+
+    // Events after the watch still arrive: the server goes away.
+    kvn_server_destroy(srv);
+    srv = nullptr;
+    EXPECT_TRUE(w_fresh.WaitN(2, 10000));
+    EXPECT_EQ((std::vector<int>{1, 0}), w_fresh.Seen());
+    EXPECT_TRUE(w_twice.WaitN(4, 10000));
+    EXPECT_EQ(0, w_twice.Seen().back());
+    kvn_client_close(fresh);
+    kvn_client_close(twice);
+}
+
 TEST(CtlClient, CloseCompletesPendingRequestsOnceAsCanceled)
 {
     // A plain TCP listener that never speaks SP: the requests stay pending

@@ -90,7 +90,9 @@ int          kvn_client_idle_contexts(kvn_client_t *cli);
  * before it returns; never call it from a kvn_reply_fn. */
 void         kvn_client_close(kvn_client_t *cli);
 /* kvn_client_watch: fn(arg, up) on an nng thread when a connection of cli
- * comes up or is lost (kvt_ctl_ops_t.client_watch). */
+ * comes up or is lost (kvt_ctl_ops_t.client_watch); first, in the calling
+ * thread, what happened since the dial started (a connection up, a
+ * reconnect, none up now). */
 void         kvn_client_watch(kvn_client_t *cli, kvt_conn_fn fn, void *arg);
 const char  *kvn_client_url(const kvn_client_t *cli);
 
