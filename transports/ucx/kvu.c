@@ -91,6 +91,16 @@
 #define KVU_AM_FIFO_LEN   (64u << 10)  /* over a shared-memory FIFO (its
                                           gets cap, KVU_FIFO_MAX_GETS, is
                                           sized for it) */
+/* Bytes of AM gets unanswered at once over a shared-memory FIFO. Each
+ * answer lands in this side's receive FIFO (UCX's default 64 elements of
+ * 8 KiB): a 64 KiB answer takes 9 elements, so 16 gets in flight need
+ * 144. Once the FIFO is full the target's answers wait in UCX's pending
+ * queue, and UCX's sender learns of freed elements only when it runs a
+ * progress pass again, which a target gone to sleep does at its next
+ * event: READ of 1 MiB runs collapsed to 1.4-2.3 GB/s in about a third of
+ * the runs (5.0-7.5 GB/s with this budget: 5 answers, 45 elements;
+ * transports/ucx/README.md, "The answers' budget"). */
+#define KVU_FIFO_GET_BYTES (5u * KVU_AM_FIFO_LEN)
 #define KVU_TCP_SEG       "272k" /* a whole message, headers included */
 #define KVU_AMP_BUCKETS   1024
 #define KVU_NOTICE_ID_MAX 512  /* bytes of a notice's transfer id */
@@ -267,7 +277,8 @@ struct kvu_ep {
                                     runs of KVU_CMA_MIN_RUN and more go
                                     cma, shorter ones kvxfer's AMs */
     int           am_fifo;       /* AM lane is a shared-memory FIFO: gets
-                                    capped at KVU_FIFO_MAX_GETS */
+                                    capped at KVU_FIFO_MAX_GETS and
+                                    KVU_FIFO_GET_BYTES */
     int           am_rma;        /* gets/puts over kvxfer AMs (emulated) */
     int           am_only;       /* this or the peer's end is a tcp plane
                                     (no UCX RMA at all): kvxfer AMs only */
@@ -275,6 +286,8 @@ struct kvu_ep {
                                     segments (KVU_ADDR_BIG_RX) */
     uint64_t      am_put_max;    /* bytes per AM put: the peer's */
     uint64_t      am_npending;   /* AM gets/puts not answered yet */
+    uint64_t      am_get_bytes;  /* bytes of those that are gets (over a
+                                    FIFO capped at KVU_FIFO_GET_BYTES) */
     uint64_t      session;       /* carried by every AM request */
     kvu_ep_err_fn err_cb;
     void         *err_arg;
@@ -549,6 +562,9 @@ static void kvu_amp_answer(kvu_amp_t *amp, kvx_status_t status)
     amp->answered = 1;
     ep->am_npending--;
     ep->inflight -= amp->len;
+    if (!amp->is_put) {
+        ep->am_get_bytes -= amp->len;
+    }
     if (status != KVX_OK) {
         kvu_op_set_error(amp->op, status);
     }
@@ -650,6 +666,9 @@ static int kvu_am_issue(kvu_ep_t *ep, kvu_job_t *job, void *lbuf,
     *pp              = amp;
     ep->am_npending++;
     ep->inflight += len;
+    if (!job->is_put) {
+        ep->am_get_bytes += len;
+    }
     atomic_fetch_add(&job->op->remaining, 1);
 
     memset(&prm, 0, sizeof(prm));
@@ -1494,6 +1513,10 @@ static void kvu_ep_drain(kvu_ep_t *ep)
                 }
                 if (len > max) {
                     len = max;
+                }
+                if (ep->am_fifo && !job->is_put && ep->am_get_bytes > 0 &&
+                    ep->am_get_bytes + len > KVU_FIFO_GET_BYTES) {
+                    return;
                 }
             }
             if (len > 0 && kvu_issue(ep, job, route, len) != 0) {
