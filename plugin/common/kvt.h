@@ -399,8 +399,9 @@ typedef struct kvt_ctl_ops {
      * on a control-plane thread each time the client's connection comes up
      * (1) or is lost (0), never after client_close began; first, inside
      * client_watch, for what happened since the client was opened (up; a
-     * reconnect as lost and up; lost when none is up now). fn must not
-     * block nor call back into the transport. */
+     * reconnect as lost and up; lost when none is up now), with the
+     * caller's locks held: fn must take none of them, must not block nor
+     * call back into the transport. Once per client. */
     void         (*client_watch)(kvt_client_t *cli, kvt_conn_fn fn,
                                  void *arg);
 } kvt_ctl_ops_t;

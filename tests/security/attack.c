@@ -62,6 +62,7 @@
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
+#include <errno.h>
 #include <json-c/json.h>
 #include <netinet/in.h>
 #include <nng/nng.h>
@@ -100,9 +101,12 @@ static int tcp_connect(const char *host, int port)
     sa.sin_port   = htons((uint16_t)port);
     if (fd < 0 || inet_pton(AF_INET, host, &sa.sin_addr) != 1 ||
         connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
+        int err = errno;
+
         if (fd >= 0) {
             close(fd);
         }
+        errno = err; /* the caller tells a refusal from other failures */
         return -1;
     }
     return fd;
@@ -318,8 +322,10 @@ static size_t sp_frame(uint8_t *buf, uint32_t id, const char *body)
 
 /* stall_once: one raw SP connection that sends n handshake requests and
  * never reads a reply; 0 when the engine dropped it within hold_s, 2 when
- * the connection closed before the SP header exchange (an engine shutting
- * down closes its listener's queued connections), 1 otherwise. */
+ * the connection was closed or reset before the engine's SP header came (an
+ * engine shutting down resets its listener's queued connections), 1
+ * otherwise (no header within hold_s is a stalled accept path: a
+ * failure). */
 static int stall_once(const char *host, int port, int n, double hold_s)
 {
     static const uint8_t hdr[8] = {0, 'S', 'P', 0, 0, 0x30, 0, 0};
@@ -329,6 +335,7 @@ static int stall_once(const char *host, int port, int n, double hold_s)
     double               end    = t0 + hold_s;
     uint8_t              peer[8], msg[256];
     int                  rcvbuf = 4096, i;
+    ssize_t              got    = -1;
     double               tw;
     struct timeval       tv     = {.tv_sec = (time_t)hold_s};
     struct pollfd        pfd;
@@ -340,10 +347,13 @@ static int stall_once(const char *host, int port, int n, double hold_s)
     setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf));
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    if (write(fd, hdr, 8) != 8 || read(fd, peer, 8) != 8) {
-        printf("stall: SP header exchange failed\n");
+    if (write(fd, hdr, 8) != 8 || (got = read(fd, peer, 8)) != 8) {
+        int closed = got == 0 || errno == ECONNRESET || errno == EPIPE;
+
+        printf("stall: SP header exchange failed (%s)\n",
+               got == 0 ? "closed" : got > 0 ? "short read" : strerror(errno));
         close(fd);
-        return 2;
+        return closed && got <= 0 ? 2 : 1;
     }
     /* From here on nothing is read: the replies pile up in the engine. */
     for (i = 0; i < n && now_s() < end; i++) {
@@ -380,7 +390,7 @@ static int listener_gone(const char *host, int port)
         int fd = tcp_connect(host, port);
 
         if (fd < 0) {
-            return 1;
+            return errno == ECONNREFUSED;
         }
         close(fd);
         poll(NULL, 0, 50); /* polls the condition; bounded by end */

@@ -19,6 +19,7 @@
 #include <time.h>
 
 #define KVN_MAX_CTX 16
+#define KVN_PIPE_IDS 8 /* connections a client tracks (a dialer has one) */
 
 /* A reply that cannot be handed to its connection within this time is
  * dropped and that connection closed: a peer that sends requests and never
@@ -91,7 +92,10 @@ struct kvn_client {
     kvt_conn_fn     watch_fn;   /* connection up/lost, or NULL */
     void           *watch_arg;
     unsigned        ups;        /* connections that came up, ever */
-    unsigned        pipes;      /* connections up now */
+    unsigned        pipes;      /* connections up now: up_ids */
+    uint32_t        up_ids[KVN_PIPE_IDS];
+    unsigned        ngone;      /* removed before their ADD_POST ran */
+    uint32_t        gone_ids[KVN_PIPE_IDS];
     nng_dialer      dialer;
     int             dialing;
 };
@@ -939,20 +943,50 @@ void kvn_client_close(kvn_client_t *cli)
 }
 
 /* kvn_pipe_cb: a connection of the client came up or went away. */
+/* kvn_id_take removes id from ids[0..*n); 1 when it was there. */
+static int kvn_id_take(uint32_t *ids, unsigned *n, uint32_t id)
+{
+    for (unsigned i = 0; i < *n; i++) {
+        if (ids[i] == id) {
+            ids[i] = ids[--*n];
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* kvn_pipe_cb: a connection of the client came up or went away. nng may
+ * run a pipe's REM_POST before its ADD_POST (the reaper does not wait for
+ * the dialer's reference); such a pipe was never up for the owner: both
+ * events are dropped. */
 static void kvn_pipe_cb(nng_pipe pipe, nng_pipe_ev ev, void *arg)
 {
     kvn_client_t *cli = arg;
     int           up  = ev == NNG_PIPE_EV_ADD_POST;
+    uint32_t      id  = (uint32_t)nng_pipe_id(pipe);
+    int           tell;
 
-    (void)pipe;
     pthread_mutex_lock(&cli->wlock);
     if (up) {
-        cli->ups++;
-        cli->pipes++;
-    } else if (cli->pipes > 0) {
-        cli->pipes--;
+        tell = !kvn_id_take(cli->gone_ids, &cli->ngone, id);
+        if (tell) {
+            cli->ups++;
+            if (cli->pipes < KVN_PIPE_IDS) {
+                cli->up_ids[cli->pipes++] = id;
+            }
+        }
+    } else {
+        tell = kvn_id_take(cli->up_ids, &cli->pipes, id);
+        if (!tell) {
+            if (cli->ngone == KVN_PIPE_IDS) { /* forget the oldest */
+                memmove(cli->gone_ids, cli->gone_ids + 1,
+                        (KVN_PIPE_IDS - 1) * sizeof(cli->gone_ids[0]));
+                cli->ngone--;
+            }
+            cli->gone_ids[cli->ngone++] = id;
+        }
     }
-    if (cli->watch_fn != NULL) {
+    if (tell && cli->watch_fn != NULL) {
         cli->watch_fn(cli->watch_arg, up);
     }
     pthread_mutex_unlock(&cli->wlock);

@@ -97,8 +97,8 @@
  * 144. Once the FIFO is full the target's answers wait in UCX's pending
  * queue, and UCX's sender learns of freed elements only when it runs a
  * progress pass again, which a target gone to sleep does at its next
- * event: READ of 1 MiB runs collapsed to 1.4-2.3 GB/s in about a third of
- * the runs (5.0-7.5 GB/s with this budget: 5 answers, 45 elements;
+ * event: READ of 1 MiB runs fell to 1.6-2.1 GB/s in 6 of 9 runs on UCX
+ * 1.13 (3.6-7.3 GB/s with this budget: 5 answers, 45 elements;
  * transports/ucx/README.md, "The answers' budget"). */
 #define KVU_FIFO_GET_BYTES (5u * KVU_AM_FIFO_LEN)
 #define KVU_TCP_SEG       "272k" /* a whole message, headers included */
