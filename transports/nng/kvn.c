@@ -88,7 +88,7 @@ struct kvn_client {
     int             nctx;
     kvn_cctx_t     *ctxs;       /* nctx, asynchronous requests */
     pthread_mutex_t lock;       /* busy flags */
-    pthread_mutex_t wlock;      /* watch_fn, watch_arg, ups, pipes */
+    pthread_mutex_t wlock;      /* watch_fn, watch_arg and the counts */
     kvt_conn_fn     watch_fn;   /* connection up/lost, or NULL */
     void           *watch_arg;
     unsigned        ups;        /* connections that came up, ever */
@@ -942,7 +942,6 @@ void kvn_client_close(kvn_client_t *cli)
     free(cli);
 }
 
-/* kvn_pipe_cb: a connection of the client came up or went away. */
 /* kvn_id_take removes id from ids[0..*n); 1 when it was there. */
 static int kvn_id_take(uint32_t *ids, unsigned *n, uint32_t id)
 {
@@ -958,7 +957,8 @@ static int kvn_id_take(uint32_t *ids, unsigned *n, uint32_t id)
 /* kvn_pipe_cb: a connection of the client came up or went away. nng may
  * run a pipe's REM_POST before its ADD_POST (the reaper does not wait for
  * the dialer's reference); such a pipe was never up for the owner: both
- * events are dropped. */
+ * events are dropped. A reconnect's new pipe can also come up before the
+ * old one's REM_POST ran: lost is told only when no pipe is left up. */
 static void kvn_pipe_cb(nng_pipe pipe, nng_pipe_ev ev, void *arg)
 {
     kvn_client_t *cli = arg;
@@ -977,7 +977,9 @@ static void kvn_pipe_cb(nng_pipe pipe, nng_pipe_ev ev, void *arg)
         }
     } else {
         tell = kvn_id_take(cli->up_ids, &cli->pipes, id);
-        if (!tell) {
+        if (tell && cli->pipes > 0) {
+            tell = 0; /* another connection is up */
+        } else if (!tell) {
             if (cli->ngone == KVN_PIPE_IDS) { /* forget the oldest */
                 memmove(cli->gone_ids, cli->gone_ids + 1,
                         (KVN_PIPE_IDS - 1) * sizeof(cli->gone_ids[0]));
