@@ -19,7 +19,6 @@
 #include <time.h>
 
 #define KVN_MAX_CTX 16
-#define KVN_PIPE_IDS 8 /* connections a client tracks (a dialer has one) */
 
 /* A reply that cannot be handed to its connection within this time is
  * dropped and that connection closed: a peer that sends requests and never
@@ -92,10 +91,8 @@ struct kvn_client {
     kvt_conn_fn     watch_fn;   /* connection up/lost, or NULL */
     void           *watch_arg;
     unsigned        ups;        /* connections that came up, ever */
-    unsigned        pipes;      /* connections up now: up_ids */
-    uint32_t        up_ids[KVN_PIPE_IDS];
-    unsigned        ngone;      /* removed before their ADD_POST ran */
-    uint32_t        gone_ids[KVN_PIPE_IDS];
+    uint32_t        up_id;      /* the pipe up now, or 0 */
+    uint32_t        gone_id;    /* a pipe whose REM_POST came first, or 0 */
     nng_dialer      dialer;
     int             dialing;
 };
@@ -905,6 +902,11 @@ void kvn_client_close(kvn_client_t *cli)
     if (cli == NULL) {
         return;
     }
+    /* No watch callback reaches the owner from here on; nng_close returns
+     * only after the pipes' callbacks ran, so cli outlives them. */
+    pthread_mutex_lock(&cli->wlock);
+    cli->watch_fn = NULL;
+    pthread_mutex_unlock(&cli->wlock);
     /* Stop every context's aio before the socket closes: a pending
      * operation completes canceled (its callback reports
      * KVX_ERR_CANCELED), a running callback is waited for, and one that
@@ -919,11 +921,6 @@ void kvn_client_close(kvn_client_t *cli)
     if (cli->dialing) {
         kvn_refuse_reads(NULL, &cli->dialer);
     }
-    /* No watch callback reaches the owner from here on; nng_close returns
-     * only after the pipes' callbacks ran, so cli outlives them. */
-    pthread_mutex_lock(&cli->wlock);
-    cli->watch_fn = NULL;
-    pthread_mutex_unlock(&cli->wlock);
     nng_close(cli->sock);
     for (int i = 0; i < cli->nctx; i++) {
         nng_aio_free(cli->ctxs[i].aio);
@@ -942,54 +939,42 @@ void kvn_client_close(kvn_client_t *cli)
     free(cli);
 }
 
-/* kvn_id_take removes id from ids[0..*n); 1 when it was there. */
-static int kvn_id_take(uint32_t *ids, unsigned *n, uint32_t id)
-{
-    for (unsigned i = 0; i < *n; i++) {
-        if (ids[i] == id) {
-            ids[i] = ids[--*n];
-            return 1;
-        }
-    }
-    return 0;
-}
-
-/* kvn_pipe_cb: a connection of the client came up or went away. nng may
- * run a pipe's REM_POST before its ADD_POST (the reaper does not wait for
- * the dialer's reference); such a pipe was never up for the owner: both
- * events are dropped. A reconnect's new pipe can also come up before the
- * old one's REM_POST ran: lost is told only when no pipe is left up. */
+/* kvn_pipe_cb: a connection of the client came up or went away. A client
+ * has one dialer, and nng starts the next dial only once the last pipe is
+ * gone (its REM_POST ran and its ADD_POST, if any, returned): one pipe at a
+ * time. But a pipe's REM_POST (nng's reaper) can run before its ADD_POST
+ * (the dialer's thread): that pipe still came up and went, and is told so
+ * at its ADD_POST (up, then lost), so the next one counts as a reconnect
+ * and a dead peer's lost connection is reported. */
 static void kvn_pipe_cb(nng_pipe pipe, nng_pipe_ev ev, void *arg)
 {
-    kvn_client_t *cli = arg;
-    int           up  = ev == NNG_PIPE_EV_ADD_POST;
-    uint32_t      id  = (uint32_t)nng_pipe_id(pipe);
-    int           tell;
+    kvn_client_t *cli  = arg;
+    uint32_t      id   = (uint32_t)nng_pipe_id(pipe);
+    int           up   = 0, lost = 0;
 
     pthread_mutex_lock(&cli->wlock);
-    if (up) {
-        tell = !kvn_id_take(cli->gone_ids, &cli->ngone, id);
-        if (tell) {
-            cli->ups++;
-            if (cli->pipes < KVN_PIPE_IDS) {
-                cli->up_ids[cli->pipes++] = id;
-            }
+    if (ev == NNG_PIPE_EV_ADD_POST) {
+        up = 1;
+        cli->ups++;
+        if (id == cli->gone_id) {
+            lost = 1; /* it went before this ran */
+        } else {
+            cli->up_id = id;
         }
+        cli->gone_id = 0; /* stale entries of pipes never added, too */
+    } else if (id == cli->up_id) {
+        cli->up_id = 0;
+        lost       = 1;
     } else {
-        tell = kvn_id_take(cli->up_ids, &cli->pipes, id);
-        if (tell && cli->pipes > 0) {
-            tell = 0; /* another connection is up */
-        } else if (!tell) {
-            if (cli->ngone == KVN_PIPE_IDS) { /* forget the oldest */
-                memmove(cli->gone_ids, cli->gone_ids + 1,
-                        (KVN_PIPE_IDS - 1) * sizeof(cli->gone_ids[0]));
-                cli->ngone--;
-            }
-            cli->gone_ids[cli->ngone++] = id;
-        }
+        cli->gone_id = id; /* its ADD_POST (if any) is still to run */
     }
-    if (tell && cli->watch_fn != NULL) {
-        cli->watch_fn(cli->watch_arg, up);
+    if (cli->watch_fn != NULL) {
+        if (up) {
+            cli->watch_fn(cli->watch_arg, 1);
+        }
+        if (lost) {
+            cli->watch_fn(cli->watch_arg, 0);
+        }
     }
     pthread_mutex_unlock(&cli->wlock);
 }
@@ -1014,7 +999,7 @@ void kvn_client_watch(kvn_client_t *cli, kvt_conn_fn fn, void *arg)
             fn(arg, 0);
             fn(arg, 1);
         }
-        if (cli->pipes == 0) {
+        if (cli->up_id == 0) {
             fn(arg, 0);
         }
     }
