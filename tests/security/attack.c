@@ -348,12 +348,13 @@ static int stall_once(const char *host, int port, int n, double hold_s)
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     if (write(fd, hdr, 8) != 8 || (got = read(fd, peer, 8)) != 8) {
-        int closed = got == 0 || errno == ECONNRESET || errno == EPIPE;
+        int closed = got == 0 ||
+                     (got < 0 && (errno == ECONNRESET || errno == EPIPE));
 
         printf("stall: SP header exchange failed (%s)\n",
                got == 0 ? "closed" : got > 0 ? "short read" : strerror(errno));
         close(fd);
-        return closed && got <= 0 ? 2 : 1;
+        return closed ? 2 : 1;
     }
     /* From here on nothing is read: the replies pile up in the engine. */
     for (i = 0; i < n && now_s() < end; i++) {
