@@ -689,7 +689,7 @@ static int cmd_rma(char **a)
     ucp_context_h       ucp;
     ucp_worker_h        wk;
     uint8_t            *addr, *rkey;
-    size_t              alen, rlen, off = 8;
+    size_t              alen, rlen, off = 24;
     uint32_t            magic;
     uint16_t            n;
     uint64_t            base;
@@ -704,7 +704,7 @@ static int cmd_rma(char **a)
         !json_object_object_get_ex(layer, "rkey", &v) ||
         !json_object_is_type(v, json_type_string) ||
         (rkey = b64_decode(json_object_get_string(v), &rlen)) == NULL ||
-        !json_object_object_get_ex(layer, "base", &v) || alen < 8) {
+        !json_object_object_get_ex(layer, "base", &v) || alen < 24) {
         printf("rma: no worker address, layer 0 rkey and base in %s\n", a[0]);
         return 2;
     }
@@ -744,7 +744,7 @@ static int cmd_rma(char **a)
     return served ? 1 : 0;
 }
 
-/* --- kvxfer's data-plane wire format (protocol 9), as a peer sees it ---
+/* --- kvxfer's data-plane wire format (protocol 10), as a peer sees it ---
  * An AM put: id 0x4b3, this header, then the bytes; the target answers on
  * the reply endpoint with id 0x4b4 and the header, status set. A READ
  * release notice: id 0x4b6 (cmd_notice). A control message: id 0x4b7,
@@ -752,7 +752,7 @@ static int cmd_rma(char **a)
 #define AM_PUT    0x4b3
 #define AM_PUTACK 0x4b4
 #define AM_MAGIC  0x4d41564bu
-#define AM_PROTO  9
+#define AM_PROTO  10
 #define ST_WRONG_PEER  (-20) /* KVX_ERR_UNTRUSTED_PEER */
 #define ST_OOB         (-42) /* KVX_ERR_OUT_OF_BOUNDS */
 #define ST_NOT_EXPOSED (-46) /* KVX_ERR_NOT_EXPOSED */
@@ -847,7 +847,7 @@ static int cmd_amput(char **a)
     ucp_context_h       ucp;
     ucp_worker_h        wk;
     uint8_t            *addr, *rkey, junk[16];
-    size_t              alen, rlen, off = 8;
+    size_t              alen, rlen, off = 24;
     uint64_t            base, stride, nb, token, tag = kvc_xfer_tag(a[1]);
     uint64_t            session;
     uint16_t            n;
@@ -864,7 +864,7 @@ static int cmd_amput(char **a)
         (addr = b64_decode(json_object_get_string(v), &alen)) == NULL ||
         !json_object_object_get_ex(layer, "rkey", &v) ||
         (rkey = b64_decode(json_object_get_string(v), &rlen)) == NULL ||
-        alen < 8 || rlen < 16) {
+        alen < 24 || rlen < 16) {
         printf("amput: no worker address, layer 0 rkey and geom in %s\n",
                a[0]);
         return 2;
@@ -1055,7 +1055,7 @@ static int cmd_notice(char **a)
     am_hdr_t            h;
     uint8_t            *addr;
     char                data[600];
-    size_t              alen, off = 8;
+    size_t              alen, off = 24;
     uint64_t            tag = kvc_xfer_tag(a[1]), session;
     ucs_status_t        sst, fst;
     int                 dlen;
@@ -1143,7 +1143,7 @@ static int cmd_blocks(char **a)
     am_hdr_t            h;
     uint8_t            *addr;
     char               *msg = blocks_json(a[1], a[2], a[4]), *data;
-    size_t              alen, off = 8, flen = strlen(a[3]), mlen;
+    size_t              alen, off = 24, flen = strlen(a[3]), mlen;
     uint64_t            session;
     ucs_status_t        sst, fst;
 

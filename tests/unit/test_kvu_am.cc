@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include <atomic>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -142,16 +143,21 @@ std::vector<std::string> Entries(kvu_ctx_t *ctx)
 
 // A bare UCP worker address in kvxfer's published form (one entry).
 // The data-plane protocol of this build (kvu.c KVU_AM_VERSION).
-const uint16_t kProto = 9;
+const uint16_t kProto = 10;
 
 std::string Publish(const void *a, size_t n, uint16_t version = kProto)
 {
     std::string s;
-    uint32_t    magic = 0x4157564bu, len = (uint32_t)n;
-    uint16_t    cnt   = 1;
+    uint32_t    magic = 0x4157564bu, len = (uint32_t)n, geo[3] = {0, 0, 0};
+    uint16_t    cnt = 1, ucx = 0, pad = 0;
     s.append(reinterpret_cast<const char *>(&magic), 4);
     s.append(reinterpret_cast<const char *>(&version), 2);
     s.append(reinterpret_cast<const char *>(&cnt), 2);
+    if (version >= 10) { // UCX version and FIFO geometry
+        s.append(reinterpret_cast<const char *>(&ucx), 2);
+        s.append(reinterpret_cast<const char *>(&pad), 2);
+        s.append(reinterpret_cast<const char *>(geo), 12);
+    }
     s.append(reinterpret_cast<const char *>(&len), 4);
     s.append(static_cast<const char *>(a), n);
     return s;
@@ -1108,7 +1114,7 @@ TEST_P(KvuAm, OtherDataPlaneProtocolIsRefusedAtUnpack)
     memcpy(&other[rklen - 4], &v, sizeof(v));
     EXPECT_EQ(kvu_rkey_unpack(pr.ep, other.data(), other.size(), &bad),
               KVX_ERR_PEER_VERSION);
-    EXPECT_NE(strstr(kvc_last_error(), "protocol 8, this build speaks 9"),
+    EXPECT_NE(strstr(kvc_last_error(), "protocol 9, this build speaks 10"),
               nullptr) << kvc_last_error();
     EXPECT_EQ(bad, nullptr);
     // an older build published UCX's rkey and the token only
@@ -1277,6 +1283,43 @@ TEST(KvuAmAnswer, LatePacksComeFromACopyAndAreExact)
 
 // A context whose tcp segments hold a whole 256 KiB message ("auto") and
 // one with UCX's default segments ("none": 64k receive) exchange 1 MiB
+// GetAndPutWhole: o gets t's whole buffer, then puts its own into t (one
+// run each, fresh contents seeded by seed); both arrive byte-exact.
+static void GetAndPutWhole(Side &o, Side &t, int seed)
+{
+    const size_t sz = o.buf.size();
+    const void  *addr, *rk;
+    size_t       len, rklen;
+    kvu_ep_t    *ep   = nullptr;
+    kvu_rkey_t  *rkey = nullptr;
+
+    ASSERT_EQ(sz, t.buf.size());
+    kvu_worker_address(t.ctx, &addr, &len);
+    ASSERT_EQ(kvu_ep_create(o.ctx, addr, len, "seg-peer", nullptr, nullptr,
+                            &ep), KVX_OK) << kvc_last_error();
+    kvu_mem_rkey(t.mem, &rk, &rklen);
+    ASSERT_EQ(kvu_rkey_unpack(ep, rk, rklen, &rkey), KVX_OK);
+    for (int is_put = 0; is_put < 2; is_put++) {
+        SCOPED_TRACE(is_put ? "put" : "get");
+        Side &src = is_put ? o : t;
+        for (size_t i = 0; i < sz; i++) {
+            src.buf[i] = (uint8_t)(i * 7 + seed + is_put);
+        }
+        Waiter    w;
+        kvc_run_t run = {0, 0, sz};
+        w.op.done = Waiter::cb;
+        w.op.arg  = &w;
+        ASSERT_EQ(kvu_post(ep, is_put, o.mem,
+                           (uint64_t)(uintptr_t)o.buf.data(), rkey,
+                           (uint64_t)(uintptr_t)t.buf.data(), &run, 1,
+                           &w.op), KVX_OK);
+        EXPECT_EQ(w.wait(), KVX_OK);
+        EXPECT_TRUE(o.buf == t.buf);
+    }
+    kvu_rkey_destroy(rkey);
+    kvu_ep_close(ep);
+}
+
 // both ways, gets and puts: a message sent as one large segment must fit
 // the receiver's (KVU_ADDR_BIG_RX), or UCX asserts (or, without
 // assertions, overruns its receive buffer).
@@ -1294,36 +1337,8 @@ TEST(KvuAmSegments, LargeAndDefaultSegmentsInterwork)
         EXPECT_STREQ("TX_SEG_SIZE=272k RX_SEG_SIZE=272k",
                      kvu_settings(big.ctx));
         EXPECT_STREQ("", kvu_settings(small.ctx));
-        Side &o = dir ? big : small, &t = dir ? small : big;
-        const void *addr, *rk;
-        size_t      len, rklen;
-        kvu_ep_t   *ep   = nullptr;
-        kvu_rkey_t *rkey = nullptr;
-        kvu_worker_address(t.ctx, &addr, &len);
-        ASSERT_EQ(kvu_ep_create(o.ctx, addr, len, "seg-peer", nullptr,
-                                nullptr, &ep), KVX_OK);
-        kvu_mem_rkey(t.mem, &rk, &rklen);
-        ASSERT_EQ(kvu_rkey_unpack(ep, rk, rklen, &rkey), KVX_OK);
-        for (int is_put = 0; is_put < 2; is_put++) {
-            SCOPED_TRACE(std::string(dir ? "large -> default" : "default -> large") +
-                         (is_put ? " put" : " get"));
-            Side &src = is_put ? o : t;
-            for (size_t i = 0; i < sz; i++) {
-                src.buf[i] = (uint8_t)(i * 7 + dir * 3 + is_put);
-            }
-            Waiter    w;
-            kvc_run_t run = {0, 0, sz};
-            w.op.done = Waiter::cb;
-            w.op.arg  = &w;
-            ASSERT_EQ(kvu_post(ep, is_put, o.mem,
-                               (uint64_t)(uintptr_t)o.buf.data(), rkey,
-                               (uint64_t)(uintptr_t)t.buf.data(), &run, 1,
-                               &w.op), KVX_OK);
-            EXPECT_EQ(w.wait(), KVX_OK);
-            EXPECT_TRUE(o.buf == t.buf);
-        }
-        kvu_rkey_destroy(rkey);
-        kvu_ep_close(ep);
+        SCOPED_TRACE(dir ? "large -> default" : "default -> large");
+        GetAndPutWhole(dir ? big : small, dir ? small : big, dir * 3);
     }
 }
 
@@ -1399,6 +1414,121 @@ TEST(KvuAmSegments, ReceiveSegmentsBelow64kAreRefused)
     EXPECT_STREQ("RX_SEG_SIZE=64k", kvu_settings(ok.ctx));
 }
 
+// The FIFO geometry a context publishes: its settings (applied in order:
+// the last token of a field wins), else the environment (UCX_SYSV_*, then
+// UCX_POSIX_*, then UCX_MM_*), else UCX's default (0).
+TEST(KvuMmGeo, SettingsThenEnvironmentThenDefault)
+{
+    static std::map<std::string, std::string> env;
+    auto get = [](const char *name) -> const char * {
+        auto it = env.find(name);
+        return it == env.end() ? nullptr : it->second.c_str();
+    };
+    kvu_mm_geo_t g{};
+
+    env.clear();
+    kvu_mm_geo_parse("MM_ERROR_HANDLING=y MM_SEG_SIZE=67584", get, &g);
+    EXPECT_EQ(67584u, g.seg);
+    EXPECT_EQ(0u, g.fifo);
+    EXPECT_EQ(0u, g.elem);
+    kvu_mm_geo_parse("MM_SEG_SIZE=67584 SYSV_SEG_SIZE=66k MM_FIFO_SIZE=128 "
+                     "POSIX_FIFO_ELEM_SIZE=256; tcp plane: TX_SEG_SIZE=272k",
+                     get, &g);
+    EXPECT_EQ(66u << 10, g.seg);
+    EXPECT_EQ(128u, g.fifo);
+    EXPECT_EQ(256u, g.elem);
+    env["UCX_MM_SEG_SIZE"]   = "16k";
+    env["UCX_POSIX_FIFO_SIZE"] = "32";
+    env["UCX_MM_FIFO_SIZE"]    = "512";
+    env["UCX_SYSV_FIFO_ELEM_SIZE"] = "garbage";
+    kvu_mm_geo_parse("", get, &g);
+    EXPECT_EQ(16u << 10, g.seg);
+    EXPECT_EQ(32u, g.fifo);
+    EXPECT_EQ(UINT32_MAX, g.elem); // set, unreadable: matches only itself
+    kvu_mm_geo_parse("MM_SEG_SIZE=8256 RX_SEG_SIZE=64k TCP_RX_SEG_SIZE=1m",
+                     get, &g); // tcp's segments are not the FIFO's
+    EXPECT_EQ(8256u, g.seg);
+    env.clear();
+    kvu_mm_geo_parse(nullptr, get, &g);
+    EXPECT_EQ(0u, g.seg + g.fifo + g.elem);
+}
+
+// Two ends of a FIFO must agree field by field; UCX's default (0) agrees
+// with itself only under the same UCX version (1.13's FIFO has 64
+// elements, 1.22's 256). The refusal names the field, both values and the
+// remedy.
+TEST(KvuMmGeo, EndsMustAgree)
+{
+    const unsigned v113 = 1u << 8 | 13, v122 = 1u << 8 | 22;
+    kvu_mm_geo_t   a{67584, 0, 0}, b{67584, 0, 0}, c{8256, 0, 0};
+    kvu_mm_geo_t   d{67584, 64, 0};
+    char           why[384] = "";
+
+    EXPECT_EQ(1, kvu_mm_geo_match(&a, v113, &b, v113, why, sizeof(why)));
+    EXPECT_EQ(0, kvu_mm_geo_match(&a, v113, &c, v113, why, sizeof(why)));
+    EXPECT_NE(nullptr, strstr(why, "MM_SEG_SIZE: this side 67584, the peer "
+                                   "8256")) << why;
+    EXPECT_NE(nullptr, strstr(why, "ucx_lane_settings MM_SEG_SIZE on both"))
+        << why;
+    EXPECT_EQ(0, kvu_mm_geo_match(&a, v113, &b, v122, why, sizeof(why)));
+    EXPECT_NE(nullptr, strstr(why, "MM_FIFO_SIZE: this side UCX 1.13's "
+                                   "default, the peer UCX 1.22's default"))
+        << why;
+    EXPECT_EQ(0, kvu_mm_geo_match(&a, v113, &d, v113, why, sizeof(why)));
+    EXPECT_NE(nullptr, strstr(why, "MM_FIFO_SIZE: this side UCX 1.13's "
+                                   "default, the peer 64")) << why;
+    kvu_mm_geo_t e{67584, 256, 128}, f{67584, 256, 128};
+    EXPECT_EQ(1, kvu_mm_geo_match(&e, v113, &f, v122, why, sizeof(why)));
+}
+
+// Over shared memory, "auto" (receive segments that hold a whole 60 KiB
+// message) and UCX's default segments cannot share a FIFO: the sender
+// would write its large segments into the receiver's small buffers. The
+// endpoint is refused before anything is sent, naming both sizes; the
+// same segments set explicitly on the other side interwork, byte-exact.
+TEST(KvuMmGeo, SharedMemoryEndsWithOtherSegmentsAreRefused)
+{
+    const size_t sz = 1u << 20;
+    Side auto_side("mm-auto", "sm", KVT_ACCESS_DEFAULT, 0, nullptr, nullptr,
+                   "auto", sz);
+    // (peer error mode keeps the shared-memory lanes only with
+    // MM_ERROR_HANDLING=y)
+    Side dflt("mm-default", "sm", KVT_ACCESS_DEFAULT, 0, nullptr, nullptr,
+              "none MM_ERROR_HANDLING=y", sz);
+    EXPECT_STREQ("MM_ERROR_HANDLING=y MM_SEG_SIZE=67584",
+                 kvu_settings(auto_side.ctx));
+    for (int dir = 0; dir < 2; dir++) {
+        Side       &o = dir ? dflt : auto_side, &t = dir ? auto_side : dflt;
+        const void *addr;
+        size_t      len;
+        kvu_ep_t   *ep = nullptr;
+        SCOPED_TRACE(dir ? "default -> auto" : "auto -> default");
+        kvu_worker_address(t.ctx, &addr, &len);
+        EXPECT_EQ(KVX_ERR_PEER_INCOMPATIBLE,
+                  kvu_ep_create(o.ctx, addr, len, "mm-peer", nullptr, nullptr,
+                                &ep));
+        EXPECT_EQ(nullptr, ep);
+        const std::string err = kvc_last_error();
+        EXPECT_NE(std::string::npos, err.find("mm-peer")) << err;
+        EXPECT_NE(std::string::npos,
+                  err.find(dir ? "this side UCX" : "this side 67584"))
+            << err;
+        EXPECT_NE(std::string::npos,
+                  err.find(dir ? "the peer 67584" : "the peer UCX"))
+            << err;
+    }
+    for (int dir = 0; dir < 2; dir++) {
+        // fresh contexts per direction (as in LargeAndDefaultSegments...)
+        Side        a("mm-auto2", "sm", KVT_ACCESS_DEFAULT, 0, nullptr,
+                      nullptr, "auto", sz);
+        Side        same("mm-same", "sm", KVT_ACCESS_DEFAULT, 0, nullptr,
+                         nullptr, "none MM_ERROR_HANDLING=y MM_SEG_SIZE=66k",
+                         sz);
+        SCOPED_TRACE(dir ? "explicit -> auto" : "auto -> explicit");
+        GetAndPutWhole(dir ? same : a, dir ? a : same, 5 + dir);
+    }
+}
+
 // A published address is kvxfer's list of UCP addresses: anything that is
 // not one of this protocol, or whose lengths do not add up, is refused
 // before UCX parses a byte of it.
@@ -1416,13 +1546,15 @@ TEST(KvuAddr, PublishedAddressIsCheckedBeforeUcxSeesIt)
     std::string old = Publish("abcdef", 6, kProto - 1);
     EXPECT_EQ(KVX_ERR_PEER_VERSION,
               kvu_addr_entries(old.data(), old.size(), ent, len, nullptr, &n));
-    EXPECT_NE(nullptr, strstr(kvc_last_error(), "protocol 8, this build "
-                                                "speaks 9"))
+    EXPECT_NE(nullptr, strstr(kvc_last_error(), "protocol 9, this build "
+                                                "speaks 10"))
         << kvc_last_error();
     std::string raw = "\x01\x02\x03\x04\x05\x06\x07\x08\x09";
     EXPECT_EQ(KVX_ERR_PEER_VERSION,
               kvu_addr_entries(raw.data(), raw.size(), ent, len, nullptr, &n));
     EXPECT_EQ(KVX_ERR_HANDSHAKE, kvu_addr_entries(ok.data(), 7, ent, len, nullptr, &n));
+    // this protocol's header (with the FIFO geometry) cut short
+    EXPECT_EQ(KVX_ERR_HANDSHAKE, kvu_addr_entries(ok.data(), 20, ent, len, nullptr, &n));
     EXPECT_EQ(KVX_ERR_HANDSHAKE,
               kvu_addr_entries(ok.data(), ok.size() - 1, ent, len, nullptr, &n));
     std::string extra = ok + "x";
@@ -1436,11 +1568,11 @@ TEST(KvuAddr, PublishedAddressIsCheckedBeforeUcxSeesIt)
     }
     std::string huge = ok;
     uint32_t    big  = 0xfffffff0u;
-    memcpy(&huge[8], &big, 4);
+    memcpy(&huge[24], &big, 4);
     EXPECT_EQ(KVX_ERR_HANDSHAKE,
               kvu_addr_entries(huge.data(), huge.size(), ent, len, nullptr, &n));
     uint32_t zero = 0;
-    memcpy(&huge[8], &zero, 4);
+    memcpy(&huge[24], &zero, 4);
     EXPECT_EQ(KVX_ERR_HANDSHAKE,
               kvu_addr_entries(huge.data(), huge.size(), ent, len, nullptr, &n));
     kvu_ep_t *ep = nullptr;
@@ -1504,7 +1636,7 @@ TEST(KvuPlanes, SameHostDefaultsUseSharedMemory)
     const char *tcp = major > 1 || minor >= 17 ? "TCP_" : "";
     // shared memory kept in peer error mode; the tcp plane's segments hold
     // a whole active message (tcp's keys are TCP_* from UCX 1.17)
-    want = std::string("MM_ERROR_HANDLING=y; tcp plane: ") + tcp +
+    want = std::string("MM_ERROR_HANDLING=y MM_SEG_SIZE=67584; tcp plane: ") + tcp +
            "TX_SEG_SIZE=272k " + tcp + "RX_SEG_SIZE=272k";
     EXPECT_EQ(want, kvu_settings(pr.target.ctx));
     EXPECT_FALSE(kvu_ep_rma_emulated(pr.ep)) << kvu_ep_transports(pr.ep);

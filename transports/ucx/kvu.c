@@ -9,6 +9,7 @@
 #include "clock.h"
 #include "siphash.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
@@ -70,7 +71,7 @@
 #define KVU_AM_NOTICE     0x4b6 /* a completion notice (kvu_notify) */
 #define KVU_AM_CTL        0x4b7 /* a control message (kvu_ctl_send) */
 #define KVU_AM_MAGIC      0x4d41564bu /* "KVAM" */
-#define KVU_AM_VERSION    9 /* 2: token and nonce; 3: transfer tag;
+#define KVU_AM_VERSION    10 /* 2: token and nonce; 3: transfer tag;
                                4: published rkeys end with kvu_pub_trailer;
                                5: published worker addresses are
                                   kvu_addr_hdr_t lists (the tcp plane);
@@ -82,7 +83,9 @@
                                   sender's stamp (nonce) and instance
                                   (token), which P checks for replays;
                                   transfer tags are SipHash, not FNV
-                                  (kvc_xfer_tag) */
+                                  (kvc_xfer_tag);
+                               10: published addresses carry the UCX
+                                   version and FIFO geometry */
 #define KVU_AM_MAX_LEN    (256u << 10) /* bytes per message (tcp) */
 #define KVU_AM_SMALL_LEN  (60u << 10)  /* to or from a worker whose tcp
                                           receive segments are UCX's
@@ -99,8 +102,20 @@
  * progress pass again, which a target gone to sleep does at its next
  * event: READ of 1 MiB runs fell to 1.6-2.1 GB/s in 6 of 9 runs on UCX
  * 1.13 (3.6-7.3 GB/s with this budget: 5 answers, 45 elements;
- * transports/ucx/README.md, "The answers' budget"). */
+ * transports/ucx/README.md, "The answers' budget"). With "auto"'s
+ * segments (KVU_MM_SEG) an answer takes one element; the budget stays
+ * for segments a user sets (lifting it there measured no better). */
 #define KVU_FIFO_GET_BYTES (5u * KVU_AM_FIFO_LEN)
+/* Shared-memory receive segments ("auto": MM_SEG_SIZE) that hold a whole
+ * FIFO message (KVU_AM_FIFO_LEN and kvxfer's and UCX's headers), so UCX
+ * neither cuts a 60 KiB get answer or put into 8 segments of its default
+ * 8256 bytes nor reassembles them into a buffer of its own before kvxfer's
+ * handler copies them (sm READ and WRITE 1 MiB x 1 cold 1.3-1.5x,
+ * resident 1.3-1.6x; transports/ucx/README.md, "Segments that hold a
+ * message"). The cost: each shared-memory transport's receive buffers
+ * are 8x larger, about 29 MiB more System V shared memory per process on
+ * UCX 1.13. */
+#define KVU_MM_SEG        (KVU_AM_FIFO_LEN + 2048u)
 #define KVU_TCP_SEG       "272k" /* a whole message, headers included */
 #define KVU_AMP_BUCKETS   1024
 #define KVU_NOTICE_ID_MAX 512  /* bytes of a notice's transfer id */
@@ -146,14 +161,22 @@ typedef struct kvu_pub_trailer {
  * KVU_ADDR_NO_RMA, KVU_ADDR_BIG_RX) and a UCP
  * worker address: entry 0 the
  * current worker's, entry 1 (split contexts only) the tcp plane's. Peers
- * of another data-plane protocol are refused by kvu_addr_entries. */
+ * of another data-plane protocol are refused by kvu_addr_entries (the
+ * first 8 bytes have been the same since protocol 5). Since protocol 10
+ * the header also carries the UCX version and the shared-memory FIFO
+ * geometry the publisher runs with (kvu_mm_geo_t): an endpoint over a
+ * FIFO whose two ends disagree is refused (kvu_mm_geo_match). */
 #define KVU_ADDR_MAGIC    0x4157564bu /* "KVWA" */
 #define KVU_ADDR_LEN_MASK 0x3fffffffu
 typedef struct kvu_addr_hdr {
     uint32_t magic;
     uint16_t version; /* KVU_AM_VERSION */
     uint16_t n;
+    uint16_t ucx;     /* UCX major << 8 | minor */
+    uint16_t pad;     /* 0 */
+    uint32_t mm_seg, mm_fifo, mm_elem; /* kvu_mm_geo_t */
 } kvu_addr_hdr_t;
+#define KVU_ADDR_HDR_V5 8 /* bytes of magic, version and n */
 
 /* kvu_amp_t: one AM get/put at the origin, until it was answered (reply,
  * error, cancel: the op's reference dropped) and its send completed. */
@@ -279,6 +302,8 @@ struct kvu_ep {
     int           am_fifo;       /* AM lane is a shared-memory FIFO: gets
                                     capped at KVU_FIFO_MAX_GETS and
                                     KVU_FIFO_GET_BYTES */
+    int           fifo_lane;     /* some lane is such a FIFO (both ends
+                                    must agree on its geometry) */
     int           am_rma;        /* gets/puts over kvxfer AMs (emulated) */
     int           am_only;       /* this or the peer's end is a tcp plane
                                     (no UCX RMA at all): kvxfer AMs only */
@@ -347,6 +372,8 @@ struct kvu_ctx {
     int             big_rx_main; /* tcp receive segments hold KVU_AM_MAX_LEN */
     int             big_rx_tcp;  /* the same for the tcp plane */
     int             big_rx_last; /* set by kvu_settings_apply */
+    kvu_mm_geo_t    mm;          /* FIFO geometry (kvu_settings_apply) */
+    unsigned        ucx_ver;     /* UCX major << 8 | minor */
     kvu_wk_t        wkt;
     pthread_mutex_t lock;
     pthread_cond_t  cond;
@@ -2161,6 +2188,8 @@ static int kvu_setting_tcp(kvu_ctx_t *ctx, ucp_config_t *config,
  * - shared memory in peer error mode: MM_ERROR_HANDLING=y (peer error mode
  *   drops the sysv/posix lanes on 1.13 unless they advertise peer-failure
  *   support, research/ucx.md §0.5, exp. G);
+ * - shared memory: receive segments that hold a whole FIFO message
+ *   (MM_SEG_SIZE=KVU_MM_SEG; both ends must agree, kvu_mm_geo_match);
  * - a tcp-only context (the tcp plane, or a tcp-only list), whose data are
  *   kvxfer's active messages of up to KVU_AM_MAX_LEN: tcp segments that
  *   hold a whole message (TX_SEG_SIZE, RX_SEG_SIZE), so UCX neither
@@ -2180,6 +2209,12 @@ static kvx_status_t kvu_settings_auto(kvu_ctx_t *ctx, ucp_config_t *config,
     if (ctx->params.err_mode_peer && kvu_tls_has_mm(tls)) {
         status = kvu_setting(ctx, config, "MM_ERROR_HANDLING", "y", 1);
     }
+    if (status == KVX_OK && kvu_tls_has_mm(tls)) {
+        char seg[16];
+
+        snprintf(seg, sizeof(seg), "%u", KVU_MM_SEG);
+        status = kvu_setting(ctx, config, "MM_SEG_SIZE", seg, 1);
+    }
     if (status == KVX_OK && ctx->am_rma && tls != NULL && tls[0] != '\0' &&
         !kvu_rma_wanted(tls, 1)) {
         (void)kvu_setting_tcp(ctx, config, "TX_SEG_SIZE", KVU_TCP_SEG);
@@ -2190,17 +2225,20 @@ static kvx_status_t kvu_settings_auto(kvu_ctx_t *ctx, ucp_config_t *config,
     return status;
 }
 
-/* kvu_rx_seg_too_small: is the size val ("32k", "65536", "1m") below the
- * 64k receive segment a peer may fill with one message (KVU_AM_SMALL_LEN
- * and headers)? Sizes this cannot read are left to UCX. */
-static int kvu_rx_seg_too_small(const char *val)
+/* kvu_size_parse: the size val ("32k", "65536", "1m", "8kb") as UCX
+ * reads memory units, into *out; 0 when this cannot read it ("inf",
+ * "auto", garbage: left to UCX). */
+static int kvu_size_parse(const char *val, size_t n, unsigned long long *out)
 {
-    char              *end;
-    unsigned long long v = strtoull(val, &end, 10);
+    char               buf[32], *end;
+    unsigned long long v;
 
-    if (end == val) {
+    if (n == 0 || n >= sizeof(buf) || !isdigit((unsigned char)val[0])) {
         return 0;
     }
+    memcpy(buf, val, n);
+    buf[n] = '\0';
+    v      = strtoull(buf, &end, 10);
     switch (*end) {
     case 'k': case 'K': v <<= 10; end++; break;
     case 'm': case 'M': v <<= 20; end++; break;
@@ -2210,7 +2248,133 @@ static int kvu_rx_seg_too_small(const char *val)
     if (*end == 'b' || *end == 'B') {
         end++;
     }
-    return *end == '\0' && v < (64u << 10);
+    if (*end != '\0') {
+        return 0;
+    }
+    *out = v;
+    return 1;
+}
+
+/* kvu_rx_seg_too_small: is the size val below the 64k receive segment a
+ * peer may fill with one message (KVU_AM_SMALL_LEN and headers)? Sizes
+ * this cannot read are left to UCX. */
+static int kvu_rx_seg_too_small(const char *val)
+{
+    unsigned long long v;
+
+    return kvu_size_parse(val, strlen(val), &v) && v < (64u << 10);
+}
+
+/* The FIFO geometry's keys, per field of kvu_mm_geo_t, and the table
+ * prefixes UCX reads them under (most specific first). */
+static const char *const kvu_mm_fields[3] = {"SEG_SIZE", "FIFO_SIZE",
+                                             "FIFO_ELEM_SIZE"};
+static const char *const kvu_mm_prefixes[3] = {"SYSV_", "POSIX_", "MM_"};
+
+/* kvu_mm_value: val as a geometry field; a value this cannot read is
+ * UINT32_MAX (set, unknown: it matches only itself). */
+static uint32_t kvu_mm_value(const char *val, size_t n)
+{
+    unsigned long long v;
+
+    return kvu_size_parse(val, n, &v) && v > 0 && v < UINT32_MAX
+               ? (uint32_t)v : UINT32_MAX;
+}
+
+void kvu_mm_geo_parse(const char *settings,
+                      const char *(*env)(const char *name), kvu_mm_geo_t *out)
+{
+    uint32_t    v[3]   = {0, 0, 0};
+    int         set[3] = {0, 0, 0};
+    const char *p      = settings != NULL ? settings : "";
+
+    for (;;) {
+        size_t      n;
+        const char *eq;
+
+        p += strspn(p, " ;");
+        n = strcspn(p, " ;");
+        if (n == 0) {
+            break;
+        }
+        eq = memchr(p, '=', n);
+        for (int f = 0; eq != NULL && f < 3; f++) {
+            for (int k = 0; k < 3; k++) {
+                size_t pl = strlen(kvu_mm_prefixes[k]);
+                size_t fl = strlen(kvu_mm_fields[f]);
+
+                if ((size_t)(eq - p) == pl + fl &&
+                    strncmp(p, kvu_mm_prefixes[k], pl) == 0 &&
+                    strncmp(p + pl, kvu_mm_fields[f], fl) == 0) {
+                    v[f]   = kvu_mm_value(eq + 1, n - (size_t)(eq - p) - 1);
+                    set[f] = 1;
+                }
+            }
+        }
+        p += n;
+    }
+    for (int f = 0; env != NULL && f < 3; f++) {
+        for (int k = 0; !set[f] && k < 3; k++) {
+            char        name[48];
+            const char *s;
+
+            snprintf(name, sizeof(name), "UCX_%s%s", kvu_mm_prefixes[k],
+                     kvu_mm_fields[f]);
+            s = env(name);
+            if (s != NULL && s[0] != '\0') {
+                v[f]   = kvu_mm_value(s, strlen(s));
+                set[f] = 1;
+            }
+        }
+    }
+    out->seg  = v[0];
+    out->fifo = v[1];
+    out->elem = v[2];
+}
+
+/* kvu_mm_show: a geometry field for a message. */
+static const char *kvu_mm_show(uint32_t v, unsigned ucx, char *buf,
+                               size_t len)
+{
+    if (v == 0) {
+        snprintf(buf, len, "UCX %u.%u's default", ucx >> 8, ucx & 0xffu);
+    } else if (v == UINT32_MAX) {
+        snprintf(buf, len, "a value kvxfer cannot read");
+    } else {
+        snprintf(buf, len, "%u", (unsigned)v);
+    }
+    return buf;
+}
+
+int kvu_mm_geo_match(const kvu_mm_geo_t *mine, unsigned mine_ucx,
+                     const kvu_mm_geo_t *peer, unsigned peer_ucx, char *why,
+                     size_t len)
+{
+    const uint32_t a[3] = {mine->seg, mine->fifo, mine->elem};
+    const uint32_t b[3] = {peer->seg, peer->fifo, peer->elem};
+
+    for (int f = 0; f < 3; f++) {
+        char x[48], y[48];
+
+        if (a[f] == b[f] && (a[f] != 0 || mine_ucx == peer_ucx)) {
+            continue;
+        }
+        snprintf(why, len, "shared-memory FIFO %s%s: this side %s, the peer "
+                 "%s; the two ends of a FIFO must agree (a sender writes "
+                 "with its own sizes into the receiver's buffers): set the "
+                 "same ucx_lane_settings MM_%s on both",
+                 kvu_mm_prefixes[2], kvu_mm_fields[f],
+                 kvu_mm_show(a[f], mine_ucx, x, sizeof(x)),
+                 kvu_mm_show(b[f], peer_ucx, y, sizeof(y)), kvu_mm_fields[f]);
+        return 0;
+    }
+    return 1;
+}
+
+/* kvu_getenv: getenv for kvu_mm_geo_parse. */
+static const char *kvu_getenv(const char *name)
+{
+    return getenv(name);
 }
 
 /* kvu_proto_v2_refused: UCX before 1.16 ships its protocol v2 as an
@@ -2308,6 +2472,9 @@ static kvx_status_t kvu_settings_apply(kvu_ctx_t *ctx, ucp_config_t *config,
             status = kvu_settings_token(ctx, config, p, n);
         }
         p += n;
+    }
+    if (status == KVX_OK && kvu_tls_has_mm(tls)) {
+        kvu_mm_geo_parse(ctx->settings, kvu_getenv, &ctx->mm);
     }
     if (status == KVX_OK) {
         kvc_log_info("KVX-UCX-SETTINGS", "%s: UCX %s settings: %s (config "
@@ -2693,7 +2860,8 @@ static kvx_status_t kvu_addr_build(kvu_ctx_t *ctx, kvu_wk_t *wk)
 {
     const kvu_wk_t *e[KVU_ADDR_MAX] = {wk, ctx->split ? &ctx->wkt : NULL};
     kvu_addr_hdr_t  h = {KVU_ADDR_MAGIC, KVU_AM_VERSION,
-                         (uint16_t)(ctx->split ? 2 : 1)};
+                         (uint16_t)(ctx->split ? 2 : 1), (uint16_t)ctx->ucx_ver,
+                         0, ctx->mm.seg, ctx->mm.fifo, ctx->mm.elem};
     size_t          len = sizeof(h), off = sizeof(h);
 
     for (unsigned i = 0; i < h.n; i++) {
@@ -2727,12 +2895,13 @@ kvx_status_t kvu_addr_entries(const void *buf, size_t len,
     kvu_addr_hdr_t h;
     size_t         off = sizeof(h);
 
-    if (buf == NULL || len < sizeof(h)) {
+    if (buf == NULL || len < KVU_ADDR_HDR_V5) {
         return kvc_error(KVX_ERR_HANDSHAKE, "peer worker address: %zu bytes, "
                          "shorter than kvxfer's %zu-byte header", len,
                          sizeof(h));
     }
-    memcpy(&h, buf, sizeof(h));
+    memset(&h, 0, sizeof(h));
+    memcpy(&h, buf, KVU_ADDR_HDR_V5); /* the same since protocol 5 */
     if (h.magic != KVU_ADDR_MAGIC) {
         return kvc_error(KVX_ERR_PEER_VERSION, "peer worker address: no "
                          "kvxfer data-plane protocol header (a build older "
@@ -2744,6 +2913,12 @@ kvx_status_t kvu_addr_entries(const void *buf, size_t len,
                          "data-plane protocol %u, this build speaks %d",
                          (unsigned)h.version, KVU_AM_VERSION);
     }
+    if (len < sizeof(h)) {
+        return kvc_error(KVX_ERR_HANDSHAKE, "peer worker address: %zu bytes, "
+                         "shorter than kvxfer's %zu-byte header", len,
+                         sizeof(h));
+    }
+    memcpy(&h, buf, sizeof(h));
     if (h.n < 1 || h.n > KVU_ADDR_MAX) {
         return kvc_error(KVX_ERR_HANDSHAKE, "peer worker address: %u "
                          "entries, must be 1..%d", (unsigned)h.n,
@@ -2778,6 +2953,17 @@ kvx_status_t kvu_addr_entries(const void *buf, size_t len,
     }
     *n_p = h.n;
     return KVX_OK;
+}
+
+void kvu_addr_geo(const void *buf, unsigned *ucx_p, kvu_mm_geo_t *geo)
+{
+    kvu_addr_hdr_t h;
+
+    memcpy(&h, buf, sizeof(h));
+    *ucx_p    = h.ucx;
+    geo->seg  = h.mm_seg;
+    geo->fifo = h.mm_fifo;
+    geo->elem = h.mm_elem;
 }
 
 /* kvu_worker_may_listen: may wk's UCX context open tcp listening sockets?
@@ -3123,8 +3309,29 @@ static void kvu_fifo_init(kvu_ctx_t *ctx)
     params.features   = UCP_FEATURE_AM;
     params.name       = "kvxfer-fifo-probe";
     /* The probe only sends: a small receive pool (UCX's default grows
-     * by 512 segments of 8 KiB, 4 MiB per transport), best effort. */
+     * by 512 segments of 8 KiB, 4 MiB per transport), best effort. Its
+     * FIFO geometry is the context's: it writes into the worker's FIFO. */
     (void)ucp_config_modify(config, "RX_BUFS_GROW", "16");
+    {
+        const uint32_t v[3] = {ctx->mm.seg, ctx->mm.fifo, ctx->mm.elem};
+
+        for (int f = 0; f < 3; f++) {
+            char key[32], val[16];
+
+            if (v[f] == 0 || v[f] == UINT32_MAX) {
+                continue;
+            }
+            snprintf(key, sizeof(key), "MM_%s", kvu_mm_fields[f]);
+            snprintf(val, sizeof(val), "%u", (unsigned)v[f]);
+            if (ucp_config_modify(config, key, val) != UCS_OK) {
+                ucp_config_release(config);
+                kvc_log_debug("KVX-UCX-FIFO", "%s: %s=%s refused: the "
+                              "receive-FIFO watchdog is off", ctx->name, key,
+                              val);
+                return;
+            }
+        }
+    }
     if (ucp_config_modify(config, "TLS", "sysv,posix") != UCS_OK ||
         ucp_init(&params, config, &ctx->probe_ucp) != UCS_OK) {
         ctx->probe_ucp = NULL;
@@ -3319,6 +3526,12 @@ kvx_status_t kvu_ctx_create(const kvu_params_t *params, kvu_ctx_t **ctx_p)
     snprintf(ctx->cpus, sizeof(ctx->cpus), "%s",
              params->cpus ? params->cpus : "");
     ctx->params.cpus = ctx->cpus;
+    {
+        unsigned major = 0, minor = 0, release = 0;
+
+        ucp_get_version(&major, &minor, &release);
+        ctx->ucx_ver = (major & 0xffu) << 8 | (minor & 0xffu);
+    }
     if (params->inbound_set) {
         if (params->n_inbound > KVT_INBOUND_MAX ||
             (params->n_inbound > 0 && params->inbound == NULL)) {
@@ -3734,6 +3947,7 @@ static void kvu_ep_describe(kvu_ep_t *ep)
     ep->rma_shm_only = kvu_lanes_rma_shm_only(&lanes);
     ep->rma_cma      = kvu_lanes_rma_shm_or(&lanes, "cma");
     ep->am_fifo      = kvu_lanes_am_fifo(&lanes);
+    ep->fifo_lane    = kvu_lanes_any_fifo(&lanes);
     ep->am_rma       = (ep->emulated && ep->ctx->am_rma) || ep->am_only;
     (void)kvu_lanes_format(&lanes, ep->transports, sizeof(ep->transports));
 }
@@ -3767,6 +3981,23 @@ static kvx_status_t kvu_ep_wire_start(kvu_ep_t *ep)
     }
     kvu_ctx_kick(ep->ctx);
     return KVX_OK;
+}
+
+/* kvu_ep_discard closes a UCP endpoint on which nothing was posted
+ * (forced in peer error mode); its request, if any, is freed and
+ * completes on its worker. ctx lock held. */
+static void kvu_ep_discard(kvu_ctx_t *ctx, ucp_ep_h uep)
+{
+    ucs_status_ptr_t    cl;
+    ucp_request_param_t cp;
+
+    memset(&cp, 0, sizeof(cp));
+    cp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    cp.flags        = ctx->params.err_mode_peer ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+    cl              = ucp_ep_close_nbx(uep, &cp);
+    if (UCS_PTR_IS_PTR(cl)) {
+        ucp_request_free(cl);
+    }
 }
 
 /* kvu_ep_connect creates ep->ep on the first pair of a local worker and
@@ -3872,6 +4103,24 @@ kvx_status_t kvu_ep_create(kvu_ctx_t *ctx, const void *addr, size_t len,
                          ctx->params.err_mode_peer ? "peer" : "none");
     }
     kvu_ep_describe(ep);
+    if (ep->fifo_lane) {
+        kvu_mm_geo_t pgeo;
+        unsigned     pucx;
+        char         why[384];
+
+        kvu_addr_geo(addr, &pucx, &pgeo);
+        if (!kvu_mm_geo_match(&ctx->mm, ctx->ucx_ver, &pgeo, pucx, why,
+                              sizeof(why))) {
+            /* Closed before anything of kvxfer's was sent on it. */
+            status = kvc_error(KVX_ERR_PEER_INCOMPATIBLE, "endpoint to %s "
+                               "over %s: %s", peer_name, ep->transports, why);
+            kvu_ep_discard(ctx, ep->ep);
+            pthread_mutex_unlock(&ctx->lock);
+            kvu_ctx_kick(ctx);
+            free(ep);
+            return status;
+        }
+    }
     /* A new shared-memory endpoint first checks that this worker's FIFO
      * delivers (the endpoint keeps its interface polled, so the probe's
      * verdict is reliable): after a peer was killed mid-message, the
@@ -3880,17 +4129,7 @@ kvx_status_t kvu_ep_create(kvu_ctx_t *ctx, const void *addr, size_t len,
     if (ep->am_fifo && ctx->probe_on && !kvu_fifo_verify(ctx) &&
         kvu_fifo_retire(ctx, kvc_mono_us(), "a probe sent when an "
                         "endpoint was created was not delivered")) {
-        ucs_status_ptr_t    cl;
-        ucp_request_param_t cp;
-
-        memset(&cp, 0, sizeof(cp));
-        cp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-        cp.flags        = ctx->params.err_mode_peer ? UCP_EP_CLOSE_FLAG_FORCE
-                                                    : 0;
-        cl = ucp_ep_close_nbx(ep->ep, &cp); /* nothing was posted on it */
-        if (UCS_PTR_IS_PTR(cl)) {
-            ucp_request_free(cl); /* completes on the retired worker */
-        }
+        kvu_ep_discard(ctx, ep->ep); /* completes on the retired worker */
         /* Whatever the first endpoint's error handler recorded during the
          * probe is not this endpoint's. */
         ep->failed       = 0;

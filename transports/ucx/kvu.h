@@ -90,6 +90,33 @@ kvx_status_t kvu_addr_entries(const void *buf, size_t len,
                               const void *ent[KVU_ADDR_MAX],
                               size_t ent_len[KVU_ADDR_MAX],
                               uint32_t flags[KVU_ADDR_MAX], unsigned *n_p);
+/* kvu_mm_geo_t: the geometry of a context's shared-memory FIFOs (UCX's
+ * sysv/posix/xpmem transports) as kvxfer set it (ucx_lane_settings,
+ * "auto") or found it in the environment; 0 = UCX's default for its
+ * version. A sender writes into the receiver's FIFO and buffers with its
+ * own sizes, so the two ends must agree (kvu_mm_geo_match). */
+typedef struct kvu_mm_geo {
+    uint32_t seg;  /* SEG_SIZE: bytes of a receive buffer */
+    uint32_t fifo; /* FIFO_SIZE: elements */
+    uint32_t elem; /* FIFO_ELEM_SIZE: bytes of an element */
+} kvu_mm_geo_t;
+/* kvu_mm_geo_parse: the geometry that the settings "KEY=VALUE ..." (as
+ * kvu_settings lists them, applied in order) give, each field not set
+ * there taken from the environment (env: getenv or a test's; UCX_SYSV_*,
+ * then UCX_POSIX_*, then UCX_MM_*; ucp_config_modify overrides all). */
+void kvu_mm_geo_parse(const char *settings,
+                      const char *(*env)(const char *name),
+                      kvu_mm_geo_t *out);
+/* kvu_mm_geo_match: may two ends with these geometries (ucx: UCX major <<
+ * 8 | minor) share a FIFO? A field matches when equal, and a default (0)
+ * only under the same UCX version (1.13 has 64 elements, 1.22 256). 1 if
+ * so; else 0 and why names both ends' values and the remedy. */
+int kvu_mm_geo_match(const kvu_mm_geo_t *mine, unsigned mine_ucx,
+                     const kvu_mm_geo_t *peer, unsigned peer_ucx, char *why,
+                     size_t len);
+/* kvu_addr_geo: the UCX version and FIFO geometry in a published address
+ * that kvu_addr_entries accepted. */
+void kvu_addr_geo(const void *buf, unsigned *ucx_p, kvu_mm_geo_t *geo);
 /* kvu_version: "1.13.1" style runtime version string (constant). */
 const char *kvu_version(void);
 /* kvu_settings: the UCX settings kvxfer applied (ucx_lane_settings), as

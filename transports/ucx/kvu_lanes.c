@@ -216,12 +216,14 @@ int kvu_lanes_rma_emulated(const kvu_lanes_t *l)
     return 1;
 }
 
-int kvu_lanes_am_fifo(const kvu_lanes_t *l)
+/* kvu_lanes_fifo: some lane is a memory-mapped FIFO (with role "am"
+ * when am). */
+static int kvu_lanes_fifo(const kvu_lanes_t *l, int am)
 {
     static const char *const fifo_tls[] = {"sysv", "posix", "xpmem"};
 
     for (int i = 0; i < l->n; i++) {
-        if (!kvu_has_role(l->lane[i].roles, "am")) {
+        if (am && !kvu_has_role(l->lane[i].roles, "am")) {
             continue;
         }
         for (size_t k = 0; k < sizeof(fifo_tls) / sizeof(fifo_tls[0]); k++) {
@@ -231,6 +233,16 @@ int kvu_lanes_am_fifo(const kvu_lanes_t *l)
         }
     }
     return 0;
+}
+
+int kvu_lanes_am_fifo(const kvu_lanes_t *l)
+{
+    return kvu_lanes_fifo(l, 1);
+}
+
+int kvu_lanes_any_fifo(const kvu_lanes_t *l)
+{
+    return kvu_lanes_fifo(l, 0);
 }
 
 int kvu_lanes_rma_on(const kvu_lanes_t *l, const char *tl)

@@ -74,6 +74,9 @@ int kvu_lanes_rma_shm_only(const kvu_lanes_t *l);
  * only the peer drains). Emulated gets send one request message each over
  * it (transports/ucx/README.md, "Emulated gets over a shared-memory FIFO"). */
 int kvu_lanes_am_fifo(const kvu_lanes_t *l);
+/* kvu_lanes_any_fifo: some lane, whatever its roles, is such a FIFO
+ * transport (its two ends must agree on the FIFO's geometry). */
+int kvu_lanes_any_fifo(const kvu_lanes_t *l);
 /* kvu_lanes_format writes "tl/dev[roles] ..." (roles including "rma" on
  * RMA lanes) to buf; returns the length it needed (like snprintf). */
 int kvu_lanes_format(const kvu_lanes_t *l, char *buf, size_t len);
