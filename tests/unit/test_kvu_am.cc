@@ -1334,8 +1334,12 @@ TEST(KvuAmSegments, LargeAndDefaultSegmentsInterwork)
                  "auto", sz);
         Side small("seg-small", "tcp", KVT_ACCESS_DEFAULT, 0, nullptr,
                    nullptr, "none", sz);
-        EXPECT_STREQ("TX_SEG_SIZE=272k RX_SEG_SIZE=272k",
-                     kvu_settings(big.ctx));
+        unsigned major = 0, minor = 0, release = 0;
+        ucp_get_version(&major, &minor, &release);
+        // tcp's keys are TCP_* from UCX 1.17 (kvu_tcp_key)
+        const std::string tcp = major > 1 || minor >= 17 ? "TCP_" : "";
+        EXPECT_EQ(tcp + "TX_SEG_SIZE=272k " + tcp + "RX_SEG_SIZE=272k",
+                  kvu_settings(big.ctx));
         EXPECT_STREQ("", kvu_settings(small.ctx));
         SCOPED_TRACE(dir ? "large -> default" : "default -> large");
         GetAndPutWhole(dir ? big : small, dir ? small : big, dir * 3);
@@ -1495,7 +1499,7 @@ TEST(KvuMmGeo, SharedMemoryEndsWithOtherSegmentsAreRefused)
     // MM_ERROR_HANDLING=y)
     Side dflt("mm-default", "sm", KVT_ACCESS_DEFAULT, 0, nullptr, nullptr,
               "none MM_ERROR_HANDLING=y", sz);
-    EXPECT_STREQ("MM_ERROR_HANDLING=y MM_SEG_SIZE=67584",
+    EXPECT_STREQ("MM_ERROR_HANDLING=y MM_SEG_SIZE=67584 MM_FIFO_SIZE=64",
                  kvu_settings(auto_side.ctx));
     for (int dir = 0; dir < 2; dir++) {
         Side       &o = dir ? dflt : auto_side, &t = dir ? auto_side : dflt;
@@ -1522,7 +1526,8 @@ TEST(KvuMmGeo, SharedMemoryEndsWithOtherSegmentsAreRefused)
         Side        a("mm-auto2", "sm", KVT_ACCESS_DEFAULT, 0, nullptr,
                       nullptr, "auto", sz);
         Side        same("mm-same", "sm", KVT_ACCESS_DEFAULT, 0, nullptr,
-                         nullptr, "none MM_ERROR_HANDLING=y MM_SEG_SIZE=66k",
+                         nullptr, "none MM_ERROR_HANDLING=y MM_SEG_SIZE=66k "
+                         "MM_FIFO_SIZE=64",
                          sz);
         SCOPED_TRACE(dir ? "explicit -> auto" : "auto -> explicit");
         GetAndPutWhole(dir ? same : a, dir ? a : same, 5 + dir);
@@ -1636,7 +1641,8 @@ TEST(KvuPlanes, SameHostDefaultsUseSharedMemory)
     const char *tcp = major > 1 || minor >= 17 ? "TCP_" : "";
     // shared memory kept in peer error mode; the tcp plane's segments hold
     // a whole active message (tcp's keys are TCP_* from UCX 1.17)
-    want = std::string("MM_ERROR_HANDLING=y MM_SEG_SIZE=67584; tcp plane: ") + tcp +
+    want = std::string("MM_ERROR_HANDLING=y MM_SEG_SIZE=67584 "
+                       "MM_FIFO_SIZE=64; tcp plane: ") + tcp +
            "TX_SEG_SIZE=272k " + tcp + "RX_SEG_SIZE=272k";
     EXPECT_EQ(want, kvu_settings(pr.target.ctx));
     EXPECT_FALSE(kvu_ep_rma_emulated(pr.ep)) << kvu_ep_transports(pr.ep);

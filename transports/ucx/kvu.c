@@ -113,9 +113,14 @@
  * handler copies them (sm READ and WRITE 1 MiB x 1 cold 1.3-1.5x,
  * resident 1.3-1.6x; transports/ucx/README.md, "Segments that hold a
  * message"). The cost: each shared-memory transport's receive buffers
- * are 8x larger, about 29 MiB more System V shared memory per process on
- * UCX 1.13. */
+ * are 8x larger, about 26 MiB more System V shared memory per process. */
 #define KVU_MM_SEG        (KVU_AM_FIFO_LEN + 2048u)
+/* ... and FIFOs of 64 elements (MM_FIFO_SIZE), UCX 1.13's default: UCX
+ * 1.22's 256 elements of such segments cycle 17 MB of receive buffers, and
+ * READ of one 32 KiB block fell to 0.29-0.35 GB/s from 0.51-0.68 with
+ * 8256-byte segments (0.43-0.77 with 64 elements; 1 MiB x 1 resident 7.1-8.5
+ * -> 10.3-12.1). Set on every version, so that 1.13 and 1.22 agree. */
+#define KVU_MM_FIFO       "64"
 #define KVU_TCP_SEG       "272k" /* a whole message, headers included */
 #define KVU_AMP_BUCKETS   1024
 #define KVU_NOTICE_ID_MAX 512  /* bytes of a notice's transfer id */
@@ -2189,7 +2194,8 @@ static int kvu_setting_tcp(kvu_ctx_t *ctx, ucp_config_t *config,
  *   drops the sysv/posix lanes on 1.13 unless they advertise peer-failure
  *   support, research/ucx.md §0.5, exp. G);
  * - shared memory: receive segments that hold a whole FIFO message
- *   (MM_SEG_SIZE=KVU_MM_SEG; both ends must agree, kvu_mm_geo_match);
+ *   (MM_SEG_SIZE=KVU_MM_SEG) in FIFOs of KVU_MM_FIFO elements (both ends
+ *   must agree, kvu_mm_geo_match);
  * - a tcp-only context (the tcp plane, or a tcp-only list), whose data are
  *   kvxfer's active messages of up to KVU_AM_MAX_LEN: tcp segments that
  *   hold a whole message (TX_SEG_SIZE, RX_SEG_SIZE), so UCX neither
@@ -2214,6 +2220,9 @@ static kvx_status_t kvu_settings_auto(kvu_ctx_t *ctx, ucp_config_t *config,
 
         snprintf(seg, sizeof(seg), "%u", KVU_MM_SEG);
         status = kvu_setting(ctx, config, "MM_SEG_SIZE", seg, 1);
+        if (status == KVX_OK) {
+            status = kvu_setting(ctx, config, "MM_FIFO_SIZE", KVU_MM_FIFO, 1);
+        }
     }
     if (status == KVX_OK && ctx->am_rma && tls != NULL && tls[0] != '\0' &&
         !kvu_rma_wanted(tls, 1)) {
@@ -3309,16 +3318,20 @@ static void kvu_fifo_init(kvu_ctx_t *ctx)
     params.features   = UCP_FEATURE_AM;
     params.name       = "kvxfer-fifo-probe";
     /* The probe only sends: a small receive pool (UCX's default grows
-     * by 512 segments of 8 KiB, 4 MiB per transport), best effort. Its
-     * FIFO geometry is the context's: it writes into the worker's FIFO. */
-    (void)ucp_config_modify(config, "RX_BUFS_GROW", "16");
+     * by 512 segments of 8 KiB, 4 MiB per transport), best effort (the
+     * key needs its table's prefix: UCX 1.13 and 1.22 warned "invalid
+     * configuration" at the bare RX_BUFS_GROW and ignored it). Its
+     * FIFO's size and element size are the context's: it writes into the
+     * worker's FIFO (only messages that fit an element: its receive
+     * segments can stay UCX's). */
+    (void)ucp_config_modify(config, "MM_RX_BUFS_GROW", "16");
     {
         const uint32_t v[3] = {ctx->mm.seg, ctx->mm.fifo, ctx->mm.elem};
 
         for (int f = 0; f < 3; f++) {
             char key[32], val[16];
 
-            if (v[f] == 0 || v[f] == UINT32_MAX) {
+            if (f == 0 || v[f] == 0 || v[f] == UINT32_MAX) {
                 continue;
             }
             snprintf(key, sizeof(key), "MM_%s", kvu_mm_fields[f]);
