@@ -87,7 +87,11 @@ int main(int argc, char **argv)
         return 1;
     }
     if (ucp_config_read(NULL, NULL, &cfg) != UCS_OK ||
-        ucp_config_modify(cfg, "TLS", "sysv,posix") != UCS_OK) {
+        ucp_config_modify(cfg, "TLS", "sysv,posix") != UCS_OK ||
+        /* kvxfer's FIFO geometry ("auto"): a sender indexes the
+         * receiver's FIFO with its own size */
+        ucp_config_modify(cfg, "MM_FIFO_SIZE", "64") != UCS_OK ||
+        ucp_config_modify(cfg, "MM_FIFO_ELEM_SIZE", "128") != UCS_OK) {
         return 1;
     }
     memset(&prm, 0, sizeof(prm));

@@ -1386,21 +1386,31 @@ TEST(KvuLaneSettings, ExperimentalProtocolV2IsRefusedBefore116)
     }
 }
 
+// ExpectSettingsRefused: a context on tls with these lane settings is
+// not made: KVX_ERR_CONFIG, its message holding needle.
+static void ExpectSettingsRefused(const char *tls, const char *settings,
+                                  const char *needle)
+{
+    kvu_params_t p{};
+    kvu_ctx_t   *ctx = nullptr;
+    p.tls           = tls;
+    p.err_mode_peer = 1;
+    p.name          = "settings-refused";
+    p.lane_settings = settings;
+    EXPECT_EQ(KVX_ERR_CONFIG, kvu_ctx_create(&p, &ctx)) << settings;
+    EXPECT_NE(nullptr, strstr(kvc_last_error(), needle)) << kvc_last_error();
+    if (ctx != nullptr) {
+        kvu_ctx_destroy(ctx);
+    }
+}
+
 // Receive segments a peer's one-segment message would overrun are refused,
 // naming the setting; 64k and up (and sizes UCX reads otherwise) are taken.
 TEST(KvuAmSegments, ReceiveSegmentsBelow64kAreRefused)
 {
     for (const char *bad : {"auto RX_SEG_SIZE=32k", "none RX_SEG_SIZE=8192",
                             "auto TCP_RX_SEG_SIZE=60K"}) {
-        kvu_params_t p{};
-        kvu_ctx_t   *ctx = nullptr;
-        p.tls           = "tcp";
-        p.err_mode_peer = 1;
-        p.name          = "seg-refused";
-        p.lane_settings = bad;
-        EXPECT_EQ(KVX_ERR_CONFIG, kvu_ctx_create(&p, &ctx)) << bad;
-        EXPECT_NE(nullptr, strstr(kvc_last_error(), "at least 64k"))
-            << kvc_last_error();
+        ExpectSettingsRefused("tcp", bad, "at least 64k");
     }
     setenv("UCX_TCP_RX_SEG_SIZE", "16k", 1);
     {
@@ -1413,14 +1423,21 @@ TEST(KvuAmSegments, ReceiveSegmentsBelow64kAreRefused)
             << kvc_last_error();
     }
     unsetenv("UCX_TCP_RX_SEG_SIZE");
+    unsigned major = 0, minor = 0, release = 0;
+    ucp_get_version(&major, &minor, &release);
+    // tcp's keys are TCP_* from UCX 1.17 (1.22 rejects the bare name)
+    const std::string key = major > 1 || minor >= 17 ? "TCP_RX_SEG_SIZE=64k"
+                                                     : "RX_SEG_SIZE=64k";
     Side ok("seg-ok", "tcp", KVT_ACCESS_DEFAULT, 0, nullptr, nullptr,
-            "none RX_SEG_SIZE=64k", 4096);
-    EXPECT_STREQ("RX_SEG_SIZE=64k", kvu_settings(ok.ctx));
+            ("none " + key).c_str(), 4096);
+    EXPECT_EQ(key, kvu_settings(ok.ctx));
 }
 
-// The FIFO geometry a context publishes: its settings (applied in order:
-// the last token of a field wins), else the environment (UCX_SYSV_*, then
-// UCX_POSIX_*, then UCX_MM_*), else UCX's default (0).
+// The FIFO geometry a context publishes: its settings' MM_* keys (applied
+// in order: the last wins), else the environment (per transport its own
+// name, else UCX_MM_*; sysv and posix must not differ), else UCX's
+// default (0). Values are read as UCX reads them: SEG_SIZE in memory
+// units, the FIFO's sizes as "%u" (leading digits).
 TEST(KvuMmGeo, SettingsThenEnvironmentThenDefault)
 {
     static std::map<std::string, std::string> env;
@@ -1429,32 +1446,48 @@ TEST(KvuMmGeo, SettingsThenEnvironmentThenDefault)
         return it == env.end() ? nullptr : it->second.c_str();
     };
     kvu_mm_geo_t g{};
+    char         why[384] = "";
 
     env.clear();
-    kvu_mm_geo_parse("MM_ERROR_HANDLING=y MM_SEG_SIZE=67584", get, &g);
+    ASSERT_EQ(0, kvu_mm_geo_parse("MM_ERROR_HANDLING=y MM_SEG_SIZE=67584",
+                                  get, &g, why, sizeof(why)));
     EXPECT_EQ(67584u, g.seg);
     EXPECT_EQ(0u, g.fifo);
     EXPECT_EQ(0u, g.elem);
-    kvu_mm_geo_parse("MM_SEG_SIZE=67584 SYSV_SEG_SIZE=66k MM_FIFO_SIZE=128 "
-                     "POSIX_FIFO_ELEM_SIZE=256; tcp plane: TX_SEG_SIZE=272k",
-                     get, &g);
+    ASSERT_EQ(0, kvu_mm_geo_parse("MM_SEG_SIZE=67584 MM_SEG_SIZE=66k "
+                                  "MM_FIFO_SIZE=1k MM_FIFO_ELEM_SIZE=256 "
+                                  "RX_SEG_SIZE=64k TCP_RX_SEG_SIZE=1m",
+                                  get, &g, why, sizeof(why)));
     EXPECT_EQ(66u << 10, g.seg);
-    EXPECT_EQ(128u, g.fifo);
+    EXPECT_EQ(1u, g.fifo); // UCX reads "1k" as 1
     EXPECT_EQ(256u, g.elem);
-    env["UCX_MM_SEG_SIZE"]   = "16k";
-    env["UCX_POSIX_FIFO_SIZE"] = "32";
-    env["UCX_MM_FIFO_SIZE"]    = "512";
-    env["UCX_SYSV_FIFO_ELEM_SIZE"] = "garbage";
-    kvu_mm_geo_parse("", get, &g);
+    env["UCX_MM_SEG_SIZE"]          = "16k";
+    env["UCX_POSIX_FIFO_SIZE"]      = "32";
+    env["UCX_MM_FIFO_SIZE"]         = "32";
+    env["UCX_MM_FIFO_ELEM_SIZE"]    = "garbage";
+    ASSERT_EQ(0, kvu_mm_geo_parse("", get, &g, why, sizeof(why))) << why;
     EXPECT_EQ(16u << 10, g.seg);
     EXPECT_EQ(32u, g.fifo);
     EXPECT_EQ(UINT32_MAX, g.elem); // set, unreadable: matches only itself
-    kvu_mm_geo_parse("MM_SEG_SIZE=8256 RX_SEG_SIZE=64k TCP_RX_SEG_SIZE=1m",
-                     get, &g); // tcp's segments are not the FIFO's
-    EXPECT_EQ(8256u, g.seg);
+    ASSERT_EQ(0, kvu_mm_geo_parse("MM_FIFO_SIZE=64", get, &g, why,
+                                  sizeof(why))); // settings win
+    EXPECT_EQ(64u, g.fifo);
+    env["UCX_SYSV_FIFO_SIZE"] = "128"; // sysv 128, posix 32
+    EXPECT_EQ(-1, kvu_mm_geo_parse("", get, &g, why, sizeof(why)));
+    EXPECT_NE(nullptr, strstr(why, "UCX_SYSV_FIFO_SIZE=128 and "
+                                   "UCX_POSIX_FIFO_SIZE=32")) << why;
+    EXPECT_NE(nullptr, strstr(why, "set MM_FIFO_SIZE")) << why;
     env.clear();
-    kvu_mm_geo_parse(nullptr, get, &g);
+    env["UCX_POSIX_SEG_SIZE"] = "66k"; // posix 66k, sysv UCX's default
+    EXPECT_EQ(-1, kvu_mm_geo_parse("", get, &g, why, sizeof(why)));
+    EXPECT_NE(nullptr, strstr(why, "sysv: UCX's default")) << why;
+    env.clear();
+    ASSERT_EQ(0, kvu_mm_geo_parse(nullptr, get, &g, why, sizeof(why)));
     EXPECT_EQ(0u, g.seg + g.fifo + g.elem);
+    // a per-transport key cannot be published as one geometry: refused
+    for (const char *bad : {"auto SYSV_FIFO_SIZE=128", "auto POSIX_SEG_SIZE=66k"}) {
+        ExpectSettingsRefused("sm", bad, "set MM_");
+    }
 }
 
 // Two ends of a FIFO must agree field by field; UCX's default (0) agrees
@@ -1499,7 +1532,8 @@ TEST(KvuMmGeo, SharedMemoryEndsWithOtherSegmentsAreRefused)
     // MM_ERROR_HANDLING=y)
     Side dflt("mm-default", "sm", KVT_ACCESS_DEFAULT, 0, nullptr, nullptr,
               "none MM_ERROR_HANDLING=y", sz);
-    EXPECT_STREQ("MM_ERROR_HANDLING=y MM_SEG_SIZE=67584 MM_FIFO_SIZE=64",
+    EXPECT_STREQ("MM_ERROR_HANDLING=y MM_SEG_SIZE=67584 MM_FIFO_SIZE=64 "
+                 "MM_FIFO_ELEM_SIZE=128",
                  kvu_settings(auto_side.ctx));
     for (int dir = 0; dir < 2; dir++) {
         Side       &o = dir ? dflt : auto_side, &t = dir ? auto_side : dflt;
@@ -1527,7 +1561,7 @@ TEST(KvuMmGeo, SharedMemoryEndsWithOtherSegmentsAreRefused)
                       nullptr, "auto", sz);
         Side        same("mm-same", "sm", KVT_ACCESS_DEFAULT, 0, nullptr,
                          nullptr, "none MM_ERROR_HANDLING=y MM_SEG_SIZE=66k "
-                         "MM_FIFO_SIZE=64",
+                         "MM_FIFO_SIZE=64 MM_FIFO_ELEM_SIZE=128",
                          sz);
         SCOPED_TRACE(dir ? "explicit -> auto" : "auto -> explicit");
         GetAndPutWhole(dir ? same : a, dir ? a : same, 5 + dir);
@@ -1642,7 +1676,7 @@ TEST(KvuPlanes, SameHostDefaultsUseSharedMemory)
     // shared memory kept in peer error mode; the tcp plane's segments hold
     // a whole active message (tcp's keys are TCP_* from UCX 1.17)
     want = std::string("MM_ERROR_HANDLING=y MM_SEG_SIZE=67584 "
-                       "MM_FIFO_SIZE=64; tcp plane: ") + tcp +
+                       "MM_FIFO_SIZE=64 MM_FIFO_ELEM_SIZE=128; tcp plane: ") + tcp +
            "TX_SEG_SIZE=272k " + tcp + "RX_SEG_SIZE=272k";
     EXPECT_EQ(want, kvu_settings(pr.target.ctx));
     EXPECT_FALSE(kvu_ep_rma_emulated(pr.ep)) << kvu_ep_transports(pr.ep);

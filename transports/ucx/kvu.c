@@ -119,7 +119,8 @@
  * 1.22's 256 elements of such segments cycle 17 MB of receive buffers, and
  * READ of one 32 KiB block fell to 0.29-0.35 GB/s from 0.51-0.68 with
  * 8256-byte segments (0.43-0.77 with 64 elements; 1 MiB x 1 resident 7.1-8.5
- * -> 10.3-12.1). Set on every version, so that 1.13 and 1.22 agree. */
+ * -> 10.3-12.1). Set on every version, with the element size (128, the
+ * default of both), so that 1.13 and 1.22 agree (kvu_mm_geo_match). */
 #define KVU_MM_FIFO       "64"
 #define KVU_TCP_SEG       "272k" /* a whole message, headers included */
 #define KVU_AMP_BUCKETS   1024
@@ -2223,6 +2224,9 @@ static kvx_status_t kvu_settings_auto(kvu_ctx_t *ctx, ucp_config_t *config,
         if (status == KVX_OK) {
             status = kvu_setting(ctx, config, "MM_FIFO_SIZE", KVU_MM_FIFO, 1);
         }
+        if (status == KVX_OK) { /* UCX's default, explicit: see above */
+            status = kvu_setting(ctx, config, "MM_FIFO_ELEM_SIZE", "128", 1);
+        }
     }
     if (status == KVX_OK && ctx->am_rma && tls != NULL && tls[0] != '\0' &&
         !kvu_rma_wanted(tls, 1)) {
@@ -2280,65 +2284,110 @@ static const char *const kvu_mm_fields[3] = {"SEG_SIZE", "FIFO_SIZE",
                                              "FIFO_ELEM_SIZE"};
 static const char *const kvu_mm_prefixes[3] = {"SYSV_", "POSIX_", "MM_"};
 
-/* kvu_mm_value: val as a geometry field; a value this cannot read is
- * UINT32_MAX (set, unknown: it matches only itself). */
-static uint32_t kvu_mm_value(const char *val, size_t n)
+/* kvu_mm_value: val as geometry field f, read as UCX reads it (SEG_SIZE
+ * memory units; the FIFO's sizes "%u": the leading digits). A value this
+ * cannot read is UINT32_MAX (set, unknown: it matches only itself). */
+static uint32_t kvu_mm_value(int f, const char *val, size_t n)
 {
-    unsigned long long v;
+    unsigned long long v = 0;
+    size_t             d = 0;
 
-    return kvu_size_parse(val, n, &v) && v > 0 && v < UINT32_MAX
-               ? (uint32_t)v : UINT32_MAX;
+    if (f == 0) {
+        return kvu_size_parse(val, n, &v) && v > 0 && v < UINT32_MAX
+                   ? (uint32_t)v : UINT32_MAX;
+    }
+    while (d < n && isdigit((unsigned char)val[d]) && v < UINT32_MAX) {
+        v = v * 10 + (unsigned)(val[d++] - '0');
+    }
+    return d > 0 && v > 0 && v < UINT32_MAX ? (uint32_t)v : UINT32_MAX;
 }
 
-void kvu_mm_geo_parse(const char *settings,
-                      const char *(*env)(const char *name), kvu_mm_geo_t *out)
+/* kvu_mm_key: which geometry field key ("MM_FIFO_SIZE") names, prefix k
+ * (kvu_mm_prefixes) and field f; 0 when none. */
+static int kvu_mm_key(const char *key, size_t klen, int *k_p, int *f_p)
+{
+    for (int f = 0; f < 3; f++) {
+        for (int k = 0; k < 3; k++) {
+            size_t pl = strlen(kvu_mm_prefixes[k]);
+            size_t fl = strlen(kvu_mm_fields[f]);
+
+            if (klen == pl + fl && strncmp(key, kvu_mm_prefixes[k], pl) == 0 &&
+                strncmp(key + pl, kvu_mm_fields[f], fl) == 0) {
+                *k_p = k;
+                *f_p = f;
+                return 1;
+            }
+        }
+    }
+    return 0;
+}
+
+int kvu_mm_geo_parse(const char *settings,
+                     const char *(*env)(const char *name), kvu_mm_geo_t *out,
+                     char *why, size_t len)
 {
     uint32_t    v[3]   = {0, 0, 0};
     int         set[3] = {0, 0, 0};
     const char *p      = settings != NULL ? settings : "";
 
-    for (;;) {
+    for (;;) { /* kvu_settings lists KEY=VALUE separated by spaces */
         size_t      n;
         const char *eq;
+        int         k, f;
 
-        p += strspn(p, " ;");
-        n = strcspn(p, " ;");
+        p += strspn(p, " \t");
+        n = strcspn(p, " \t");
         if (n == 0) {
             break;
         }
         eq = memchr(p, '=', n);
-        for (int f = 0; eq != NULL && f < 3; f++) {
-            for (int k = 0; k < 3; k++) {
-                size_t pl = strlen(kvu_mm_prefixes[k]);
-                size_t fl = strlen(kvu_mm_fields[f]);
-
-                if ((size_t)(eq - p) == pl + fl &&
-                    strncmp(p, kvu_mm_prefixes[k], pl) == 0 &&
-                    strncmp(p + pl, kvu_mm_fields[f], fl) == 0) {
-                    v[f]   = kvu_mm_value(eq + 1, n - (size_t)(eq - p) - 1);
-                    set[f] = 1;
-                }
-            }
+        if (eq != NULL && kvu_mm_key(p, (size_t)(eq - p), &k, &f) && k == 2) {
+            v[f]   = kvu_mm_value(f, eq + 1, n - (size_t)(eq - p) - 1);
+            set[f] = 1;
         }
         p += n;
     }
     for (int f = 0; env != NULL && f < 3; f++) {
-        for (int k = 0; !set[f] && k < 3; k++) {
-            char        name[48];
-            const char *s;
+        uint32_t    t[2] = {0, 0}; /* sysv, posix */
+        char        names[2][48];
+        const char *name_of[2] = {NULL, NULL};
 
-            snprintf(name, sizeof(name), "UCX_%s%s", kvu_mm_prefixes[k],
-                     kvu_mm_fields[f]);
-            s = env(name);
-            if (s != NULL && s[0] != '\0') {
-                v[f]   = kvu_mm_value(s, strlen(s));
-                set[f] = 1;
+        if (set[f]) {
+            continue; /* ucp_config_modify overrides the environment */
+        }
+        for (int k = 0; k < 2; k++) {
+            const int order[2] = {k, 2}; /* its own name, else UCX_MM_* */
+
+            for (int q = 0; q < 2 && name_of[k] == NULL; q++) {
+                const char *s;
+
+                snprintf(names[k], sizeof(names[k]), "UCX_%s%s",
+                         kvu_mm_prefixes[order[q]], kvu_mm_fields[f]);
+                s = env(names[k]);
+                if (s != NULL && s[0] != '\0') {
+                    t[k]       = kvu_mm_value(f, s, strlen(s));
+                    name_of[k] = names[k];
+                }
             }
         }
+        if (t[0] != t[1]) {
+            snprintf(why, len, "%s=%s and %s=%s (environment): kvxfer keeps "
+                     "one shared-memory FIFO geometry for sysv and posix (its "
+                     "peers check it); set MM_%s in ucx_lane_settings, or "
+                     "UCX_MM_%s",
+                     name_of[0] ? name_of[0] : "(sysv: UCX's default)",
+                     name_of[0] ? env(name_of[0]) : "",
+                     name_of[1] ? name_of[1] : "(posix: UCX's default)",
+                     name_of[1] ? env(name_of[1]) : "", kvu_mm_fields[f],
+                     kvu_mm_fields[f]);
+            return -1;
+        }
+        v[f] = t[0];
     }
     out->seg  = v[0];
     out->fifo = v[1];
     out->elem = v[2];
+    return 0;
 }
 
 /* kvu_mm_show: a geometry field for a message. */
@@ -2444,6 +2493,17 @@ static kvx_status_t kvu_settings_token(kvu_ctx_t *ctx, ucp_config_t *config,
                          "it needs UCX 1.16 or later", key, val,
                          ucp_get_version_string());
     }
+    {
+        int k, f;
+
+        if (kvu_mm_key(key, klen, &k, &f) && k != 2) {
+            return kvc_error(KVX_ERR_CONFIG,
+                             "kv_connector_extra_config.ucx_lane_settings: "
+                             "'%s=%s': kvxfer keeps one shared-memory FIFO "
+                             "geometry for sysv and posix (its peers check "
+                             "it): set MM_%s", key, val, kvu_mm_fields[f]);
+        }
+    }
     if (klen >= 8 && strcmp(key + klen - 8, "SEG_SIZE") == 0) {
         ctx->big_rx_last = 0; /* the user's segments: small messages */
         if (klen >= 11 && strcmp(key + klen - 11, "RX_SEG_SIZE") == 0 &&
@@ -2483,7 +2543,12 @@ static kvx_status_t kvu_settings_apply(kvu_ctx_t *ctx, ucp_config_t *config,
         p += n;
     }
     if (status == KVX_OK && kvu_tls_has_mm(tls)) {
-        kvu_mm_geo_parse(ctx->settings, kvu_getenv, &ctx->mm);
+        char why[384];
+
+        if (kvu_mm_geo_parse(ctx->settings, kvu_getenv, &ctx->mm, why,
+                             sizeof(why)) != 0) {
+            status = kvc_error(KVX_ERR_CONFIG, "%s", why);
+        }
     }
     if (status == KVX_OK) {
         kvc_log_info("KVX-UCX-SETTINGS", "%s: UCX %s settings: %s (config "
@@ -3331,7 +3396,14 @@ static void kvu_fifo_init(kvu_ctx_t *ctx)
         for (int f = 0; f < 3; f++) {
             char key[32], val[16];
 
-            if (f == 0 || v[f] == 0 || v[f] == UINT32_MAX) {
+            if (v[f] == UINT32_MAX) { /* a value kvxfer cannot read */
+                ucp_config_release(config);
+                kvc_log_debug("KVX-UCX-FIFO", "%s: FIFO geometry unknown: "
+                              "the receive-FIFO watchdog is off", ctx->name);
+                return;
+            }
+            /* its segments stay UCX's unless the worker's are smaller */
+            if (v[f] == 0 || (f == 0 && v[f] >= 8256)) {
                 continue;
             }
             snprintf(key, sizeof(key), "MM_%s", kvu_mm_fields[f]);

@@ -101,12 +101,15 @@ typedef struct kvu_mm_geo {
     uint32_t elem; /* FIFO_ELEM_SIZE: bytes of an element */
 } kvu_mm_geo_t;
 /* kvu_mm_geo_parse: the geometry that the settings "KEY=VALUE ..." (as
- * kvu_settings lists them, applied in order) give, each field not set
- * there taken from the environment (env: getenv or a test's; UCX_SYSV_*,
- * then UCX_POSIX_*, then UCX_MM_*; ucp_config_modify overrides all). */
-void kvu_mm_geo_parse(const char *settings,
-                      const char *(*env)(const char *name),
-                      kvu_mm_geo_t *out);
+ * kvu_settings lists them, applied in order; MM_* keys: per-transport ones
+ * are refused by the settings' parser) give, each field not set there
+ * taken from the environment (env: getenv or a test's; for sysv
+ * UCX_SYSV_* else UCX_MM_*, for posix UCX_POSIX_* else UCX_MM_*;
+ * ucp_config_modify overrides all). -1 with why when sysv and posix would
+ * differ (one geometry is published), else 0. */
+int kvu_mm_geo_parse(const char *settings,
+                     const char *(*env)(const char *name), kvu_mm_geo_t *out,
+                     char *why, size_t len);
 /* kvu_mm_geo_match: may two ends with these geometries (ucx: UCX major <<
  * 8 | minor) share a FIFO? A field matches when equal, and a default (0)
  * only under the same UCX version (1.13 has 64 elements, 1.22 256). 1 if
