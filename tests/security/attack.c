@@ -632,6 +632,11 @@ static ucs_status_t ep_to(ucp_worker_h wk, const void *addr, ucp_ep_h *ep)
     return ucp_ep_create(wk, &prm, ep);
 }
 
+/* Bytes of kvxfer's published worker-address header (kvu.c kvu_addr_hdr_t,
+ * protocol 10: magic, version, count, UCX version, FIFO geometry) before
+ * its entries. */
+#define WA_HDR 24
+
 /* rma_try: one UCP endpoint from wk to addr, a get of 4096 bytes at base
  * with the packed rkey, progressed for secs: 1 when it completed (served),
  * 0 when it did not or no endpoint could be made (*reached says which). */
@@ -689,7 +694,7 @@ static int cmd_rma(char **a)
     ucp_context_h       ucp;
     ucp_worker_h        wk;
     uint8_t            *addr, *rkey;
-    size_t              alen, rlen, off = 24;
+    size_t              alen, rlen, off = WA_HDR;
     uint32_t            magic;
     uint16_t            n;
     uint64_t            base;
@@ -704,7 +709,7 @@ static int cmd_rma(char **a)
         !json_object_object_get_ex(layer, "rkey", &v) ||
         !json_object_is_type(v, json_type_string) ||
         (rkey = b64_decode(json_object_get_string(v), &rlen)) == NULL ||
-        !json_object_object_get_ex(layer, "base", &v) || alen < 24) {
+        !json_object_object_get_ex(layer, "base", &v) || alen < WA_HDR) {
         printf("rma: no worker address, layer 0 rkey and base in %s\n", a[0]);
         return 2;
     }
@@ -847,7 +852,7 @@ static int cmd_amput(char **a)
     ucp_context_h       ucp;
     ucp_worker_h        wk;
     uint8_t            *addr, *rkey, junk[16];
-    size_t              alen, rlen, off = 24;
+    size_t              alen, rlen, off = WA_HDR;
     uint64_t            base, stride, nb, token, tag = kvc_xfer_tag(a[1]);
     uint64_t            session;
     uint16_t            n;
@@ -864,7 +869,7 @@ static int cmd_amput(char **a)
         (addr = b64_decode(json_object_get_string(v), &alen)) == NULL ||
         !json_object_object_get_ex(layer, "rkey", &v) ||
         (rkey = b64_decode(json_object_get_string(v), &rlen)) == NULL ||
-        alen < 24 || rlen < 16) {
+        alen < WA_HDR || rlen < 16) {
         printf("amput: no worker address, layer 0 rkey and geom in %s\n",
                a[0]);
         return 2;
@@ -1055,7 +1060,7 @@ static int cmd_notice(char **a)
     am_hdr_t            h;
     uint8_t            *addr;
     char                data[600];
-    size_t              alen, off = 24;
+    size_t              alen, off = WA_HDR;
     uint64_t            tag = kvc_xfer_tag(a[1]), session;
     ucs_status_t        sst, fst;
     int                 dlen;
@@ -1143,7 +1148,7 @@ static int cmd_blocks(char **a)
     am_hdr_t            h;
     uint8_t            *addr;
     char               *msg = blocks_json(a[1], a[2], a[4]), *data;
-    size_t              alen, off = 24, flen = strlen(a[3]), mlen;
+    size_t              alen, off = WA_HDR, flen = strlen(a[3]), mlen;
     uint64_t            session;
     ucs_status_t        sst, fst;
 

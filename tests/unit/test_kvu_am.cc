@@ -1490,6 +1490,35 @@ TEST(KvuMmGeo, SettingsThenEnvironmentThenDefault)
     }
 }
 
+// A FIFO key the user sets leaves the tcp plane's large segments alone:
+// its published entry still says its receive segments hold a whole
+// message (KVU_ADDR_BIG_RX), as with "auto" alone. (Before, any key ending
+// in SEG_SIZE was taken for tcp's, and peers sent the tcp plane small
+// messages.)
+TEST(KvuMmGeo, FifoSegmentsLeaveTheTcpPlanesSegmentsAlone)
+{
+    struct {
+        const char *settings;
+        bool        big;
+    } cases[] = {{"auto", true},
+                 {"auto MM_SEG_SIZE=67584", true},
+                 {"auto RNDV_THRESH=16k", true}};
+    for (const auto &c : cases) {
+        Side        s("mm-tcp-plane", "", KVT_ACCESS_DEFAULT, 0, nullptr,
+                      nullptr, c.settings, 4096);
+        const void *a, *ent[KVU_ADDR_MAX];
+        size_t      n, len[KVU_ADDR_MAX];
+        uint32_t    flags[KVU_ADDR_MAX] = {0, 0};
+        unsigned    k = 0;
+        SCOPED_TRACE(c.settings);
+        ASSERT_NE(nullptr, s.ctx);
+        kvu_worker_address(s.ctx, &a, &n);
+        ASSERT_EQ(KVX_OK, kvu_addr_entries(a, n, ent, len, flags, &k));
+        ASSERT_EQ(2u, k); // UCX's default transports: split, tcp plane 2nd
+        EXPECT_EQ(c.big, (flags[1] & KVU_ADDR_BIG_RX) != 0);
+    }
+}
+
 // Two ends of a FIFO must agree field by field; UCX's default (0) agrees
 // with itself only under the same UCX version (1.13's FIFO has 64
 // elements, 1.22's 256). The refusal names the field, both values and the

@@ -122,6 +122,8 @@
  * -> 10.3-12.1). Set on every version, with the element size (128, the
  * default of both), so that 1.13 and 1.22 agree (kvu_mm_geo_match). */
 #define KVU_MM_FIFO       "64"
+#define KVU_MM_ELEM       "128"  /* UCX's FIFO_ELEM_SIZE (1.13, 1.22) */
+#define KVU_MM_SEG_UCX    8256u  /* UCX's SEG_SIZE (1.13, 1.22) */
 #define KVU_TCP_SEG       "272k" /* a whole message, headers included */
 #define KVU_AMP_BUCKETS   1024
 #define KVU_NOTICE_ID_MAX 512  /* bytes of a notice's transfer id */
@@ -2225,7 +2227,8 @@ static kvx_status_t kvu_settings_auto(kvu_ctx_t *ctx, ucp_config_t *config,
             status = kvu_setting(ctx, config, "MM_FIFO_SIZE", KVU_MM_FIFO, 1);
         }
         if (status == KVX_OK) { /* UCX's default, explicit: see above */
-            status = kvu_setting(ctx, config, "MM_FIFO_ELEM_SIZE", "128", 1);
+            status = kvu_setting(ctx, config, "MM_FIFO_ELEM_SIZE", KVU_MM_ELEM,
+                                 1);
         }
     }
     if (status == KVX_OK && ctx->am_rma && tls != NULL && tls[0] != '\0' &&
@@ -2462,6 +2465,7 @@ static kvx_status_t kvu_settings_token(kvu_ctx_t *ctx, ucp_config_t *config,
     char        key[64], val[256];
     const char *eq = memchr(tok, '=', n);
     size_t      klen = eq ? (size_t)(eq - tok) : 0;
+    int         mm_k = -1, mm_f = -1; /* a FIFO geometry key (kvu_mm_key) */
 
     if (eq == NULL || klen == 0 || klen >= sizeof(key) ||
         n - klen - 1 == 0 || n - klen - 1 >= sizeof(val) ||
@@ -2493,18 +2497,15 @@ static kvx_status_t kvu_settings_token(kvu_ctx_t *ctx, ucp_config_t *config,
                          "it needs UCX 1.16 or later", key, val,
                          ucp_get_version_string());
     }
-    {
-        int k, f;
-
-        if (kvu_mm_key(key, klen, &k, &f) && k != 2) {
-            return kvc_error(KVX_ERR_CONFIG,
-                             "kv_connector_extra_config.ucx_lane_settings: "
-                             "'%s=%s': kvxfer keeps one shared-memory FIFO "
-                             "geometry for sysv and posix (its peers check "
-                             "it): set MM_%s", key, val, kvu_mm_fields[f]);
-        }
+    if (kvu_mm_key(key, klen, &mm_k, &mm_f) && mm_k != 2) {
+        return kvc_error(KVX_ERR_CONFIG,
+                         "kv_connector_extra_config.ucx_lane_settings: "
+                         "'%s=%s': kvxfer keeps one shared-memory FIFO "
+                         "geometry for sysv and posix (its peers check it): "
+                         "set MM_%s", key, val, kvu_mm_fields[mm_f]);
     }
-    if (klen >= 8 && strcmp(key + klen - 8, "SEG_SIZE") == 0) {
+    /* a tcp segment key (not the FIFO's: MM_SEG_SIZE leaves tcp alone) */
+    if (mm_k < 0 && klen >= 8 && strcmp(key + klen - 8, "SEG_SIZE") == 0) {
         ctx->big_rx_last = 0; /* the user's segments: small messages */
         if (klen >= 11 && strcmp(key + klen - 11, "RX_SEG_SIZE") == 0 &&
             kvu_rx_seg_too_small(val)) {
@@ -3403,7 +3404,7 @@ static void kvu_fifo_init(kvu_ctx_t *ctx)
                 return;
             }
             /* its segments stay UCX's unless the worker's are smaller */
-            if (v[f] == 0 || (f == 0 && v[f] >= 8256)) {
+            if (v[f] == 0 || (f == 0 && v[f] >= KVU_MM_SEG_UCX)) {
                 continue;
             }
             snprintf(key, sizeof(key), "MM_%s", kvu_mm_fields[f]);
