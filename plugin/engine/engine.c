@@ -31,6 +31,34 @@ void kvc_wait_until(struct kvx_engine *eng, uint64_t deadline_us)
                         deadline_us);
 }
 
+void kvc_wake(struct kvx_engine *eng)
+{
+    if (eng->defer_wake && pthread_equal(eng->defer_owner, pthread_self())) {
+        eng->wake_pending = 1;
+    } else {
+        pthread_cond_broadcast(&eng->cond);
+    }
+}
+
+void kvc_lock_deferring(struct kvx_engine *eng)
+{
+    pthread_mutex_lock(&eng->lock);
+    eng->defer_wake  = 1;
+    eng->defer_owner = pthread_self();
+}
+
+void kvc_unlock_waking(struct kvx_engine *eng)
+{
+    int wake = eng->wake_pending;
+
+    eng->defer_wake   = 0;
+    eng->wake_pending = 0;
+    pthread_mutex_unlock(&eng->lock);
+    if (wake) { /* eng outlives its progress owner's callbacks */
+        pthread_cond_broadcast(&eng->cond);
+    }
+}
+
 static void kvc_server_close(struct kvx_engine *eng, kvt_server_t **srv)
 {
     if (*srv != NULL) {
@@ -94,7 +122,8 @@ kvx_status_t kvx_engine_start(struct kvx_engine *eng)
 
 static void kvc_engine_tick(void *arg)
 {
-    struct kvx_engine *eng = arg;
+    struct kvx_engine *eng  = arg;
+    int                full = 0;
 
     pthread_mutex_lock(&eng->lock);
     if (!eng->stopping) {
@@ -109,13 +138,22 @@ static void kvc_engine_tick(void *arg)
         if (eng->mode->on_tick != NULL) {
             eng->mode->on_tick(eng, now);
         }
-        kvc_early_expire(eng, now);
-        kvc_reg_tick(eng);
-        kvc_peers_prefault(eng);
-        kvc_peers_check_conn(eng);
+        /* The rest keeps its period when ticks come sooner (a READ
+         * retry's tick_at): a prefault chunk per retry would hold up the
+         * very gets that wait. */
+        full = now - eng->full_tick_us >= KVC_TICK_FULL_US;
+        if (full) {
+            eng->full_tick_us = now;
+            kvc_early_expire(eng, now);
+            kvc_reg_tick(eng);
+            kvc_peers_prefault(eng);
+            kvc_peers_check_conn(eng);
+        }
     }
     pthread_mutex_unlock(&eng->lock);
-    kvc_peers_collect(eng);
+    if (full) {
+        kvc_peers_collect(eng);
+    }
 }
 
 /* kvc_engine_on_notice (kvt_data_params_t.notice): to the mode, under the
@@ -130,13 +168,13 @@ static void kvc_engine_on_notice(void *arg, uint64_t tag, uint64_t mac,
                               from != NULL ? from : ""};
 
     (void)idlen; /* id is NUL-terminated by the transport */
-    pthread_mutex_lock(&eng->lock);
+    kvc_lock_deferring(eng);
     /* Not once destroy freed the peers (stopping): the progress thread
      * still delivers until the transport is destroyed. */
     if (!eng->stopping && eng->mode->on_notice != NULL) {
         eng->mode->on_notice(eng, &nt);
     }
-    pthread_mutex_unlock(&eng->lock);
+    kvc_unlock_waking(eng);
 }
 
 /* kvc_engine_place: with gpu_bus_id set, hwloc picks the NIC nearest the

@@ -383,6 +383,10 @@ struct kvx_engine {
     kvc_trust_t       trust;
     pthread_mutex_t   lock;
     pthread_cond_t    cond;          /* transfer progress */
+    int               defer_wake;    /* kvc_lock_deferring: wake at unlock */
+    int               wake_pending;  /* a kvc_wake while deferring */
+    pthread_t         defer_owner;   /* the thread that defers */
+    uint64_t          full_tick_us;  /* kvc_engine_tick's last periodic work */
     kvt_ctx_t        *ucx;
     kvc_layer_t      *layers;
     size_t            nlayers, layers_cap;
@@ -500,6 +504,18 @@ uint64_t kvc_deadline_us(const struct kvx_engine *eng, double seconds);
 /* kvc_wait_until: waits on eng->cond (lock held) until signalled or the
  * clock reaches deadline_us; callers re-check their condition. */
 void kvc_wait_until(struct kvx_engine *eng, uint64_t deadline_us);
+/* kvc_wake (lock held): eng->cond's waiters have something to look at.
+ * Broadcast at once, or at kvc_unlock_waking inside kvc_lock_deferring. */
+void kvc_wake(struct kvx_engine *eng);
+/* kvc_lock_deferring / kvc_unlock_waking: the engine lock for a completion
+ * callback of the progress owner; its wake-ups are broadcast after the
+ * unlock, so a waiting framework thread does not wake into a lock that is
+ * still held (glibc's condition variable wakes it, and it blocks on the
+ * mutex at once: a futex wait, a wake and two more switches per
+ * completion). Every exit of such a section goes through
+ * kvc_unlock_waking. */
+void kvc_lock_deferring(struct kvx_engine *eng);
+void kvc_unlock_waking(struct kvx_engine *eng);
 
 /* engine.c: lifetime (create, start, tick, destroy) */
 uint64_t kvc_now_us(const struct kvx_engine *eng);
@@ -683,7 +699,9 @@ kvx_status_t kvc_meta_build(struct kvx_engine *eng);
  * rebuilt with the new worker address. */
 void         kvc_meta_worker_reset(void *arg);
 void         kvc_peer_hs_start(kvc_peer_t *peer);
-#define KVC_PREFAULT_CHUNK (32u << 20) /* bytes per tick */
+#define KVC_PREFAULT_CHUNK (32u << 20) /* bytes per periodic tick */
+#define KVC_TICK_FULL_US 9000u /* periodic tick work at most this often
+                                  (a tick_at in between: timers, retries) */
 void         kvc_peers_prefault(struct kvx_engine *eng);
 void         kvc_peer_hs_finish(kvt_job_t *job);
 void         kvc_hs_handler(void *arg, const char *from, const char *msg,

@@ -14,6 +14,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* A get refused because the source has not exposed the blocks yet is
+ * retried after 100 us, then twice as long each time up to 25.6 ms: a
+ * source rank whose producer_request runs a little after its peers' costs
+ * the transfer about that much, not a whole tick. */
+#define KVC_READ_RETRY_US 100u
+
 /* --- consumer (D) ------------------------------------------------------- */
 
 /* kvc_read_hold_why: the reason of a transfer that P's hold outlasted,
@@ -107,7 +113,7 @@ static void kvc_read_finish(struct kvx_engine *eng, kvc_xfer_t *x)
         kvc_event_push(eng, KVX_EVENT_FAILED, x->status, x, x->reason, 1);
     }
     kvc_idset_add(&eng->terminal, x->transfer_id);
-    pthread_cond_broadcast(&eng->cond);
+    kvc_wake(eng);
 }
 
 /* kvc_read_retry_wanted: a get refused because the source has not exposed
@@ -128,10 +134,10 @@ static void kvc_read_op_done(kvt_op_t *op)
     struct kvx_engine *eng = lop->peer->eng;
     kvx_status_t       st  = (kvx_status_t)atomic_load(&op->status);
 
-    pthread_mutex_lock(&eng->lock);
+    kvc_lock_deferring(eng);
     if (kvc_read_retry_wanted(x, lop, st)) {
-        /* 1, 2, 4 .. 32 ms, then every 32 ms. */
-        uint32_t shift = lop->retries < 5 ? lop->retries : 5;
+        /* 0.1, 0.2, 0.4 .. 25.6 ms, then every 25.6 ms. */
+        uint32_t shift = lop->retries < 8 ? lop->retries : 8;
 
         if (lop->retries == 0) {
             kvc_log_info("KVX-READ-RETRY", "transfer %s: layer %u: %s has "
@@ -141,11 +147,14 @@ static void kvc_read_op_done(kvt_op_t *op)
         }
         lop->retries++;
         eng->stats.read_retries++;
-        lop->retry_us = kvc_now_us(eng) + (1000u << shift);
+        lop->retry_us = kvc_now_us(eng) + (KVC_READ_RETRY_US << shift);
         lop->waiting  = 1;
         lop->rnext    = eng->retry;
         eng->retry    = lop;
-        pthread_mutex_unlock(&eng->lock);
+        if (KVD(eng)->tick_at != NULL) { /* not the next period's tick */
+            KVD(eng)->tick_at(eng->ucx, lop->retry_us);
+        }
+        kvc_unlock_waking(eng);
         return;
     }
     lop->done   = 1;
@@ -171,8 +180,8 @@ static void kvc_read_op_done(kvt_op_t *op)
     if (--x->layers_pending == 0) {
         kvc_read_finish(eng, x);
     }
-    pthread_cond_broadcast(&eng->cond);
-    pthread_mutex_unlock(&eng->lock);
+    kvc_wake(eng);
+    kvc_unlock_waking(eng);
 }
 
 /* kvc_read_sources_ready: every source of x has handshaken. */
@@ -331,7 +340,8 @@ static void kvc_read_post(struct kvx_engine *eng, kvc_xfer_t *x)
  * with that failure. */
 static void kvc_read_on_tick(struct kvx_engine *eng, uint64_t now)
 {
-    kvc_layer_op_t **pp = &eng->retry;
+    kvc_layer_op_t **pp   = &eng->retry;
+    uint64_t         next = 0; /* the earliest retry still waiting */
 
     while (*pp != NULL) {
         kvc_layer_op_t *lop = *pp;
@@ -339,7 +349,8 @@ static void kvc_read_on_tick(struct kvx_engine *eng, uint64_t now)
 
         if (kvc_read_retry_wanted(x, lop, KVX_ERR_NOT_EXPOSED) &&
             now < lop->retry_us) {
-            pp = &lop->rnext;
+            next = next == 0 || lop->retry_us < next ? lop->retry_us : next;
+            pp   = &lop->rnext;
             continue;
         }
         *pp          = lop->rnext;
@@ -368,6 +379,9 @@ static void kvc_read_on_tick(struct kvx_engine *eng, uint64_t now)
         if (x->layers_pending == 0) {
             kvc_read_finish(eng, x);
         }
+    }
+    if (next != 0 && KVD(eng)->tick_at != NULL) {
+        KVD(eng)->tick_at(eng->ucx, next);
     }
 }
 

@@ -83,7 +83,7 @@ static void kvc_write_flush_done(kvt_op_t *op)
     kvx_status_t       st  = (kvx_status_t)atomic_load(&op->status);
     int                released;
 
-    pthread_mutex_lock(&eng->lock);
+    kvc_lock_deferring(eng);
     released = x->state == KVC_XFER_DONE;
     if (released || (st == KVX_OK && x->status == KVX_OK && !x->timed_out)) {
         /* Written, or released by D after some puts: either way none of
@@ -118,7 +118,7 @@ static void kvc_write_flush_done(kvt_op_t *op)
                        "final flush of the puts failed");
     }
     kvc_write_p_finish(eng, x, released);
-    pthread_mutex_unlock(&eng->lock);
+    kvc_unlock_waking(eng);
 }
 
 /* kvc_write_fence: x was released by D after puts were posted: flush the
@@ -185,7 +185,7 @@ static void kvc_write_op_done(kvt_op_t *op)
     struct kvx_engine *eng = x->src->eng;
     kvx_status_t       st  = (kvx_status_t)atomic_load(&op->status);
 
-    pthread_mutex_lock(&eng->lock);
+    kvc_lock_deferring(eng);
     lop->done   = 1;
     lop->status = st;
     x->ncompleted++;
@@ -206,7 +206,7 @@ static void kvc_write_op_done(kvt_op_t *op)
         kvc_xfer_fail(x, x->timed_out ? KVX_ERR_TRANSFER_TIMEOUT : st, why);
     }
     kvc_write_check(eng, x);
-    pthread_mutex_unlock(&eng->lock);
+    kvc_unlock_waking(eng);
 }
 
 /* kvc_write_pump posts the puts of every scheduled, unposted layer once the

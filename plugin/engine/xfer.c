@@ -348,7 +348,7 @@ void kvc_event_push(struct kvx_engine *eng, kvx_event_type_t type,
     }
     eng->ev_tail = n;
     eng->nevents++;
-    pthread_cond_broadcast(&eng->cond);
+    kvc_wake(eng);
 }
 
 /* --- caller-driven waits ------------------------------------------------- */

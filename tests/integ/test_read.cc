@@ -289,6 +289,48 @@ TEST(ReadHold, DecodeReadsOnlyWhileTheProducerHoldsTheBlocks)
     EXPECT_EQ(0, StatCount(p.eng, "data_not_exposed"));
 }
 
+// EarlyRead: D asks for tid from P before P's producer_request; returns
+// once D's gets were refused as not exposed.
+static void EarlyRead(Pair &pair, const char *tid,
+                      const std::vector<uint64_t> &premote,
+                      const std::vector<uint64_t> &dlocal)
+{
+    Rank       &d      = *pair.d[0];
+    std::string params = Params(tid, "127.0.0.1", pair.hs,
+                                (uint16_t)(pair.hs + 20000), premote, 1);
+
+    ASSERT_EQ(KVX_OK, Api()->consumer_request(d.eng, "req-1", params.c_str(),
+                                              dlocal.data(), dlocal.size()));
+    ASSERT_TRUE(WaitFor([&] { return StatCount(d.eng, "read_retries") > 0; },
+                        10000))
+        << "D's gets were not refused as not exposed";
+}
+
+// ExposeLate: P's producer_request for tid comes; D's transfer completes
+// byte-exact and P gets its blocks back.
+static void ExposeLate(Pair &pair, const char *tid,
+                       const std::vector<uint64_t> &premote,
+                       const std::vector<uint64_t> &dlocal)
+{
+    Rank                    &p = *pair.p[0], &d = *pair.d[0];
+    char                    *resp = nullptr;
+    std::vector<kvx_event_t> pev;
+    std::string pp = std::string("{\"transfer_id\":\"") + tid + "\"}";
+
+    ASSERT_EQ(KVX_OK, Api()->producer_request(p.eng, "req-1", pp.c_str(),
+                                              premote.data(), premote.size(),
+                                              &resp))
+        << Api()->last_error();
+    Api()->free(resp);
+    ASSERT_EQ(KVX_OK, Api()->wait_transfer(d.eng, tid, 20000))
+        << Api()->last_error();
+    EXPECT_EQ("", VerifyPull(pair.model, d, 0, dlocal, premote));
+    ASSERT_TRUE(WaitFor([&] { DrainEvents(p.eng, &pev); return !pev.empty(); },
+                        10000));
+    EXPECT_EQ(KVX_EVENT_FINISHED_SENDING, pev[0].type);
+    FreeEvents(&pev);
+}
+
 // D's gets may reach a P rank before that rank's producer_request (SPEC
 // §7: a release can overtake P's own bookkeeping; params built from
 // config): they are refused as not exposed yet and retried until the
@@ -300,33 +342,44 @@ TEST(ReadExposure, GetsBeforeProducerRequestWaitForIt)
     if (HasFatalFailure()) {
         return;
     }
-    Rank                       &p = *pair.p[0], &d = *pair.d[0];
     const std::vector<uint64_t> premote = {6, 2, 9, 10};
     const std::vector<uint64_t> dlocal  = {1, 3, 4, 5};
-    char                       *resp    = nullptr;
 
-    std::string params = Params("tx-early", "127.0.0.1", pair.hs,
-                                (uint16_t)(pair.hs + 20000), premote, 1);
-    ASSERT_EQ(KVX_OK, Api()->consumer_request(d.eng, "req-1", params.c_str(),
-                                              dlocal.data(), dlocal.size()));
-    ASSERT_TRUE(WaitFor([&] { return StatCount(d.eng, "read_retries") > 0; },
-                        10000))
-        << "D's gets were not refused as not exposed";
-    EXPECT_GT(StatCount(p.eng, "data_not_exposed"), 0);
-    ASSERT_EQ(KVX_OK, Api()->producer_request(p.eng, "req-1",
-                                              "{\"transfer_id\":\"tx-early\"}",
-                                              premote.data(), premote.size(),
-                                              &resp))
-        << Api()->last_error();
-    Api()->free(resp);
-    ASSERT_EQ(KVX_OK, Api()->wait_transfer(d.eng, "tx-early", 20000))
-        << Api()->last_error();
-    EXPECT_EQ("", VerifyPull(pair.model, d, 0, dlocal, premote));
-    std::vector<kvx_event_t> pev;
-    ASSERT_TRUE(WaitFor([&] { DrainEvents(p.eng, &pev); return !pev.empty(); },
-                        10000));
-    EXPECT_EQ(KVX_EVENT_FINISHED_SENDING, pev[0].type);
-    FreeEvents(&pev);
+    EarlyRead(pair, "tx-early", premote, dlocal);
+    if (HasFatalFailure()) {
+        return;
+    }
+    EXPECT_GT(StatCount(pair.p[0]->eng, "data_not_exposed"), 0);
+    ExposeLate(pair, "tx-early", premote, dlocal);
+}
+
+// Those retries come on their own schedule (0.1, 0.2, 0.4, 0.8, 1.6 ms
+// ...: the data plane's tick_at), not on the engine's periodic tick (every
+// 10 ms or more), which made every early get cost at least a whole tick.
+// A layer's sixth refusal comes about 3 ms (plus five round trips) after
+// its first on schedule, and 40 ms or more after it on the tick alone (the
+// model has three layers, each its own get: 18 refusals). Without the
+// schedule it fails on the simulator (integ_sim: virtual time, a tick every
+// 10 ms; 3 refusals) and with UCX (6).
+TEST(ReadExposure, RetriesComeOnTheirScheduleNotOnTheTick)
+{
+    Pair pair;
+    MakePair(&pair, 1, "tcp");
+    if (HasFatalFailure()) {
+        return;
+    }
+    const std::vector<uint64_t> premote = {7, 8};
+    const std::vector<uint64_t> dlocal  = {2, 6};
+
+    EarlyRead(pair, "tx-soon", premote, dlocal);
+    if (HasFatalFailure()) {
+        return;
+    }
+    EXPECT_TRUE(WaitFor([&] { return StatCount(pair.d[0]->eng,
+                                               "read_retries") >= 18; }, 20))
+        << StatCount(pair.d[0]->eng, "read_retries")
+        << " refusals within 20 ms";
+    ExposeLate(pair, "tx-soon", premote, dlocal);
 }
 
 // Found in review: "not exposed" must not be retried into another

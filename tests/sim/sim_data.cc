@@ -204,6 +204,7 @@ static void CtxDestroy(kvt_ctx_t *handle)
     // real one lets its progress thread finish them before it returns).
     DeliverPendingOps(c->id);
     w->Cancel(EvKind::kTick, c->id);
+    w->Cancel(EvKind::kTickAt, c->id);
     w->Cancel(EvKind::kJob, c->id);
     // Peers in error mode "peer" learn that this context is gone.
     for (auto &kv : w->eps) {
@@ -220,6 +221,27 @@ static void CtxDestroy(kvt_ctx_t *handle)
 static void Kick(kvt_ctx_t *ctx)
 {
     (void)ctx;
+}
+
+// TickAt: one more tick at us (the virtual clock), besides the period;
+// one queued per context, at the earliest time asked for (as UCX's).
+static void TickAt(kvt_ctx_t *handle, uint64_t us)
+{
+    SimCtx *c = reinterpret_cast<SimCtx *>(handle);
+    World  *w = W();
+    Event   ev;
+
+    us = us > w->Now() ? us : w->Now();
+    if (c->tick_at != 0 && c->tick_at <= us) {
+        return;
+    }
+    w->Cancel(EvKind::kTickAt, c->id);
+    c->tick_at = us;
+    ev.kind   = EvKind::kTickAt;
+    ev.node   = c->node;
+    ev.obj    = c->id;
+    ev.due_us = us;
+    w->Enqueue(ev);
 }
 
 static void Defer(kvt_ctx_t *handle, kvt_job_t *job)
@@ -651,6 +673,7 @@ static const kvt_data_ops_t kSimDataOps = {
     Post,          Flush,       nullptr,      nullptr,     nullptr,
     EpSetSession,  Notify,      CtlSend,
     nullptr,       nullptr,     nullptr,      nullptr, // no caller drive
+    TickAt,
 };
 }
 

@@ -203,8 +203,12 @@ static void DeliverTick(World *w, const Event &ev)
     SimCtx *c = it->second;
     Event   next = ev;
 
-    next.due_us = (ev.due_us > w->Now() ? ev.due_us : w->Now()) + kTickUs;
-    w->Enqueue(next);
+    if (ev.kind == EvKind::kTick) { // the period goes on; a tick_at is once
+        next.due_us = (ev.due_us > w->Now() ? ev.due_us : w->Now()) + kTickUs;
+        w->Enqueue(next);
+    } else {
+        c->tick_at = 0;
+    }
     if (c->p.tick != nullptr) {
         w->SetCurrent(c->node);
         w->delivering.push_back(c->id);
@@ -317,6 +321,7 @@ void World::DataDeliver(const Event &ev)
     case EvKind::kRunCopy: DeliverRun(this, ev); break;
     case EvKind::kOpDone:  DeliverDone(this, ev); break;
     case EvKind::kTick:    DeliverTick(this, ev); break;
+    case EvKind::kTickAt:  DeliverTick(this, ev); break;
     case EvKind::kJob:     DeliverJob(this, ev); break;
     case EvKind::kEpError: DeliverEpError(this, ev); break;
     case EvKind::kNotice:  DeliverNotice(this, ev); break;

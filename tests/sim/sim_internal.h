@@ -19,6 +19,7 @@ struct SimCtx {
     std::string       name;
     uint8_t           addr[12];
     bool              destroyed = false;
+    uint64_t          tick_at   = 0; // the kTickAt queued for then (0: none)
 };
 
 struct SimMem {

@@ -144,6 +144,7 @@ static const char *KindName(EvKind k)
     case EvKind::kOpDone:     return "op-done";
     case EvKind::kJob:        return "job";
     case EvKind::kTick:       return "tick";
+    case EvKind::kTickAt:     return "tick-at";
     case EvKind::kEpError:    return "ep-error";
     case EvKind::kNotice:     return "notice";
     case EvKind::kDpCtl:      return "dp-ctl";

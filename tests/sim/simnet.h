@@ -67,6 +67,7 @@ enum class EvKind : uint8_t {
     kOpDone,     // an op's completion callback
     kJob,        // a deferred job
     kTick,       // a context's periodic tick (timer)
+    kTickAt,     // a tick a context asked for (tick_at; timer, once)
     kEpError,    // an endpoint's error callback
     kNotice,     // a completion notice reaches its peer context
     kDpCtl,      // a data-plane control message reaches its peer context

@@ -408,6 +408,8 @@ struct kvu_ctx {
     uint64_t        mem_types;
     int             delivering;  /* error callbacks running unlocked */
     _Atomic uint64_t kicks;      /* kvu_ctx_kick calls */
+    _Atomic uint64_t tick_at;    /* kvu_tick_at: the tick is due then (0: no
+                                    such time, the period alone) */
     _Atomic int     sleeping;    /* progress thread in (or entering) poll */
     /* A pass (kvu_pass), the tick and the FIFO check run under pass_lock,
      * on the progress thread or on a framework thread waiting in the
@@ -522,6 +524,56 @@ void kvu_ctx_kick(kvu_ctx_t *ctx)
     if (atomic_load(&ctx->sleeping) && !kvu_driven(ctx)) {
         kvu_wake(ctx);
     }
+}
+
+/* kvu_tick_at: see kvu.h. The earliest time asked for is kept. */
+void kvu_tick_at(kvu_ctx_t *ctx, uint64_t us)
+{
+    uint64_t cur = atomic_load(&ctx->tick_at);
+
+    us = us != 0 ? us : 1;
+    while (cur == 0 || us < cur) {
+        if (atomic_compare_exchange_weak(&ctx->tick_at, &cur, us)) {
+            /* A progress thread about to sleep sees the kick and passes
+             * again; one asleep is woken to take the earlier time. */
+            atomic_fetch_add(&ctx->kicks, 1);
+            if (atomic_load(&ctx->sleeping)) {
+                kvu_wake(ctx);
+            }
+            return;
+        }
+    }
+}
+
+/* kvu_tick_due: the tick's period ended, or the time kvu_tick_at asked
+ * for came; take: the caller runs the tick now (the time asked for is
+ * cleared: the tick may ask again), else it only looks. */
+static int kvu_tick_due(kvu_ctx_t *ctx, uint64_t now, int take)
+{
+    uint64_t at = atomic_load(&ctx->tick_at);
+
+    if (at != 0 && now >= at &&
+        (!take || atomic_compare_exchange_strong(&ctx->tick_at, &at, 0))) {
+        return 1;
+    }
+    return now - ctx->last_tick >= KVU_TICK_MS * 1000u / 2;
+}
+
+/* kvu_poll_until: poll(2) for at most max_ms, and not past the time
+ * kvu_tick_at asked for (to the microsecond). */
+static int kvu_poll_until(kvu_ctx_t *ctx, struct pollfd *pfd, nfds_t n,
+                          int max_ms)
+{
+    uint64_t        at = atomic_load(&ctx->tick_at), now = kvc_mono_us();
+    uint64_t        us = (uint64_t)max_ms * 1000u;
+    struct timespec ts;
+
+    if (at != 0) {
+        us = at <= now ? 0 : at - now < us ? at - now : us;
+    }
+    ts.tv_sec  = (time_t)(us / 1000000u);
+    ts.tv_nsec = (long)(us % 1000000u) * 1000;
+    return ppoll(pfd, n, &ts, NULL);
 }
 
 /* --- completion bookkeeping (ctx lock held) ----------------------------- */
@@ -1792,7 +1844,7 @@ static void kvu_wait(kvu_ctx_t *ctx, uint64_t seen)
     pfd[n].events     = POLLIN;
     pfd[n + 1].fd     = ctx->timerfd; /* a lease ending: skipped kicks */
     pfd[n + 1].events = POLLIN;
-    if (poll(pfd, n + 2, KVU_TICK_MS) > 0) {
+    if (kvu_poll_until(ctx, pfd, n + 2, KVU_TICK_MS) > 0) {
         kvu_wake_clear(ctx, pfd[n].revents, pfd[n + 1].revents);
     }
     atomic_store(&ctx->sleeping, 0);
@@ -1913,8 +1965,7 @@ static int kvu_chores(kvu_ctx_t *ctx)
     uint64_t now = kvc_mono_us();
 
     kvu_fifo_check(ctx, now);
-    if (ctx->params.tick != NULL &&
-        now - ctx->last_tick >= KVU_TICK_MS * 1000u / 2) {
+    if (ctx->params.tick != NULL && kvu_tick_due(ctx, now, 1)) {
         ctx->last_tick = now;
         ctx->params.tick(ctx->params.tick_arg);
     }
@@ -1963,7 +2014,7 @@ static void kvu_wait_aside(kvu_ctx_t *ctx, uint64_t seen)
         (lease - now + 999) / 1000 < (uint64_t)ms) {
         ms = (int)((lease - now + 999) / 1000);
     }
-    if (poll(pfd, 2, ms) > 0) {
+    if (kvu_poll_until(ctx, pfd, 2, ms) > 0) {
         kvu_wake_clear(ctx, pfd[0].revents, pfd[1].revents);
     }
     atomic_store(&ctx->sleeping, 0);
@@ -1993,8 +2044,7 @@ static void *kvu_progress_main(void *arg)
             pthread_mutex_lock(&ctx->in_lock);
             jobs = ctx->def_head != NULL;
             pthread_mutex_unlock(&ctx->in_lock);
-            if (jobs || kvc_mono_us() - ctx->last_tick >=
-                            KVU_TICK_MS * 1000u / 2) {
+            if (jobs || kvu_tick_due(ctx, kvc_mono_us(), 0)) {
                 kvu_take_pass(ctx);
                 (void)kvu_chores(ctx);
                 kvu_drop_pass(ctx);

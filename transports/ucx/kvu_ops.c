@@ -31,6 +31,11 @@ static int ops_in_progress_thread(const kvt_ctx_t *c)
     return kvu_in_progress_thread(KVU_C(const kvu_ctx_t, c));
 }
 
+static void ops_tick_at(kvt_ctx_t *c, uint64_t us)
+{
+    kvu_tick_at(KVU_C(kvu_ctx_t, c), us);
+}
+
 static void ops_drive_begin(kvt_ctx_t *c)
 {
     kvu_drive_begin(KVU_C(kvu_ctx_t, c));
@@ -188,6 +193,7 @@ const kvt_data_ops_t *kvt_ucx_ops(void)
         .ctx_create         = ops_ctx_create,
         .ctx_destroy        = ops_ctx_destroy,
         .kick               = ops_kick,
+        .tick_at            = ops_tick_at,
         .defer              = ops_defer,
         .in_progress_thread = ops_in_progress_thread,
         .worker_address     = ops_worker_address,
