@@ -331,9 +331,10 @@ typedef struct kvt_data_ops {
     int          (*drive)(kvt_ctx_t *ctx);
     void         (*drive_end)(kvt_ctx_t *ctx, int back);
     uint64_t     (*driven)(const kvt_ctx_t *ctx);
-    /* tick_at: run params.tick no later than us (CLOCK_MONOTONIC µs, the
-     * real clock's now_us), besides its period (a READ get's retry is due
-     * then); any thread. NULL member: the period alone. */
+    /* tick_at: run params.tick once us has come (the engine clock's µs:
+     * CLOCK_MONOTONIC on the real clock, virtual on the simulator; soon
+     * after it, never before), besides its period (a READ get's retry is
+     * due then); any thread. NULL member: the period alone. */
     void         (*tick_at)(kvt_ctx_t *ctx, uint64_t us);
 } kvt_data_ops_t;
 

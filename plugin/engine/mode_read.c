@@ -19,6 +19,10 @@
  * source rank whose producer_request runs a little after its peers' costs
  * the transfer about that much, not a whole tick. */
 #define KVC_READ_RETRY_US 100u
+/* Retries due within this much of a tick are posted by it: the refusals of
+ * one transfer's layers come microseconds apart, and each asking for a
+ * tick of its own would walk eng->retry once per get. */
+#define KVC_READ_RETRY_SLACK_US 50u
 
 /* --- consumer (D) ------------------------------------------------------- */
 
@@ -348,7 +352,7 @@ static void kvc_read_on_tick(struct kvx_engine *eng, uint64_t now)
         kvc_xfer_t     *x   = lop->xfer;
 
         if (kvc_read_retry_wanted(x, lop, KVX_ERR_NOT_EXPOSED) &&
-            now < lop->retry_us) {
+            now + KVC_READ_RETRY_SLACK_US < lop->retry_us) {
             next = next == 0 || lop->retry_us < next ? lop->retry_us : next;
             pp   = &lop->rnext;
             continue;

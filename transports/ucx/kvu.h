@@ -65,8 +65,8 @@ void         kvu_log_release(void);
 void         kvu_log_quiet(int on);
 /* kvu_ctx_kick wakes the progress thread (e.g. after new work). */
 void         kvu_ctx_kick(kvu_ctx_t *ctx);
-/* kvu_tick_at: the progress thread runs params.tick no later than us
- * (kvc_mono_us), besides every half KVU_TICK_MS; any thread. */
+/* kvu_tick_at: the progress thread runs params.tick once us (kvc_mono_us)
+ * has come, besides every half KVU_TICK_MS; any thread. */
 void         kvu_tick_at(kvu_ctx_t *ctx, uint64_t us);
 /* kvu_defer runs job->fn(job) on the progress thread, unlocked, soon. */
 void         kvu_defer(kvu_ctx_t *ctx, kvt_job_t *job);
