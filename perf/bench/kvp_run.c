@@ -528,12 +528,25 @@ static int kvp_p_ready(kvp_sess_t *s, const kvp_point_msg_t *pm, uint32_t i)
     return 0;
 }
 
-/* P: takes D's DONE if it is waiting (an ABORT there is an error). */
-static int kvp_p_check_channel(kvp_sess_t *s, int *done_rx)
+/* P: takes D's DONE if it is waiting (an ABORT there is an error). While
+ * events keep coming (got > 0) the channel is looked at once a millisecond:
+ * its poll() is a system call per transfer otherwise, on the CPU P's
+ * progress thread needs (perf/README.md, "The framework's share"). */
+static int kvp_p_check_channel(kvp_sess_t *s, int *done_rx, int got,
+                               double *last_us)
 {
-    void *b;
+    void  *b;
+    double now;
 
-    if (*done_rx || !s->c->ops->pending(s->c)) {
+    if (*done_rx) {
+        return 0;
+    }
+    now = kvp_now_us();
+    if (got > 0 && now - *last_us < 1000.0) {
+        return 0;
+    }
+    *last_us = now;
+    if (!s->c->ops->pending(s->c)) {
         return 0;
     }
     if (s->c->ops->recv(s->c, KVP_MSG_DONE, &b, NULL, 10) != 0) {
@@ -555,7 +568,8 @@ static int kvp_p_point(kvp_sess_t *s, const kvp_point_msg_t *pm)
     double        deadline = kvp_now_us() + s->o->timeout_s * 1e6;
     double        t_rb0 = 0;
     long long     rb0 = 0;
-    int           done_rx = 0, rc = -1, got, wahead;
+    int           done_rx = 0, rc = -1, got = 0, wahead;
+    double        chan_us = 0; /* the channel last looked at */
     kvp_precs_t   *pr = NULL;
     size_t        prlen;
     int64_t       rss_tmp;
@@ -619,7 +633,7 @@ static int kvp_p_point(kvp_sess_t *s, const kvp_point_msg_t *pm)
                 long long rb;
 
                 if (kvp_drain(s, pm, kvp_p_on_event, &st, &got) != 0 ||
-                    kvp_p_check_channel(s, &done_rx) != 0) {
+                    kvp_p_check_channel(s, &done_rx, got, &chan_us) != 0) {
                     goto out;
                 }
                 rb = kvp_stat(s, "remote_blocks");
@@ -662,7 +676,7 @@ static int kvp_p_point(kvp_sess_t *s, const kvp_point_msg_t *pm)
     }
     while (st.finished < total) {
         if (kvp_drain(s, pm, kvp_p_on_event, &st, &got) != 0 ||
-            kvp_p_check_channel(s, &done_rx) != 0) {
+            kvp_p_check_channel(s, &done_rx, got, &chan_us) != 0) {
             goto out;
         }
         while ((!st.write || wahead) && issued < total &&

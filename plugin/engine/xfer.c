@@ -9,8 +9,8 @@
  */
 #define _GNU_SOURCE
 #include "engine.h"
+#include "jsonw.h"
 
-#include <json-c/json.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <stddef.h>
@@ -225,66 +225,67 @@ kvx_status_t kvc_xfer_check_ids(struct kvx_engine *eng, const uint64_t *ids,
     return KVX_OK;
 }
 
+/* kvc_xfer_response: a producer's kv_transfer_params for D, written
+ * directly (kvc_jw_*, the same bytes json-c printed for these members):
+ * it is built once per transfer on the framework's thread, where json-c's
+ * object tree cost most of producer_request (perf/README.md, "The
+ * framework's share"). */
 char *kvc_xfer_response(struct kvx_engine *eng, const kvc_xfer_t *x)
 {
-    json_object *o = json_object_new_object(), *ids, *hosts;
-    char        *out;
+    kvc_jw_t w = KVC_JW_INIT;
+    char     num[24];
 
-    ids   = json_object_new_array();
-    hosts = json_object_new_array();
+    kvc_jw_open(&w, '{');
+    kvc_jw_key(&w, "do_remote_prefill");
+    kvc_jw_bool(&w, 1);
+    kvc_jw_key(&w, "do_remote_decode");
+    kvc_jw_bool(&w, 0);
+    kvc_jw_key(&w, "transfer_id");
+    kvc_jw_str(&w, x->transfer_id);
+    kvc_jw_key(&w, "remote_block_ids");
+    kvc_jw_open(&w, '[');
     for (size_t i = 0; i < x->nlocal; i++) {
-        json_object_array_add(ids, json_object_new_int64((int64_t)x->local_ids[i]));
+        kvc_jw_int(&w, (int64_t)x->local_ids[i]);
     }
+    kvc_jw_close(&w, ']');
+    kvc_jw_key(&w, "remote_engine_id");
+    kvc_jw_str(&w, eng->engine_id);
+    kvc_jw_key(&w, "remote_host");
+    kvc_jw_str(&w, eng->cfg.host_ip);
+    kvc_jw_key(&w, "remote_handshake_port");
+    kvc_jw_int(&w, (int)eng->cfg.handshake_port);
+    kvc_jw_key(&w, "remote_notify_port");
+    kvc_jw_int(&w, (int)eng->cfg.notify_port);
+    kvc_jw_key(&w, "tp_size");
+    kvc_jw_int(&w, (int)eng->cfg.tp_size);
+    kvc_jw_key(&w, "remote_dp_size");
+    kvc_jw_int(&w, (int)eng->cfg.dp_size);
+    kvc_jw_key(&w, "remote_dp_rank");
+    kvc_jw_int(&w, (int)eng->cfg.dp_rank);
+    snprintf(num, sizeof(num), "%llu", (unsigned long long)eng->epoch);
+    kvc_jw_key(&w, "remote_instance");
+    kvc_jw_str(&w, num);
+    kvc_jw_key(&w, "remote_tp_rank");
+    kvc_jw_int(&w, (int)eng->cfg.tp_rank);
+    if (x->accepted != 0) {
+        double hold = eng->cfg.defer_timeout * 1000.0;
+
+        snprintf(num, sizeof(num), "%llu", (unsigned long long)x->accepted);
+        kvc_jw_key(&w, "remote_accepted");
+        kvc_jw_str(&w, num);
+        /* How long from then the blocks stay held (kvc_read_hold). */
+        kvc_jw_key(&w, "remote_hold_ms");
+        kvc_jw_int(&w, hold >= 4294967295.0 ? (int64_t)4294967295
+                                            : (int64_t)hold);
+    }
+    kvc_jw_key(&w, "remote_hosts");
+    kvc_jw_open(&w, '[');
     for (size_t i = 0; i < eng->cfg.num_node_hosts; i++) {
-        json_object_array_add(hosts,
-                              json_object_new_string(eng->cfg.node_hosts[i]));
+        kvc_jw_str(&w, eng->cfg.node_hosts[i]);
     }
-    json_object_object_add(o, "do_remote_prefill", json_object_new_boolean(1));
-    json_object_object_add(o, "do_remote_decode", json_object_new_boolean(0));
-    json_object_object_add(o, "transfer_id",
-                           json_object_new_string(x->transfer_id));
-    json_object_object_add(o, "remote_block_ids", ids);
-    json_object_object_add(o, "remote_engine_id",
-                           json_object_new_string(eng->engine_id));
-    json_object_object_add(o, "remote_host",
-                           json_object_new_string(eng->cfg.host_ip));
-    json_object_object_add(o, "remote_handshake_port",
-                           json_object_new_int((int)eng->cfg.handshake_port));
-    json_object_object_add(o, "remote_notify_port",
-                           json_object_new_int((int)eng->cfg.notify_port));
-    json_object_object_add(o, "tp_size",
-                           json_object_new_int((int)eng->cfg.tp_size));
-    json_object_object_add(o, "remote_dp_size",
-                           json_object_new_int((int)eng->cfg.dp_size));
-    json_object_object_add(o, "remote_dp_rank",
-                           json_object_new_int((int)eng->cfg.dp_rank));
-    {
-        char inst[24];
-
-        snprintf(inst, sizeof(inst), "%llu", (unsigned long long)eng->epoch);
-        json_object_object_add(o, "remote_instance",
-                               json_object_new_string(inst));
-        json_object_object_add(o, "remote_tp_rank",
-                               json_object_new_int((int)eng->cfg.tp_rank));
-        if (x->accepted != 0) {
-            double hold = eng->cfg.defer_timeout * 1000.0;
-
-            snprintf(inst, sizeof(inst), "%llu",
-                     (unsigned long long)x->accepted);
-            json_object_object_add(o, "remote_accepted",
-                                   json_object_new_string(inst));
-            /* How long from then the blocks stay held (kvc_read_hold). */
-            json_object_object_add(o, "remote_hold_ms",
-                                   json_object_new_int64(
-                                       hold >= 4294967295.0
-                                           ? (int64_t)4294967295
-                                           : (int64_t)hold));
-        }
-    }
-    json_object_object_add(o, "remote_hosts", hosts);
-    out = strdup(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
-    json_object_put(o);
-    return out;
+    kvc_jw_close(&w, ']');
+    kvc_jw_close(&w, '}');
+    return kvc_jw_take(&w);
 }
 
 kvx_status_t kvc_xfer_publish(struct kvx_engine *eng, kvc_xfer_t *x,
