@@ -106,12 +106,44 @@ TEST(JsonW, NestedMembersIntsAndBoolsMatchJsonC)
     }
 }
 
+TEST(JsonW, EdgeIntegersPrintAsJsonCPrintsThem)
+{
+    const int64_t edge[] = {0,          -1,         1,          9,
+                            10,         -10,        INT64_MIN,  INT64_MIN + 1,
+                            INT64_MAX,  4294967295, -2147483648LL,
+                            2147483647, 1000000000000000000LL};
+
+    for (int64_t v : edge) {
+        json_object *a = json_object_new_array();
+        kvc_jw_t     w = KVC_JW_INIT;
+
+        json_object_array_add(a, json_object_new_int64(v));
+        kvc_jw_open(&w, '[');
+        kvc_jw_int(&w, v);
+        kvc_jw_close(&w, ']');
+        EXPECT_EQ(Take(&w), JsonC(a)) << v;
+    }
+}
+
 TEST(JsonW, ANewWriterTakenAtOnceGivesAnEmptyString)
 {
     kvc_jw_t w = KVC_JW_INIT;
     EXPECT_EQ(Take(&w), "");
     kvc_jw_open(&w, '[');
     kvc_jw_fini(&w); // an unfinished buffer is freed (ASan would see a leak)
+}
+
+TEST(JsonW, AWriterThatRanOutOfMemoryGivesNull)
+{
+    kvc_jw_t w = KVC_JW_INIT;
+
+    kvc_jw_open(&w, '{');
+    kvc_jw_key(&w, "k");
+    w.oom = 1; // as kvc_jw_room sets it when realloc fails
+    kvc_jw_str(&w, "later writes are skipped");
+    kvc_jw_close(&w, '}');
+    EXPECT_EQ(std::string(w.buf), "{\"k\":");
+    EXPECT_EQ(kvc_jw_take(&w), nullptr); // and the buffer is freed
     EXPECT_EQ(w.buf, nullptr);
 }
 
