@@ -670,9 +670,9 @@ static inline int kvc_peer_bound_lost(const kvc_peer_t *peer, uint64_t inst)
 /* kvc_peer_note_instance: a message of a transfer came from instance inst
  * of peer (lock held, any thread). Returns 0 when inst is the peer's known
  * instance (or either is unknown); 1 when it is a new one: the restart is
- * handled on the next periodic tick (kvc_engine_tick), and until then nothing may use the peer's
- * connection for that transfer; 2 when inst is one that restarted since
- * (gone: the transfer cannot be served). */
+ * handled on the next periodic tick (kvc_engine_tick), and until then
+ * nothing may use the peer's connection for that transfer; 2 when inst is
+ * one that restarted since (gone: the transfer cannot be served). */
 int         kvc_peer_note_instance(kvc_peer_t *peer, uint64_t inst);
 /* kvc_peer_set_inst: peer is now instance inst (a handshake answered); a
  * different known one before it is dead (kvc_peer_inst_dead). */

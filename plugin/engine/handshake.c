@@ -476,8 +476,9 @@ static kvx_status_t kvc_peer_hs_check(kvc_peer_t *peer, kvc_hs_meta_t *m,
 
 /* kvc_peers_prefault (tick, lock held) maps the directly attached segments
  * of peers that just connected into our page tables, KVC_PREFAULT_CHUNK
- * bytes per periodic tick (at most every KVC_TICK_FULL_US): the first transfer then does not pay a page fault per
- * page, and the progress owner never stalls for a whole region. */
+ * bytes per periodic tick (at most every KVC_TICK_FULL_US): the first
+ * transfer then does not pay a page fault per page, and the progress owner
+ * never stalls for a whole region. */
 void kvc_peers_prefault(struct kvx_engine *eng)
 {
     uint64_t budget = KVC_PREFAULT_CHUNK;
