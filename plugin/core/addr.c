@@ -8,6 +8,7 @@
  * matches only the same name (case-insensitive), never an address.
  */
 #include "addr.h"
+#include "pval.h"
 #include "siphash.h"
 
 #include <arpa/inet.h>
@@ -958,49 +959,51 @@ typedef struct kvc_params_ctx {
     int                has_dp_rank; /* "remote_dp_rank" present */
 } kvc_params_ctx_t;
 
-typedef kvx_status_t (*kvc_params_field_fn)(json_object *v, const char *key,
+typedef kvx_status_t (*kvc_params_field_fn)(const kvc_pv_t *v,
+                                            const char *key,
                                             kvc_params_ctx_t *c);
 
-static const char *kvc_json_show(json_object *v)
+/* kvc_params_show_len: at most KVC_ADDR_SHOW bytes of a value's text. */
+static int kvc_params_show_len(int len)
 {
-    return json_object_to_json_string_ext(v, JSON_C_TO_STRING_PLAIN);
+    return len < KVC_ADDR_SHOW ? len : KVC_ADDR_SHOW;
 }
 
-static kvx_status_t kvc_params_type_fail(json_object *v, const char *key,
+static kvx_status_t kvc_params_type_fail(const kvc_pv_t *v, const char *key,
                                          const char *rule)
 {
+    int         len;
+    const char *text = kvc_pv_show(v, &len);
+
     return kvc_error(KVX_ERR_INVALID_PARAM, "%s.%s: value %.*s: %s",
-                     KVC_PARAMS, key, KVC_ADDR_SHOW, kvc_json_show(v), rule);
+                     KVC_PARAMS, key, kvc_params_show_len(len), text, rule);
 }
 
-static kvx_status_t kvc_params_str(json_object *v, const char *key, char *dst,
-                                   size_t cap)
+static kvx_status_t kvc_params_str(const kvc_pv_t *v, const char *key,
+                                   char *dst, size_t cap)
 {
-    size_t len;
-
-    if (!json_object_is_type(v, json_type_string)) {
+    if (v->type != KVC_PV_STR) {
         return kvc_params_type_fail(v, key, "must be a string");
     }
-    len = (size_t)json_object_get_string_len(v);
-    if (len >= cap) {
+    if (v->len >= cap) {
         return kvc_error(KVX_ERR_INVALID_PARAM,
                          "%s.%s: length %zu: must be below %zu", KVC_PARAMS,
-                         key, len, cap);
+                         key, v->len, cap);
     }
-    memcpy(dst, json_object_get_string(v), len);
-    dst[len] = '\0';
+    memcpy(dst, v->s, v->len);
+    dst[v->len] = '\0';
     return KVX_OK;
 }
 
-static kvx_status_t kvc_params_u32(json_object *v, const char *key,
+static kvx_status_t kvc_params_u32(const kvc_pv_t *v, const char *key,
                                    uint32_t *dst)
 {
     int64_t x;
 
-    if (!json_object_is_type(v, json_type_int)) {
+    if (v->type != KVC_PV_INT) {
         return kvc_params_type_fail(v, key, "must be a non-negative integer");
     }
-    x = json_object_get_int64(v);
+    x = v->i;
     if (x < 0 || x > (int64_t)UINT32_MAX) {
         return kvc_params_type_fail(v, key,
                                     "must be an integer in 0..4294967295");
@@ -1009,14 +1012,14 @@ static kvx_status_t kvc_params_u32(json_object *v, const char *key,
     return KVX_OK;
 }
 
-static kvx_status_t kvc_params_transfer_id(json_object *v, const char *key,
+static kvx_status_t kvc_params_transfer_id(const kvc_pv_t *v, const char *key,
                                            kvc_params_ctx_t *c)
 {
     return kvc_params_str(v, key, c->p->transfer_id,
                           sizeof(c->p->transfer_id));
 }
 
-static kvx_status_t kvc_params_engine_id(json_object *v, const char *key,
+static kvx_status_t kvc_params_engine_id(const kvc_pv_t *v, const char *key,
                                          kvc_params_ctx_t *c)
 {
     return kvc_params_str(v, key, c->p->remote_engine_id,
@@ -1026,19 +1029,19 @@ static kvx_status_t kvc_params_engine_id(json_object *v, const char *key,
 /* kvc_params_instance: "remote_instance" or "remote_accepted", a decimal
  * string of a non-zero 64-bit id (JSON numbers cannot carry every
  * uint64). */
-static kvx_status_t kvc_params_instance(json_object *v, const char *key,
+static kvx_status_t kvc_params_instance(const kvc_pv_t *v, const char *key,
                                         kvc_params_ctx_t *c)
 {
     const char *s;
     uint64_t    x = 0;
     size_t      i, n;
 
-    if (!json_object_is_type(v, json_type_string)) {
+    if (v->type != KVC_PV_STR) {
         return kvc_params_type_fail(v, key, "must be a decimal string of a "
                                     "64-bit instance id");
     }
-    s = json_object_get_string(v);
-    n = (size_t)json_object_get_string_len(v);
+    s = v->s;
+    n = v->len;
     for (i = 0; i < n && s[i] >= '0' && s[i] <= '9'; i++) {
         unsigned d = (unsigned)(s[i] - '0');
 
@@ -1049,8 +1052,9 @@ static kvx_status_t kvc_params_instance(json_object *v, const char *key,
     }
     if (n == 0 || i != n || x == 0 || s[0] == '0') {
         return kvc_error(KVX_ERR_INVALID_PARAM,
-                         "kv_transfer_params.%s: value '%.40s': must be a "
-                         "decimal string of an integer in 1..%llu", key, s,
+                         "kv_transfer_params.%s: value '%.*s': must be a "
+                         "decimal string of an integer in 1..%llu", key,
+                         n < 40 ? (int)n : 40, s,
                          (unsigned long long)UINT64_MAX);
     }
     if (strcmp(key, "remote_accepted") == 0) {
@@ -1063,7 +1067,7 @@ static kvx_status_t kvc_params_instance(json_object *v, const char *key,
     return KVX_OK;
 }
 
-static kvx_status_t kvc_params_host(json_object *v, const char *key,
+static kvx_status_t kvc_params_host(const kvc_pv_t *v, const char *key,
                                     kvc_params_ctx_t *c)
 {
     return kvc_params_str(v, key, c->p->remote.host,
@@ -1072,31 +1076,30 @@ static kvx_status_t kvc_params_host(json_object *v, const char *key,
 
 /* kvc_params_port_value reads an integer or a decimal string and checks
  * the port range (field is "kv_transfer_params.<key>"). */
-static kvx_status_t kvc_params_port_value(json_object *v, const char *key,
+static kvx_status_t kvc_params_port_value(const kvc_pv_t *v, const char *key,
                                           uint32_t *dst)
 {
-    char        field[64];
-    const char *s;
-    uint64_t    port = 0;
+    char     field[64];
+    uint64_t port = 0;
 
     snprintf(field, sizeof(field), "%s.%s", KVC_PARAMS, key);
-    if (json_object_is_type(v, json_type_int)) {
-        if (json_object_get_int64(v) < 0) {
+    if (v->type == KVC_PV_INT) {
+        if (v->i < 0) {
             return kvc_error(KVX_ERR_UNTRUSTED_PEER,
                              "%s: port %lld: must be in 1024..65535", field,
-                             (long long)json_object_get_int64(v));
+                             (long long)v->i);
         }
-        port = json_object_get_uint64(v);
-    } else if (json_object_is_type(v, json_type_string)) {
-        s = json_object_get_string(v);
-        for (size_t i = 0; s[i] != '\0'; i++) {
-            if (!kvc_addr_is_digit(s[i])) {
+        port = v->u;
+    } else if (v->type == KVC_PV_STR) {
+        for (size_t i = 0; i < v->len; i++) {
+            if (!kvc_addr_is_digit(v->s[i])) {
                 return kvc_params_type_fail(
                     v, key, "must be an integer or a decimal string");
             }
-            port = port > 65535 ? port : port * 10 + (uint64_t)(s[i] - '0');
+            port = port > 65535 ? port
+                                : port * 10 + (uint64_t)(v->s[i] - '0');
         }
-        if (s[0] == '\0') {
+        if (v->len == 0) {
             return kvc_params_type_fail(
                 v, key, "must be an integer or a decimal string");
         }
@@ -1111,13 +1114,13 @@ static kvx_status_t kvc_params_port_value(json_object *v, const char *key,
     return KVX_OK;
 }
 
-static kvx_status_t kvc_params_hs_port(json_object *v, const char *key,
+static kvx_status_t kvc_params_hs_port(const kvc_pv_t *v, const char *key,
                                        kvc_params_ctx_t *c)
 {
     return kvc_params_port_value(v, key, &c->p->remote.handshake_port);
 }
 
-static kvx_status_t kvc_params_nt_port(json_object *v, const char *key,
+static kvx_status_t kvc_params_nt_port(const kvc_pv_t *v, const char *key,
                                        kvc_params_ctx_t *c)
 {
     return kvc_params_port_value(v, key, &c->p->remote.notify_port);
@@ -1159,18 +1162,20 @@ static kvx_status_t kvc_hosts_add(char **hosts, size_t *n, const char *s,
     return KVX_OK;
 }
 
-static kvx_status_t kvc_hosts_fill(json_object *v, const char *key,
+static kvx_status_t kvc_hosts_fill(const kvc_pv_t *v, const char *key,
                                    char **hosts, size_t *n)
 {
     kvx_status_t st = KVX_OK;
+    kvc_pv_it_t  it = {0};
+    kvc_pv_t     e;
 
-    if (json_object_is_type(v, json_type_string)) {
-        const char *s = json_object_get_string(v);
+    if (v->type == KVC_PV_STR) {
+        const char *p = v->s, *end = v->s + v->len;
         size_t      i = 0;
 
-        for (const char *p = s; st == KVX_OK; i++) {
-            const char *comma = strchr(p, ',');
-            size_t      len = comma ? (size_t)(comma - p) : strlen(p);
+        for (; st == KVX_OK; i++) {
+            const char *comma = memchr(p, ',', (size_t)(end - p));
+            size_t      len = (size_t)((comma ? comma : end) - p);
 
             st = kvc_hosts_add(hosts, n, p, len, key, i);
             if (comma == NULL) {
@@ -1180,33 +1185,33 @@ static kvx_status_t kvc_hosts_fill(json_object *v, const char *key,
         }
         return st;
     }
-    for (size_t i = 0; i < json_object_array_length(v) && st == KVX_OK; i++) {
-        json_object *e = json_object_array_get_idx(v, i);
+    for (size_t i = 0; st == KVX_OK && kvc_pv_next(v, &it, &e); i++) {
+        if (e.type != KVC_PV_STR) {
+            int         len;
+            const char *text = kvc_pv_show(&e, &len);
 
-        if (!json_object_is_type(e, json_type_string)) {
             return kvc_error(KVX_ERR_INVALID_PARAM,
                              "%s.%s[%zu]: value %.*s: must be a string",
-                             KVC_PARAMS, key, i, KVC_ADDR_SHOW,
-                             kvc_json_show(e));
+                             KVC_PARAMS, key, i, kvc_params_show_len(len),
+                             text);
         }
-        st = kvc_hosts_add(hosts, n, json_object_get_string(e),
-                           (size_t)json_object_get_string_len(e), key, i);
+        st = kvc_hosts_add(hosts, n, e.s, e.len, key, i);
     }
     return st;
 }
 
-static kvx_status_t kvc_params_hosts(json_object *v, const char *key,
+static kvx_status_t kvc_params_hosts(const kvc_pv_t *v, const char *key,
                                      kvc_params_ctx_t *c)
 {
     size_t       cap = 1, n = 0;
     char       **hosts;
     kvx_status_t st;
 
-    if (json_object_is_type(v, json_type_array)) {
-        cap = json_object_array_length(v) + 1;
-    } else if (json_object_is_type(v, json_type_string)) {
-        for (const char *s = json_object_get_string(v); *s != '\0'; s++) {
-            cap += *s == ',';
+    if (v->type == KVC_PV_ARRAY) {
+        cap = v->len + 1;
+    } else if (v->type == KVC_PV_STR) {
+        for (size_t i = 0; i < v->len; i++) {
+            cap += v->s[i] == ',';
         }
     } else {
         return kvc_params_type_fail(
@@ -1227,35 +1232,37 @@ static kvx_status_t kvc_params_hosts(json_object *v, const char *key,
     return KVX_OK;
 }
 
-static kvx_status_t kvc_params_blocks(json_object *v, const char *key,
+static kvx_status_t kvc_params_blocks(const kvc_pv_t *v, const char *key,
                                       kvc_params_ctx_t *c)
 {
-    size_t    n;
-    uint64_t *ids;
+    size_t      n;
+    uint64_t   *ids;
+    kvc_pv_it_t it = {0};
+    kvc_pv_t    e;
 
-    if (!json_object_is_type(v, json_type_array)) {
+    if (v->type != KVC_PV_ARRAY) {
         return kvc_params_type_fail(v, key,
                                     "must be a list of non-negative integers");
     }
-    n   = json_object_array_length(v);
+    n   = v->len;
     ids = calloc(n ? n : 1, sizeof(*ids));
     if (ids == NULL) {
         return kvc_error(KVX_ERR_NO_MEMORY, "%s.%s: out of memory for %zu ids",
                          KVC_PARAMS, key, n);
     }
-    for (size_t i = 0; i < n; i++) {
-        json_object *e = json_object_array_get_idx(v, i);
+    for (size_t i = 0; i < n && kvc_pv_next(v, &it, &e); i++) {
+        if (e.type != KVC_PV_INT || e.i < 0) {
+            int         len;
+            const char *text = kvc_pv_show(&e, &len);
 
-        if (!json_object_is_type(e, json_type_int) ||
-            json_object_get_int64(e) < 0) {
             free(ids);
             return kvc_error(KVX_ERR_INVALID_PARAM,
                              "%s.%s[%zu]: value %.*s: must be a non-negative "
                              "integer",
-                             KVC_PARAMS, key, i, KVC_ADDR_SHOW,
-                             kvc_json_show(e));
+                             KVC_PARAMS, key, i, kvc_params_show_len(len),
+                             text);
         }
-        ids[i] = json_object_get_uint64(e);
+        ids[i] = e.u;
     }
     c->p->has_remote_block_ids = 1;
     c->p->remote_block_ids     = ids;
@@ -1263,7 +1270,7 @@ static kvx_status_t kvc_params_blocks(json_object *v, const char *key,
     return KVX_OK;
 }
 
-static kvx_status_t kvc_params_int(json_object *v, const char *key,
+static kvx_status_t kvc_params_int(const kvc_pv_t *v, const char *key,
                                    kvc_params_ctx_t *c)
 {
     if (strcmp(key, "tp_size") == 0) {
@@ -1285,17 +1292,17 @@ static kvx_status_t kvc_params_int(json_object *v, const char *key,
     return kvc_params_u32(v, key, &c->p->remote_dp_rank);
 }
 
-static kvx_status_t kvc_params_bool(json_object *v, const char *key,
+static kvx_status_t kvc_params_bool(const kvc_pv_t *v, const char *key,
                                     kvc_params_ctx_t *c)
 {
     int *dst = strcmp(key, "do_remote_prefill") == 0
                    ? &c->p->do_remote_prefill
                    : &c->p->do_remote_decode;
 
-    if (!json_object_is_type(v, json_type_boolean)) {
+    if (v->type != KVC_PV_BOOL) {
         return kvc_params_type_fail(v, key, "must be true or false");
     }
-    *dst = json_object_get_boolean(v) ? 1 : 0;
+    *dst = v->b;
     return KVX_OK;
 }
 
@@ -1322,22 +1329,25 @@ static const struct {
     {"do_remote_decode", kvc_params_bool},
 };
 
-/* kvc_params_from_obj decodes obj (NULL = all defaults) into c->p. JSON
- * null values count as absent. On error c->p is finalised. */
-static kvx_status_t kvc_params_from_obj(json_object *obj, kvc_params_ctx_t *c)
+#define KVC_PARAMS_NFIELDS                                                     \
+    (sizeof(kvc_params_fields) / sizeof(kvc_params_fields[0]))
+/* members of params the flat reader takes; more go to json-c */
+#define KVC_PARAMS_FLAT_MAX 32
+
+/* kvc_params_apply decodes vals[i], the value of kvc_params_fields[i] (NULL
+ * when absent; JSON null counts as absent), into c->p, in the table's
+ * order. On error c->p is finalised. */
+static kvx_status_t kvc_params_apply(const kvc_pv_t *const *vals,
+                                     kvc_params_ctx_t *c)
 {
     kvc_xfer_params_t *p = c->p;
-    json_object       *v;
     kvx_status_t       st;
 
-    for (size_t i = 0; obj != NULL && i < sizeof(kvc_params_fields) /
-                                                sizeof(kvc_params_fields[0]);
-         i++) {
-        if (!json_object_object_get_ex(obj, kvc_params_fields[i].key, &v) ||
-            v == NULL) {
+    for (size_t i = 0; i < KVC_PARAMS_NFIELDS; i++) {
+        if (vals[i] == NULL || vals[i]->type == KVC_PV_NULL) {
             continue;
         }
-        st = kvc_params_fields[i].fn(v, kvc_params_fields[i].key, c);
+        st = kvc_params_fields[i].fn(vals[i], kvc_params_fields[i].key, c);
         if (st != KVX_OK) {
             kvc_params_fini(p);
             return st;
@@ -1350,6 +1360,54 @@ static kvx_status_t kvc_params_from_obj(json_object *obj, kvc_params_ctx_t *c)
                          p->remote.handshake_port != 0 &&
                          p->remote.notify_port != 0;
     return KVX_OK;
+}
+
+/* kvc_params_from_obj decodes json-c's obj (NULL = all defaults) into c->p
+ * as kvc_params_apply. */
+static kvx_status_t kvc_params_from_obj(json_object *obj, kvc_params_ctx_t *c)
+{
+    kvc_pv_t        pv[KVC_PARAMS_NFIELDS];
+    const kvc_pv_t *vals[KVC_PARAMS_NFIELDS] = {0};
+    json_object    *v;
+
+    for (size_t i = 0; obj != NULL && i < KVC_PARAMS_NFIELDS; i++) {
+        if (json_object_object_get_ex(obj, kvc_params_fields[i].key, &v)) {
+            kvc_pv_from_json(v, &pv[i]);
+            vals[i] = &pv[i];
+        }
+    }
+    return kvc_params_apply(vals, c);
+}
+
+/* kvc_params_flat decodes json into c->p without json-c when the flat
+ * reader takes it (pval.h), no field repeats and every field is valid: 1.
+ * Otherwise 0 with c->p zeroed: the caller decodes with json-c, which
+ * gives the same fields or the canonical error. */
+static int kvc_params_flat(const char *json, kvc_params_ctx_t *c)
+{
+    kvc_flat_member_t m[KVC_PARAMS_FLAT_MAX];
+    const kvc_pv_t   *vals[KVC_PARAMS_NFIELDS] = {0};
+    size_t            n;
+
+    if (!kvc_flat_scan(json, m, KVC_PARAMS_FLAT_MAX, &n)) {
+        return 0;
+    }
+    for (size_t j = 0; j < n; j++) {
+        for (size_t i = 0; i < KVC_PARAMS_NFIELDS; i++) {
+            const char *key = kvc_params_fields[i].key;
+
+            if (strlen(key) != m[j].key_len ||
+                memcmp(key, m[j].key, m[j].key_len) != 0) {
+                continue;
+            }
+            if (vals[i] != NULL) {
+                return 0; /* json-c keeps the last: let it decide */
+            }
+            vals[i] = &m[j].val;
+            break;
+        }
+    }
+    return kvc_params_apply(vals, c) == KVX_OK;
 }
 
 /* kvc_params_json parses json into *obj_p (NULL for NULL/""/"null"). */
@@ -1377,20 +1435,43 @@ static kvx_status_t kvc_params_json(const char *json, const char *what,
     return KVX_OK;
 }
 
-kvx_status_t kvc_params_parse(const char *json, kvc_xfer_params_t *p)
+/* kvc_params_decode: json (NULL/"" = all defaults) into c->p; the flat
+ * reader first, json-c for everything it does not take. */
+static kvx_status_t kvc_params_decode(const char *json, kvc_params_ctx_t *c,
+                                      int flat)
 {
-    kvc_params_ctx_t ctx = {.p = p};
-    json_object     *obj;
-    kvx_status_t     st;
+    kvx_status_t st;
+    json_object *obj;
 
-    memset(p, 0, sizeof(*p));
-    st = kvc_params_json(json, KVC_PARAMS, &obj);
+    if (flat && json != NULL && json[0] != '\0' && kvc_params_flat(json, c)) {
+        return KVX_OK;
+    }
+    memset(c->p, 0, sizeof(*c->p));
+    c->tp_size     = 0;
+    c->has_dp_rank = 0;
+    st             = kvc_params_json(json, KVC_PARAMS, &obj);
     if (st != KVX_OK) {
         return st;
     }
-    st = kvc_params_from_obj(obj, &ctx);
+    st = kvc_params_from_obj(obj, c);
     json_object_put(obj);
     return st;
+}
+
+kvx_status_t kvc_params_parse(const char *json, kvc_xfer_params_t *p)
+{
+    kvc_params_ctx_t ctx = {.p = p};
+
+    memset(p, 0, sizeof(*p));
+    return kvc_params_decode(json, &ctx, 1);
+}
+
+kvx_status_t kvc_params_parse_json_c(const char *json, kvc_xfer_params_t *p)
+{
+    kvc_params_ctx_t ctx = {.p = p};
+
+    memset(p, 0, sizeof(*p));
+    return kvc_params_decode(json, &ctx, 0);
 }
 
 void kvc_params_fini(kvc_xfer_params_t *p)
@@ -1550,7 +1631,6 @@ kvx_status_t kvc_params_build_decode(const char *prefill_response_json,
 {
     kvc_xfer_params_t p;
     kvc_params_ctx_t  ctx = {.p = &p};
-    json_object      *obj;
     kvx_status_t      st;
 
     memset(&p, 0, sizeof(p));
@@ -1559,12 +1639,7 @@ kvx_status_t kvc_params_build_decode(const char *prefill_response_json,
                          "transfer_id: length %zu: must be below %d",
                          strlen(transfer_id), KVX_ID_MAX);
     }
-    st = kvc_params_json(prefill_response_json, KVC_PARAMS, &obj);
-    if (st != KVX_OK) {
-        return st;
-    }
-    st = kvc_params_from_obj(obj, &ctx);
-    json_object_put(obj);
+    st = kvc_params_decode(prefill_response_json, &ctx, 1);
     if (st != KVX_OK) {
         return st;
     }

@@ -332,6 +332,10 @@ typedef struct kvc_xfer_params {
  * explicit addresses are range-checked with kvc_port_check. On error nothing
  * to free. */
 kvx_status_t kvc_params_parse(const char *json, kvc_xfer_params_t *p);
+/* kvc_params_parse_json_c: the same, always through json-c. Params in the
+ * flat reader's subset (pval.h) skip json-c in kvc_params_parse; tests and
+ * fuzz_params check that both ways give the same fields and errors. */
+kvx_status_t kvc_params_parse_json_c(const char *json, kvc_xfer_params_t *p);
 void kvc_params_fini(kvc_xfer_params_t *p);
 
 /*

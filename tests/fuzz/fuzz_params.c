@@ -5,6 +5,9 @@
  *
  * The first byte picks the decoder, the rest is its input.
  * Invariants:
+ *  - params: kvc_params_parse (the flat reader, pval.h, where it takes the
+ *    text) and kvc_params_parse_json_c give the same status, error text
+ *    and fields;
  *  - params: accepted values obey their bounds (strings below their
  *    buffers, remote_hosts entries 1..255 characters without surrounding
  *    blanks, explicit ports 1024..65535); kvc_params_build_decode of the
@@ -97,11 +100,39 @@ static void fz_same_params(const kvc_xfer_params_t *a,
              "instance binding");
 }
 
+/* fz_params_paths: both ways of decoding json agree on everything. */
+static void fz_params_paths(const char *json)
+{
+    kvc_xfer_params_t a, b;
+    char              err[KVC_ERR_MAX];
+    kvx_status_t      sa = kvc_params_parse(json, &a), sb;
+
+    snprintf(err, sizeof(err), "%s", sa == KVX_OK ? "" : kvc_last_error());
+    sb = kvc_params_parse_json_c(json, &b);
+    FZ_CHECK(sa == sb, "'%.300s': status %d (flat) vs %d (json-c): %s", json,
+             (int)sa, (int)sb, sa != KVX_OK ? err : kvc_last_error());
+    FZ_CHECK(sa == KVX_OK || strcmp(err, kvc_last_error()) == 0,
+             "'%.300s': '%s' vs '%s'", json, err, kvc_last_error());
+    if (sa == KVX_OK) {
+        fz_same_params(&a, &b);
+        FZ_CHECK(strcmp(a.remote.host, b.remote.host) == 0 &&
+                     a.remote.handshake_port == b.remote.handshake_port &&
+                     a.remote.notify_port == b.remote.notify_port &&
+                     a.remote_hold_ms == b.remote_hold_ms &&
+                     a.do_remote_prefill == b.do_remote_prefill &&
+                     a.do_remote_decode == b.do_remote_decode,
+                 "'%.300s': fields differ", json);
+    }
+    kvc_params_fini(&a);
+    kvc_params_fini(&b);
+}
+
 static void fz_params(const char *json)
 {
     kvc_xfer_params_t p, d, d2;
     char             *out = NULL, *out2 = NULL;
 
+    fz_params_paths(json);
     if (kvc_params_parse(json, &p) != KVX_OK) {
         FZ_CHECK(kvc_last_error()[0] != '\0', "no error text");
         return;
