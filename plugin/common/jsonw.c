@@ -71,7 +71,12 @@ static void kvc_jw_quoted(kvc_jw_t *w, const char *s)
         case '\f': memcpy(esc, "\\f", 2); break;
         case '"': memcpy(esc, "\\\"", 2); break;
         case '\\': memcpy(esc, "\\\\", 2); break;
-        case '/': memcpy(esc, "\\/", 2); break;
+        case '/':
+            if (w->noslash) {
+                continue;
+            }
+            memcpy(esc, "\\/", 2);
+            break;
         default:
             if (c >= 0x20) {
                 continue;
@@ -116,21 +121,32 @@ void kvc_jw_str(kvc_jw_t *w, const char *s)
     kvc_jw_quoted(w, s);
 }
 
-void kvc_jw_int(kvc_jw_t *w, int64_t v)
+/* kvc_jw_num: what "%" PRId64 (neg) or "%" PRIu64 prints for a value of
+ * magnitude u, without the format parser. */
+static void kvc_jw_num(kvc_jw_t *w, uint64_t u, int neg)
 {
-    char     num[24];
-    char    *p = num + sizeof(num);
-    uint64_t u = v < 0 ? 0 - (uint64_t)v : (uint64_t)v;
+    char  num[24];
+    char *p = num + sizeof(num);
 
-    do { /* what "%" PRId64 prints, without the format parser */
+    do {
         *--p = (char)('0' + u % 10);
         u /= 10;
     } while (u != 0);
-    if (v < 0) {
+    if (neg) {
         *--p = '-';
     }
     kvc_jw_sep(w);
     kvc_jw_put(w, p, (size_t)(num + sizeof(num) - p));
+}
+
+void kvc_jw_int(kvc_jw_t *w, int64_t v)
+{
+    kvc_jw_num(w, v < 0 ? 0 - (uint64_t)v : (uint64_t)v, v < 0);
+}
+
+void kvc_jw_uint(kvc_jw_t *w, uint64_t v)
+{
+    kvc_jw_num(w, v, 0);
 }
 
 void kvc_jw_bool(kvc_jw_t *w, int v)

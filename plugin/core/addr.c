@@ -1389,7 +1389,7 @@ static int kvc_params_flat(const char *json, kvc_params_ctx_t *c)
     const kvc_pv_t   *vals[KVC_PARAMS_NFIELDS] = {0};
     size_t            n;
 
-    if (!kvc_flat_scan(json, m, KVC_PARAMS_FLAT_MAX, &n)) {
+    if (!kvc_flat_scan(json, strlen(json), m, KVC_PARAMS_FLAT_MAX, &n)) {
         return 0;
     }
     for (size_t j = 0; j < n; j++) {

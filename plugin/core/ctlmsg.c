@@ -4,13 +4,18 @@
  * Every decoder goes through kvc_json_parse(), which checks the size limit,
  * rejects embedded NUL bytes and malformed UTF-8 (RFC 3629), parses exactly
  * len bytes with json-c in strict mode (depth limited) and rejects trailing
- * data. Field
- * access goes through the kvc_fld_* helpers, which type- and range-check
- * each value and name the field, the value and the rule in the error text.
+ * data. Control messages (remote_blocks, release: one per transfer) are
+ * read by the flat reader first (pval.h: no allocation), and go to json-c
+ * when it does not take them or any field fails, so json-c gives every
+ * error. Field access goes through kvc_obj_t and the kvc_fld_* helpers,
+ * whichever parsed the text; they type- and range-check each value and
+ * name the field, the value and the rule in the error text.
  *
  * Threading: pure functions, any thread; kvc_idset_t is not locked.
  */
 #include "ctlmsg.h"
+#include "jsonw.h"
+#include "pval.h"
 
 #include <json-c/json.h>
 
@@ -182,23 +187,70 @@ static kvx_status_t kvc_json_object(const char *what, const char *buf,
     return status;
 }
 
-/* kvc_val_text: the JSON text of a value for error messages (borrowed). */
-static const char *kvc_val_text(json_object *val)
+/* kvc_obj_t: an object's members as json-c parsed them (jo) or as the
+ * flat reader found them in the message text (m[0..n)). */
+typedef struct kvc_obj {
+    json_object             *jo;
+    const kvc_flat_member_t *m;
+    size_t                   n;
+} kvc_obj_t;
+
+/* kvc_obj_get: 1, with the value in *v (may be NULL), when key is a member
+ * of o; of repeated keys the last, the one json-c keeps. */
+static int kvc_obj_get(const kvc_obj_t *o, const char *key, kvc_pv_t *v)
 {
-    const char *text = json_object_to_json_string_ext(val,
-                                                      JSON_C_TO_STRING_PLAIN);
-    return text != NULL ? text : "?";
+    json_object *val = NULL;
+    size_t       klen;
+
+    if (o->jo != NULL) {
+        if (!json_object_object_get_ex(o->jo, key, &val)) {
+            return 0;
+        }
+        if (v != NULL) {
+            kvc_pv_from_json(val, v);
+        }
+        return 1;
+    }
+    klen = strlen(key);
+    for (size_t i = o->n; i-- > 0;) {
+        if (o->m[i].key_len == klen && memcmp(o->m[i].key, key, klen) == 0) {
+            if (v != NULL) {
+                *v = o->m[i].val;
+            }
+            return 1;
+        }
+    }
+    return 0;
 }
 
-/* kvc_val_shown: how many bytes of text an error quotes: at most
+/* kvc_val_text: the JSON text of a value for error messages (borrowed;
+ * kvc_val_len bytes of it). */
+static const char *kvc_val_text(const kvc_pv_t *val)
+{
+    int len;
+
+    return kvc_pv_show(val, &len);
+}
+
+static size_t kvc_val_len(const kvc_pv_t *val)
+{
+    int len;
+
+    kvc_pv_show(val, &len);
+    return (size_t)len;
+}
+
+/* kvc_val_shown: how many bytes of text[0..avail) an error quotes: at most
  * KVC_VAL_SHOWN, never ending inside a multi-byte character (a cut
  * character would make the error text, and a reply carrying it, invalid
  * UTF-8). */
-static int kvc_val_shown(const char *text)
+static int kvc_val_shown(const char *text, size_t avail)
 {
     const unsigned char *s   = (const unsigned char *)text;
     /* +4: a character starting before the limit is seen whole */
-    size_t               len = strnlen(text, KVC_VAL_SHOWN + 4);
+    size_t               len = strnlen(text, avail < KVC_VAL_SHOWN + 4
+                                                 ? avail
+                                                 : KVC_VAL_SHOWN + 4);
     size_t               pos = 0, n;
 
     while (pos < len) {
@@ -214,65 +266,64 @@ static int kvc_val_shown(const char *text)
     return (int)pos;
 }
 
-/* KVC_VAL: the "%.*s" arguments quoting a JSON value in an error. */
-#define KVC_VAL(val) kvc_val_shown(kvc_val_text(val)), kvc_val_text(val)
+/* KVC_VAL: the "%.*s" arguments quoting a value (kvc_pv_t *) in an
+ * error. */
+#define KVC_VAL(val)                                                           \
+    kvc_val_shown(kvc_val_text(val), kvc_val_len(val)), kvc_val_text(val)
 
-static const char *kvc_type_name(json_type type)
+static const char *kvc_type_name(kvc_pv_type_t type)
 {
     switch (type) {
-    case json_type_string:
+    case KVC_PV_STR:
         return "a string";
-    case json_type_int:
+    case KVC_PV_INT:
         return "an integer";
-    case json_type_array:
+    case KVC_PV_ARRAY:
         return "a list";
-    case json_type_object:
+    case KVC_PV_OBJECT:
         return "an object";
-    case json_type_boolean:
+    case KVC_PV_BOOL:
         return "a boolean";
     default:
         return "a value";
     }
 }
 
-/* kvc_fld_get: *val_p is the member `key` of obj checked to be of `type`;
- * NULL (KVX_OK) when absent and not required. `field` names it in errors. */
-static kvx_status_t kvc_fld_get(const char *what, json_object *obj,
+/* kvc_fld_get: *val is the member `key` of obj checked to be of `type`
+ * (never KVC_PV_NULL); when it is absent and not required, KVX_OK with
+ * val->type KVC_PV_NULL. `field` names it in errors. */
+static kvx_status_t kvc_fld_get(const char *what, const kvc_obj_t *obj,
                                 const char *key, const char *field,
-                                json_type type, int required,
-                                json_object **val_p)
+                                kvc_pv_type_t type, int required,
+                                kvc_pv_t *val)
 {
-    json_object *val = NULL;
-
-    *val_p = NULL;
-    if (!json_object_object_get_ex(obj, key, &val)) {
+    if (!kvc_obj_get(obj, key, val)) {
+        memset(val, 0, sizeof(*val));
         if (!required) {
             return KVX_OK;
         }
         return kvc_error(KVX_ERR_BAD_MESSAGE, "%s: field %s: missing", what,
                          field);
     }
-    if (!json_object_is_type(val, type)) {
+    if (val->type != type) {
         return kvc_error(KVX_ERR_BAD_MESSAGE,
                          "%s: field %s: value %.*s: must be %s", what, field,
                          KVC_VAL(val),
                          kvc_type_name(type));
     }
-    *val_p = val;
     return KVX_OK;
 }
 
 /* kvc_int_check: val must be a JSON integer in min..max. */
 static kvx_status_t kvc_int_check(const char *what, const char *field,
-                                  json_object *val, uint64_t min, uint64_t max,
-                                  uint64_t *out_p)
+                                  const kvc_pv_t *val, uint64_t min,
+                                  uint64_t max, uint64_t *out_p)
 {
-    uint64_t u = 0;
-    int      ok = json_object_is_type(val, json_type_int) &&
-             json_object_get_int64(val) >= 0;
+    uint64_t u  = 0;
+    int      ok = val->type == KVC_PV_INT && val->i >= 0;
 
     if (ok) {
-        u  = json_object_get_uint64(val);
+        u  = val->u;
         ok = u >= min && u <= max;
     }
     if (!ok) {
@@ -291,23 +342,23 @@ static kvx_status_t kvc_int_check(const char *what, const char *field,
 
 /* kvc_fld_int: member `key` as an integer in min..max; *present_p (may be
  * NULL, then the field is required) tells whether it was there. */
-static kvx_status_t kvc_fld_int(const char *what, json_object *obj,
+static kvx_status_t kvc_fld_int(const char *what, const kvc_obj_t *obj,
                                 const char *key, const char *field,
                                 uint64_t min, uint64_t max, uint64_t *out_p,
                                 int *present_p)
 {
-    json_object *val = NULL;
+    kvc_pv_t val;
 
     if (present_p != NULL) {
-        *present_p = json_object_object_get_ex(obj, key, &val);
+        *present_p = kvc_obj_get(obj, key, &val);
         if (!*present_p) {
             return KVX_OK;
         }
-    } else if (!json_object_object_get_ex(obj, key, &val)) {
+    } else if (!kvc_obj_get(obj, key, &val)) {
         return kvc_error(KVX_ERR_BAD_MESSAGE, "%s: field %s: missing", what,
                          field);
     }
-    return kvc_int_check(what, field, val, min, max, out_p);
+    return kvc_int_check(what, field, &val, min, max, out_p);
 }
 
 /* kvc_text_check: len 1..max-1 bytes of printable ASCII (space allowed only
@@ -343,11 +394,11 @@ static kvx_status_t kvc_text_check(const char *what, const char *field,
 
 /* kvc_str_copy: a checked JSON string value copied into dst[max]. */
 static kvx_status_t kvc_str_copy(const char *what, const char *field,
-                                 json_object *val, char *dst, size_t max,
+                                 const kvc_pv_t *val, char *dst, size_t max,
                                  int allow_space)
 {
-    const char  *s   = json_object_get_string(val);
-    size_t       len = (size_t)json_object_get_string_len(val);
+    const char  *s   = val->s;
+    size_t       len = val->len;
     kvx_status_t status;
 
     status = kvc_text_check(what, field, s, len, max, allow_space);
@@ -359,39 +410,38 @@ static kvx_status_t kvc_str_copy(const char *what, const char *field,
 }
 
 /* kvc_fld_str: member `key`, a string, checked and copied. */
-static kvx_status_t kvc_fld_str(const char *what, json_object *obj,
+static kvx_status_t kvc_fld_str(const char *what, const kvc_obj_t *obj,
                                 const char *key, int required, char *dst,
                                 size_t max, int allow_space)
 {
-    json_object *val;
+    kvc_pv_t     val;
     kvx_status_t status;
 
-    status = kvc_fld_get(what, obj, key, key, json_type_string, required,
-                         &val);
-    if (status != KVX_OK || val == NULL) {
+    status = kvc_fld_get(what, obj, key, key, KVC_PV_STR, required, &val);
+    if (status != KVX_OK || val.type == KVC_PV_NULL) {
         return status;
     }
-    return kvc_str_copy(what, key, val, dst, max, allow_space);
+    return kvc_str_copy(what, key, &val, dst, max, allow_space);
 }
 
 /* kvc_fld_dec: member `key`, a decimal string of a uint64 (canonical: no
  * sign, no leading zero). */
-static kvx_status_t kvc_fld_dec(const char *what, json_object *obj,
+static kvx_status_t kvc_fld_dec(const char *what, const kvc_obj_t *obj,
                                 const char *key, const char *field,
                                 uint64_t *out_p)
 {
-    json_object *val;
+    kvc_pv_t     val;
     const char  *s;
     size_t       len, i;
     uint64_t     v = 0;
     kvx_status_t status;
 
-    status = kvc_fld_get(what, obj, key, field, json_type_string, 1, &val);
+    status = kvc_fld_get(what, obj, key, field, KVC_PV_STR, 1, &val);
     if (status != KVX_OK) {
         return status;
     }
-    s   = json_object_get_string(val);
-    len = (size_t)json_object_get_string_len(val);
+    s   = val.s;
+    len = val.len;
     for (i = 0; i < len && s[i] >= '0' && s[i] <= '9'; i++) {
         unsigned d = (unsigned)(s[i] - '0');
 
@@ -404,7 +454,7 @@ static kvx_status_t kvc_fld_dec(const char *what, json_object *obj,
         return kvc_error(KVX_ERR_BAD_MESSAGE,
                          "%s: field %s: value %.*s: must be a decimal string "
                          "of an integer in 0..%" PRIu64,
-                         what, field, KVC_VAL(val),
+                         what, field, KVC_VAL(&val),
                          UINT64_MAX);
     }
     *out_p = v;
@@ -412,10 +462,10 @@ static kvx_status_t kvc_fld_dec(const char *what, json_object *obj,
 }
 
 /* kvc_fld_dec_opt: as kvc_fld_dec, but an absent member leaves *out_p 0. */
-static kvx_status_t kvc_fld_dec_opt(const char *what, json_object *obj,
+static kvx_status_t kvc_fld_dec_opt(const char *what, const kvc_obj_t *obj,
                                     const char *key, uint64_t *out_p)
 {
-    if (!json_object_object_get_ex(obj, key, NULL)) {
+    if (!kvc_obj_get(obj, key, NULL)) {
         *out_p = 0;
         return KVX_OK;
     }
@@ -501,19 +551,20 @@ static char *kvc_json_finish(json_object *obj, int rc, size_t *len_p)
 
 /* kvc_msg_block_list: block_notify_list, a non-empty list of integers in
  * 0..2^53, into msg->block_ids (owned). */
-static kvx_status_t kvc_msg_block_list(json_object *obj, kvc_msg_t *msg)
+static kvx_status_t kvc_msg_block_list(const kvc_obj_t *obj, kvc_msg_t *msg)
 {
-    json_object *list;
+    kvc_pv_t     list, e;
+    kvc_pv_it_t  it = {0};
     size_t       n, i;
     char         field[48];
     kvx_status_t status;
 
     status = kvc_fld_get(kvc_what_msg, obj, "block_notify_list",
-                         "block_notify_list", json_type_array, 1, &list);
+                         "block_notify_list", KVC_PV_ARRAY, 1, &list);
     if (status != KVX_OK) {
         return status;
     }
-    n = json_object_array_length(list);
+    n = list.len;
     if (n == 0) {
         return kvc_error(KVX_ERR_BAD_MESSAGE,
                          "control message: field block_notify_list: empty "
@@ -526,11 +577,15 @@ static kvx_status_t kvc_msg_block_list(json_object *obj, kvc_msg_t *msg)
                          n);
     }
     msg->num_block_ids = n;
-    for (i = 0; i < n; i++) {
+    for (i = 0; i < n && kvc_pv_next(&list, &it, &e); i++) {
+        if (e.type == KVC_PV_INT && e.i >= 0 &&
+            e.u <= KVC_JSON_SAFE_MAX) {
+            msg->block_ids[i] = e.u; /* the check below, without its name */
+            continue;
+        }
         snprintf(field, sizeof(field), "block_notify_list[%zu]", i);
-        status = kvc_int_check(kvc_what_msg, field,
-                               json_object_array_get_idx(list, i), 0,
-                               KVC_JSON_SAFE_MAX, &msg->block_ids[i]);
+        status = kvc_int_check(kvc_what_msg, field, &e, 0, KVC_JSON_SAFE_MAX,
+                               &msg->block_ids[i]);
         if (status != KVX_OK) {
             return status;
         }
@@ -540,7 +595,8 @@ static kvx_status_t kvc_msg_block_list(json_object *obj, kvc_msg_t *msg)
 
 /* kvc_msg_consumer_rank: the optional D TP rank of a release or
  * remote_blocks (-1 when absent). */
-static kvx_status_t kvc_msg_consumer_rank(json_object *obj, kvc_msg_t *msg)
+static kvx_status_t kvc_msg_consumer_rank(const kvc_obj_t *obj,
+                                          kvc_msg_t *msg)
 {
     uint64_t     v = 0;
     int          present;
@@ -552,17 +608,18 @@ static kvx_status_t kvc_msg_consumer_rank(json_object *obj, kvc_msg_t *msg)
     return status;
 }
 
-static int kvc_msg_encode_consumer_rank(json_object *obj, const kvc_msg_t *msg)
+static void kvc_msg_encode_consumer_rank(kvc_jw_t *w, const kvc_msg_t *msg)
 {
-    if (msg->consumer_rank < 0) {
-        return 0;
+    if (msg->consumer_rank >= 0) {
+        kvc_jw_key(w, "consumer_rank");
+        kvc_jw_int(w, msg->consumer_rank);
     }
-    return kvc_jadd_int(obj, "consumer_rank", msg->consumer_rank);
 }
 
 /* remote_blocks: req_id, decode_rank, consumer_rank (optional),
  * done_by_notice (optional, 0 or 1) and block_notify_list. */
-static kvx_status_t kvc_msg_decode_blocks(json_object *obj, kvc_msg_t *msg)
+static kvx_status_t kvc_msg_decode_blocks(const kvc_obj_t *obj,
+                                          kvc_msg_t *msg)
 {
     uint64_t     v = 0;
     int          present = 0;
@@ -589,37 +646,29 @@ static kvx_status_t kvc_msg_decode_blocks(json_object *obj, kvc_msg_t *msg)
     return status;
 }
 
-static int kvc_msg_encode_blocks(json_object *obj, const kvc_msg_t *msg)
+static void kvc_msg_encode_blocks(kvc_jw_t *w, const kvc_msg_t *msg)
 {
-    json_object *list;
-    size_t       i;
-
-    if (kvc_jadd_str(obj, "req_id", msg->req_id) != 0) {
-        return -1;
+    kvc_jw_key(w, "req_id");
+    kvc_jw_str(w, msg->req_id);
+    kvc_jw_key(w, "block_notify_list");
+    kvc_jw_open(w, '[');
+    for (size_t i = 0; i < msg->num_block_ids; i++) {
+        kvc_jw_uint(w, msg->block_ids[i]);
     }
-    list = json_object_new_array_ext((int)msg->num_block_ids);
-    if (kvc_jadd(obj, "block_notify_list", list) != 0) {
-        return -1;
+    kvc_jw_close(w, ']');
+    kvc_msg_encode_consumer_rank(w, msg);
+    if (msg->done_by_notice) {
+        kvc_jw_key(w, "done_by_notice");
+        kvc_jw_int(w, 1);
     }
-    for (i = 0; i < msg->num_block_ids; i++) {
-        json_object *id = json_object_new_uint64(msg->block_ids[i]);
-
-        if (id == NULL || json_object_array_add(list, id) != 0) {
-            json_object_put(id);
-            return -1;
-        }
-    }
-    if (kvc_msg_encode_consumer_rank(obj, msg) != 0 ||
-        (msg->done_by_notice &&
-         kvc_jadd_int(obj, "done_by_notice", 1) != 0)) {
-        return -1;
-    }
-    return kvc_jadd_int(obj, "decode_rank", msg->decode_rank);
+    kvc_jw_key(w, "decode_rank");
+    kvc_jw_int(w, msg->decode_rank);
 }
 
 /* release: consumer_tp_size (optional, >= 1, default 1) and consumer_rank
  * (optional). */
-static kvx_status_t kvc_msg_decode_release(json_object *obj, kvc_msg_t *msg)
+static kvx_status_t kvc_msg_decode_release(const kvc_obj_t *obj,
+                                           kvc_msg_t *msg)
 {
     uint64_t     v = 1;
     int          present;
@@ -631,13 +680,13 @@ static kvx_status_t kvc_msg_decode_release(json_object *obj, kvc_msg_t *msg)
     return status == KVX_OK ? kvc_msg_consumer_rank(obj, msg) : status;
 }
 
-static int kvc_msg_encode_release(json_object *obj, const kvc_msg_t *msg)
+static void kvc_msg_encode_release(kvc_jw_t *w, const kvc_msg_t *msg)
 {
-    if (msg->consumer_tp_size != 0 &&
-        kvc_jadd_int(obj, "consumer_tp_size", msg->consumer_tp_size) != 0) {
-        return -1;
+    if (msg->consumer_tp_size != 0) {
+        kvc_jw_key(w, "consumer_tp_size");
+        kvc_jw_int(w, msg->consumer_tp_size);
     }
-    return kvc_msg_encode_consumer_rank(obj, msg);
+    kvc_msg_encode_consumer_rank(w, msg);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -696,45 +745,40 @@ const kvc_msg_desc_t *kvc_msg_desc_by_name(const char *name, size_t len)
 
 /* kvc_msg_type_of: the entry of "type", or remote_blocks for a typeless
  * object with "req_id" (upstream compatibility). */
-static kvx_status_t kvc_msg_type_of(json_object *obj,
+static kvx_status_t kvc_msg_type_of(const kvc_obj_t *obj,
                                     const kvc_msg_desc_t **desc_p)
 {
-    json_object *val;
+    kvc_pv_t     val;
     kvx_status_t status;
 
-    status = kvc_fld_get(kvc_what_msg, obj, "type", "type", json_type_string,
-                         0, &val);
+    status = kvc_fld_get(kvc_what_msg, obj, "type", "type", KVC_PV_STR, 0,
+                         &val);
     if (status != KVX_OK) {
         return status;
     }
-    if (val == NULL) {
-        if (json_object_object_get_ex(obj, "req_id", NULL)) {
+    if (val.type == KVC_PV_NULL) {
+        if (kvc_obj_get(obj, "req_id", NULL)) {
             *desc_p = kvc_msg_desc(KVC_MSG_REMOTE_BLOCKS);
             return KVX_OK;
         }
         return kvc_error(KVX_ERR_BAD_MESSAGE,
                          "control message: field type: missing");
     }
-    *desc_p = kvc_msg_desc_by_name(json_object_get_string(val),
-                                   (size_t)json_object_get_string_len(val));
+    *desc_p = kvc_msg_desc_by_name(val.s, val.len);
     if (*desc_p == NULL) {
         return kvc_error(KVX_ERR_BAD_MESSAGE,
-                         "control message: unknown type %.*s", KVC_VAL(val));
+                         "control message: unknown type %.*s", KVC_VAL(&val));
     }
     return KVX_OK;
 }
 
-static kvx_status_t kvc_msg_decode_object(const char *buf, size_t len,
-                                          int is_producer, kvc_msg_t *msg)
+/* kvc_msg_fields: the members of a message object into msg. */
+static kvx_status_t kvc_msg_fields(const kvc_obj_t *obj, int is_producer,
+                                   kvc_msg_t *msg)
 {
     const kvc_msg_desc_t *desc = NULL;
-    json_object          *obj;
     kvx_status_t          status;
 
-    status = kvc_json_object(kvc_what_msg, buf, len, &obj);
-    if (status != KVX_OK) {
-        return status;
-    }
     status = kvc_msg_type_of(obj, &desc);
     if (status == KVX_OK) {
         msg->type = desc->type;
@@ -766,7 +810,37 @@ static kvx_status_t kvc_msg_decode_object(const char *buf, size_t len,
     if (status == KVX_OK && desc->decode_fields != NULL) {
         status = desc->decode_fields(obj, msg);
     }
-    json_object_put(obj);
+    return status;
+}
+
+/* members of a control message the flat reader takes; more go to json-c */
+#define KVC_MSG_FLAT_MAX 16
+
+static kvx_status_t kvc_msg_decode_object(const char *buf, size_t len,
+                                          int is_producer, kvc_msg_t *msg,
+                                          int flat)
+{
+    kvc_flat_member_t m[KVC_MSG_FLAT_MAX];
+    kvc_obj_t         obj = {0};
+    json_object      *jo;
+    kvx_status_t      status;
+
+    if (flat && kvc_flat_scan(buf, len, m, KVC_MSG_FLAT_MAX, &obj.n)) {
+        obj.m = m;
+        if (kvc_msg_fields(&obj, is_producer, msg) == KVX_OK) {
+            return KVX_OK;
+        }
+        /* json-c decides, and words the error */
+        kvc_msg_fini(msg);
+        memset(msg, 0, sizeof(*msg));
+    }
+    status = kvc_json_object(kvc_what_msg, buf, len, &jo);
+    if (status != KVX_OK) {
+        return status;
+    }
+    obj.jo = jo;
+    status = kvc_msg_fields(&obj, is_producer, msg);
+    json_object_put(jo);
     return status;
 }
 
@@ -777,6 +851,7 @@ static kvx_status_t kvc_msg_decode_legacy(const char *buf, size_t len,
                                           int is_producer, kvc_msg_t *msg)
 {
     json_object *str = NULL;
+    kvc_pv_t     val;
     kvx_status_t status;
 
     if (text[0] == '"') {
@@ -784,8 +859,9 @@ static kvx_status_t kvc_msg_decode_legacy(const char *buf, size_t len,
         if (status != KVX_OK) {
             return status;
         }
+        kvc_pv_from_json(str, &val); /* a string: its text starts with '"' */
         status = kvc_str_copy(kvc_what_msg, "transfer_id (plain string)",
-                              str, msg->transfer_id, KVX_ID_MAX, 0);
+                              &val, msg->transfer_id, KVX_ID_MAX, 0);
         json_object_put(str);
     } else {
         status = kvc_text_check(kvc_what_msg, "transfer_id (plain text)",
@@ -804,8 +880,9 @@ static kvx_status_t kvc_msg_decode_legacy(const char *buf, size_t len,
     return status;
 }
 
-kvx_status_t kvc_msg_decode(const char *buf, size_t len, int is_producer,
-                            kvc_msg_t *msg)
+static kvx_status_t kvc_msg_decode_as(const char *buf, size_t len,
+                                      int is_producer, kvc_msg_t *msg,
+                                      int flat)
 {
     size_t       start = 0, end = len;
     kvx_status_t status;
@@ -829,7 +906,7 @@ kvx_status_t kvc_msg_decode(const char *buf, size_t len, int is_producer,
                          "control message: only whitespace");
     }
     if (buf[start] == '{') {
-        status = kvc_msg_decode_object(buf, len, is_producer, msg);
+        status = kvc_msg_decode_object(buf, len, is_producer, msg, flat);
     } else {
         status = kvc_msg_decode_legacy(buf, len, buf + start, end - start,
                                        is_producer, msg);
@@ -840,11 +917,30 @@ kvx_status_t kvc_msg_decode(const char *buf, size_t len, int is_producer,
     return status;
 }
 
+kvx_status_t kvc_msg_decode(const char *buf, size_t len, int is_producer,
+                            kvc_msg_t *msg)
+{
+    return kvc_msg_decode_as(buf, len, is_producer, msg, 1);
+}
+
+kvx_status_t kvc_msg_decode_json_c(const char *buf, size_t len,
+                                   int is_producer, kvc_msg_t *msg)
+{
+    return kvc_msg_decode_as(buf, len, is_producer, msg, 0);
+}
+
 char *kvc_msg_encode(const kvc_msg_t *msg, size_t *len_p)
 {
     const kvc_msg_desc_t *desc = msg != NULL ? kvc_msg_desc(msg->type) : NULL;
-    json_object          *obj;
-    int                   rc;
+    kvc_jw_t              w    = KVC_JW_INIT;
+    char                  dec[24], *out;
+    size_t                len;
+    const struct {
+        const char *key;
+        uint64_t    v;
+    } decs[] = {{"instance", msg != NULL ? msg->instance : 0},
+                {"to_instance", msg != NULL ? msg->to_instance : 0},
+                {"xfer_nonce", msg != NULL ? msg->xfer_nonce : 0}};
 
     if (msg != NULL && msg->legacy && msg->transfer_id[0] != '{' &&
         msg->transfer_id[0] != '"') {
@@ -866,27 +962,35 @@ char *kvc_msg_encode(const kvc_msg_t *msg, size_t *len_p)
         kvc_error(KVX_ERR_INVALID_PARAM, "control message: no valid type");
         return NULL;
     }
-    obj = json_object_new_object();
-    if (obj == NULL) {
-        return kvc_json_finish(NULL, -1, len_p);
+    /* one per transfer: written directly (jsonw.h), the bytes json-c's
+     * tree printed with JSON_C_TO_STRING_NOSLASHESCAPE */
+    w.noslash = 1;
+    kvc_jw_open(&w, '{');
+    kvc_jw_key(&w, "type");
+    kvc_jw_str(&w, desc->name);
+    if (!desc->id_optional || msg->transfer_id[0]) {
+        kvc_jw_key(&w, "transfer_id");
+        kvc_jw_str(&w, msg->transfer_id);
     }
-    rc = kvc_jadd_str(obj, "type", desc->name);
-    if (rc == 0 && (!desc->id_optional || msg->transfer_id[0])) {
-        rc = kvc_jadd_str(obj, "transfer_id", msg->transfer_id);
+    for (size_t i = 0; i < KVC_NELEM(decs); i++) {
+        if (decs[i].v != 0) {
+            snprintf(dec, sizeof(dec), "%" PRIu64, decs[i].v);
+            kvc_jw_key(&w, decs[i].key);
+            kvc_jw_str(&w, dec);
+        }
     }
-    if (rc == 0 && msg->instance != 0) {
-        rc = kvc_jadd_dec(obj, "instance", msg->instance);
+    if (desc->encode_fields != NULL) {
+        desc->encode_fields(&w, msg);
     }
-    if (rc == 0 && msg->to_instance != 0) {
-        rc = kvc_jadd_dec(obj, "to_instance", msg->to_instance);
+    kvc_jw_close(&w, '}');
+    len = w.len;
+    out = kvc_jw_take(&w);
+    if (out == NULL) {
+        kvc_error(KVX_ERR_NO_MEMORY, "json encoding: out of memory");
+    } else if (len_p != NULL) {
+        *len_p = len;
     }
-    if (rc == 0 && msg->xfer_nonce != 0) {
-        rc = kvc_jadd_dec(obj, "xfer_nonce", msg->xfer_nonce);
-    }
-    if (rc == 0 && desc->encode_fields != NULL) {
-        rc = desc->encode_fields(obj, msg);
-    }
-    return kvc_json_finish(obj, rc, len_p);
+    return out;
 }
 
 void kvc_msg_fini(kvc_msg_t *msg)
@@ -1008,41 +1112,41 @@ kvx_status_t kvc_reply_decode_info(const char *buf, size_t len,
                                    kvc_reply_info_t *info, char *reason_buf,
                                    size_t reason_len)
 {
-    json_object *obj, *ok_val, *err_val = NULL, *fenced = NULL;
+    json_object *jo;
+    kvc_obj_t    obj = {0};
+    kvc_pv_t     ok_val, err_val = {0}, fenced;
     int          ok;
     kvx_status_t status;
 
     memset(info, 0, sizeof(*info));
 
-    status = kvc_json_object(kvc_what_reply, buf, len, &obj);
+    status = kvc_json_object(kvc_what_reply, buf, len, &jo);
     if (status != KVX_OK) {
         return status;
     }
-    status = kvc_fld_get(kvc_what_reply, obj, "ok", "ok", json_type_boolean,
-                         1, &ok_val);
-    ok = status == KVX_OK && json_object_get_boolean(ok_val);
+    obj.jo = jo;
+    status = kvc_fld_get(kvc_what_reply, &obj, "ok", "ok", KVC_PV_BOOL, 1,
+                         &ok_val);
+    ok = status == KVX_OK && ok_val.b;
     if (status == KVX_OK && !ok) {
-        status = kvc_fld_get(kvc_what_reply, obj, "error", "error",
-                             json_type_string, 1, &err_val);
+        status = kvc_fld_get(kvc_what_reply, &obj, "error", "error",
+                             KVC_PV_STR, 1, &err_val);
     }
     if (status == KVX_OK) {
-        kvc_reason_copy(err_val != NULL ? json_object_get_string(err_val) : "",
-                        err_val != NULL
-                            ? (size_t)json_object_get_string_len(err_val)
-                            : 0,
+        kvc_reason_copy(err_val.s != NULL ? err_val.s : "", err_val.len,
                         reason_buf, reason_len);
-        status = kvc_fld_dec_opt(kvc_what_reply, obj, "instance",
+        status = kvc_fld_dec_opt(kvc_what_reply, &obj, "instance",
                                  &info->instance);
     }
     if (status == KVX_OK) {
-        status = kvc_fld_get(kvc_what_reply, obj, "fenced", "fenced",
-                             json_type_boolean, 0, &fenced);
+        status = kvc_fld_get(kvc_what_reply, &obj, "fenced", "fenced",
+                             KVC_PV_BOOL, 0, &fenced);
     }
     if (status == KVX_OK) {
         info->ok     = ok;
-        info->fenced = fenced != NULL && json_object_get_boolean(fenced);
+        info->fenced = fenced.type == KVC_PV_BOOL && fenced.b;
     }
-    json_object_put(obj);
+    json_object_put(jo);
     return status;
 }
 
@@ -1063,31 +1167,33 @@ char *kvc_hs_request_encode(size_t *len_p)
 kvx_status_t kvc_hs_request_decode(const char *buf, size_t len,
                                    uint32_t *version_p)
 {
-    json_object *obj, *type;
+    json_object *jo;
+    kvc_obj_t    obj = {0};
+    kvc_pv_t     type;
     uint64_t     version = 0;
     kvx_status_t status;
 
-    status = kvc_json_object(kvc_what_hsreq, buf, len, &obj);
+    status = kvc_json_object(kvc_what_hsreq, buf, len, &jo);
     if (status != KVX_OK) {
         return status;
     }
-    status = kvc_fld_get(kvc_what_hsreq, obj, "type", "type",
-                         json_type_string, 1, &type);
-    if (status == KVX_OK && strcmp(json_object_get_string(type),
-                                   "get_meta") != 0) {
+    obj.jo = jo;
+    status = kvc_fld_get(kvc_what_hsreq, &obj, "type", "type", KVC_PV_STR, 1,
+                         &type);
+    if (status == KVX_OK && strcmp(type.s, "get_meta") != 0) {
         status = kvc_error(KVX_ERR_BAD_MESSAGE,
                            "handshake request: field type: value %.*s: must "
                            "be \"get_meta\"",
-                           KVC_VAL(type));
+                           KVC_VAL(&type));
     }
     if (status == KVX_OK) {
-        status = kvc_fld_int(kvc_what_hsreq, obj, "version", "version", 0,
+        status = kvc_fld_int(kvc_what_hsreq, &obj, "version", "version", 0,
                              UINT32_MAX, &version, NULL);
     }
     if (status == KVX_OK && version_p != NULL) {
         *version_p = (uint32_t)version;
     }
-    json_object_put(obj);
+    json_object_put(jo);
     return status;
 }
 
@@ -1180,7 +1286,7 @@ static int kvc_ints_encode(json_object *obj, const void *base,
 
 /* kvc_ints_decode: every field required; prefix names the enclosing
  * object in errors ("" at top level, "layers[3].geom." below). */
-static kvx_status_t kvc_ints_decode(json_object *obj, void *base,
+static kvx_status_t kvc_ints_decode(const kvc_obj_t *obj, void *base,
                                     const kvc_int_field_t *fields, size_t n,
                                     const char *prefix)
 {
@@ -1334,26 +1440,23 @@ char *kvc_hs_encode(const kvc_hs_meta_t *meta, size_t *len_p)
 }
 
 /* kvc_fld_b64: member `key`, a non-empty base64 string, decoded (owned). */
-static kvx_status_t kvc_fld_b64(json_object *obj, const char *key,
+static kvx_status_t kvc_fld_b64(const kvc_obj_t *obj, const char *key,
                                 const char *field, uint8_t **data_p,
                                 size_t *len_p)
 {
-    json_object *val;
+    kvc_pv_t     val;
     char         reason[KVC_ERR_MAX];
     kvx_status_t status;
 
-    status = kvc_fld_get(kvc_what_meta, obj, key, field, json_type_string, 1,
-                         &val);
+    status = kvc_fld_get(kvc_what_meta, obj, key, field, KVC_PV_STR, 1, &val);
     if (status != KVX_OK) {
         return status;
     }
-    if (json_object_get_string_len(val) == 0) {
+    if (val.len == 0) {
         return kvc_error(KVX_ERR_BAD_MESSAGE,
                          "handshake metadata: field %s: empty", field);
     }
-    status = kvc_b64_decode(json_object_get_string(val),
-                            (size_t)json_object_get_string_len(val), data_p,
-                            len_p);
+    status = kvc_b64_decode(val.s, val.len, data_p, len_p);
     if (status != KVX_OK) {
         snprintf(reason, sizeof(reason), "%s", kvc_last_error());
         return kvc_error(status, "handshake metadata: field %s: %s", field,
@@ -1362,29 +1465,31 @@ static kvx_status_t kvc_fld_b64(json_object *obj, const char *key,
     return KVX_OK;
 }
 
-static kvx_status_t kvc_hs_geom_decode(json_object *layer, size_t idx,
+static kvx_status_t kvc_hs_geom_decode(const kvc_obj_t *layer, size_t idx,
                                        kvc_geom_t *geom)
 {
-    json_object *obj;
+    kvc_pv_t     val;
+    kvc_obj_t    obj = {0};
     char         prefix[48], field[64];
     uint64_t     v;
     kvx_status_t status;
 
     snprintf(prefix, sizeof(prefix), "layers[%zu].geom.", idx);
     snprintf(field, sizeof(field), "layers[%zu].geom", idx);
-    status = kvc_fld_get(kvc_what_meta, layer, "geom", field,
-                         json_type_object, 1, &obj);
+    status = kvc_fld_get(kvc_what_meta, layer, "geom", field, KVC_PV_OBJECT,
+                         1, &val);
     if (status != KVX_OK) {
         return status;
     }
+    obj.jo = val.jo;
     snprintf(field, sizeof(field), "%skind", prefix);
-    status = kvc_fld_int(kvc_what_meta, obj, "kind", field,
+    status = kvc_fld_int(kvc_what_meta, &obj, "kind", field,
                          KVC_LAYOUT_KEY_ONLY, KVC_LAYOUT_PACKED, &v, NULL);
     if (status != KVX_OK) {
         return status;
     }
     geom->kind = (kvc_layout_kind_t)v;
-    status     = kvc_ints_decode(obj, geom, kvc_geom_ints,
+    status     = kvc_ints_decode(&obj, geom, kvc_geom_ints,
                                  KVC_NELEM(kvc_geom_ints), prefix);
     if (status == KVX_OK && (geom->elem_size & (geom->elem_size - 1)) != 0) {
         status = kvc_error(KVX_ERR_BAD_MESSAGE,
@@ -1402,25 +1507,26 @@ static const char *kvc_hs_layer_field(char *field, size_t idx, const char *key)
     return field;
 }
 
-static kvx_status_t kvc_hs_layer_decode(json_object *obj, size_t idx,
+static kvx_status_t kvc_hs_layer_decode(const kvc_pv_t *layer, size_t idx,
                                         kvc_hs_layer_t *l)
 {
-    json_object *name;
+    kvc_obj_t    o = {.jo = layer->jo}, *obj = &o;
+    kvc_pv_t     name;
     char         f[64];
     uint64_t     v = 0;
     kvx_status_t status;
 
-    if (!json_object_is_type(obj, json_type_object)) {
+    if (layer->type != KVC_PV_OBJECT) {
         return kvc_error(KVX_ERR_BAD_MESSAGE,
                          "handshake metadata: field layers[%zu]: value %.*s: "
                          "must be an object",
-                         idx, KVC_VAL(obj));
+                         idx, KVC_VAL(layer));
     }
     status = kvc_fld_get(kvc_what_meta, obj, "name",
-                         kvc_hs_layer_field(f, idx, "name"), json_type_string,
-                         1, &name);
+                         kvc_hs_layer_field(f, idx, "name"), KVC_PV_STR, 1,
+                         &name);
     status = status ? status
-                    : kvc_str_copy(kvc_what_meta, f, name, l->name,
+                    : kvc_str_copy(kvc_what_meta, f, &name, l->name,
                                    sizeof(l->name), 1);
     status = status ? status
                     : kvc_fld_dec(kvc_what_meta, obj, "base",
@@ -1484,18 +1590,20 @@ static kvx_status_t kvc_hs_names_unique(const kvc_hs_meta_t *meta)
     return status;
 }
 
-static kvx_status_t kvc_hs_layers_decode(json_object *obj, kvc_hs_meta_t *meta)
+static kvx_status_t kvc_hs_layers_decode(const kvc_obj_t *obj,
+                                         kvc_hs_meta_t *meta)
 {
-    json_object *list;
+    kvc_pv_t     list, layer;
+    kvc_pv_it_t  it = {0};
     size_t       n, i;
     kvx_status_t status;
 
     status = kvc_fld_get(kvc_what_meta, obj, "layers", "layers",
-                         json_type_array, 1, &list);
+                         KVC_PV_ARRAY, 1, &list);
     if (status != KVX_OK) {
         return status;
     }
-    n = json_object_array_length(list);
+    n = list.len;
     if (n > KVC_HS_MAX_LAYERS) {
         return kvc_error(KVX_ERR_BAD_MESSAGE,
                          "handshake metadata: field layers: %zu entries "
@@ -1511,17 +1619,19 @@ static kvx_status_t kvc_hs_layers_decode(json_object *obj, kvc_hs_meta_t *meta)
         }
     }
     meta->num_layers = n;
-    for (i = 0; i < n && status == KVX_OK; i++) {
-        status = kvc_hs_layer_decode(json_object_array_get_idx(list, i), i,
-                                     &meta->layers[i]);
+    for (i = 0; i < n && status == KVX_OK &&
+                kvc_pv_next(&list, &it, &layer);
+         i++) {
+        status = kvc_hs_layer_decode(&layer, i, &meta->layers[i]);
     }
     return status == KVX_OK ? kvc_hs_names_unique(meta) : status;
 }
 
 /* kvc_hs_ident_decode: everything but the layers and the digest check. */
-static kvx_status_t kvc_hs_ident_decode(json_object *obj, kvc_hs_meta_t *m)
+static kvx_status_t kvc_hs_ident_decode(const kvc_obj_t *obj,
+                                        kvc_hs_meta_t *m)
 {
-    json_object *val;
+    kvc_pv_t     val;
     kvx_status_t status;
 
     status = kvc_ints_decode(obj, m, kvc_meta_ints, KVC_NELEM(kvc_meta_ints),
@@ -1550,13 +1660,11 @@ static kvx_status_t kvc_hs_ident_decode(json_object *obj, kvc_hs_meta_t *m)
     if (status == KVX_OK) {
         /* A hint (READ releases on the data plane): one that is no address
          * this side would send is ignored, not a failed handshake. */
-        json_object *sa = NULL;
+        kvc_pv_t sa;
 
-        if (json_object_object_get_ex(obj, "seen_as", &sa) &&
-            json_object_is_type(sa, json_type_string) &&
-            kvc_seen_as_ok(json_object_get_string(sa))) {
-            snprintf(m->seen_as, sizeof(m->seen_as), "%s",
-                     json_object_get_string(sa));
+        if (kvc_obj_get(obj, "seen_as", &sa) && sa.type == KVC_PV_STR &&
+            kvc_seen_as_ok(sa.s)) {
+            snprintf(m->seen_as, sizeof(m->seen_as), "%s", sa.s);
         }
     }
     status = status ? status
@@ -1567,9 +1675,9 @@ static kvx_status_t kvc_hs_ident_decode(json_object *obj, kvc_hs_meta_t *m)
                                   sizeof(m->host), 0);
     status = status ? status
                     : kvc_fld_get(kvc_what_meta, obj, "is_producer",
-                                  "is_producer", json_type_boolean, 1, &val);
+                                  "is_producer", KVC_PV_BOOL, 1, &val);
     if (status == KVX_OK) {
-        m->is_producer = json_object_get_boolean(val) ? 1 : 0;
+        m->is_producer = val.b;
     }
     return status ? status
                   : kvc_fld_b64(obj, "worker_addr", "worker_addr",
@@ -1578,7 +1686,8 @@ static kvx_status_t kvc_hs_ident_decode(json_object *obj, kvc_hs_meta_t *m)
 
 kvx_status_t kvc_hs_decode(const char *buf, size_t len, kvc_hs_meta_t *meta)
 {
-    json_object  *obj;
+    json_object  *jo;
+    kvc_obj_t     obj = {0};
     kvc_hs_meta_t tmp;
     uint64_t      digest;
     kvx_status_t  status;
@@ -1589,13 +1698,14 @@ kvx_status_t kvc_hs_decode(const char *buf, size_t len, kvc_hs_meta_t *meta)
     }
     memset(meta, 0, sizeof(*meta));
     memset(&tmp, 0, sizeof(tmp));
-    status = kvc_json_object(kvc_what_meta, buf, len, &obj);
+    status = kvc_json_object(kvc_what_meta, buf, len, &jo);
     if (status != KVX_OK) {
         return status;
     }
-    status = kvc_hs_ident_decode(obj, &tmp);
-    status = status ? status : kvc_hs_layers_decode(obj, &tmp);
-    json_object_put(obj);
+    obj.jo = jo;
+    status = kvc_hs_ident_decode(&obj, &tmp);
+    status = status ? status : kvc_hs_layers_decode(&obj, &tmp);
+    json_object_put(jo);
     if (status == KVX_OK) {
         digest = kvc_hs_digest(tmp.layers, tmp.num_layers);
         if (digest != tmp.digest) {

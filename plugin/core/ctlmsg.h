@@ -73,7 +73,8 @@ typedef struct kvc_msg {
 #define KVC_MSG_ROLE(is_producer) \
     ((is_producer) ? KVC_MSG_TO_PRODUCER : KVC_MSG_TO_CONSUMER)
 
-struct json_object; /* json-c; only the codecs below dereference it */
+struct kvc_obj; /* ctlmsg.c's view of a decoded object */
+struct kvc_jw;  /* jsonw.h */
 
 /*
  * kvc_msg_desc_t: everything type-specific about a control message, one
@@ -91,9 +92,8 @@ typedef struct kvc_msg_desc {
                                    encoded when empty) */
     /* type-specific fields, after transfer_id; KVX_ERR_BAD_MESSAGE naming
      * the field (block_ids allocated here are freed by kvc_msg_fini) */
-    kvx_status_t (*decode_fields)(struct json_object *obj, kvc_msg_t *msg);
-    int          (*encode_fields)(struct json_object *obj,
-                                  const kvc_msg_t *msg); /* -1 on failure */
+    kvx_status_t (*decode_fields)(const struct kvc_obj *obj, kvc_msg_t *msg);
+    void         (*encode_fields)(struct kvc_jw *w, const kvc_msg_t *msg);
 } kvc_msg_desc_t;
 
 /* kvc_msg_desc: the entry of type, NULL unless 1 <= type <= KVC_MSG_NTYPES. */
@@ -117,6 +117,11 @@ const kvc_msg_desc_t *kvc_msg_desc_by_name(const char *name, size_t len);
  */
 kvx_status_t kvc_msg_decode(const char *buf, size_t len, int is_producer,
                             kvc_msg_t *msg);
+/* kvc_msg_decode_json_c: the same, always through json-c. kvc_msg_decode
+ * reads objects in the flat reader's subset (pval.h) without it; tests and
+ * fuzz_ctlmsg check that both ways give the same message and errors. */
+kvx_status_t kvc_msg_decode_json_c(const char *buf, size_t len,
+                                   int is_producer, kvc_msg_t *msg);
 /* kvc_msg_encode returns a malloc'd NUL-terminated JSON text (len in
  * *len_p, may be NULL); a legacy message is its plain id, as a JSON string
  * when the id starts with '{' or '"' (raw, it would read as JSON). */

@@ -29,7 +29,8 @@ typedef enum {
     KVC_PV_INT,
     KVC_PV_STR,
     KVC_PV_ARRAY,
-    KVC_PV_OTHER /* double, object: no field accepts one */
+    KVC_PV_OBJECT, /* json-c's only: the flat reader takes none */
+    KVC_PV_OTHER   /* a double */
 } kvc_pv_type_t;
 
 typedef struct kvc_pv {
@@ -67,14 +68,14 @@ typedef struct kvc_flat_member {
 } kvc_flat_member_t;
 
 /*
- * kvc_flat_scan reads json (NUL-terminated) as one object whose members'
- * values are strings, integers, booleans, null or arrays of those, all in
- * the subset above, with at most max members. 1: m[0..*n_p) are its
- * members in document order (keys may repeat). 0: json is outside the
+ * kvc_flat_scan reads json[0..len) (no NUL needed) as one object whose
+ * members' values are strings, integers, booleans, null or arrays of those, all in
+ * the subset above, with at most max members; a NUL byte is outside it.
+ * 1: m[0..*n_p) are its members in document order (keys may repeat). 0: json is outside the
  * subset (or not JSON at all); nothing is reported, the caller parses it
  * with json-c, which gives the error if there is one.
  */
-int kvc_flat_scan(const char *json, kvc_flat_member_t *m, size_t max,
-                  size_t *n_p);
+int kvc_flat_scan(const char *json, size_t len, kvc_flat_member_t *m,
+                  size_t max, size_t *n_p);
 
 #endif

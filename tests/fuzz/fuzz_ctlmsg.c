@@ -4,6 +4,11 @@
  * a consumer.
  *
  * Invariants, for both receiving roles:
+ *  - kvc_msg_decode (the flat reader, pval.h, where it takes the text) and
+ *    kvc_msg_decode_json_c give the same status, error text and message;
+ *  - a typed message encodes to the bytes json-c prints for the same
+ *    members in the same order (JSON_C_TO_STRING_PLAIN | NOSLASHESCAPE),
+ *    the format every earlier build sent;
  *  - a decoded message re-encodes (no NULL), within KVC_MSG_MAX_BYTES;
  *  - the encoding decodes in the same role to the same message (type, ids,
  *    block list, ranks, legacy flag), and re-encodes to the same bytes;
@@ -16,6 +21,8 @@
 #include "fuzz_utf8.h"
 
 #include "ctlmsg.h"
+
+#include <json-c/json.h>
 
 static void fz_check_id(const char *id, int optional)
 {
@@ -52,6 +59,44 @@ static void fz_check_same(const kvc_msg_t *a, const kvc_msg_t *b)
     FZ_CHECK(a->to_instance == b->to_instance, "to_instance");
 }
 
+/* fz_paths: both ways of decoding buf agree on everything. */
+static void fz_paths(const char *buf, size_t len, int is_producer)
+{
+    kvc_msg_t    a, b;
+    char         err[KVC_ERR_MAX];
+    kvx_status_t sa = kvc_msg_decode(buf, len, is_producer, &a), sb;
+
+    snprintf(err, sizeof(err), "%s", sa == KVX_OK ? "" : kvc_last_error());
+    sb = kvc_msg_decode_json_c(buf, len, is_producer, &b);
+    FZ_CHECK(sa == sb, "'%.*s': status %d (flat) vs %d (json-c): %s",
+             (int)(len < 300 ? len : 300), buf, (int)sa, (int)sb,
+             sa != KVX_OK ? err : kvc_last_error());
+    FZ_CHECK(sa == KVX_OK || strcmp(err, kvc_last_error()) == 0,
+             "'%s' vs '%s'", err, kvc_last_error());
+    if (sa == KVX_OK) {
+        fz_check_same(&a, &b);
+        FZ_CHECK(a.xfer_nonce == b.xfer_nonce &&
+                     a.done_by_notice == b.done_by_notice,
+                 "xfer_nonce / done_by_notice");
+    }
+    kvc_msg_fini(&a);
+    kvc_msg_fini(&b);
+}
+
+/* fz_as_json_c: text is what json-c prints for its own parse of it. */
+static void fz_as_json_c(const char *text)
+{
+    json_object *o = json_tokener_parse(text);
+    const char  *again;
+
+    FZ_CHECK(o != NULL, "'%.200s' is not JSON", text);
+    again = json_object_to_json_string_ext(
+        o, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE);
+    FZ_CHECK(strcmp(again, text) == 0, "'%.200s' vs json-c's '%.200s'", text,
+             again);
+    json_object_put(o);
+}
+
 static void fz_one_role(const char *buf, size_t len, int is_producer)
 {
     kvc_msg_t             msg, back;
@@ -59,6 +104,7 @@ static void fz_one_role(const char *buf, size_t len, int is_producer)
     char                 *text, *again;
     size_t                tlen = 0, alen = 0;
 
+    fz_paths(buf, len, is_producer);
     if (kvc_msg_decode(buf, len, is_producer, &msg) != KVX_OK) {
         const char *err = kvc_last_error();
 
@@ -89,6 +135,9 @@ static void fz_one_role(const char *buf, size_t len, int is_producer)
     FZ_CHECK(text != NULL, "encode: %s", kvc_last_error());
     FZ_CHECK(tlen == strlen(text), "len %zu", tlen);
     FZ_CHECK(tlen <= KVC_MSG_MAX_BYTES, "len %zu", tlen);
+    if (!msg.legacy) {
+        fz_as_json_c(text);
+    }
     FZ_CHECK(kvc_msg_decode(text, tlen, is_producer, &back) == KVX_OK,
              "re-decode of '%.200s': %s", text, kvc_last_error());
     fz_check_same(&msg, &back);

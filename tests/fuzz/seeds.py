@@ -81,6 +81,10 @@ def main():
             put("handshake", v)
         if re.fullmatch(rb"[A-Za-z0-9+/=]*", v):
             put("handshake", v)
+    for v in literals("test_pval.cc"):  # the flat reader's cases
+        if v.lstrip().startswith(b"{"):
+            put("params", b"\x00" + v)
+            put("ctlmsg", v)
     for v in literals("test_proxy.cc"):
         if v.lstrip().startswith(b"{"):
             put("proxy", b"\x00\x05" + v)

@@ -9,8 +9,11 @@
 #include <string>
 #include <vector>
 
+#include <json-c/json.h>
+
 extern "C" {
 #include "addr.h"
+#include "ctlmsg.h"
 #include "pval.h"
 }
 
@@ -19,7 +22,7 @@ namespace {
 struct Scan {
     explicit Scan(const std::string &json) : text(json)
     {
-        ok = kvc_flat_scan(text.c_str(), m, 32, &n);
+        ok = kvc_flat_scan(text.data(), text.size(), m, 32, &n);
     }
     std::string Key(size_t i) const { return std::string(m[i].key, m[i].key_len); }
     std::string       text; // the members point into it
@@ -70,6 +73,26 @@ TEST(FlatScan, TakesTheSubset)
     EXPECT_EQ(s.m[8].val.i, 999999999999999999LL);
     EXPECT_EQ(Scan("{}").ok, 1);
     EXPECT_EQ(Scan(" { } ").ok, 1);
+}
+
+// It reads len bytes, never up to a NUL: control messages arrive without
+// one, and a NUL inside the text is outside the subset.
+TEST(FlatScan, ReadsExactlyLenBytes)
+{
+    const char        text[] = "{\"a\":[1,\"xy\"],\"b\":true}{\"c\":1}";
+    kvc_flat_member_t m[4];
+    size_t            n, whole = strlen("{\"a\":[1,\"xy\"],\"b\":true}");
+
+    EXPECT_EQ(kvc_flat_scan(text, whole, m, 4, &n), 1);
+    EXPECT_EQ(n, 2u);
+    for (size_t len = 0; len < whole; len++) {
+        EXPECT_EQ(kvc_flat_scan(text, len, m, 4, &n), 0) << len;
+    }
+    EXPECT_EQ(kvc_flat_scan(text, sizeof(text) - 1, m, 4, &n), 0);
+    const char nul[] = "{\"a\":\"x\0y\"}";
+    EXPECT_EQ(kvc_flat_scan(nul, sizeof(nul) - 1, m, 4, &n), 0);
+    const char nul2[] = "{\"a\":1}\0";
+    EXPECT_EQ(kvc_flat_scan(nul2, sizeof(nul2) - 1, m, 4, &n), 0);
 }
 
 TEST(FlatScan, RefusesEverythingElse)
@@ -250,8 +273,131 @@ TEST(ParamsFlat, ThousandsOfBlockIds)
     // the flat reader takes it: these lists are why it exists
     kvc_flat_member_t m[32];
     size_t            n;
-    EXPECT_EQ(kvc_flat_scan(json.c_str(), m, 32, &n), 1);
+    EXPECT_EQ(kvc_flat_scan(json.data(), json.size(), m, 32, &n), 1);
     EXPECT_EQ(m[1].val.len, 4096u);
+}
+
+// ---- control messages ---------------------------------------------------
+
+void ExpectMsgSameAsJsonC(const std::string &text, int is_producer)
+{
+    kvc_msg_t    a, b;
+    kvx_status_t sa = kvc_msg_decode(text.data(), text.size(), is_producer, &a);
+    std::string  ea = sa == KVX_OK ? "" : kvc_last_error();
+    kvx_status_t sb =
+        kvc_msg_decode_json_c(text.data(), text.size(), is_producer, &b);
+    std::string eb = sb == KVX_OK ? "" : kvc_last_error();
+
+    ASSERT_EQ(sa, sb) << text << " -> " << ea << " | " << eb;
+    EXPECT_EQ(ea, eb) << text;
+    EXPECT_EQ(a.type, b.type) << text;
+    EXPECT_STREQ(a.transfer_id, b.transfer_id) << text;
+    EXPECT_STREQ(a.req_id, b.req_id) << text;
+    ASSERT_EQ(a.num_block_ids, b.num_block_ids) << text;
+    for (size_t i = 0; i < a.num_block_ids; i++) {
+        EXPECT_EQ(a.block_ids[i], b.block_ids[i]) << text;
+    }
+    EXPECT_EQ(a.decode_rank, b.decode_rank) << text;
+    EXPECT_EQ(a.consumer_tp_size, b.consumer_tp_size) << text;
+    EXPECT_EQ(a.consumer_rank, b.consumer_rank) << text;
+    EXPECT_EQ(a.legacy, b.legacy) << text;
+    EXPECT_EQ(a.instance, b.instance) << text;
+    EXPECT_EQ(a.to_instance, b.to_instance) << text;
+    EXPECT_EQ(a.xfer_nonce, b.xfer_nonce) << text;
+    EXPECT_EQ(a.done_by_notice, b.done_by_notice) << text;
+    kvc_msg_fini(&a);
+    kvc_msg_fini(&b);
+}
+
+const char *const kMsgSeeds[] = {
+    R"({"type":"remote_blocks","transfer_id":"kvp-1-17","instance":"12345",)"
+    R"("to_instance":"987","xfer_nonce":"2448378","req_id":"req-1",)"
+    R"("block_notify_list":[1000,0,9007199254740992],"consumer_rank":2,)"
+    R"("done_by_notice":1,"decode_rank":0})",
+    R"({"type":"release","transfer_id":"t","instance":"1",)"
+    R"("consumer_tp_size":2,"consumer_rank":1})",
+    R"({"type":"write_done","transfer_id":"t","to_instance":"5"})",
+    R"({"type":"heartbeat"})",
+    R"({"req_id":"r","transfer_id":"t","block_notify_list":[3],)"
+    R"("decode_rank":1,"decode_rank":2})",
+};
+
+// Every one-byte change and truncation of typical messages, in both roles.
+TEST(CtlMsgFlat, SameAsJsonCOnEveryOneByteChange)
+{
+    const char repl[] = {' ', '"', ',', ':', '[', ']', '{', '}', '-', '0',
+                         '1', '9', 'e', '.', 't', 'n', '\\', '\t', 'x', '\x01',
+                         '\x80', '\0'};
+
+    for (const char *seed : kMsgSeeds) {
+        std::string s(seed);
+
+        for (int role = 0; role <= 1; role++) {
+            ExpectMsgSameAsJsonC(s, role);
+            for (size_t pos = 0; pos < s.size(); pos++) {
+                for (char c : repl) {
+                    std::string m = s;
+
+                    m[pos] = c;
+                    ExpectMsgSameAsJsonC(m, role);
+                }
+                ExpectMsgSameAsJsonC(s.substr(0, pos), role);
+                ExpectMsgSameAsJsonC(s.substr(0, pos) + s.substr(pos + 1),
+                                     role);
+            }
+        }
+    }
+}
+
+// The encoder writes what json-c printed for the same members (the format
+// every earlier build sent), whatever the ids hold.
+TEST(CtlMsgFlat, EncodesWhatJsonCPrints)
+{
+    kvc_msg_t m = {};
+    uint64_t  ids[] = {0, 1, 9007199254740992ULL, UINT64_MAX};
+
+    m.type          = KVC_MSG_REMOTE_BLOCKS;
+    m.block_ids     = ids;
+    m.num_block_ids = 4;
+    m.decode_rank   = 3;
+    m.consumer_rank = 0;
+    m.instance      = UINT64_MAX;
+    m.xfer_nonce    = 1;
+    m.done_by_notice = 1;
+    for (const char *id : {"a/b", "q\"uote", "back\\slash", "tab\there", "\x01",
+                           "caf\xc3\xa9", "<>&'"}) {
+        snprintf(m.transfer_id, sizeof(m.transfer_id), "%s", id);
+        snprintf(m.req_id, sizeof(m.req_id), "r%s", id);
+        for (kvc_msg_type_t t : {KVC_MSG_REMOTE_BLOCKS, KVC_MSG_RELEASE,
+                                 KVC_MSG_WRITE_DONE, KVC_MSG_HEARTBEAT}) {
+            size_t len = 0;
+
+            m.type             = t;
+            m.consumer_tp_size = t == KVC_MSG_RELEASE ? 2 : 0;
+            char *text         = kvc_msg_encode(&m, &len);
+            ASSERT_NE(text, nullptr);
+            EXPECT_EQ(len, strlen(text));
+            json_object *o = json_tokener_parse(text);
+            ASSERT_NE(o, nullptr) << text;
+            EXPECT_STREQ(text, json_object_to_json_string_ext(
+                                   o, JSON_C_TO_STRING_PLAIN |
+                                          JSON_C_TO_STRING_NOSLASHESCAPE));
+            json_object_put(o);
+            free(text);
+        }
+    }
+    snprintf(m.transfer_id, sizeof(m.transfer_id), "x");
+    snprintf(m.req_id, sizeof(m.req_id), "rx");
+    m.type = KVC_MSG_REMOTE_BLOCKS;
+    char *text = kvc_msg_encode(&m, nullptr);
+    ASSERT_NE(text, nullptr);
+    EXPECT_STREQ(text,
+                 R"({"type":"remote_blocks","transfer_id":"x",)"
+                 R"("instance":"18446744073709551615","xfer_nonce":"1",)"
+                 R"("req_id":"rx","block_notify_list":[0,1,)"
+                 R"(9007199254740992,18446744073709551615],)"
+                 R"("consumer_rank":0,"done_by_notice":1,"decode_rank":3})");
+    free(text);
 }
 
 } // namespace
