@@ -979,6 +979,28 @@ static kvx_status_t kvc_params_type_fail(const kvc_pv_t *v, const char *key,
                      KVC_PARAMS, key, kvc_params_show_len(len), text, rule);
 }
 
+/* kvc_params_no_nul: a string value (element idx of a list, SIZE_MAX for
+ * the field itself) must not hold a NUL (JSON "\u0000"): every field is
+ * used as C text, which would end there. */
+static kvx_status_t kvc_params_no_nul(const kvc_pv_t *v, const char *key,
+                                      size_t idx)
+{
+    const char *nul = v->type == KVC_PV_STR ? memchr(v->s, '\0', v->len)
+                                            : NULL;
+
+    if (nul == NULL) {
+        return KVX_OK;
+    }
+    if (idx == SIZE_MAX) {
+        return kvc_error(KVX_ERR_INVALID_PARAM,
+                         "%s.%s: NUL character (\\u0000) at offset %zu: not "
+                         "allowed", KVC_PARAMS, key, (size_t)(nul - v->s));
+    }
+    return kvc_error(KVX_ERR_INVALID_PARAM,
+                     "%s.%s[%zu]: NUL character (\\u0000) at offset %zu: not "
+                     "allowed", KVC_PARAMS, key, idx, (size_t)(nul - v->s));
+}
+
 static kvx_status_t kvc_params_str(const kvc_pv_t *v, const char *key,
                                    char *dst, size_t cap)
 {
@@ -1195,7 +1217,8 @@ static kvx_status_t kvc_hosts_fill(const kvc_pv_t *v, const char *key,
                              KVC_PARAMS, key, i, kvc_params_show_len(len),
                              text);
         }
-        st = kvc_hosts_add(hosts, n, e.s, e.len, key, i);
+        st = kvc_params_no_nul(&e, key, i);
+        st = st != KVX_OK ? st : kvc_hosts_add(hosts, n, e.s, e.len, key, i);
     }
     return st;
 }
@@ -1347,7 +1370,11 @@ static kvx_status_t kvc_params_apply(const kvc_pv_t *const *vals,
         if (vals[i] == NULL || vals[i]->type == KVC_PV_NULL) {
             continue;
         }
-        st = kvc_params_fields[i].fn(vals[i], kvc_params_fields[i].key, c);
+        st = kvc_params_no_nul(vals[i], kvc_params_fields[i].key, SIZE_MAX);
+        if (st == KVX_OK) {
+            st = kvc_params_fields[i].fn(vals[i], kvc_params_fields[i].key,
+                                         c);
+        }
         if (st != KVX_OK) {
             kvc_params_fini(p);
             return st;
@@ -1387,9 +1414,11 @@ static int kvc_params_flat(const char *json, kvc_params_ctx_t *c)
 {
     kvc_flat_member_t m[KVC_PARAMS_FLAT_MAX];
     const kvc_pv_t   *vals[KVC_PARAMS_NFIELDS] = {0};
-    size_t            n;
+    size_t            n, len = strlen(json);
 
-    if (!kvc_flat_scan(json, strlen(json), m, KVC_PARAMS_FLAT_MAX, &n)) {
+    /* json-c takes at most INT32_MAX bytes: longer text is its to refuse */
+    if (len > INT32_MAX ||
+        !kvc_flat_scan(json, len, m, KVC_PARAMS_FLAT_MAX, &n)) {
         return 0;
     }
     for (size_t j = 0; j < n; j++) {

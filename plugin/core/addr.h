@@ -326,7 +326,8 @@ typedef struct kvc_xfer_params {
     int       do_remote_decode;
 } kvc_xfer_params_t;
 
-/* kvc_params_parse: NULL or "" json = all defaults. Wrong types → 
+/* kvc_params_parse: NULL or "" json = all defaults. A string holding a NUL
+ * (\u0000) is refused. Wrong types → 
  * KVX_ERR_INVALID_PARAM naming the field (e.g. "kv_transfer_params.
  * remote_block_ids[3]: value -1: must be a non-negative integer"). Ports in
  * explicit addresses are range-checked with kvc_port_check. On error nothing

@@ -4,8 +4,8 @@
  *
  * kv_transfer_params arrive with every request, on both sides, and json-c
  * builds a tree of allocated objects for them: about 3 us for D's params of
- * one block, over 1 ms for 4,096 block ids (plugin/core/README.md, "The flat
- * reader"). Most params are one object of strings without escapes, small
+ * one block, over 1 ms for 4,096 block ids (perf/README.md, "Parsing
+ * without json-c"). Most params are one object of strings without escapes, small
  * integers, booleans and lists of them. kvc_flat_scan reads exactly that
  * subset of JSON in place, with no allocation, and refuses everything else,
  * which the caller then gives to json-c. What it accepts, json-c parses to

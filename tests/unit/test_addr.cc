@@ -978,6 +978,15 @@ TEST(AddrParams, WrongTypesNameTheField)
          "kv_transfer_params.remote_notify_port", "port 0"},
         {R"({"transfer_id": )", KVX_ERR_INVALID_PARAM, "kv_transfer_params",
          "invalid JSON"},
+        // a NUL would end the text where it is used: refused, not cut
+        {R"({"transfer_id": "a\u0000b"})", KVX_ERR_INVALID_PARAM,
+         "kv_transfer_params.transfer_id", "NUL character"},
+        {R"({"remote_handshake_port": "7000\u0000"})", KVX_ERR_INVALID_PARAM,
+         "kv_transfer_params.remote_handshake_port", "at offset 4"},
+        {R"({"remote_hosts": "a\u0000,b"})", KVX_ERR_INVALID_PARAM,
+         "kv_transfer_params.remote_hosts", "NUL character"},
+        {R"({"remote_hosts": ["a", "\u0000"]})", KVX_ERR_INVALID_PARAM,
+         "kv_transfer_params.remote_hosts[1]", "NUL character"},
         {R"([1, 2])", KVX_ERR_INVALID_PARAM, "kv_transfer_params",
          "JSON object"},
     };

@@ -125,6 +125,49 @@ TEST(JsonW, EdgeIntegersPrintAsJsonCPrintsThem)
     }
 }
 
+// noslash: what json-c prints with JSON_C_TO_STRING_NOSLASHESCAPE, every
+// byte; the control messages are written so.
+TEST(JsonW, NoSlashEscapesAsJsonCNoSlashEscape)
+{
+    for (int c = 1; c < 256; c++) {
+        std::string s = "a/";
+        s += static_cast<char>(c);
+
+        json_object *o = json_object_new_object();
+        json_object_object_add(o, s.c_str(), json_object_new_string(s.c_str()));
+        kvc_jw_t w = KVC_JW_INIT;
+        w.noslash  = 1;
+        kvc_jw_open(&w, '{');
+        kvc_jw_key(&w, s.c_str());
+        kvc_jw_str(&w, s.c_str());
+        kvc_jw_close(&w, '}');
+        EXPECT_EQ(Take(&w),
+                  std::string(json_object_to_json_string_ext(
+                      o, JSON_C_TO_STRING_PLAIN |
+                             JSON_C_TO_STRING_NOSLASHESCAPE)))
+            << "byte " << c;
+        json_object_put(o);
+    }
+}
+
+TEST(JsonW, UnsignedIntegersPrintAsJsonCPrintsThem)
+{
+    const uint64_t edge[] = {0, 1, 9, 10, 9007199254740992ULL,
+                             (uint64_t)INT64_MAX, (uint64_t)INT64_MAX + 1,
+                             UINT64_MAX - 1, UINT64_MAX};
+
+    for (uint64_t v : edge) {
+        json_object *a = json_object_new_array();
+        kvc_jw_t     w = KVC_JW_INIT;
+
+        json_object_array_add(a, json_object_new_uint64(v));
+        kvc_jw_open(&w, '[');
+        kvc_jw_uint(&w, v);
+        kvc_jw_close(&w, ']');
+        EXPECT_EQ(Take(&w), JsonC(a)) << v;
+    }
+}
+
 TEST(JsonW, ANewWriterTakenAtOnceGivesAnEmptyString)
 {
     kvc_jw_t w = KVC_JW_INIT;

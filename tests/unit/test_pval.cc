@@ -400,4 +400,53 @@ TEST(CtlMsgFlat, EncodesWhatJsonCPrints)
     free(text);
 }
 
+// Member order and omissions, pinned to what the json-c encoder (fc2c13d)
+// printed for the same messages.
+TEST(CtlMsgFlat, EncodesAsTheJsonCEncoderDid)
+{
+    struct Case {
+        kvc_msg_type_t type;
+        const char    *id, *req;
+        int32_t        tp, rank, decode;
+        uint64_t       inst, to, nonce;
+        const char    *want;
+    };
+    uint64_t   ids[] = {7, 0, 9007199254740992ULL};
+    const Case cases[] = {
+        {KVC_MSG_RELEASE, "t/1", "", 2, -1, 0, 5, 6, 0,
+         R"({"type":"release","transfer_id":"t/1","instance":"5",)"
+         R"("to_instance":"6","consumer_tp_size":2})"},
+        {KVC_MSG_RELEASE, "t/1", "", 0, 1, 0, 5, 6, 9,
+         R"({"type":"release","transfer_id":"t/1","instance":"5",)"
+         R"("to_instance":"6","xfer_nonce":"9","consumer_rank":1})"},
+        {KVC_MSG_WRITE_DONE, "w\"d", "", 0, -1, 0, 0, UINT64_MAX, 0,
+         R"({"type":"write_done","transfer_id":"w\"d",)"
+         R"("to_instance":"18446744073709551615"})"},
+        {KVC_MSG_HEARTBEAT, "", "", 0, -1, 0, 1, 0, 0,
+         R"({"type":"heartbeat","instance":"1"})"},
+        {KVC_MSG_REMOTE_BLOCKS, "x", "r\\q", 0, -1, 4, 0, 0, 0,
+         R"({"type":"remote_blocks","transfer_id":"x","req_id":"r\\q",)"
+         R"("block_notify_list":[7,0,9007199254740992],"decode_rank":4})"},
+    };
+    for (const Case &c : cases) {
+        kvc_msg_t m = {};
+
+        m.type             = c.type;
+        m.consumer_tp_size = c.tp;
+        m.consumer_rank    = c.rank;
+        m.decode_rank      = c.decode;
+        m.instance         = c.inst;
+        m.to_instance      = c.to;
+        m.xfer_nonce       = c.nonce;
+        m.block_ids        = ids;
+        m.num_block_ids    = 3;
+        snprintf(m.transfer_id, sizeof(m.transfer_id), "%s", c.id);
+        snprintf(m.req_id, sizeof(m.req_id), "%s", c.req);
+        char *text = kvc_msg_encode(&m, nullptr);
+        ASSERT_NE(text, nullptr);
+        EXPECT_STREQ(text, c.want);
+        free(text);
+    }
+}
+
 } // namespace
