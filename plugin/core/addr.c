@@ -1329,27 +1329,30 @@ static kvx_status_t kvc_params_bool(const kvc_pv_t *v, const char *key,
     return KVX_OK;
 }
 
+#define KVC_PARAMS_FIELD(key, fn) {key, sizeof(key) - 1, fn}
+
 static const struct {
     const char         *key;
+    size_t              len; /* strlen(key) */
     kvc_params_field_fn fn;
 } kvc_params_fields[] = {
-    {"transfer_id", kvc_params_transfer_id},
-    {"remote_host", kvc_params_host},
-    {"remote_handshake_port", kvc_params_hs_port},
-    {"remote_notify_port", kvc_params_nt_port},
-    {"remote_hosts", kvc_params_hosts},
-    {"remote_block_ids", kvc_params_blocks},
-    {"remote_engine_id", kvc_params_engine_id},
-    {"remote_tp_size", kvc_params_int},
-    {"tp_size", kvc_params_int},
-    {"remote_dp_size", kvc_params_int},
-    {"remote_dp_rank", kvc_params_int},
-    {"remote_tp_rank", kvc_params_int},
-    {"remote_instance", kvc_params_instance},
-    {"remote_accepted", kvc_params_instance},
-    {"remote_hold_ms", kvc_params_int},
-    {"do_remote_prefill", kvc_params_bool},
-    {"do_remote_decode", kvc_params_bool},
+    KVC_PARAMS_FIELD("transfer_id", kvc_params_transfer_id),
+    KVC_PARAMS_FIELD("remote_host", kvc_params_host),
+    KVC_PARAMS_FIELD("remote_handshake_port", kvc_params_hs_port),
+    KVC_PARAMS_FIELD("remote_notify_port", kvc_params_nt_port),
+    KVC_PARAMS_FIELD("remote_hosts", kvc_params_hosts),
+    KVC_PARAMS_FIELD("remote_block_ids", kvc_params_blocks),
+    KVC_PARAMS_FIELD("remote_engine_id", kvc_params_engine_id),
+    KVC_PARAMS_FIELD("remote_tp_size", kvc_params_int),
+    KVC_PARAMS_FIELD("tp_size", kvc_params_int),
+    KVC_PARAMS_FIELD("remote_dp_size", kvc_params_int),
+    KVC_PARAMS_FIELD("remote_dp_rank", kvc_params_int),
+    KVC_PARAMS_FIELD("remote_tp_rank", kvc_params_int),
+    KVC_PARAMS_FIELD("remote_instance", kvc_params_instance),
+    KVC_PARAMS_FIELD("remote_accepted", kvc_params_instance),
+    KVC_PARAMS_FIELD("remote_hold_ms", kvc_params_int),
+    KVC_PARAMS_FIELD("do_remote_prefill", kvc_params_bool),
+    KVC_PARAMS_FIELD("do_remote_decode", kvc_params_bool),
 };
 
 #define KVC_PARAMS_NFIELDS                                                     \
@@ -1423,10 +1426,9 @@ static int kvc_params_flat(const char *json, kvc_params_ctx_t *c)
     }
     for (size_t j = 0; j < n; j++) {
         for (size_t i = 0; i < KVC_PARAMS_NFIELDS; i++) {
-            const char *key = kvc_params_fields[i].key;
-
-            if (strlen(key) != m[j].key_len ||
-                memcmp(key, m[j].key, m[j].key_len) != 0) {
+            if (kvc_params_fields[i].len != m[j].key_len ||
+                memcmp(kvc_params_fields[i].key, m[j].key, m[j].key_len) !=
+                    0) {
                 continue;
             }
             if (vals[i] != NULL) {

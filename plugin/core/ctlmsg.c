@@ -314,19 +314,24 @@ static kvx_status_t kvc_fld_get(const char *what, const kvc_obj_t *obj,
     return KVX_OK;
 }
 
-/* kvc_int_check: val must be a JSON integer in min..max. */
+/* kvc_int_ok: val is a JSON integer in min..max, then in *out_p. */
+static int kvc_int_ok(const kvc_pv_t *val, uint64_t min, uint64_t max,
+                      uint64_t *out_p)
+{
+    if (val->type != KVC_PV_INT || val->i < 0 || val->u < min ||
+        val->u > max) {
+        return 0;
+    }
+    *out_p = val->u;
+    return 1;
+}
+
+/* kvc_int_check: kvc_int_ok, or an error naming field, value and range. */
 static kvx_status_t kvc_int_check(const char *what, const char *field,
                                   const kvc_pv_t *val, uint64_t min,
                                   uint64_t max, uint64_t *out_p)
 {
-    uint64_t u  = 0;
-    int      ok = val->type == KVC_PV_INT && val->i >= 0;
-
-    if (ok) {
-        u  = val->u;
-        ok = u >= min && u <= max;
-    }
-    if (!ok) {
+    if (!kvc_int_ok(val, min, max, out_p)) {
         return kvc_error(KVX_ERR_BAD_MESSAGE,
                          "%s: field %s: value %.*s: must be an integer in "
                          "%" PRIu64 "..%" PRIu64 "%s",
@@ -336,7 +341,6 @@ static kvx_status_t kvc_int_check(const char *what, const char *field,
                              ? " (larger JSON integers are not exact)"
                              : "");
     }
-    *out_p = u;
     return KVX_OK;
 }
 
@@ -578,16 +582,11 @@ static kvx_status_t kvc_msg_block_list(const kvc_obj_t *obj, kvc_msg_t *msg)
     }
     msg->num_block_ids = n;
     for (i = 0; i < n && kvc_pv_next(&list, &it, &e); i++) {
-        if (e.type == KVC_PV_INT && e.i >= 0 &&
-            e.u <= KVC_JSON_SAFE_MAX) {
-            msg->block_ids[i] = e.u; /* the check below, without its name */
-            continue;
-        }
-        snprintf(field, sizeof(field), "block_notify_list[%zu]", i);
-        status = kvc_int_check(kvc_what_msg, field, &e, 0, KVC_JSON_SAFE_MAX,
-                               &msg->block_ids[i]);
-        if (status != KVX_OK) {
-            return status;
+        /* the field's name is printed only for the error */
+        if (!kvc_int_ok(&e, 0, KVC_JSON_SAFE_MAX, &msg->block_ids[i])) {
+            snprintf(field, sizeof(field), "block_notify_list[%zu]", i);
+            return kvc_int_check(kvc_what_msg, field, &e, 0,
+                                 KVC_JSON_SAFE_MAX, &msg->block_ids[i]);
         }
     }
     return KVX_OK;

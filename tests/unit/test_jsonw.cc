@@ -30,6 +30,26 @@ std::string Take(kvc_jw_t *w)
     return r;
 }
 
+// OneElement: "[x]" as the writer prints it, x written by put.
+template <typename Put> std::string OneElement(Put put)
+{
+    kvc_jw_t w = KVC_JW_INIT;
+
+    kvc_jw_open(&w, '[');
+    put(&w);
+    kvc_jw_close(&w, ']');
+    return Take(&w);
+}
+
+// OneElementC: json-c's array of the one value v.
+json_object *OneElementC(json_object *v)
+{
+    json_object *a = json_object_new_array();
+
+    json_object_array_add(a, v);
+    return a;
+}
+
 TEST(JsonW, EveryByteIsEscapedAsJsonCEscapesIt)
 {
     for (int c = 1; c < 256; c++) {
@@ -114,14 +134,9 @@ TEST(JsonW, EdgeIntegersPrintAsJsonCPrintsThem)
                             2147483647, 1000000000000000000LL};
 
     for (int64_t v : edge) {
-        json_object *a = json_object_new_array();
-        kvc_jw_t     w = KVC_JW_INIT;
-
-        json_object_array_add(a, json_object_new_int64(v));
-        kvc_jw_open(&w, '[');
-        kvc_jw_int(&w, v);
-        kvc_jw_close(&w, ']');
-        EXPECT_EQ(Take(&w), JsonC(a)) << v;
+        EXPECT_EQ(OneElement([v](kvc_jw_t *w) { kvc_jw_int(w, v); }),
+                  JsonC(OneElementC(json_object_new_int64(v))))
+            << v;
     }
 }
 
@@ -157,14 +172,9 @@ TEST(JsonW, UnsignedIntegersPrintAsJsonCPrintsThem)
                              UINT64_MAX - 1, UINT64_MAX};
 
     for (uint64_t v : edge) {
-        json_object *a = json_object_new_array();
-        kvc_jw_t     w = KVC_JW_INIT;
-
-        json_object_array_add(a, json_object_new_uint64(v));
-        kvc_jw_open(&w, '[');
-        kvc_jw_uint(&w, v);
-        kvc_jw_close(&w, ']');
-        EXPECT_EQ(Take(&w), JsonC(a)) << v;
+        EXPECT_EQ(OneElement([v](kvc_jw_t *w) { kvc_jw_uint(w, v); }),
+                  JsonC(OneElementC(json_object_new_uint64(v))))
+            << v;
     }
 }
 
