@@ -14,6 +14,8 @@
 #      QUIET_WAIT (300), WRITE_AHEAD (1: WRITE runs kvxfer_perf
 #      --write-ahead, P's layers ready before D asks; 0: P waits for each
 #      remote_blocks, polling, as the results before 5 December 2026 did)
+#      PIN (0: P and D unpinned, the scheduler places their threads; 1: P
+#      on CPU 0 and D on CPU 1, as perf/nixl.sh's PIN_KVX=1 and nixlbench)
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 build=${1:-$here/../build}
@@ -28,6 +30,8 @@ TLS_LIST=${TLS_LIST:-"sm tcp"}
 OPS=${OPS:-"read write"}
 LOAD_MAX=${LOAD_MAX:-0.6}
 QUIET_WAIT=${QUIET_WAIT:-300}
+pin0=() pin1=()
+[ "${PIN:-0}" = 1 ] && pin0=(taskset -c 0) pin1=(taskset -c 1)
 [ -x "$perf" ] || { echo "$perf not built"; exit 1; }
 mkdir -p "$(dirname "$out")"
 : > "$out"
@@ -38,7 +42,7 @@ trap 'rm -f "$csv"' EXIT
 
 
 echo "# depth.sh $(date -u +%FT%TZ) build $build size $SIZE batch $BATCH" \
-     "iters $ITERS" >> "$out"
+     "iters $ITERS pin ${PIN:-0}" >> "$out"
 port=$((18000 + RANDOM % 1000))
 for rep in $(seq 1 "$REPS"); do
     for tls in $TLS_LIST; do
@@ -49,11 +53,11 @@ for rep in $(seq 1 "$REPS"); do
                 [ "$op" = write ] && [ "${WRITE_AHEAD:-1}" = 1 ] &&
                     extra=(--write-ahead)
                 port=$((port + 1))
-                timeout 300 "$perf" -p "$port" --bind 127.0.0.1 \
+                timeout 300 "${pin0[@]}" "$perf" -p "$port" --bind 127.0.0.1 \
                     --accept-timeout 60 -q > /dev/null 2>&1 &
                 spid=$!
                 sleep 0.3 # the server's listener; the client retries too
-                timeout 300 "$perf" 127.0.0.1 -p "$port" --tls "$tls" -t "$op" \
+                timeout 300 "${pin1[@]}" "$perf" 127.0.0.1 -p "$port" --tls "$tls" -t "$op" \
                     --mem app --resident --layers 1 --layout split -s "$SIZE" \
                     -b "$BATCH" -d "$depth" -n "$ITERS" "${extra[@]}" -q \
                     -f csv --csv "$csv" \
