@@ -30,8 +30,14 @@ TLS_LIST=${TLS_LIST:-"sm tcp"}
 OPS=${OPS:-"read write"}
 LOAD_MAX=${LOAD_MAX:-0.6}
 QUIET_WAIT=${QUIET_WAIT:-300}
-pin0=() pin1=()
-[ "${PIN:-0}" = 1 ] && pin0=(taskset -c 0) pin1=(taskset -c 1)
+pin0=() pin1=() pinned=0
+case ${PIN:-0} in
+    0) ;;
+    1) { taskset -c 0 true && taskset -c 1 true; } 2> /dev/null ||
+           { echo "depth.sh: PIN=1 needs taskset and CPUs 0 and 1"; exit 1; }
+       pin0=(taskset -c 0) pin1=(taskset -c 1) pinned=1 ;;
+    *) echo "depth.sh: PIN must be 0 or 1, not '$PIN'"; exit 1 ;;
+esac
 [ -x "$perf" ] || { echo "$perf not built"; exit 1; }
 mkdir -p "$(dirname "$out")"
 : > "$out"
@@ -42,7 +48,7 @@ trap 'rm -f "$csv"' EXIT
 
 
 echo "# depth.sh $(date -u +%FT%TZ) build $build size $SIZE batch $BATCH" \
-     "iters $ITERS pin ${PIN:-0}" >> "$out"
+     "iters $ITERS pin $pinned" >> "$out"
 port=$((18000 + RANDOM % 1000))
 for rep in $(seq 1 "$REPS"); do
     for tls in $TLS_LIST; do
