@@ -653,6 +653,64 @@ TEST_P(ReadDrive, WaitingThreadDrivesTheDataPlane)
     FreeEvents(&pev);
 }
 
+// A waiter whose wait was satisfied holds a lease (progress_spin_us): the
+// progress thread stays aside and a post skips its wake-up, expecting the
+// waiter back. No timer marks the lease's end; the progress thread looks
+// again every millisecond. Here nobody waits again: the second transfer is
+// posted inside the first one's lease and only polled for (poll_events does
+// not drive), so it completes only if the progress thread takes it over.
+TEST(ReadDriveLease, PostInTheLeaseCompletesWithNoWaiter)
+{
+    ModelSpec m  = ThreeLayerModel();
+    uint16_t  hs = PortBase(2);
+    Rank      p, d;
+    MakeSmPair(m, hs, false,
+               "\"progress_caller\":true,\"progress_spin_us\":20000", &p, &d);
+    if (HasFatalFailure()) {
+        return;
+    }
+    std::vector<uint64_t> all_p, all_d;
+    for (uint64_t i = 0; i < 2; i++) {
+        const std::vector<uint64_t> pids = {4 + i, 20 - i};
+        const std::vector<uint64_t> dids = {2 * i + 1, 2 * i};
+        const std::string           tid  = "tx-lease-" + std::to_string(i);
+        const std::string pp = "{\"transfer_id\":\"" + tid + "\"}";
+        char             *resp = nullptr;
+        ASSERT_EQ(KVX_OK, Api()->producer_request(p.eng, "r", pp.c_str(),
+                                                  pids.data(), pids.size(),
+                                                  &resp))
+            << Api()->last_error();
+        Api()->free(resp);
+        std::string prm = Params(tid, "127.0.0.1", hs, (uint16_t)(hs + 20000),
+                                 pids, 1);
+        ASSERT_EQ(KVX_OK, Api()->consumer_request(d.eng, "r", prm.c_str(),
+                                                  dids.data(), dids.size()))
+            << Api()->last_error();
+        all_p.insert(all_p.end(), pids.begin(), pids.end());
+        all_d.insert(all_d.end(), dids.begin(), dids.end());
+        if (i == 0) { // the waiter drives, then leaves with its lease
+            ASSERT_EQ(KVX_OK, Api()->wait_transfer(d.eng, tid.c_str(), 20000))
+                << Api()->last_error();
+            continue;
+        }
+        std::vector<kvx_event_t> dev;
+        bool                     done = false;
+        ASSERT_TRUE(WaitFor([&] {
+            DrainEvents(d.eng, &dev);
+            for (const kvx_event_t &e : dev) {
+                done = done || (e.type == KVX_EVENT_FINISHED_RECVING &&
+                                tid == e.transfer_id);
+            }
+            return done;
+        }, 10000)) << "the transfer posted in the lease never completed";
+        FreeEvents(&dev);
+    }
+    EXPECT_EQ("", VerifyPull(m, d, 0, all_d, all_p));
+#if !KVT_SIM_TRANSPORTS // the simulated data plane has no drive
+    EXPECT_GT(StatCount(d.eng, "driven_passes"), 0);
+#endif
+}
+
 INSTANTIATE_TEST_SUITE_P(CallerOnOff, ReadDrive, ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool> &i) {
                              return std::string(i.param ? "caller" : "thread");

@@ -160,8 +160,10 @@ int kvu_in_progress_thread(const kvu_ctx_t *ctx);
  * to it (only its tick runs); the last driver out hands them back: at once
  * (back 0: the caller goes to sleep), or, when the caller is expected to
  * wait again soon (back 1: its wait was satisfied), after a lease of
- * progress_spin_us unless a driver comes in meanwhile. Never with a lock
- * a completion callback takes. */
+ * progress_spin_us unless a driver comes in meanwhile. No timer marks the
+ * lease's end: the progress thread aside looks every KVU_LOOK_US (1 ms),
+ * so a waiter that does not come back leaves the workers unprogressed for
+ * at most that long. Never with a lock a completion callback takes. */
 void     kvu_drive_begin(kvu_ctx_t *ctx);
 int      kvu_drive(kvu_ctx_t *ctx);
 void     kvu_drive_end(kvu_ctx_t *ctx, int back);
