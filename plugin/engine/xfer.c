@@ -357,7 +357,8 @@ void kvc_event_push(struct kvx_engine *eng, kvx_event_type_t type,
 /* A wait drives the data plane itself (kvt drive_*: the completion is seen
  * on the waiting thread, with no hand-off from the progress thread) while
  * passes keep finding work, and sleeps on eng->cond once they have been
- * idle for progress_spin_us; a wake-up drives again. */
+ * idle for progress_spin_us; a wake-up drives again. A pass refused because
+ * another thread holds it has yielded the CPU to that thread (kvu_drive). */
 typedef struct kvc_drive {
     int      on;        /* between drive_begin and drive_end */
     int      idle;      /* idle for progress_spin_us: sleep next */

@@ -155,7 +155,7 @@ int kvu_in_progress_thread(const kvu_ctx_t *ctx);
  * passes itself (no hand-off to the progress thread and back):
  * kvu_drive_begin, then kvu_drive repeatedly (one pass when no other is
  * running: its activity, 0 when idle; -1 when another thread holds the
- * pass or the caller is inside one), then kvu_drive_end before sleeping or
+ * pass, after yielding the CPU to it, or the caller is inside one), then kvu_drive_end before sleeping or
  * returning. While a driver is in, the progress thread leaves the workers
  * to it (only its tick runs); the last driver out hands them back: at once
  * (back 0: the caller goes to sleep), or, when the caller is expected to
