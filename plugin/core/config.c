@@ -327,6 +327,82 @@ static json_object *kvc_cfg_dump_bool(const kvc_config_field_t *f,
     return json_object_new_boolean(*KVC_CFG_AT_C(cfg, f, int) != 0);
 }
 
+/* kvc_cfg_parse_bool_auto: a boolean as kvc_cfg_parse_bool takes it, or
+ * "auto" (trimmed, any case), stored as KVC_PROGRESS_CALLER_AUTO. */
+static kvx_status_t kvc_cfg_parse_bool_auto(const kvc_config_field_t *f,
+                                            const char *path,
+                                            json_object *val,
+                                            kvc_config_t *cfg)
+{
+    char buf[8];
+
+    if (json_object_is_type(val, json_type_string) &&
+        kvc_cfg_trimmed(val, buf, sizeof(buf)) == 0 &&
+        strcasecmp(buf, "auto") == 0) {
+        *KVC_CFG_AT(cfg, f, int) = KVC_PROGRESS_CALLER_AUTO;
+        return KVX_OK;
+    }
+    if (kvc_cfg_parse_bool(f, path, val, cfg) != KVX_OK) {
+        return kvc_cfg_fail(path, val,
+                            "expected \"auto\" or a boolean: true, false, "
+                            "\"true\", \"false\", \"1\", \"0\", 1 or 0");
+    }
+    return KVX_OK;
+}
+
+static json_object *kvc_cfg_dump_bool_auto(const kvc_config_field_t *f,
+                                           const kvc_config_t *cfg)
+{
+    int v = *KVC_CFG_AT_C(cfg, f, int);
+
+    return v == KVC_PROGRESS_CALLER_AUTO ? json_object_new_string("auto")
+                                         : json_object_new_boolean(v != 0);
+}
+
+int kvc_tls_local_only(const char *tls)
+{
+    static const char *const local[] = {
+        "sm",        "shm",      "mm",        "sysv",     "posix",
+        "cma",       "knem",     "xpmem",     "self",     "rocm",
+        "rocm_copy", "rocm_ipc", "rocm_gdr",  "cuda",     "cuda_copy",
+        "cuda_ipc",  "gdr_copy", NULL};
+    const char *p = tls;
+
+    if (tls == NULL) {
+        return 0;
+    }
+    for (;;) { /* each entry, the empty one after a trailing comma too */
+        const char *end = strchr(p, ',');
+        size_t      len = end != NULL ? (size_t)(end - p) : strlen(p);
+        int         ok  = 0;
+
+        while (len > 0 && (*p == ' ' || *p == '\t')) {
+            p++, len--;
+        }
+        while (len > 0 && (p[len - 1] == ' ' || p[len - 1] == '\t')) {
+            len--;
+        }
+        for (size_t i = 0; local[i] != NULL && len > 0; i++) {
+            ok = ok || (strlen(local[i]) == len &&
+                        strncasecmp(p, local[i], len) == 0);
+        }
+        if (!ok) {
+            return 0; /* a network transport, "all", "^...", or empty */
+        }
+        if (end == NULL) {
+            return 1;
+        }
+        p = end + 1;
+    }
+}
+
+int kvc_progress_caller_on(const kvc_config_t *cfg)
+{
+    return cfg->progress_caller == KVC_PROGRESS_CALLER_AUTO
+               ? kvc_tls_local_only(cfg->ucx_tls)
+               : cfg->progress_caller != 0;
+}
+
 /* kvc_cfg_get_number reads a JSON number or a string holding one; 0 or -1
  * (wrong type). */
 static int kvc_cfg_get_number(json_object *val, double *out)
@@ -735,6 +811,8 @@ static kvx_status_t kvc_cfg_auto_node_hosts(kvc_config_t *cfg)
 
 static const kvc_cfg_type_t kvc_cfg_bool_loose = {kvc_cfg_parse_bool,
                                                   kvc_cfg_dump_bool};
+static const kvc_cfg_type_t kvc_cfg_bool_auto = {kvc_cfg_parse_bool_auto,
+                                                 kvc_cfg_dump_bool_auto};
 static const kvc_cfg_type_t kvc_cfg_port = {kvc_cfg_parse_port,
                                             kvc_cfg_dump_uint};
 static const kvc_cfg_type_t kvc_cfg_seconds = {kvc_cfg_parse_seconds,
@@ -899,12 +977,16 @@ static const kvc_config_field_t kvc_cfg_fields[] = {
      .off = KVC_OFF(progress_spin_us), .lo = 0, .hi = 100000, .flags = KVC_X,
      .doc = "busy-poll time before the progress thread (or a waiter "
             "driving progress, progress_caller) sleeps"},
-    {.key = "progress_caller", .dfl_json = "false", .type = &kvc_cfg_bool_loose,
-     .off = KVC_OFF(progress_caller), .flags = KVC_X,
+    {.key = "progress_caller", .dfl_json = "\"auto\"",
+     .type = &kvc_cfg_bool_auto, .off = KVC_OFF(progress_caller),
+     .flags = KVC_X,
      .doc = "true: a thread waiting in wait_transfer / wait_layer / "
             "wait_events progresses the data plane itself (busy-polls up to "
             "progress_spin_us idle, then sleeps); false: it sleeps at once "
-            "and the progress thread does all"},
+            "and the progress thread does all; \"auto\": true where "
+            "ucx_tls names only transports inside the host (sm, cma, self, "
+            "GPU copy/IPC), false otherwise (measured faster on shared "
+            "memory, mixed on tcp)"},
     {.key = "gpu_bus_id", .dfl_json = "\"\"", .type = &kvc_cfg_busid,
      .off = KVC_OFF(gpu_bus_id), .size = KVC_SIZE(gpu_bus_id), .lo = 0,
      .flags = KVC_X,

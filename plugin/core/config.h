@@ -84,8 +84,9 @@ typedef struct kvc_config {
     uint64_t      max_inflight_bytes; /* [16 MiB] per endpoint, >= 4096 */
     uint32_t      progress_spin_us;   /* [50] 0..100000 busy-poll before
                                          sleeping */
-    int           progress_caller;    /* [false] waits drive the progress
-                                         (kvt drive_*) */
+    int           progress_caller;    /* ["auto"] waits drive the progress
+                                         (kvt drive_*): 0, 1 or
+                                         KVC_PROGRESS_CALLER_AUTO */
 
     /* Device placement (SPEC §11: hwloc picks the NIC near the GPU) */
     char gpu_bus_id[32];      /* [""] = unknown; else the PCI bus id of this
@@ -129,5 +130,18 @@ const kvt_ctl_sec_t *kvc_config_ctl_sec(const kvc_config_t *cfg);
 const kvt_ctl_sec_t *kvc_config_proxy_sec(const kvc_config_t *cfg,
                                           kvt_ctl_sec_t *buf);
 
+
+/* progress_caller "auto": waits drive the progress where every transport
+ * ucx_tls allows is local (kvc_tls_local_only), and sleep otherwise. */
+#define KVC_PROGRESS_CALLER_AUTO 2
+
+/* kvc_tls_local_only: does the UCX_TLS list tls name only transports that
+ * stay inside the host (shared memory, cma/knem/xpmem, self, GPU copy and
+ * IPC)? "" (UCX's default), "all", an exclusion ("^...") or any network
+ * transport (tcp, rc, ud, dc, ib, ...) make it 0. */
+int kvc_tls_local_only(const char *tls);
+
+/* kvc_progress_caller_on: do waits drive the progress under cfg? */
+int kvc_progress_caller_on(const kvc_config_t *cfg);
 
 #endif

@@ -388,6 +388,7 @@ struct kvx_engine {
     pthread_t         defer_owner;   /* the thread that defers */
     uint64_t          full_tick_us;  /* kvc_engine_tick's last periodic work */
     kvt_ctx_t        *ucx;
+    int               drive_waits;   /* kvc_progress_caller_on(&cfg) */
     kvc_layer_t      *layers;
     size_t            nlayers, layers_cap;
     int               replicated;    /* every layer key-only */

@@ -136,7 +136,10 @@ kvx_status_t kvc_report_stats(struct kvx_engine *eng, char **json_p)
                                (int64_t)kvc_timerq_size(&eng->timers)));
     json_object_object_add(o, "early", json_object_new_int64(
                                (int64_t)eng->nearly));
-    /* Progress passes run by threads waiting in the API (progress_caller). */
+    /* Do waits drive the progress (progress_caller, "auto" resolved)? And
+     * the passes threads waiting in the API ran. */
+    json_object_object_add(o, "waits_drive",
+                           json_object_new_int64(eng->drive_waits));
     json_object_object_add(o, "driven_passes", json_object_new_int64(
         eng->ucx != NULL && KVD(eng)->driven != NULL
             ? (int64_t)KVD(eng)->driven(eng->ucx)

@@ -373,7 +373,7 @@ static void kvc_wait_step(struct kvx_engine *eng, kvc_drive_t *d,
     uint64_t              now;
     int                   n;
 
-    if (!eng->cfg.progress_caller || ops->drive == NULL || eng->ucx == NULL ||
+    if (!eng->drive_waits || ops->drive == NULL || eng->ucx == NULL ||
         d->idle) {
         kvc_wait_until(eng, deadline);
         d->idle = 0;

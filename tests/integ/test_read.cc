@@ -642,6 +642,7 @@ TEST_P(ReadDrive, WaitingThreadDrivesTheDataPlane)
         EXPECT_EQ("", VerifyPull(m, d, 0, all_d, all_p)) << tid;
     }
     const long long driven = StatCount(d.eng, "driven_passes");
+    EXPECT_EQ(caller ? 1 : 0, StatCount(d.eng, "waits_drive"));
     if (caller) {
         EXPECT_GT(driven, 0);
     } else {
@@ -709,6 +710,39 @@ TEST(ReadDriveLease, PostInTheLeaseCompletesWithNoWaiter)
 #if !KVT_SIM_TRANSPORTS // the simulated data plane has no drive
     EXPECT_GT(StatCount(d.eng, "driven_passes"), 0);
 #endif
+}
+
+// progress_caller's default, "auto", drives waits where ucx_tls names only
+// host-local transports: this pair is on sm and sets no progress_caller.
+// (Whether a given wait finds work to drive depends on the scheduler: the
+// progress thread may complete the transfer first; stats says the mode.)
+TEST(ReadDriveAuto, DefaultDrivesWaitsOverSharedMemory)
+{
+    ModelSpec m  = ThreeLayerModel();
+    uint16_t  hs = PortBase(2);
+    Rank      p, d;
+    MakeSmPair(m, hs, false, "", &p, &d);
+    if (HasFatalFailure()) {
+        return;
+    }
+    const std::vector<uint64_t> pids = {7, 3};
+    const std::vector<uint64_t> dids = {1, 5};
+    char                       *resp = nullptr;
+    ASSERT_EQ(KVX_OK, Api()->producer_request(p.eng, "r",
+                                              "{\"transfer_id\":\"tx-auto\"}",
+                                              pids.data(), pids.size(), &resp))
+        << Api()->last_error();
+    Api()->free(resp);
+    std::string prm = Params("tx-auto", "127.0.0.1", hs, (uint16_t)(hs + 20000),
+                             pids, 1);
+    ASSERT_EQ(KVX_OK, Api()->consumer_request(d.eng, "r", prm.c_str(),
+                                              dids.data(), dids.size()))
+        << Api()->last_error();
+    ASSERT_EQ(KVX_OK, Api()->wait_transfer(d.eng, "tx-auto", 20000))
+        << Api()->last_error();
+    EXPECT_EQ("", VerifyPull(m, d, 0, dids, pids));
+    EXPECT_EQ(1, StatCount(d.eng, "waits_drive"));
+    EXPECT_EQ(1, StatCount(p.eng, "waits_drive"));
 }
 
 INSTANTIATE_TEST_SUITE_P(CallerOnOff, ReadDrive, ::testing::Bool(),

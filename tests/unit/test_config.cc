@@ -10,7 +10,9 @@ extern "C" {
 #include <json-c/json.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -131,7 +133,7 @@ TEST_F(ConfigDefaults, EveryKeyHasItsDefault)
     EXPECT_EQ(KVC_ERR_MODE_PEER, cfg_.ucx_error_mode);
     EXPECT_EQ(16777216u, cfg_.max_inflight_bytes);
     EXPECT_EQ(50u, cfg_.progress_spin_us);
-    EXPECT_EQ(0, cfg_.progress_caller);
+    EXPECT_EQ(KVC_PROGRESS_CALLER_AUTO, cfg_.progress_caller);
     EXPECT_STREQ("", cfg_.gpu_bus_id);
     EXPECT_STREQ("", cfg_.hwloc_topology);
 }
@@ -278,6 +280,11 @@ const ValidCase kValidCases[] = {
      R"("node-1.example")"},
     {"HostIpV6", R"("host_ip":"fd00::1")", "host_ip", R"("fd00::1")"},
     {"HandshakePortLow", R"("handshake_port":1024)", "handshake_port", "1024"},
+    {"ProgressCallerAuto", R"("progress_caller":" AUTO ")", "progress_caller",
+     R"("auto")"},
+    {"ProgressCallerFalseString", R"("progress_caller":"false")",
+     "progress_caller", "false"},
+    {"ProgressCallerOne", R"("progress_caller":1)", "progress_caller", "true"},
     {"HandshakePortHigh", R"("handshake_port":65535)", "handshake_port",
      "65535"},
     {"HandshakePortString", R"("handshake_port":" 7001 ")", "handshake_port",
@@ -810,6 +817,8 @@ std::vector<BadCase> BadCases()
           "progress_spin_us", "-1"),
         X("ProgressCallerNumber", R"("progress_caller":2)",
           "progress_caller", "2"),
+        X("ProgressCallerWord", R"("progress_caller":"sometimes")",
+          "progress_caller", "\"sometimes\""),
         X("GpuBusIdWord", R"("gpu_bus_id":"gpu0")", "gpu_bus_id",
           "\"gpu0\""),
         X("GpuBusIdNumber", R"("gpu_bus_id":3)", "gpu_bus_id", "value 3"),
@@ -957,3 +966,42 @@ TEST(ConfigBusId, ParsesBothFormsAndRejectsTheRest)
 }
 
 } // namespace
+
+// progress_caller "auto" drives waits only where ucx_tls keeps the data
+// plane inside the host (measured faster on shared memory, mixed on tcp:
+// perf/README.md, "The lease without its timer").
+TEST(ConfigTls, LocalOnlyListsAreThoseOfHostTransports)
+{
+    EXPECT_EQ(1, kvc_tls_local_only("sm"));
+    EXPECT_EQ(1, kvc_tls_local_only("sm,self"));
+    EXPECT_EQ(1, kvc_tls_local_only(" SYSV , cma ,rocm_ipc,rocm_copy"));
+    EXPECT_EQ(1, kvc_tls_local_only("posix,self,cuda_ipc"));
+    EXPECT_EQ(0, kvc_tls_local_only(""));     // UCX's default: every lane
+    EXPECT_EQ(0, kvc_tls_local_only("all"));
+    EXPECT_EQ(0, kvc_tls_local_only("tcp"));
+    EXPECT_EQ(0, kvc_tls_local_only("sm,tcp"));
+    EXPECT_EQ(0, kvc_tls_local_only("rc,sm,self"));
+    EXPECT_EQ(0, kvc_tls_local_only("rc_verbs"));
+    EXPECT_EQ(0, kvc_tls_local_only("^tcp"));  // everything but tcp
+    EXPECT_EQ(0, kvc_tls_local_only("sm,"));   // an empty entry
+    EXPECT_EQ(0, kvc_tls_local_only(",sm"));
+    EXPECT_EQ(0, kvc_tls_local_only("smx"));
+    EXPECT_EQ(0, kvc_tls_local_only(nullptr));
+}
+
+TEST(ConfigTls, ProgressCallerOnFollowsTheSettingAndTheLanes)
+{
+    kvc_config_t c;
+
+    memset(&c, 0, sizeof(c));
+    c.progress_caller = KVC_PROGRESS_CALLER_AUTO;
+    snprintf(c.ucx_tls, sizeof(c.ucx_tls), "sm");
+    EXPECT_EQ(1, kvc_progress_caller_on(&c));
+    snprintf(c.ucx_tls, sizeof(c.ucx_tls), "tcp");
+    EXPECT_EQ(0, kvc_progress_caller_on(&c));
+    c.progress_caller = 1;
+    EXPECT_EQ(1, kvc_progress_caller_on(&c));
+    c.progress_caller = 0;
+    snprintf(c.ucx_tls, sizeof(c.ucx_tls), "sm");
+    EXPECT_EQ(0, kvc_progress_caller_on(&c));
+}
