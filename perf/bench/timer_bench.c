@@ -117,7 +117,7 @@ int main(int argc, char **argv)
         }
         qsort(r, (size_t)reps, sizeof(r[0]), tb_cmp);
         if (ahead[k] == 0) {
-            printf("%-26s %7.2f / %7.2f / %7.2f us\n", "getppid (for scale)",
+            printf("%-27s %7.2f / %7.2f / %7.2f us\n", "getppid (for scale)",
                    r[0], r[reps / 2], r[reps - 1]);
         } else {
             printf("arm %7llu us ahead+disarm %7.2f / %7.2f / %7.2f us\n",

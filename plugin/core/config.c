@@ -376,15 +376,18 @@ int kvc_tls_local_only(const char *tls)
         size_t      len = end != NULL ? (size_t)(end - p) : strlen(p);
         int         ok  = 0;
 
-        while (len > 0 && (*p == ' ' || *p == '\t')) {
+        /* Names as UCX compares them (exactly: no case folding, no
+         * trimming), with its "\name" (that name only) and "name:aux"
+         * (auxiliary use) forms. */
+        if (len > 0 && *p == '\\') {
             p++, len--;
         }
-        while (len > 0 && (p[len - 1] == ' ' || p[len - 1] == '\t')) {
-            len--;
+        if (len > 4 && strncmp(p + len - 4, ":aux", 4) == 0) {
+            len -= 4;
         }
         for (size_t i = 0; local[i] != NULL && len > 0; i++) {
             ok = ok || (strlen(local[i]) == len &&
-                        strncasecmp(p, local[i], len) == 0);
+                        strncmp(p, local[i], len) == 0);
         }
         if (!ok) {
             return 0; /* a network transport, "all", "^...", or empty */
@@ -396,11 +399,16 @@ int kvc_tls_local_only(const char *tls)
     }
 }
 
-int kvc_progress_caller_on(const kvc_config_t *cfg)
+int kvc_progress_caller_on(const kvc_config_t *cfg, const char *env_tls)
 {
-    return cfg->progress_caller == KVC_PROGRESS_CALLER_AUTO
-               ? kvc_tls_local_only(cfg->ucx_tls)
-               : cfg->progress_caller != 0;
+    if (cfg->progress_caller != KVC_PROGRESS_CALLER_AUTO) {
+        return cfg->progress_caller != 0;
+    }
+    /* The list in force, as the data plane takes it: ucx_tls, else the
+     * UCX_TLS the process was started with. */
+    return kvc_tls_local_only(cfg->ucx_tls[0] != '\0' ? cfg->ucx_tls
+                              : env_tls != NULL        ? env_tls
+                                                       : "");
 }
 
 /* kvc_cfg_get_number reads a JSON number or a string holding one; 0 or -1
@@ -984,9 +992,9 @@ static const kvc_config_field_t kvc_cfg_fields[] = {
             "wait_events progresses the data plane itself (busy-polls up to "
             "progress_spin_us idle, then sleeps); false: it sleeps at once "
             "and the progress thread does all; \"auto\": true where "
-            "ucx_tls names only transports inside the host (sm, cma, self, "
-            "GPU copy/IPC), false otherwise (measured faster on shared "
-            "memory, mixed on tcp)"},
+            "ucx_tls (else the environment's UCX_TLS) names only transports "
+            "inside the host (sm, cma, self, GPU copy/IPC), false "
+            "otherwise (measured faster on shared memory, mixed on tcp)"},
     {.key = "gpu_bus_id", .dfl_json = "\"\"", .type = &kvc_cfg_busid,
      .off = KVC_OFF(gpu_bus_id), .size = KVC_SIZE(gpu_bus_id), .lo = 0,
      .flags = KVC_X,

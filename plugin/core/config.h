@@ -132,16 +132,20 @@ const kvt_ctl_sec_t *kvc_config_proxy_sec(const kvc_config_t *cfg,
 
 
 /* progress_caller "auto": waits drive the progress where every transport
- * ucx_tls allows is local (kvc_tls_local_only), and sleep otherwise. */
+ * the UCX_TLS list in force allows is local (kvc_tls_local_only), and
+ * sleep otherwise. */
 #define KVC_PROGRESS_CALLER_AUTO 2
 
 /* kvc_tls_local_only: does the UCX_TLS list tls name only transports that
  * stay inside the host (shared memory, cma/knem/xpmem, self, GPU copy and
- * IPC)? "" (UCX's default), "all", an exclusion ("^...") or any network
- * transport (tcp, rc, ud, dc, ib, ...) make it 0. */
+ * IPC)? Names are compared as UCX does (exactly; "\name" and "name:aux"
+ * forms too). "" (UCX's default), "all", an exclusion ("^..."), an empty
+ * entry, a name UCX would not take or any network transport (tcp, rc, ud,
+ * dc, ib, ...) make it 0. */
 int kvc_tls_local_only(const char *tls);
 
-/* kvc_progress_caller_on: do waits drive the progress under cfg? */
-int kvc_progress_caller_on(const kvc_config_t *cfg);
+/* kvc_progress_caller_on: do waits drive the progress under cfg? env_tls:
+ * the environment's UCX_TLS (NULL: unset), in force when ucx_tls is "". */
+int kvc_progress_caller_on(const kvc_config_t *cfg, const char *env_tls);
 
 #endif

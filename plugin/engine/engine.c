@@ -279,7 +279,7 @@ kvx_status_t kvx_engine_create(const kvt_env_t *env, const char *json,
      * so another instance (another key) does not repeat them either. */
     eng->xnonce_seq = 0;
     eng->mode  = eng->cfg.read_mode ? &kvc_mode_read : &kvc_mode_write;
-    eng->drive_waits = kvc_progress_caller_on(&eng->cfg);
+    eng->drive_waits = kvc_progress_caller_on(&eng->cfg, getenv("UCX_TLS"));
     kvc_timerq_init(&eng->timers);
     snprintf(eng->engine_id, sizeof(eng->engine_id), "%s:%u", eng->cfg.host_ip,
              eng->cfg.handshake_port);

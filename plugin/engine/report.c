@@ -136,10 +136,11 @@ kvx_status_t kvc_report_stats(struct kvx_engine *eng, char **json_p)
                                (int64_t)kvc_timerq_size(&eng->timers)));
     json_object_object_add(o, "early", json_object_new_int64(
                                (int64_t)eng->nearly));
-    /* Do waits drive the progress (progress_caller, "auto" resolved)? And
-     * the passes threads waiting in the API ran. */
-    json_object_object_add(o, "waits_drive",
-                           json_object_new_int64(eng->drive_waits));
+    /* Do waits drive the progress (progress_caller, "auto" resolved, on a
+     * data plane that can be driven)? And the passes threads waiting in
+     * the API ran. */
+    json_object_object_add(o, "waits_drive", json_object_new_int64(
+        eng->drive_waits && eng->ucx != NULL && KVD(eng)->drive != NULL));
     json_object_object_add(o, "driven_passes", json_object_new_int64(
         eng->ucx != NULL && KVD(eng)->driven != NULL
             ? (int64_t)KVD(eng)->driven(eng->ucx)

@@ -594,8 +594,27 @@ TEST(ReadRegion, UcxAllocatedPoolGivesDirectSharedMemoryCopies)
     EXPECT_EQ(0, StatCount(p.eng, "rx.release"));
 }
 
+// RequestPair: P's producer_request, then D's consumer_request of the same
+// transfer tid (P's blocks pids into D's dids), on the pair of MakeSmPair.
+void RequestPair(const Rank &p, const Rank &d, uint16_t hs,
+                 const std::string &tid, const std::vector<uint64_t> &pids,
+                 const std::vector<uint64_t> &dids)
+{
+    const std::string pp   = "{\"transfer_id\":\"" + tid + "\"}";
+    char             *resp = nullptr;
+    ASSERT_EQ(KVX_OK, Api()->producer_request(p.eng, "r", pp.c_str(),
+                                              pids.data(), pids.size(), &resp))
+        << Api()->last_error();
+    Api()->free(resp);
+    std::string prm = Params(tid, "127.0.0.1", hs, (uint16_t)(hs + 20000),
+                             pids, 1);
+    ASSERT_EQ(KVX_OK, Api()->consumer_request(d.eng, "r", prm.c_str(),
+                                              dids.data(), dids.size()))
+        << Api()->last_error();
+}
+
 // A thread waiting in wait_transfer runs the data plane's progress itself
-// (progress_caller, off by default): the completion is seen on that thread, not
+// (progress_caller true; "auto" by default): the completion is seen on that thread, not
 // handed over by the progress thread. driven_passes counts those passes;
 // with progress_caller off there are none, and the bytes are the same.
 class ReadDrive : public ::testing::TestWithParam<bool> {};
@@ -623,18 +642,10 @@ TEST_P(ReadDrive, WaitingThreadDrivesTheDataPlane)
         const std::vector<uint64_t> pids = {i, 9 + i, 31 - i};
         const std::vector<uint64_t> dids = {3 * i + 2, 3 * i, 3 * i + 1};
         const std::string           tid  = "tx-drive-" + std::to_string(i);
-        const std::string pp = "{\"transfer_id\":\"" + tid + "\"}";
-        char             *resp = nullptr;
-        ASSERT_EQ(KVX_OK, Api()->producer_request(p.eng, "r", pp.c_str(),
-                                                  pids.data(), pids.size(),
-                                                  &resp))
-            << Api()->last_error();
-        Api()->free(resp);
-        std::string prm = Params(tid, "127.0.0.1", hs, (uint16_t)(hs + 20000),
-                                 pids, 1);
-        ASSERT_EQ(KVX_OK, Api()->consumer_request(d.eng, "r", prm.c_str(),
-                                                  dids.data(), dids.size()))
-            << Api()->last_error();
+        RequestPair(p, d, hs, tid, pids, dids);
+        if (HasFatalFailure()) {
+            return;
+        }
         ASSERT_EQ(KVX_OK, Api()->wait_transfer(d.eng, tid.c_str(), 20000))
             << Api()->last_error();
         all_p.insert(all_p.end(), pids.begin(), pids.end());
@@ -658,8 +669,11 @@ TEST_P(ReadDrive, WaitingThreadDrivesTheDataPlane)
 // progress thread stays aside and a post skips its wake-up, expecting the
 // waiter back. No timer marks the lease's end; the progress thread looks
 // again every millisecond. Here nobody waits again: the second transfer is
-// posted inside the first one's lease and only polled for (poll_events does
-// not drive), so it completes only if the progress thread takes it over.
+// posted right after the first one's wait returned (inside its 20 ms lease,
+// unless the scheduler delays this thread that long) and only polled for
+// (poll_events does not drive), so it completes only if the progress
+// thread takes it over. It guards against a lease that never ends; the
+// 1 ms bound itself is not timed here.
 TEST(ReadDriveLease, PostInTheLeaseCompletesWithNoWaiter)
 {
     ModelSpec m  = ThreeLayerModel();
@@ -675,18 +689,10 @@ TEST(ReadDriveLease, PostInTheLeaseCompletesWithNoWaiter)
         const std::vector<uint64_t> pids = {4 + i, 20 - i};
         const std::vector<uint64_t> dids = {2 * i + 1, 2 * i};
         const std::string           tid  = "tx-lease-" + std::to_string(i);
-        const std::string pp = "{\"transfer_id\":\"" + tid + "\"}";
-        char             *resp = nullptr;
-        ASSERT_EQ(KVX_OK, Api()->producer_request(p.eng, "r", pp.c_str(),
-                                                  pids.data(), pids.size(),
-                                                  &resp))
-            << Api()->last_error();
-        Api()->free(resp);
-        std::string prm = Params(tid, "127.0.0.1", hs, (uint16_t)(hs + 20000),
-                                 pids, 1);
-        ASSERT_EQ(KVX_OK, Api()->consumer_request(d.eng, "r", prm.c_str(),
-                                                  dids.data(), dids.size()))
-            << Api()->last_error();
+        RequestPair(p, d, hs, tid, pids, dids);
+        if (HasFatalFailure()) {
+            return;
+        }
         all_p.insert(all_p.end(), pids.begin(), pids.end());
         all_d.insert(all_d.end(), dids.begin(), dids.end());
         if (i == 0) { // the waiter drives, then leaves with its lease
@@ -727,17 +733,10 @@ TEST(ReadDriveAuto, DefaultDrivesWaitsOverSharedMemory)
     }
     const std::vector<uint64_t> pids = {7, 3};
     const std::vector<uint64_t> dids = {1, 5};
-    char                       *resp = nullptr;
-    ASSERT_EQ(KVX_OK, Api()->producer_request(p.eng, "r",
-                                              "{\"transfer_id\":\"tx-auto\"}",
-                                              pids.data(), pids.size(), &resp))
-        << Api()->last_error();
-    Api()->free(resp);
-    std::string prm = Params("tx-auto", "127.0.0.1", hs, (uint16_t)(hs + 20000),
-                             pids, 1);
-    ASSERT_EQ(KVX_OK, Api()->consumer_request(d.eng, "r", prm.c_str(),
-                                              dids.data(), dids.size()))
-        << Api()->last_error();
+    RequestPair(p, d, hs, "tx-auto", pids, dids);
+    if (HasFatalFailure()) {
+        return;
+    }
     ASSERT_EQ(KVX_OK, Api()->wait_transfer(d.eng, "tx-auto", 20000))
         << Api()->last_error();
     EXPECT_EQ("", VerifyPull(m, d, 0, dids, pids));

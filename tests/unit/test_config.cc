@@ -974,7 +974,11 @@ TEST(ConfigTls, LocalOnlyListsAreThoseOfHostTransports)
 {
     EXPECT_EQ(1, kvc_tls_local_only("sm"));
     EXPECT_EQ(1, kvc_tls_local_only("sm,self"));
-    EXPECT_EQ(1, kvc_tls_local_only(" SYSV , cma ,rocm_ipc,rocm_copy"));
+    EXPECT_EQ(1, kvc_tls_local_only("sysv,cma,rocm_ipc,rocm_copy"));
+    EXPECT_EQ(1, kvc_tls_local_only("\\sm,self:aux"));  // UCX's two forms
+    EXPECT_EQ(0, kvc_tls_local_only("tcp:aux,sm"));
+    EXPECT_EQ(0, kvc_tls_local_only(" sm"));   // UCX compares names exactly
+    EXPECT_EQ(0, kvc_tls_local_only("SM"));
     EXPECT_EQ(1, kvc_tls_local_only("posix,self,cuda_ipc"));
     EXPECT_EQ(0, kvc_tls_local_only(""));     // UCX's default: every lane
     EXPECT_EQ(0, kvc_tls_local_only("all"));
@@ -996,12 +1000,17 @@ TEST(ConfigTls, ProgressCallerOnFollowsTheSettingAndTheLanes)
     memset(&c, 0, sizeof(c));
     c.progress_caller = KVC_PROGRESS_CALLER_AUTO;
     snprintf(c.ucx_tls, sizeof(c.ucx_tls), "sm");
-    EXPECT_EQ(1, kvc_progress_caller_on(&c));
+    EXPECT_EQ(1, kvc_progress_caller_on(&c, nullptr));
+    EXPECT_EQ(1, kvc_progress_caller_on(&c, "tcp")); // ucx_tls wins
     snprintf(c.ucx_tls, sizeof(c.ucx_tls), "tcp");
-    EXPECT_EQ(0, kvc_progress_caller_on(&c));
+    EXPECT_EQ(0, kvc_progress_caller_on(&c, "sm"));
+    c.ucx_tls[0] = '\0'; // the environment's UCX_TLS is in force
+    EXPECT_EQ(0, kvc_progress_caller_on(&c, nullptr));
+    EXPECT_EQ(1, kvc_progress_caller_on(&c, "sm,self"));
+    EXPECT_EQ(0, kvc_progress_caller_on(&c, "sm,tcp"));
     c.progress_caller = 1;
-    EXPECT_EQ(1, kvc_progress_caller_on(&c));
+    EXPECT_EQ(1, kvc_progress_caller_on(&c, nullptr));
     c.progress_caller = 0;
     snprintf(c.ucx_tls, sizeof(c.ucx_tls), "sm");
-    EXPECT_EQ(0, kvc_progress_caller_on(&c));
+    EXPECT_EQ(0, kvc_progress_caller_on(&c, "sm"));
 }

@@ -12,8 +12,8 @@
 #include <ctype.h>
 #include <errno.h>
 #include <poll.h>
-#include <sched.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,8 +28,9 @@
 #define KVU_TICK_MS       20
 /* While a waiter drives or holds its lease, the progress thread aside looks
  * at least this often (µs) whether the lease ended: 1 ms keeps its timer
- * cheap (8-15 µs to arm 50-200 µs ahead on a paravirtualised guest, about
- * 3 µs at 1 ms; perf/README.md) and its wake-ups to 1,000 per second. */
+ * cheap (arm + disarm 11-19 µs 50-200 µs ahead on a paravirtualised
+ * guest, 5.5 µs at 1 ms, 2.7 µs from the 4 ms tick on: kvxfer_timer_bench,
+ * perf/README.md) and its wake-ups to 1,000 per second. */
 #define KVU_LOOK_US       1000u
 #define KVU_CLOSE_WAIT_MS 3000
 /* Emulated gets in flight per endpoint whose active-message lane is a
@@ -425,10 +426,10 @@ struct kvu_ctx {
     /* A waiter that just left is expected back (its next wait) until
      * lease_us (kvc_mono_us): meanwhile the progress thread stays aside and
      * kicks skip its wake-up. No timer marks the lease's end: arming one
-     * tens of µs ahead costs 8-15 µs on a paravirtualised guest, more than
-     * the hand-off the lease saves. The thread aside looks again every
-     * KVU_LOOK_US instead, so a waiter that does not come back costs at
-     * most that much latency. */
+     * 50 µs ahead and disarming it costs 15-19 µs on a paravirtualised
+     * guest, more than the hand-off the lease saves. The thread aside
+     * looks again every KVU_LOOK_US instead, so a waiter that does not
+     * come back costs the rest of its lease and at most that much more. */
     _Atomic uint64_t lease_us;
     _Atomic int     aside;       /* the progress thread sleeps aside */
     _Atomic uint64_t driven;     /* waiters' passes that found work */
@@ -2109,6 +2110,9 @@ void kvu_drive_end(kvu_ctx_t *ctx, int back)
     uint64_t until = kvc_mono_us() + ctx->params.spin_us;
 
     if (!back || ctx->params.spin_us == 0) {
+        /* A lease another waiter left is over too: the kick below must
+         * not be skipped for it (this caller is about to sleep). */
+        atomic_store(&ctx->lease_us, 0);
         if (atomic_fetch_sub(&ctx->drivers, 1) == 1) {
             kvu_ctx_kick(ctx); /* the progress thread is in charge again */
         }

@@ -155,15 +155,17 @@ int kvu_in_progress_thread(const kvu_ctx_t *ctx);
  * passes itself (no hand-off to the progress thread and back):
  * kvu_drive_begin, then kvu_drive repeatedly (one pass when no other is
  * running: its activity, 0 when idle; -1 when another thread holds the
- * pass, after yielding the CPU to it, or the caller is inside one), then kvu_drive_end before sleeping or
- * returning. While a driver is in, the progress thread leaves the workers
- * to it (only its tick runs); the last driver out hands them back: at once
- * (back 0: the caller goes to sleep), or, when the caller is expected to
- * wait again soon (back 1: its wait was satisfied), after a lease of
- * progress_spin_us unless a driver comes in meanwhile. No timer marks the
- * lease's end: the progress thread aside looks every KVU_LOOK_US (1 ms),
- * so a waiter that does not come back leaves the workers unprogressed for
- * at most that long. Never with a lock a completion callback takes. */
+ * pass, after yielding the CPU to it, or the caller is inside one), then
+ * kvu_drive_end before sleeping or returning. While a driver is in, the
+ * progress thread leaves the workers to it (only its tick runs); the last
+ * driver out hands them back: at once (back 0: the caller goes to sleep;
+ * any lease ends too), or, when the caller is expected to wait again soon
+ * (back 1: its wait was satisfied), after a lease of progress_spin_us
+ * unless a driver comes in meanwhile. No timer marks the lease's end: the
+ * progress thread aside looks every KVU_LOOK_US (1 ms), so a waiter that
+ * does not come back leaves the workers unprogressed for the rest of its
+ * lease and at most that much more. Never with a lock a completion
+ * callback takes. */
 void     kvu_drive_begin(kvu_ctx_t *ctx);
 int      kvu_drive(kvu_ctx_t *ctx);
 void     kvu_drive_end(kvu_ctx_t *ctx, int back);
