@@ -426,7 +426,7 @@ struct kvu_ctx {
     /* A waiter that just left is expected back (its next wait) until
      * lease_us (kvc_mono_us): meanwhile the progress thread stays aside and
      * kicks skip its wake-up. No timer marks the lease's end: arming one
-     * 50 µs ahead and disarming it costs 15-19 µs on a paravirtualised
+     * 50 µs ahead and disarming it costs 16-19 µs on a paravirtualised
      * guest, more than the hand-off the lease saves. The thread aside
      * looks again every KVU_LOOK_US instead, so a waiter that does not
      * come back costs the rest of its lease and at most that much more. */
