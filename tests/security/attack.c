@@ -322,8 +322,9 @@ static size_t sp_frame(uint8_t *buf, uint32_t id, const char *body)
 
 /* stall_once: one raw SP connection that sends n handshake requests and
  * never reads a reply; 0 when the engine dropped it within hold_s, 2 when
- * the connection was closed or reset before the engine's SP header came (an
- * engine shutting down resets its listener's queued connections), 1
+ * the connection was refused, or closed or reset before the engine's SP
+ * header came (an engine shutting down resets its listener's queued
+ * connections), 1
  * otherwise (no header within hold_s is a stalled accept path: a
  * failure). */
 static int stall_once(const char *host, int port, int n, double hold_s)
@@ -341,8 +342,12 @@ static int stall_once(const char *host, int port, int n, double hold_s)
     struct pollfd        pfd;
 
     if (fd < 0) {
-        printf("stall: cannot connect\n");
-        return 1;
+        /* Refused: the engine's process may have finished since the
+         * caller's probe; the caller decides with listener_gone. */
+        int refused = errno == ECONNREFUSED;
+
+        printf("stall: cannot connect (%s)\n", strerror(errno));
+        return refused ? 2 : 1;
     }
     setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf));
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
