@@ -8,6 +8,7 @@
  */
 #include "config.h"
 #include "pci.h"
+#include "tlsname.h"
 
 #include <arpa/inet.h>
 #include <ctype.h>
@@ -376,18 +377,8 @@ int kvc_tls_local_only(const char *tls)
         size_t      len = end != NULL ? (size_t)(end - p) : strlen(p);
         int         ok  = 0;
 
-        /* Names as UCX compares them (exactly: no case folding, no
-         * trimming), with its "\name" (that name only) and "name:aux"
-         * (auxiliary use) forms. */
-        if (len > 0 && *p == '\\') {
-            p++, len--;
-        }
-        if (len > 4 && strncmp(p + len - 4, ":aux", 4) == 0) {
-            len -= 4;
-        }
-        for (size_t i = 0; local[i] != NULL && len > 0; i++) {
-            ok = ok || (strlen(local[i]) == len &&
-                        strncmp(p, local[i], len) == 0);
+        for (size_t i = 0; local[i] != NULL; i++) {
+            ok = ok || kvc_tl_is(p, len, local[i]);
         }
         if (!ok) {
             return 0; /* a network transport, "all", "^...", or empty */

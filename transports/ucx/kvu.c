@@ -8,6 +8,7 @@
 #include "kvu_guard.h"
 #include "clock.h"
 #include "siphash.h"
+#include "tlsname.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -2625,23 +2626,6 @@ const char *kvu_settings(const kvu_ctx_t *ctx)
  * moves over kvxfer's own checked active messages. Any other transport
  * list keeps the feature (shared memory, RDMA and GPU lanes copy for real).
  * KVX_UCX_AM_RMA=0 (UCX's own emulation) needs it too. */
-/* kvu_tl_is: is the UCX_TLS token tok (n bytes) the transport name? UCX
- * also takes "\name" (that name only, no alias) and "name:aux" (auxiliary
- * use). */
-static int kvu_tl_is(const char *tok, size_t n, const char *name)
-{
-    size_t len = strlen(name);
-
-    if (n > 0 && tok[0] == '\\') {
-        tok++;
-        n--;
-    }
-    if (n > 4 && strncmp(tok + n - 4, ":aux", 4) == 0) {
-        n -= 4;
-    }
-    return n == len && strncmp(tok, name, n) == 0;
-}
-
 int kvu_rma_wanted(const char *tls, int am_rma)
 {
     const char *p = tls;
@@ -2652,7 +2636,7 @@ int kvu_rma_wanted(const char *tls, int am_rma)
     while (*p != '\0') {
         size_t n = strcspn(p, ",");
 
-        if (n > 0 && !kvu_tl_is(p, n, "tcp") && !kvu_tl_is(p, n, "self")) {
+        if (n > 0 && !kvc_tl_is(p, n, "tcp") && !kvc_tl_is(p, n, "self")) {
             return 1;
         }
         p += n;
@@ -2667,7 +2651,7 @@ static int kvu_tls_lists(const char *list, const char *name)
     while (*list != '\0') {
         size_t n = strcspn(list, ",");
 
-        if (kvu_tl_is(list, n, name)) {
+        if (kvc_tl_is(list, n, name)) {
             return 1;
         }
         list += n;
@@ -2712,14 +2696,14 @@ int kvu_tls_split(const char *tls, char **main_p)
         for (const char *p = tls; *p != '\0';) {
             size_t n = strcspn(p, ",");
 
-            if (n > 0 && !kvu_tl_is(p, n, "tcp")) {
+            if (n > 0 && !kvc_tl_is(p, n, "tcp")) {
                 int rma_only = 0;
 
                 for (size_t i = 0; i < sizeof(kvu_tl_rma_only) /
                                        sizeof(kvu_tl_rma_only[0]); i++) {
-                    rma_only |= kvu_tl_is(p, n, kvu_tl_rma_only[i]);
+                    rma_only |= kvc_tl_is(p, n, kvu_tl_rma_only[i]);
                 }
-                msg |= !rma_only && !kvu_tl_is(p, n, "self");
+                msg |= !rma_only && !kvc_tl_is(p, n, "self");
                 used += (size_t)snprintf(main + used, len + 1 - used,
                                          "%s%.*s", used ? "," : "", (int)n,
                                          p);
