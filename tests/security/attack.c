@@ -332,6 +332,7 @@ static int stall_once(const char *host, int port, int n, double hold_s)
     static const uint8_t hdr[8] = {0, 'S', 'P', 0, 0, 0x30, 0, 0};
     const char          *hs     = "{\"type\":\"get_meta\",\"version\":1}";
     int                  fd     = tcp_connect(host, port);
+    int                  cerr   = errno; /* before anything else sets it */
     double               t0     = now_s();
     double               end    = t0 + hold_s;
     uint8_t              peer[8], msg[256];
@@ -344,9 +345,9 @@ static int stall_once(const char *host, int port, int n, double hold_s)
     if (fd < 0) {
         /* Refused: the engine's process may have finished since the
          * caller's probe; the caller decides with listener_gone. */
-        int refused = errno == ECONNREFUSED;
+        int refused = cerr == ECONNREFUSED;
 
-        printf("stall: cannot connect (%s)\n", strerror(errno));
+        printf("stall: cannot connect (%s)\n", strerror(cerr));
         return refused ? 2 : 1;
     }
     setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf));
