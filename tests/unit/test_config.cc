@@ -3,6 +3,7 @@ extern "C" {
 #include "config.h"
 #include "pci.h"
 #include "error.h"
+#include "tlsname.h"
 }
 
 #include <arpa/inet.h>
@@ -991,6 +992,26 @@ TEST(ConfigTls, LocalOnlyListsAreThoseOfHostTransports)
     EXPECT_EQ(0, kvc_tls_local_only(",sm"));
     EXPECT_EQ(0, kvc_tls_local_only("smx"));
     EXPECT_EQ(0, kvc_tls_local_only(nullptr));
+}
+
+// The one name rule behind kvc_tls_local_only and the data plane's
+// feature choice (kvu_rma_wanted): an entry of n bytes, not NUL-ended.
+TEST(ConfigTls, NameRuleIsUcxs)
+{
+    const char *list = "tcp,sm";
+
+    EXPECT_EQ(1, kvc_tl_is(list, 3, "tcp"));      // the entry, not the list
+    EXPECT_EQ(0, kvc_tl_is(list, 6, "tcp"));
+    EXPECT_EQ(1, kvc_tl_is(list + 4, 2, "sm"));
+    EXPECT_EQ(0, kvc_tl_is(list, 2, "tcp"));      // a prefix is no name
+    EXPECT_EQ(1, kvc_tl_is("\\tcp", 4, "tcp"));    // that name only
+    EXPECT_EQ(1, kvc_tl_is("tcp:aux", 7, "tcp"));  // auxiliary use
+    EXPECT_EQ(1, kvc_tl_is("\\tcp:aux", 8, "tcp"));
+    EXPECT_EQ(0, kvc_tl_is(":aux", 4, "aux"));     // nothing before :aux
+    EXPECT_EQ(0, kvc_tl_is("\\", 1, "tcp"));
+    EXPECT_EQ(0, kvc_tl_is("", 0, "tcp"));         // an empty entry
+    EXPECT_EQ(0, kvc_tl_is("TCP", 3, "tcp"));      // no case folding
+    EXPECT_EQ(0, kvc_tl_is(" tcp", 4, "tcp"));     // no trimming
 }
 
 TEST(ConfigTls, ProgressCallerOnFollowsTheSettingAndTheLanes)
