@@ -974,14 +974,19 @@ static const kvc_config_field_t kvc_cfg_fields[] = {
      .doc = "bytes in flight per endpoint"},
     {.key = "progress_spin_us", .dfl_json = "50", .type = &kvc_cfg_uint_range,
      .off = KVC_OFF(progress_spin_us), .lo = 0, .hi = 100000, .flags = KVC_X,
-     .doc = "busy-poll time before the progress thread (or a waiter "
-            "driving progress, progress_caller) sleeps"},
+     .doc = "busy-poll time before the progress thread sleeps"},
+    {.key = "progress_drive_us", .dfl_json = "200",
+     .type = &kvc_cfg_uint_range, .off = KVC_OFF(progress_drive_us),
+     .lo = 0, .hi = 100000, .flags = KVC_X,
+     .doc = "progress_caller: how long a waiter driving progress busy-polls "
+            "idle before it sleeps, and the lease it holds after a satisfied "
+            "wait (the progress thread stays aside, expecting it back)"},
     {.key = "progress_caller", .dfl_json = "\"auto\"",
      .type = &kvc_cfg_bool_auto, .off = KVC_OFF(progress_caller),
      .flags = KVC_X,
      .doc = "true: a thread waiting in wait_transfer / wait_layer / "
             "wait_events progresses the data plane itself (busy-polls up to "
-            "progress_spin_us idle, then sleeps); false: it sleeps at once "
+            "progress_drive_us idle, then sleeps); false: it sleeps at once "
             "and the progress thread does all; \"auto\": true where "
             "ucx_tls (else the environment's UCX_TLS) names only transports "
             "inside the host (sm, cma, self, GPU copy/IPC), false "

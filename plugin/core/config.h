@@ -84,6 +84,8 @@ typedef struct kvc_config {
     uint64_t      max_inflight_bytes; /* [16 MiB] per endpoint, >= 4096 */
     uint32_t      progress_spin_us;   /* [50] 0..100000 busy-poll before
                                          sleeping */
+    uint32_t      progress_drive_us;  /* [200] 0..100000 a driving wait's
+                                         idle poll, and its lease */
     int           progress_caller;    /* ["auto"] waits drive the progress
                                          (kvt drive_*): 0, 1 or
                                          KVC_PROGRESS_CALLER_AUTO */

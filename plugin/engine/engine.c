@@ -295,6 +295,7 @@ kvx_status_t kvx_engine_create(const kvt_env_t *env, const char *json,
     up.cpus               = cpus;
     up.err_mode_peer      = eng->cfg.ucx_error_mode == KVC_ERR_MODE_PEER;
     up.spin_us            = eng->cfg.progress_spin_us;
+    up.lease_us           = eng->cfg.progress_drive_us;
     up.max_inflight_bytes = eng->cfg.max_inflight_bytes;
     up.tick               = kvc_engine_tick;
     up.tick_arg           = eng;

@@ -357,11 +357,11 @@ void kvc_event_push(struct kvx_engine *eng, kvx_event_type_t type,
 /* A wait drives the data plane itself (kvt drive_*: the completion is seen
  * on the waiting thread, with no hand-off from the progress thread) while
  * passes keep finding work, and sleeps on eng->cond once they have been
- * idle for progress_spin_us; a wake-up drives again. A pass refused because
+ * idle for progress_drive_us; a wake-up drives again. A pass refused because
  * another thread holds it has yielded the CPU to that thread (kvu_drive). */
 typedef struct kvc_drive {
     int      on;        /* between drive_begin and drive_end */
-    int      idle;      /* idle for progress_spin_us: sleep next */
+    int      idle;      /* idle for progress_drive_us: sleep next */
     uint64_t last_busy; /* last pass with activity (kvc_now_us) */
 } kvc_drive_t;
 
@@ -390,7 +390,7 @@ static void kvc_wait_step(struct kvx_engine *eng, kvc_drive_t *d,
     now = kvc_now_us(eng);
     if (n > 0) {
         d->last_busy = now;
-    } else if (now - d->last_busy >= eng->cfg.progress_spin_us) {
+    } else if (now - d->last_busy >= eng->cfg.progress_drive_us) {
         ops->drive_end(eng->ucx, 0); /* the progress thread takes over */
         d->on   = 0;
         d->idle = 1;

@@ -625,11 +625,11 @@ TEST_P(ReadDrive, WaitingThreadDrivesTheDataPlane)
     ModelSpec  m      = ThreeLayerModel();
     uint16_t   hs     = PortBase(2);
     Rank       p, d;
-    // A long spin keeps the waiter's lease over the gap between transfers:
+    // A long lease keeps the waiter's hold over the gap between transfers:
     // posts then wait for its passes (the progress thread stays aside), so
     // the count does not depend on which thread the scheduler runs first.
     MakeSmPair(m, hs, false,
-               caller ? "\"progress_caller\":true,\"progress_spin_us\":100000"
+               caller ? "\"progress_caller\":true,\"progress_drive_us\":100000"
                       : "\"progress_caller\":false",
                &p, &d);
     if (HasFatalFailure()) {
@@ -665,7 +665,7 @@ TEST_P(ReadDrive, WaitingThreadDrivesTheDataPlane)
     FreeEvents(&pev);
 }
 
-// A waiter whose wait was satisfied holds a lease (progress_spin_us): the
+// A waiter whose wait was satisfied holds a lease (progress_drive_us): the
 // progress thread stays aside and a post skips its wake-up, expecting the
 // waiter back. No timer marks the lease's end; the progress thread looks
 // again every millisecond. Here nobody waits again: the second transfer is
@@ -680,7 +680,7 @@ TEST(ReadDriveLease, PostInTheLeaseCompletesWithNoWaiter)
     uint16_t  hs = PortBase(2);
     Rank      p, d;
     MakeSmPair(m, hs, false,
-               "\"progress_caller\":true,\"progress_spin_us\":20000", &p, &d);
+               "\"progress_caller\":true,\"progress_drive_us\":20000", &p, &d);
     if (HasFatalFailure()) {
         return;
     }

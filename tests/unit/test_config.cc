@@ -29,7 +29,8 @@ const char *const kExtraKeys[] = {
     "backend",          "qp_per_transfer",    "post_batch_size",
     "num_workers",      "ucx_tls",            "ucx_net_devices", "ucx_lane_settings",
     "ucx_required_transports", "ucx_error_mode", "max_inflight_bytes",
-    "progress_spin_us", "progress_caller",    "gpu_bus_id",
+    "progress_spin_us", "progress_drive_us",  "progress_caller",
+    "gpu_bus_id",
     "hwloc_topology",   "proxy_ping_interval", "ucx_tcp_port_range", "tls_cert_file",
     "tls_key_file",     "tls_ca_file",        "tls_peer_name",
     "tls_proxy_name",
@@ -134,6 +135,7 @@ TEST_F(ConfigDefaults, EveryKeyHasItsDefault)
     EXPECT_EQ(KVC_ERR_MODE_PEER, cfg_.ucx_error_mode);
     EXPECT_EQ(16777216u, cfg_.max_inflight_bytes);
     EXPECT_EQ(50u, cfg_.progress_spin_us);
+    EXPECT_EQ(200u, cfg_.progress_drive_us);
     EXPECT_EQ(KVC_PROGRESS_CALLER_AUTO, cfg_.progress_caller);
     EXPECT_STREQ("", cfg_.gpu_bus_id);
     EXPECT_STREQ("", cfg_.hwloc_topology);
@@ -211,7 +213,7 @@ TEST_F(ConfigParse, EveryKeySetToAValidValue)
         "ucx_tls":"rc,sm,self","ucx_net_devices":"mlx5_0:1",
         "ucx_required_transports":["rc_verbs","sysv"],
         "ucx_error_mode":"none","max_inflight_bytes":1073741824,
-        "progress_spin_us":0,"progress_caller":true,
+        "progress_spin_us":0,"progress_drive_us":0,"progress_caller":true,
         "gpu_bus_id":"0000:c1:00.0","hwloc_topology":"/etc/kvxfer/topo.xml"}})";
 
     ASSERT_EQ(KVX_OK, Parse(json)) << kvc_last_error();
@@ -249,6 +251,7 @@ TEST_F(ConfigParse, EveryKeySetToAValidValue)
     EXPECT_EQ(KVC_ERR_MODE_NONE, cfg_.ucx_error_mode);
     EXPECT_EQ(1073741824u, cfg_.max_inflight_bytes);
     EXPECT_EQ(0u, cfg_.progress_spin_us);
+    EXPECT_EQ(0u, cfg_.progress_drive_us);
     EXPECT_EQ(1, cfg_.progress_caller);
     EXPECT_STREQ("0000:c1:00.0", cfg_.gpu_bus_id);
     EXPECT_STREQ("/etc/kvxfer/topo.xml", cfg_.hwloc_topology);
@@ -330,6 +333,8 @@ const ValidCase kValidCases[] = {
      "max_inflight_bytes", "1099511627776"},
     {"ProgressSpinUsMax", R"("progress_spin_us":100000)", "progress_spin_us",
      "100000"},
+    {"ProgressDriveUsMax", R"("progress_drive_us":100000)",
+     "progress_drive_us", "100000"},
     {"GpuBusIdFull", R"("gpu_bus_id":"0000:c1:00.0")", "gpu_bus_id",
      R"("0000:c1:00.0")"},
     {"GpuBusIdShort", R"("gpu_bus_id":"83:1f.7")", "gpu_bus_id",
@@ -552,6 +557,7 @@ void ExpectSameConfig(const kvc_config_t &a, const kvc_config_t &b)
     EXPECT_EQ(a.ucx_error_mode, b.ucx_error_mode);
     EXPECT_EQ(a.max_inflight_bytes, b.max_inflight_bytes);
     EXPECT_EQ(a.progress_spin_us, b.progress_spin_us);
+    EXPECT_EQ(a.progress_drive_us, b.progress_drive_us);
     EXPECT_EQ(a.progress_caller, b.progress_caller);
     EXPECT_STREQ(a.gpu_bus_id, b.gpu_bus_id);
     EXPECT_STREQ(a.hwloc_topology, b.hwloc_topology);
@@ -592,7 +598,7 @@ INSTANTIATE_TEST_SUITE_P(
         "post_batch_size":5,"num_workers":6,"ucx_tls":"rc,\"x\"",
         "ucx_net_devices":"mlx5_0:1","ucx_required_transports":"rc_verbs",
         "ucx_error_mode":"none","max_inflight_bytes":9223372036854775807,
-        "progress_spin_us":7,"gpu_bus_id":" 83:00.0",
+        "progress_spin_us":7,"progress_drive_us":9,"gpu_bus_id":" 83:00.0",
         "hwloc_topology":"/data/topo \"a\".xml"}})",
         R"({"role":"kv_consumer","kv_connector_extra_config":{
         "trusted_remote_hosts":[]}})"));
@@ -816,6 +822,10 @@ std::vector<BadCase> BadCases()
           "progress_spin_us", "100001"),
         X("ProgressSpinUsNegative", R"("progress_spin_us":-1)",
           "progress_spin_us", "-1"),
+        X("ProgressDriveUsHigh", R"("progress_drive_us":100001)",
+          "progress_drive_us", "100001"),
+        X("ProgressDriveUsString", R"("progress_drive_us":"x")",
+          "progress_drive_us", "\"x\""),
         X("ProgressCallerNumber", R"("progress_caller":2)",
           "progress_caller", "2"),
         X("ProgressCallerWord", R"("progress_caller":"sometimes")",

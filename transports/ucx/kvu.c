@@ -2108,9 +2108,9 @@ int kvu_drive(kvu_ctx_t *ctx)
 
 void kvu_drive_end(kvu_ctx_t *ctx, int back)
 {
-    uint64_t until = kvc_mono_us() + ctx->params.spin_us;
+    uint64_t until = kvc_mono_us() + ctx->params.lease_us;
 
-    if (!back || ctx->params.spin_us == 0) {
+    if (!back || ctx->params.lease_us == 0) {
         /* A lease another waiter left is over too: the kick below must
          * not be skipped for it (this caller is about to sleep). */
         atomic_store(&ctx->lease_us, 0);

@@ -160,7 +160,8 @@ int kvu_in_progress_thread(const kvu_ctx_t *ctx);
  * progress thread leaves the workers to it (only its tick runs); the last
  * driver out hands them back: at once (back 0: the caller goes to sleep;
  * any lease ends too), or, when the caller is expected to wait again soon
- * (back 1: its wait was satisfied), after a lease of progress_spin_us
+ * (back 1: its wait was satisfied), after a lease of params.lease_us
+ * (progress_drive_us)
  * unless a driver comes in meanwhile. No timer marks the lease's end: the
  * progress thread aside looks every KVU_LOOK_US (1 ms), so a waiter that
  * does not come back leaves the workers unprogressed for the rest of its
