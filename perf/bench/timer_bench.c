@@ -4,7 +4,8 @@
  * its timer").
  *
  * Until the twenty-sixth session, a waiter leaving wait_transfer armed a
- * timerfd for the end of its lease (progress_spin_us, 50 us ahead) and the
+ * timerfd for the end of its lease (progress_spin_us then, 50 us ahead; the
+ * lease is progress_drive_us since the twenty-eighth session) and the
  * next wait disarmed it: two timerfd_settime calls per transfer. Arming a
  * timer that expires before the CPU's next tick reprograms the CPU's timer
  * device; a paravirtualised guest pays an exit to the hypervisor for that.

@@ -106,7 +106,8 @@ typedef struct kvt_data_params {
     const char *tls;             /* "" or NULL: the transport's default */
     const char *net_devices;     /* "" or NULL: all */
     int         err_mode_peer;   /* 1: peer failures are reported */
-    uint32_t    spin_us;         /* busy-poll before sleeping */
+    uint32_t    spin_us;         /* the progress thread's busy-poll
+                                    before it sleeps */
     uint32_t    lease_us;        /* a satisfied driver's lease (drive_end
                                     back 1); 0: none */
     uint64_t    max_inflight_bytes; /* per endpoint */

@@ -824,6 +824,8 @@ std::vector<BadCase> BadCases()
           "progress_spin_us", "-1"),
         X("ProgressDriveUsHigh", R"("progress_drive_us":100001)",
           "progress_drive_us", "100001"),
+        X("ProgressDriveUsNegative", R"("progress_drive_us":-1)",
+          "progress_drive_us", "-1"),
         X("ProgressDriveUsString", R"("progress_drive_us":"x")",
           "progress_drive_us", "\"x\""),
         X("ProgressCallerNumber", R"("progress_caller":2)",
