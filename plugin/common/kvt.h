@@ -91,6 +91,10 @@ struct kvt_op {
     KVT_ATOMIC(int64_t) remaining; /* internal: runs not yet completed */
     KVT_ATOMIC(int)  status;    /* first error (kvx_status_t), 0 = ok */
     uint64_t         bytes;     /* bytes posted */
+    uint64_t         am_bytes;  /* bytes the transport moved as checked
+                                   active messages, which the target
+                                   counts (authorize); set as it issues
+                                   them, final once done ran */
     kvt_op_t        *next;      /* internal */
 };
 
@@ -156,11 +160,15 @@ typedef struct kvt_data_params {
      * nonce, instance, xnonce, KVC_MAC_NOTICE), unchecked: the callee
      * checks it against the sessions of the hosts the transfer is bound
      * to. from is the sender's claim of its address (notify's from; ""
-     * when none), unchecked too. Called on the progress owner without the
-     * transport's locks; NULL: notices are dropped. */
+     * when none), unchecked too. count: KVT_NOTICE_UNCOUNTED for a notice
+     * of notify; for one of notify_queued, the bytes of the sender's puts
+     * it follows, and mac is kvc_count_mac(session, tag, nonce, instance,
+     * xnonce, count) instead. Called on the progress owner without the
+     * transport's locks, after every put that arrived before the notice
+     * was written; NULL: notices are dropped. */
     void      (*notice)(void *arg, uint64_t tag, uint64_t mac, uint64_t nonce,
                         uint64_t instance, uint64_t xnonce, const char *id,
-                        size_t idlen, const char *from);
+                        size_t idlen, const char *from, uint64_t count);
     void       *notice_arg;
     /* ctl: a control message a peer sent on the data plane
      * (kvt_data_ops_t.ctl_send): msg (len bytes, msg[len] is NUL; no NUL
@@ -199,6 +207,9 @@ typedef struct kvt_net {
 } kvt_net_t;
 #define KVT_INBOUND_MAX 256 /* networks a listening socket's filter holds */
 
+#define KVT_NOTICE_UNCOUNTED UINT64_MAX /* params.notice: a notice of
+                                            notify (sent after a flush);
+                                            siphash.h KVC_COUNT_NONE */
 #define KVT_NOTICE_FROM_MAX 64 /* bytes of a notice's from, with its NUL */
 #define KVT_CTL_MAX 16384      /* bytes of a data-plane control message */
 
@@ -308,6 +319,23 @@ typedef struct kvt_data_ops {
     kvx_status_t (*notify)(kvt_ep_t *ep, uint64_t tag, uint64_t instance,
                            uint64_t xnonce, uint64_t nonce, const char *id,
                            const char *from);
+    /* notify_queued: a notice as notify's (no from, a drawn nonce), queued
+     * behind every post and flush made on ep before it and sent once their
+     * runs were all handed to the wire, not once they completed: it can
+     * overtake them. So it carries count, the bytes of the puts of the
+     * transfer it follows, which the peer checks against the bytes it took
+     * for that transfer before it believes the notice (params.notice's
+     * count; mac kvc_count_mac). The runs' op->am_bytes tell whether the
+     * peer could count them (checked active messages) or not (RMA UCX
+     * moves itself: the caller must then notify after its flush too).
+     * *sent becomes 1 when the notice was handed to the wire (it stays 0
+     * when it was dropped: the endpoint failed, 256 unsent); it is
+     * settled before any op posted before the notice completes, and
+     * written by the progress owner: the caller keeps it valid until
+     * then. Same contract as notify otherwise. NULL member: none. */
+    kvx_status_t (*notify_queued)(kvt_ep_t *ep, uint64_t tag,
+                                  uint64_t instance, uint64_t xnonce,
+                                  uint64_t count, const char *id, int *sent);
     /* ctl_send sends the peer a control message (len bytes, 1..KVT_CTL_MAX,
      * no NUL inside) on the data plane, authenticated under the endpoint's
      * session (kvc_msg_mac), with from (1..KVT_NOTICE_FROM_MAX - 1 bytes):

@@ -84,30 +84,54 @@ uint64_t kvc_xfer_tag(const char *transfer_id)
     return h != 0 ? h : 1; /* 0: an op without a transfer */
 }
 
-uint64_t kvc_req_mac(uint64_t session, uint64_t tag, uint64_t nonce,
-                     uint64_t addr, uint64_t len, int is_put)
+/* kvc_mac5: SipHash-2-4 under key of five words, little-endian on every
+ * host; never 0. */
+static uint64_t kvc_mac5(const uint64_t key[2], const uint64_t v[5])
 {
-    const uint64_t key[2] = {session, session ^ UINT64_C(0x6b76786d61633031)};
-    uint64_t       v[5]   = {tag, nonce, addr, len,
-                             is_put == KVC_MAC_NOTICE ? 2u
-                             : is_put                 ? 1u
-                                                      : 0u};
-    uint8_t        in[40];
-    uint64_t       m;
+    uint8_t  in[40];
+    uint64_t m;
 
-    if (session == 0) {
-        return 0;
-    }
-    for (size_t i = 0; i < 40; i++) { /* little-endian on every host */
+    for (size_t i = 0; i < 40; i++) {
         in[i] = (uint8_t)(v[i / 8] >> (8 * (i % 8)));
     }
     m = kvc_siphash24(key, in, sizeof(in));
     return m != 0 ? m : 1;
 }
 
+uint64_t kvc_req_mac(uint64_t session, uint64_t tag, uint64_t nonce,
+                     uint64_t addr, uint64_t len, int is_put)
+{
+    const uint64_t key[2] = {session, session ^ UINT64_C(0x6b76786d61633031)};
+    const uint64_t v[5]   = {tag, nonce, addr, len,
+                             is_put == KVC_MAC_NOTICE ? 2u
+                             : is_put                 ? 1u
+                                                      : 0u};
+
+    return session == 0 ? 0 : kvc_mac5(key, v);
+}
+
 uint64_t kvc_siphash24(const uint64_t key[2], const void *data, size_t len)
 {
     return kvc_sip(key, NULL, data, len);
+}
+
+uint64_t kvc_count_mac(uint64_t session, uint64_t tag, uint64_t nonce,
+                       uint64_t instance, uint64_t xnonce, uint64_t count)
+{
+    const uint64_t key[2] = {session ^ UINT64_C(0x6b7678636e743031),
+                             session ^ UINT64_C(0x6b76786d61633031)};
+    const uint64_t v[5]   = {tag, nonce, instance, xnonce, count};
+
+    return session == 0 ? 0 : kvc_mac5(key, v);
+}
+
+uint64_t kvc_notice_mac(uint64_t session, uint64_t tag, uint64_t nonce,
+                        uint64_t instance, uint64_t xnonce, uint64_t count)
+{
+    return count == KVC_COUNT_NONE
+               ? kvc_req_mac(session, tag, nonce, instance, xnonce,
+                             KVC_MAC_NOTICE)
+               : kvc_count_mac(session, tag, nonce, instance, xnonce, count);
 }
 
 uint64_t kvc_msg_mac(uint64_t session, uint64_t nonce, const void *msg,

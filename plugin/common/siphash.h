@@ -37,6 +37,21 @@ uint64_t kvc_xfer_tag(const char *transfer_id);
 uint64_t kvc_req_mac(uint64_t session, uint64_t tag, uint64_t nonce,
                      uint64_t addr, uint64_t len, int is_put);
 
+/* kvc_count_mac: the authenticator of a counted completion notice (kvt.h
+ * notify_queued): SipHash-2-4 under the session (a key domain of its own)
+ * of tag, nonce, instance, xnonce and count, so no request or plain
+ * notice mac authenticates one and its count cannot be changed. 0 when
+ * session is 0. */
+uint64_t kvc_count_mac(uint64_t session, uint64_t tag, uint64_t nonce,
+                       uint64_t instance, uint64_t xnonce, uint64_t count);
+
+/* kvc_notice_mac: a notice's authenticator by its count: kvc_req_mac(...,
+ * KVC_MAC_NOTICE) for a plain notice (count KVC_COUNT_NONE), else
+ * kvc_count_mac. */
+#define KVC_COUNT_NONE UINT64_MAX
+uint64_t kvc_notice_mac(uint64_t session, uint64_t tag, uint64_t nonce,
+                        uint64_t instance, uint64_t xnonce, uint64_t count);
+
 /* kvc_msg_mac: the authenticator of a control message sent on the data
  * plane (kvt.h ctl_send): SipHash-2-4 under the session (a key domain of
  * its own: no request or notice mac authenticates a message) of the nonce

@@ -357,6 +357,15 @@ int kvc_notice_match(const uint64_t key[2], const char *const *hosts,
                      uint64_t nonce, uint64_t instance, uint64_t xnonce,
                      uint64_t mac)
 {
+    return kvc_notice_match_n(key, hosts, insts, n, tag, nonce, instance,
+                              xnonce, KVC_COUNT_NONE, mac);
+}
+
+int kvc_notice_match_n(const uint64_t key[2], const char *const *hosts,
+                       const uint64_t *insts, uint32_t n, uint64_t tag,
+                       uint64_t nonce, uint64_t instance, uint64_t xnonce,
+                       uint64_t count, uint64_t mac)
+{
     int rc = -1;
 
     if (instance == 0) {
@@ -369,8 +378,8 @@ int kvc_notice_match(const uint64_t key[2], const char *const *hosts,
             continue;
         }
         s = kvc_host_session(key, hosts[i], 0);
-        if (s != 0 && kvc_req_mac(s, tag, nonce, instance, xnonce,
-                                  KVC_MAC_NOTICE) == mac) {
+        if (s != 0 && kvc_notice_mac(s, tag, nonce, instance, xnonce,
+                                     count) == mac) {
             return (int)i;
         }
         if (s != 0) {
@@ -395,6 +404,17 @@ uint64_t kvc_notice_ranks(const uint64_t key[2], const char *const *hosts,
                           uint64_t nonce, uint64_t instance, uint64_t xnonce,
                           uint64_t mac, int *checked_p)
 {
+    return kvc_notice_ranks_n(key, hosts, n, candidates, tag, nonce,
+                              instance, xnonce, KVC_COUNT_NONE, mac,
+                              checked_p);
+}
+
+uint64_t kvc_notice_ranks_n(const uint64_t key[2], const char *const *hosts,
+                            uint32_t n, uint64_t candidates, uint64_t tag,
+                            uint64_t nonce, uint64_t instance,
+                            uint64_t xnonce, uint64_t count, uint64_t mac,
+                            int *checked_p)
+{
     uint64_t ranks = 0;
     int      checked = 0;
 
@@ -406,8 +426,7 @@ uint64_t kvc_notice_ranks(const uint64_t key[2], const char *const *hosts,
             continue; /* not a candidate, or a host name */
         }
         checked = 1;
-        if (kvc_req_mac(s, tag, nonce, instance, xnonce, KVC_MAC_NOTICE) ==
-            mac) {
+        if (kvc_notice_mac(s, tag, nonce, instance, xnonce, count) == mac) {
             ranks |= 1ull << i;
         }
     }

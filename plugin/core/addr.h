@@ -130,6 +130,12 @@ int kvc_notice_match(const uint64_t key[2], const char *const *hosts,
                      const uint64_t *insts, uint32_t n, uint64_t tag,
                      uint64_t nonce, uint64_t instance, uint64_t xnonce,
                      uint64_t mac);
+/* kvc_notice_match_n: the same for a notice of count (KVC_COUNT_NONE: a
+ * plain one, as kvc_notice_match), whose mac is kvc_notice_mac. */
+int kvc_notice_match_n(const uint64_t key[2], const char *const *hosts,
+                       const uint64_t *insts, uint32_t n, uint64_t tag,
+                       uint64_t nonce, uint64_t instance, uint64_t xnonce,
+                       uint64_t count, uint64_t mac);
 
 /*
  * kvc_notice_from_ok: a notice whose sender claims to be at address from
@@ -171,6 +177,12 @@ uint64_t kvc_notice_ranks(const uint64_t key[2], const char *const *hosts,
                           uint32_t n, uint64_t candidates, uint64_t tag,
                           uint64_t nonce, uint64_t instance, uint64_t xnonce,
                           uint64_t mac, int *checked_p);
+/* kvc_notice_ranks_n: the same for a notice of count (kvc_notice_match_n). */
+uint64_t kvc_notice_ranks_n(const uint64_t key[2], const char *const *hosts,
+                            uint32_t n, uint64_t candidates, uint64_t tag,
+                            uint64_t nonce, uint64_t instance,
+                            uint64_t xnonce, uint64_t count, uint64_t mac,
+                            int *checked_p);
 
 /*
  * kvc_early_done_t: completions (write_done or notice) of a D WRITE

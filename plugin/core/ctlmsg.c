@@ -616,7 +616,8 @@ static void kvc_msg_encode_consumer_rank(kvc_jw_t *w, const kvc_msg_t *msg)
 }
 
 /* remote_blocks: req_id, decode_rank, consumer_rank (optional),
- * done_by_notice (optional, 0 or 1) and block_notify_list. */
+ * done_by_notice and notice_counted (optional, 0 or 1) and
+ * block_notify_list. */
 static kvx_status_t kvc_msg_decode_blocks(const kvc_obj_t *obj,
                                           kvc_msg_t *msg)
 {
@@ -640,6 +641,11 @@ static kvx_status_t kvc_msg_decode_blocks(const kvc_obj_t *obj,
         msg->done_by_notice = present ? (int)v : 0;
     }
     if (status == KVX_OK) {
+        status = kvc_fld_int(kvc_what_msg, obj, "notice_counted",
+                             "notice_counted", 0, 1, &v, &present);
+        msg->notice_counted = present ? (int)v : 0;
+    }
+    if (status == KVX_OK) {
         status = kvc_msg_block_list(obj, msg);
     }
     return status;
@@ -658,6 +664,10 @@ static void kvc_msg_encode_blocks(kvc_jw_t *w, const kvc_msg_t *msg)
     kvc_msg_encode_consumer_rank(w, msg);
     if (msg->done_by_notice) {
         kvc_jw_key(w, "done_by_notice");
+        kvc_jw_int(w, 1);
+    }
+    if (msg->notice_counted) {
+        kvc_jw_key(w, "notice_counted");
         kvc_jw_int(w, 1);
     }
     kvc_jw_key(w, "decode_rank");

@@ -62,6 +62,12 @@ typedef struct kvc_msg {
                                          on P's data-plane notice alone, so
                                          P sends no write_done after one
                                          (0: absent, legacy: it must) */
+    int       notice_counted;         /* remote_blocks, with done_by_notice:
+                                         the D rank takes a counted notice
+                                         (kvt.h notify_queued) right behind
+                                         the puts, checked against the
+                                         bytes it took (0: absent: only
+                                         the notice after the flush) */
     /* Receiver side, set by the engine (not on the wire): */
     const char *from;                 /* sender's "ip:port", or "" */
     int       reply_fenced;           /* the handler's reply says "fenced" */

@@ -161,11 +161,12 @@ static void kvc_engine_tick(void *arg)
 static void kvc_engine_on_notice(void *arg, uint64_t tag, uint64_t mac,
                                  uint64_t nonce, uint64_t instance,
                                  uint64_t xnonce, const char *id,
-                                 size_t idlen, const char *from)
+                                 size_t idlen, const char *from,
+                                 uint64_t count)
 {
     struct kvx_engine *eng = arg;
     kvc_notice_t       nt  = {tag, mac, nonce, instance, xnonce, id,
-                              from != NULL ? from : ""};
+                              from != NULL ? from : "", count};
 
     (void)idlen; /* id is NUL-terminated by the transport */
     kvc_lock_deferring(eng);

@@ -105,6 +105,10 @@ typedef struct kvc_peer {
     uint32_t          dp_unconfirmed; /* control-only: remote_blocks sent
                                          on its endpoint whose rank has not
                                          completed (KVC_DP_UNCONFIRMED_MAX) */
+    int               count_off;    /* P WRITE: puts to this D rank went
+                                       by RMA UCX moves itself, which it
+                                       cannot count: no more counted
+                                       notices to it (mode_write_push.c) */
     kvx_status_t      fail_status;
     char              fail_reason[KVX_REASON_MAX];
     kvc_hs_meta_t     meta;         /* valid when READY */
@@ -248,6 +252,16 @@ typedef struct kvc_xfer {
     int               by_notice;   /* P: its D rank completes on the
                                       data-plane notice alone (no
                                       write_done after one) */
+    int               by_count;    /* P: its D rank takes a counted notice
+                                      right behind the puts
+                                      (remote_blocks' notice_counted) */
+    int               count_sent;  /* P: that notice was handed over */
+    int               count_wired; /* P: ... and to the wire (kvt.h
+                                      notify_queued's sent) */
+    uint64_t          landing;     /* D WRITE: a counted notice of rank
+                                      0 came before every byte it counts
+                                      landed: the bytes it counts, until
+                                      they did (0: none) */
     int32_t           decode_rank; /* P: D DP rank to write to */
     uint64_t          src_inst;    /* D READ: instance of the P rank
                                       src_tp (of its dp rank) that accepted
@@ -314,6 +328,9 @@ typedef struct kvc_expo_xfer {
      * addresses here). */
     uint32_t              nsess;
     uint64_t              sess[KVC_EXPO_SESS];
+    uint64_t              put_bytes; /* bytes of peers' puts it admitted
+                                        (each copied at once, on the
+                                        progress owner: expose.c) */
     size_t                n;
     uint64_t              ids[]; /* its local block ids, sorted */
 } kvc_expo_xfer_t;
@@ -343,6 +360,11 @@ void kvc_expo_fini(kvc_expo_t *e);
  * open any; idempotent). */
 void kvc_expose(struct kvx_engine *eng, kvc_xfer_t *x);
 void kvc_unexpose(struct kvx_engine *eng, kvc_xfer_t *x);
+/* kvc_expo_put_bytes: the bytes of peers' puts x's exposure admitted so
+ * far (0 when not exposed). Only on the progress owner: each admitted put
+ * was copied before its handler returned, so every byte counted here has
+ * landed. */
+uint64_t kvc_expo_put_bytes(struct kvx_engine *eng, const kvc_xfer_t *x);
 /* kvc_expo_authorize (kvt_data_params_t.authorize, arg the engine). */
 kvx_status_t kvc_expo_authorize(void *arg, uint64_t tag, uint64_t mac,
                                 uint64_t nonce,
@@ -433,6 +455,8 @@ struct kvx_engine {
     kvc_timerq_t      timers;        /* transfer deadlines */
     kvc_expo_t        expo;          /* blocks open to peers (expose.c) */
     kvc_layer_op_t   *retry;         /* READ ops waiting to be re-posted */
+    uint32_t          landing_waits; /* D WRITE transfers with landing set
+                                        (at most; kvc_write_on_tick) */
     kvc_early_t      *early_head, *early_tail; /* arrival order */
     size_t            nearly, early_bytes;
     struct {
@@ -470,6 +494,12 @@ struct kvx_engine {
         uint64_t write_done_skipped; /* P WRITE: transfers whose notice
                                         the transport took and D asked for
                                         no write_done after one */
+        uint64_t notices_counted; /* P WRITE: counted notices queued right
+                                     behind a transfer's puts
+                                     (remote_blocks' notice_counted) */
+        uint64_t notices_landing; /* D WRITE: counted notices that came
+                                     before every byte they count landed
+                                     (waited for: kvc_write_on_tick) */
         uint64_t fences_unconfirmed; /* D WRITE transfers reported FAILED
                                         before every P rank confirmed its
                                         puts fenced (kvc_write_d_fence) */
@@ -869,6 +899,9 @@ void kvc_write_d_dp_timeout(struct kvx_engine *eng, kvc_xfer_t *x);
  * completion notice, the fast twin of its write_done. */
 void         kvc_write_on_notice(struct kvx_engine *eng,
                                  const kvc_notice_t *nt);
+/* kvc_write_on_tick (kvc_mode_t.on_tick): D transfers whose counted
+ * notice came before the bytes it counts (mode_write_d.c). */
+void         kvc_write_on_tick(struct kvx_engine *eng, uint64_t now);
 void         kvc_write_d_on_reply(struct kvx_engine *eng, kvc_peer_t *peer,
                                   kvc_msg_type_t type, const char *tid,
                                   const kvc_reply_info_t *info);

@@ -36,6 +36,13 @@
  * are bound to other sessions (final); KVX_ERR_OUT_OF_BOUNDS otherwise
  * (final).
  *
+ * Counted puts: each live transfer counts the bytes of the puts it
+ * admitted (put_bytes). The transport copies an admitted put before its
+ * handler returns, on the progress owner, and hands notices to the engine
+ * on the progress owner after that; so a count read there
+ * (kvc_expo_put_bytes: a WRITE D checking a counted notice,
+ * mode_write_d.c) holds only bytes that landed.
+ *
  * Limits: a transfer id must not be reused while a peer may still ask for
  * the old transfer (an ended id is remembered, KVC_EXPO_ENDED of them: an
  * early get of a reused id is refused for good instead of retried); the
@@ -192,9 +199,10 @@ void kvc_expose(struct kvx_engine *eng, kvc_xfer_t *x)
                      x->transfer_id);
     }
     if (t != NULL && kvc_expo_sync(eng, e) == 0) {
-        t->tag   = tag;
-        t->owner = x;
-        t->n     = x->nlocal;
+        t->tag       = tag;
+        t->owner     = x;
+        t->put_bytes = 0;
+        t->n         = x->nlocal;
         if (x->nlocal > 0) { /* local_ids is NULL for none */
             memcpy(t->ids, x->local_ids, x->nlocal * sizeof(uint64_t));
         }
@@ -239,6 +247,27 @@ void kvc_unexpose(struct kvx_engine *eng, kvc_xfer_t *x)
     e->ended[e->nended++ % KVC_EXPO_ENDED] = tag;
     x->exposed = 0;
     pthread_mutex_unlock(&e->lock);
+}
+
+uint64_t kvc_expo_put_bytes(struct kvx_engine *eng, const kvc_xfer_t *x)
+{
+    kvc_expo_t      *e = &eng->expo;
+    uint64_t         tag, n = 0;
+    kvc_expo_xfer_t *t;
+
+    if (!x->exposed) {
+        return 0;
+    }
+    tag = kvc_xfer_tag(x->transfer_id);
+    pthread_mutex_lock(&e->lock);
+    for (t = e->live[tag % KVC_EXPO_BUCKETS]; t != NULL; t = t->next) {
+        if (t->owner == x) {
+            n = t->put_bytes;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&e->lock);
+    return n;
 }
 
 static int kvc_expo_block_ok(void *arg, uint64_t block)
@@ -306,6 +335,7 @@ kvx_status_t kvc_expo_authorize(void *arg, uint64_t tag, uint64_t mac,
                 if (kvc_expo_mac_ok(t, mac, tag, nonce, addr, len,
                                     is_put)) {
                     st = KVX_OK;
+                    t->put_bytes += is_put ? len : 0;
                 } else {
                     other = 1; /* its blocks, another peer's transfer */
                 }

@@ -28,6 +28,8 @@ typedef struct kvc_notice {
     uint64_t    tag, mac, nonce, instance, xnonce;
     const char *id;   /* NUL-terminated, 1..512 bytes */
     const char *from; /* the sender's claim of its address; "" none */
+    uint64_t    count; /* KVC_COUNT_NONE (siphash.h), or a counted
+                          notice's bytes (kvt.h notify_queued) */
 } kvc_notice_t;
 
 typedef struct kvc_mode {

@@ -635,7 +635,7 @@ static void kvc_read_on_notice(struct kvx_engine *eng, const kvc_notice_t *nt)
         return; /* ended here (its deadline, or this rank's release) */
     }
     if (kvc_xfer_tag(nt->id) != nt->tag || tp == 0 || tp > 65535u ||
-        rank >= tp || nt->xnonce == 0 ||
+        rank >= tp || nt->xnonce == 0 || nt->count != KVC_COUNT_NONE ||
         !kvc_notice_from_ok(eng->expo.key, nt->from, nt->tag, nt->nonce,
                             nt->instance, nt->xnonce, nt->mac)) {
         eng->stats.notices_refused++;

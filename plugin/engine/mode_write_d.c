@@ -80,6 +80,11 @@ static int kvc_write_d_blocks_on_dp(struct kvx_engine *eng, kvc_xfer_t *x,
     }
     mm.instance    = eng->epoch;
     mm.to_instance = peer->inst;
+    /* One P rank: every byte put into x's blocks is its (kvc_write_on_notice
+     * checks a counted notice against them all), and this message binds the
+     * rank to the endpoint's instance at once (so the notice is matched,
+     * never held as early). */
+    mm.notice_counted = mm.done_by_notice && x->nrel == 1 && x->exposed;
     buf            = kvc_msg_encode(&mm, &len);
     if (buf == NULL) {
         kvc_error_clear();
@@ -313,6 +318,7 @@ void kvc_write_d_dp_timeout(struct kvx_engine *eng, kvc_xfer_t *x)
 /* kvc_write_d_done: P rank k wrote everything (or was fenced). */
 static void kvc_write_d_done(struct kvx_engine *eng, kvc_xfer_t *x, int k)
 {
+    x->landing = 0;
     kvc_write_d_dp_settle(x, k);
     x->rel_done |= 1ull << k;
     if (x->aborting) {
@@ -428,6 +434,40 @@ static int kvc_write_d_notice_early(struct kvx_engine *eng, kvc_xfer_t *x,
     return checked ? -1 : 0;
 }
 
+/* kvc_write_on_tick (kvc_mode_t.on_tick): completes the D transfers whose
+ * counted notice overtook some of the puts it counts once those landed,
+ * and asks for the next tick soon while any still waits (100 µs: such an
+ * overtaking is rare, and the bytes are on their way). */
+void kvc_write_on_tick(struct kvx_engine *eng, uint64_t now)
+{
+    uint32_t left = 0;
+
+    if (eng->landing_waits == 0) {
+        return;
+    }
+    for (size_t b = 0; b < eng->nbuckets; b++) {
+        for (kvc_xfer_t *x = eng->xfers[b]; x != NULL; x = x->hnext) {
+            if (x->landing == 0) {
+                continue;
+            }
+            if (!x->write || x->is_producer ||
+                x->state != KVC_XFER_WAIT_WRITE || x->nrel != 1 ||
+                (x->rel_done & 1)) {
+                x->landing = 0;
+            } else if (kvc_expo_put_bytes(eng, x) >= x->landing) {
+                eng->stats.notices_done++;
+                kvc_write_d_done(eng, x, 0);
+            } else {
+                left++;
+            }
+        }
+    }
+    eng->landing_waits = left;
+    if (left > 0 && KVD(eng)->tick_at != NULL) {
+        KVD(eng)->tick_at(eng->ucx, now + 100);
+    }
+}
+
 void kvc_write_on_notice(struct kvx_engine *eng, const kvc_notice_t *nt)
 {
     kvc_xfer_t        *x;
@@ -455,17 +495,38 @@ void kvc_write_on_notice(struct kvx_engine *eng, const kvc_notice_t *nt)
     }
     k = kvc_xfer_tag(id) != tag
             ? -2
-            : kvc_notice_match(eng->expo.key, hosts, insts, n, tag,
-                               nt->nonce, instance, nt->xnonce, nt->mac);
+            : kvc_notice_match_n(eng->expo.key, hosts, insts, n, tag,
+                                 nt->nonce, instance, nt->xnonce, nt->count,
+                                 nt->mac);
     if (k == -2) {
         eng->stats.notices_refused++;
         kvc_log_debug("KVX-WRITE-NOTICE", "notice for '%s' (instance %llu) "
                       "refused: not authenticated by a P rank of the "
                       "transfer", x->transfer_id,
                       (unsigned long long)instance);
+    } else if (k >= 0 && !(x->rel_done >> k & 1) &&
+               nt->count != KVC_COUNT_NONE &&
+               (x->nrel != 1 || !x->exposed)) {
+        /* Counted notices are asked for with one rank only (the bytes
+         * landed are the transfer's, not a rank's). */
+        eng->stats.notices_refused++;
+    } else if (k >= 0 && !(x->rel_done >> k & 1) &&
+               nt->count != KVC_COUNT_NONE &&
+               kvc_expo_put_bytes(eng, x) < nt->count) {
+        /* Sent right behind the puts, it overtook some of them: done once
+         * they landed (kvc_write_on_tick), or on the notice P sends after
+         * its flush, or at the deadline. */
+        x->landing = nt->count;
+        eng->landing_waits++;
+        eng->stats.notices_landing++;
+        if (KVD(eng)->tick_at != NULL) {
+            KVD(eng)->tick_at(eng->ucx, kvc_now_us(eng) + 100);
+        }
     } else if (k >= 0 && !(x->rel_done >> k & 1)) {
         eng->stats.notices_done++;
         kvc_write_d_done(eng, x, k);
+    } else if (k == -1 && nt->count != KVC_COUNT_NONE) {
+        /* (not held as early: its count could not be checked then) */
     } else if (k == -1) {
         int e = kvc_write_d_notice_early(eng, x, nt, hosts, n);
 

@@ -389,6 +389,7 @@ const kvc_mode_t kvc_mode_write = {
     .peer_failed      = kvc_write_peer_failed,
     .on_reply         = kvc_write_d_on_reply,
     .on_notice        = kvc_write_on_notice,
+    .on_tick          = kvc_write_on_tick,
     .on_msg = {
         [KVC_MSG_REMOTE_BLOCKS] = kvc_write_on_remote_blocks,
         [KVC_MSG_WRITE_DONE]    = kvc_write_on_write_done_msg,

@@ -76,6 +76,21 @@ static void kvc_write_send_done(kvc_xfer_t *x)
     kvc_peer_send_msg(x->src, &m, "write_done");
 }
 
+/* kvc_write_counted_all: D could count every byte the counted notice
+ * counts: every put went as a checked active message (kvt_op_t.am_bytes),
+ * which its authorize admits and counts. Puts UCX moved itself (RMA lanes)
+ * it cannot see: the notice after the flush must follow then. */
+static int kvc_write_counted_all(const struct kvx_engine *eng,
+                                 const kvc_xfer_t *x)
+{
+    for (size_t i = 0; i < eng->nlayers; i++) {
+        if (x->posted[i] && x->ops[i].op.am_bytes != x->ops[i].op.bytes) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
 static void kvc_write_flush_done(kvt_op_t *op)
 {
     kvc_xfer_t        *x   = op->arg;
@@ -95,7 +110,22 @@ static void kvc_write_flush_done(kvt_op_t *op)
          * notice alone (remote_blocks' done_by_notice) and the transport
          * took the notice; after a release (a fence) it always does. */
         int noticed = KVD(eng)->notify != NULL && x->src->ep != NULL;
+        int counted = x->count_sent && kvc_write_counted_all(eng, x);
 
+        if (x->count_sent && !counted) {
+            /* D waits for the notice below (its count never fills): stop
+             * sending it counted notices it cannot use. */
+            x->src->count_off = 1;
+        }
+        if (counted && x->count_wired && !released && st == KVX_OK) {
+            /* D completes on the counted notice sent right behind the
+             * puts (kvc_write_count_notice), every byte of which it
+             * counted: nothing more to say. */
+            eng->stats.write_done_skipped++;
+            kvc_write_p_finish(eng, x, released);
+            kvc_unlock_waking(eng);
+            return;
+        }
         if (noticed &&
             KVD(eng)->notify(x->src->ep, kvc_xfer_tag(x->transfer_id),
                              eng->epoch, x->xnonce, 0,
@@ -140,10 +170,44 @@ static int kvc_write_fence(struct kvx_engine *eng, kvc_xfer_t *x)
     return 1;
 }
 
+/* kvc_write_count_notice: once every scheduled layer of a sealed x was
+ * posted, a counted notice queued right behind its puts
+ * (remote_blocks' notice_counted): D completes on it as soon as the bytes
+ * it counts landed there, a round trip before the notice after the flush
+ * (the puts' acknowledgements, then the flush, then that notice). */
+static void kvc_write_count_notice(struct kvx_engine *eng, kvc_xfer_t *x)
+{
+    uint64_t count = 0;
+
+    if (!x->by_count || x->count_sent || !x->sealed || !x->have_blocks ||
+        (x->src != NULL && x->src->count_off) ||
+        x->nposted != x->nscheduled || x->status != KVX_OK ||
+        x->state != KVC_XFER_PUSHING || x->timed_out || x->src == NULL ||
+        x->src->state != KVC_PEER_READY || x->src->ep == NULL ||
+        KVD(eng)->notify_queued == NULL) {
+        return;
+    }
+    for (size_t i = 0; i < eng->nlayers; i++) {
+        count += x->posted[i] ? x->ops[i].op.bytes : 0;
+    }
+    if (KVD(eng)->notify_queued(x->src->ep, kvc_xfer_tag(x->transfer_id),
+                                eng->epoch, x->xnonce, count,
+                                x->transfer_id, &x->count_wired) != KVX_OK) {
+        kvc_log_debug("KVX-WRITE-NOTICE", "transfer %s: counted notice: %s "
+                      "(the notice after the flush follows)", x->transfer_id,
+                      kvc_last_error());
+        kvc_error_clear();
+        return;
+    }
+    x->count_sent = 1;
+    eng->stats.notices_counted++;
+}
+
 /* kvc_write_check finalises x when nothing is in flight and it is either
  * failed, released, or sealed with every scheduled layer written. */
 void kvc_write_check(struct kvx_engine *eng, kvc_xfer_t *x)
 {
+    kvc_write_count_notice(eng, x);
     if (x->flushing || x->ncompleted != x->nposted) {
         return;
     }
@@ -319,6 +383,7 @@ static void kvc_write_blocks(struct kvx_engine *eng, kvc_xfer_t *x,
     x->peer_inst      = m->instance;
     x->xnonce         = m->xfer_nonce;
     x->by_notice      = m->done_by_notice && m->xfer_nonce != 0;
+    x->by_count       = x->by_notice && m->notice_counted;
     x->have_blocks    = 1;
     x->decode_rank    = m->decode_rank;
     x->remote_ids     = m->block_ids;

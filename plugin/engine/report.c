@@ -83,6 +83,8 @@ kvx_status_t kvc_report_stats(struct kvx_engine *eng, char **json_p)
     KVC_STAT(notices_early);
     KVC_STAT(early_completed);
     KVC_STAT(fences_unconfirmed);
+    KVC_STAT(notices_counted);
+    KVC_STAT(notices_landing);
 #undef KVC_STAT
     pthread_mutex_lock(&eng->expo.lock);
     /* Peers' software gets/puts outside the blocks of live transfers. */

@@ -218,6 +218,11 @@ void NoticeRounds(const std::string &tls, bool by_notice_alone,
         EXPECT_EQ(rounds, StatCount(w.d.eng, "notices_done") +
                               StatCount(w.d.eng, "notices_early"));
         EXPECT_EQ(0, StatCount(w.d.eng, "rx.write_done"));
+        // Every remote_blocks on the data plane asked for a counted notice
+        // right behind the puts (one P rank), and P queued one each time;
+        // D completed on it once every byte it counts had landed (the
+        // bytes above were checked round by round).
+        EXPECT_EQ(rounds - 1, StatCount(w.p.eng, "notices_counted"));
     } else {
         EXPECT_EQ(rounds, StatAwait(w.d.eng, "rx.write_done", rounds));
         EXPECT_EQ(0, StatCount(w.p.eng, "write_done_skipped"));

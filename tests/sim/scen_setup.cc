@@ -313,6 +313,8 @@ void Scenario::Cleanup()
             res_.write_done_skipped += StatOf(js, "write_done_skipped");
             res_.early_completed += StatOf(js, "early_completed");
             res_.blocks_on_dp += StatOf(js, "blocks_on_dp");
+            res_.notices_counted += StatOf(js, "notices_counted");
+            res_.notices_landing += StatOf(js, "notices_landing");
             res_.dp_msgs_refused += StatOf(js, "dp_msgs_refused");
             res_.releases_on_dp += StatOf(js, "releases_on_dp");
             res_.notices_done += StatOf(js, "notices_done");

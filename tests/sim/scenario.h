@@ -80,6 +80,9 @@ struct Result {
     // remote_blocks D sent on the data plane, data-plane control messages
     // P refused (the forge fault tampers with them on the way).
     uint64_t    blocks_on_dp = 0, dp_msgs_refused = 0;
+    // Counted notices P queued behind its puts, and those D got before
+    // every byte they count landed (it waited).
+    uint64_t    notices_counted = 0, notices_landing = 0;
     // READ releases D sent as notices, notices taken and refused (the
     // forge fault replays and alters them on the way), and those refused
     // as replays (dp_stale, with remote_blocks).

@@ -561,7 +561,9 @@ static kvx_status_t Post(kvt_ep_t *handle, int is_put, kvt_mem_t *local_mem,
         w->Enqueue(ev);
         bytes += runs[i].len;
     }
-    o->bytes = bytes;
+    o->bytes    = bytes;
+    o->am_bytes = bytes; // every run is served through the target's
+                         // authorize (sim_deliver.cc CopyRun), which counts
     if (n == 0) {
         QueueDone(op);
     }
@@ -575,11 +577,41 @@ static void EpSetSession(kvt_ep_t *handle, uint64_t session)
 
 // Notify: the notice travels as an event to the peer context (gated on
 // the peer's node: a crashed or isolated peer never gets it; a node that is
-// not up sends nothing), data = tag, instance, nonce, mac, xnonce (8 bytes
-// each) and the id, then a NUL and from when there is one.
+// not up sends nothing), data = tag, instance, nonce, mac, xnonce, count
+// (8 bytes each; count KVT_NOTICE_UNCOUNTED but for NotifyQueued's) and
+// the id, then a NUL and from when there is one.
+static kvx_status_t NotifyCounted(kvt_ep_t *handle, uint64_t tag,
+                                  uint64_t instance, uint64_t xnonce,
+                                  uint64_t nonce, const char *id,
+                                  const char *from, uint64_t count);
+
 static kvx_status_t Notify(kvt_ep_t *handle, uint64_t tag, uint64_t instance,
                            uint64_t xnonce, uint64_t nonce, const char *id,
                            const char *from)
+{
+    return NotifyCounted(handle, tag, instance, xnonce, nonce, id, from,
+                         KVT_NOTICE_UNCOUNTED);
+}
+
+// NotifyQueued: a counted notice, as an event queued now like any other:
+// the scheduler may deliver it before the run copies of the puts it
+// follows (a real transport sends it after them on one wire, which
+// reorders rarely; here it is common), which the receiver must wait for.
+static kvx_status_t NotifyQueued(kvt_ep_t *handle, uint64_t tag,
+                                 uint64_t instance, uint64_t xnonce,
+                                 uint64_t count, const char *id, int *sent)
+{
+    kvx_status_t st = NotifyCounted(handle, tag, instance, xnonce, 0, id,
+                                    nullptr, count);
+
+    *sent = st == KVX_OK;
+    return st;
+}
+
+static kvx_status_t NotifyCounted(kvt_ep_t *handle, uint64_t tag,
+                                  uint64_t instance, uint64_t xnonce,
+                                  uint64_t nonce, const char *id,
+                                  const char *from, uint64_t count)
 {
     World *w  = W();
     SimEp *ep = reinterpret_cast<SimEp *>(handle);
@@ -592,7 +624,7 @@ static kvx_status_t Notify(kvt_ep_t *handle, uint64_t tag, uint64_t instance,
     if (pc == w->ctxs.end() || !w->NodeUp(ep->node)) {
         return KVX_OK; // lost, as a message to or from a gone process
     }
-    uint8_t hdr[40];
+    uint8_t hdr[48];
 
     if (nonce == 0) {
         nonce = w->NewId();
@@ -600,9 +632,10 @@ static kvx_status_t Notify(kvt_ep_t *handle, uint64_t tag, uint64_t instance,
     PutU64(hdr, tag);
     PutU64(hdr + 8, instance);
     PutU64(hdr + 16, nonce);
-    PutU64(hdr + 24, kvc_req_mac(ep->session, tag, nonce, instance, xnonce,
-                                 KVC_MAC_NOTICE));
+    PutU64(hdr + 24, kvc_notice_mac(ep->session, tag, nonce, instance, xnonce,
+                                    count));
     PutU64(hdr + 32, xnonce);
+    PutU64(hdr + 40, count);
     Event ev;
     ev.kind = EvKind::kNotice;
     ev.node = pc->second->node;
@@ -671,7 +704,7 @@ static const kvt_data_ops_t kSimDataOps = {
     EpCreate,      EpClose,     EpFail,       EpTransports, EpZero,
     EpZero,        RkeyUnpack,  RkeyDestroy,  RkeyLocal,   Prefault,
     Post,          Flush,       nullptr,      nullptr,     nullptr,
-    EpSetSession,  Notify,      CtlSend,
+    EpSetSession,  Notify,      NotifyQueued, CtlSend,
     nullptr,       nullptr,     nullptr,      nullptr, // no caller drive
     TickAt,
 };

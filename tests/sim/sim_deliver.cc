@@ -268,12 +268,12 @@ static void DeliverNotice(World *w, const Event &ev)
     auto it = w->ctxs.find(ev.obj);
 
     if (it == w->ctxs.end() || it->second->destroyed ||
-        it->second->p.notice == nullptr || ev.data.size() <= 40) {
+        it->second->p.notice == nullptr || ev.data.size() <= 48) {
         return;
     }
     SimCtx        *c = it->second;
     const uint8_t *h = reinterpret_cast<const uint8_t *>(ev.data.data());
-    std::string    id = ev.data.substr(40), from;
+    std::string    id = ev.data.substr(48), from;
     size_t         nul = id.find('\0');
 
     if (nul != std::string::npos) {
@@ -285,7 +285,7 @@ static void DeliverNotice(World *w, const Event &ev)
     w->delivering.push_back(c->id);
     c->p.notice(c->p.notice_arg, NoticeU64(h), NoticeU64(h + 24),
                 NoticeU64(h + 16), NoticeU64(h + 8), NoticeU64(h + 32),
-                id.c_str(), id.size(), from.c_str());
+                id.c_str(), id.size(), from.c_str(), NoticeU64(h + 40));
     w->delivering.pop_back();
 }
 

@@ -285,16 +285,22 @@ bool World::StepLimit(uint64_t limit_us)
             // A completion notice (a READ D's release, a WRITE P's "puts
             // landed") captured on the unencrypted data plane: replayed at
             // once or up to 6 s later, or with its nonce (a READ release's
-            // stamp) changed, which its mac no longer covers.
+            // stamp) or its count (a counted notice's bytes: a lower one
+            // would complete the transfer before its puts landed) changed,
+            // which its mac no longer covers.
             Event    bad = ev;
-            uint64_t k   = rng_.Below(3);
+            uint64_t k   = rng_.Below(4);
 
             if (k == 2 && bad.data.size() > 16) {
                 bad.data[16] ^= 0x01;
             }
+            if (k == 3 && bad.data.size() > 40) {
+                bad.data[40] ^= 0x01;
+            }
             Trace("tamper (%s) %s", k == 0   ? "replay"
                                     : k == 1 ? "late replay"
-                                             : "nonce",
+                                    : k == 2 ? "nonce"
+                                             : "count",
                   Describe(ev).c_str());
             if (k == 1) {
                 bad.due_us = now_us_ + 1 + rng_.Below(6000000);

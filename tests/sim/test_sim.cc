@@ -77,6 +77,35 @@ TEST(WriteNotices, AloneAndEarlyPathsTakenUnderTheChecks)
     EXPECT_GT(early0, 0u) << "no notice overtook its binding reply";
 }
 
+// WRITE: once remote_blocks travel on the data plane, P queues a counted
+// notice right behind its puts, and the simulator often delivers it before
+// some of them: D waits until every byte it counts landed (the invariant
+// checks see any transfer reported done with a block not written), and a
+// count changed on the way (tamper) is refused. Without faults that kill
+// something, every transfer still ends OK.
+TEST(WriteCountedNotices, WaitForTheirBytesAndRefuseAChangedCount)
+{
+    uint64_t counted = 0, landing = 0, refused = 0;
+    for (uint64_t seed = 1; seed <= 200; seed++) {
+        Result r = RunSeed(seed, Opt("write", kCiFaults | kFForge));
+        EXPECT_TRUE(r.ok) << "seed " << seed << ": " << r.violation;
+        counted += r.notices_counted;
+        landing += r.notices_landing;
+        refused += r.notices_refused;
+    }
+    EXPECT_GT(counted, 0u) << "no counted notice was sent";
+    EXPECT_GT(landing, 0u) << "no counted notice overtook its puts";
+    EXPECT_GT(refused, 0u) << "no tampered notice reached a D";
+    uint64_t landing0 = 0;
+    for (uint64_t seed = 1; seed <= 100; seed++) {
+        Result r = RunSeed(seed, Opt("write", 0));
+        EXPECT_TRUE(r.ok) << "seed " << seed << ": " << r.violation;
+        EXPECT_EQ(0u, r.failed) << "seed " << seed;
+        landing0 += r.notices_landing;
+    }
+    EXPECT_GT(landing0, 0u) << "no counted notice overtook its puts";
+}
+
 // WRITE: D's remote_blocks travel on the data plane once its control-only
 // endpoint to the P rank is up, and what the forge fault does to them on
 // the way (a flipped byte, another claimed sender, a replay) is refused or

@@ -1494,6 +1494,46 @@ TEST(NoticeMatch, OnlyTheBoundRankOfThatInstanceAuthenticates)
 // mac (so a notice from host B naming rank A's instance belongs to B's
 // ranks only), and the early store then completes only such a rank when a
 // reply binds it to that instance.
+// A counted notice (kvt.h notify_queued) authenticates its count too: the
+// same notice with another count, or under the plain notice's mac (or a
+// plain notice under a counted mac) matches no rank.
+TEST(NoticeMatch, CountedNoticeMacCoversItsCount)
+{
+    const uint64_t    key[2]  = {0x1111, 0x2222};
+    const char *const hosts[] = {"192.0.2.1"};
+    const uint64_t    insts[] = {100};
+    const uint64_t    s1 = kvc_host_session(key, "192.0.2.1", 0);
+    const uint64_t    cm = kvc_count_mac(s1, 7, 5, 100, 3, 65536);
+
+    EXPECT_EQ(kvc_notice_match_n(key, hosts, insts, 1, 7, 5, 100, 3, 65536,
+                                 cm), 0);
+    EXPECT_EQ(kvc_notice_match_n(key, hosts, insts, 1, 7, 5, 100, 3, 65535,
+                                 cm), -2);
+    EXPECT_EQ(kvc_notice_match_n(key, hosts, insts, 1, 7, 5, 100, 3, 0, cm),
+              -2);
+    EXPECT_EQ(kvc_notice_match_n(key, hosts, insts, 1, 7, 5, 100, 3,
+                                 KVC_COUNT_NONE, cm), -2);
+    EXPECT_EQ(kvc_notice_match_n(key, hosts, insts, 1, 7, 5, 100, 3, 65536,
+                                 kvc_req_mac(s1, 7, 5, 100, 3,
+                                             KVC_MAC_NOTICE)), -2);
+    // The plain notice's mac is kvc_notice_mac's for KVC_COUNT_NONE, and
+    // the counted one is none of a request's.
+    EXPECT_EQ(kvc_notice_mac(s1, 7, 5, 100, 3, KVC_COUNT_NONE),
+              kvc_req_mac(s1, 7, 5, 100, 3, KVC_MAC_NOTICE));
+    EXPECT_EQ(kvc_notice_mac(s1, 7, 5, 100, 3, 65536), cm);
+    for (int dir = 0; dir <= KVC_MAC_NOTICE; dir++) {
+        EXPECT_NE(cm, kvc_req_mac(s1, 7, 5, 100, 3, dir));
+    }
+    EXPECT_EQ(kvc_count_mac(0, 7, 5, 100, 3, 65536), 0u);
+    // The early path checks the count the same way.
+    int checked = 0;
+    EXPECT_EQ(kvc_notice_ranks_n(key, hosts, 1, 1, 7, 5, 100, 3, 65536, cm,
+                                 &checked), 1u);
+    EXPECT_EQ(kvc_notice_ranks_n(key, hosts, 1, 1, 7, 5, 100, 3, 1, cm,
+                                 &checked), 0u);
+    EXPECT_EQ(checked, 1);
+}
+
 TEST(NoticeMatch, EarlyCompletionBelongsToTheRanksOfItsHost)
 {
     const uint64_t    key[2]  = {0x1111, 0x2222};

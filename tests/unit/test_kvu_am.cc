@@ -477,17 +477,19 @@ struct CbBox {
 // What a context's params.notice received (kvu_notify).
 struct NoticeBox : CbBox {
     uint64_t        tag = 0, mac = 0, nonce = 0, inst = 0, xn = 0;
+    uint64_t        count = 0;
     std::string     id;
 
     std::string     from;
 
     static void cb(void *arg, uint64_t tag, uint64_t mac, uint64_t nonce,
                    uint64_t inst, uint64_t xn, const char *id, size_t idlen,
-                   const char *from)
+                   const char *from, uint64_t count)
     {
         NoticeBox *b = static_cast<NoticeBox *>(arg);
         pthread_mutex_lock(&b->mu);
         b->n++;
+        b->count = count;
         b->tag   = tag;
         b->mac   = mac;
         b->nonce = nonce;
@@ -563,6 +565,7 @@ TEST_P(KvuAm, NoticeCarriesTagInstanceIdAndSessionMac)
     EXPECT_EQ(box.id, "tx-notice-1");
     EXPECT_EQ(box.from, "");
     EXPECT_EQ(box.xn, 41u);
+    EXPECT_EQ(box.count, KVT_NOTICE_UNCOUNTED);
     EXPECT_EQ(box.mac, kvc_req_mac(0x1234abcd5678ef01ull, 0x77, box.nonce,
                                    0x9000000000000001ull, 41, KVC_MAC_NOTICE));
     EXPECT_NE(box.mac, kvc_req_mac(0x1234abcd5678ef01ull, 0x77, box.nonce,
@@ -586,6 +589,36 @@ TEST_P(KvuAm, NoticeCarriesTagInstanceIdAndSessionMac)
                                    0x5151000000000001ull, 5, 42,
                                    KVC_MAC_NOTICE));
     pthread_mutex_unlock(&box.mu);
+    // A counted notice queued right behind puts (no flush): it carries the
+    // count under its own mac, tells its sender it went to the wire, and
+    // the puts went as checked active messages the target counts.
+    Waiter w2;
+    int    sent = -1;
+    w2.op.done = Waiter::cb;
+    w2.op.arg  = &w2;
+    ASSERT_EQ(kvu_post(ep, 1, origin.mem,
+                       (uint64_t)(uintptr_t)origin.buf.data(), rkey,
+                       (uint64_t)(uintptr_t)tbuf.data(), runs, 4, &w2.op),
+              KVX_OK);
+    ASSERT_EQ(kvu_notify_queued(ep, 0x79, 6, 43, 65536, "tx-notice-3",
+                                &sent),
+              KVX_OK);
+    EXPECT_EQ(w2.wait(), KVX_OK);
+    EXPECT_EQ(sent, 1) << "settled before the puts before it completed";
+    EXPECT_EQ(w2.op.bytes, 65536u);
+    EXPECT_EQ(w2.op.am_bytes, w2.op.bytes);
+    ASSERT_EQ(box.wait_for(3), 3);
+    pthread_mutex_lock(&box.mu);
+    EXPECT_EQ(box.id, "tx-notice-3");
+    EXPECT_EQ(box.count, 65536u);
+    EXPECT_EQ(box.xn, 43u);
+    EXPECT_EQ(box.mac, kvc_count_mac(0x1234abcd5678ef01ull, 0x79, box.nonce,
+                                     6, 43, 65536));
+    EXPECT_NE(box.mac, kvc_req_mac(0x1234abcd5678ef01ull, 0x79, box.nonce, 6,
+                                   43, KVC_MAC_NOTICE));
+    pthread_mutex_unlock(&box.mu);
+    EXPECT_EQ(kvu_notify_queued(ep, 1, 1, 1, 1, "", &sent),
+              KVX_ERR_INVALID_PARAM);
     // Ids that cannot be a transfer's are not sent, nor an overlong from.
     EXPECT_EQ(kvu_notify(ep, 1, 1, 1, 0, "", nullptr), KVX_ERR_INVALID_PARAM);
     EXPECT_EQ(kvu_notify(ep, 1, 1, 1, 0, std::string(600, 'x').c_str(),
@@ -598,7 +631,7 @@ TEST_P(KvuAm, NoticeCarriesTagInstanceIdAndSessionMac)
     kvu_ep_close(ep);
     kvu_mem_release(tmem);
     kvu_ctx_destroy(tctx);
-    EXPECT_EQ(box.n, 2);
+    EXPECT_EQ(box.n, 3);
 }
 
 // What a context's params.ctl received (kvu_ctl_send).

@@ -76,6 +76,7 @@
 #define KVU_AM_PUTACK     0x4b4
 #define KVU_AM_PROBE      0x4b5 /* the receive-FIFO watchdog's token */
 #define KVU_AM_NOTICE     0x4b6 /* a completion notice (kvu_notify) */
+#define KVU_NOTICE_COUNTED 1    /* a notice's status: kvu_notify_queued's */
 #define KVU_AM_CTL        0x4b7 /* a control message (kvu_ctl_send) */
 #define KVU_AM_MAGIC      0x4d41564bu /* "KVAM" */
 #define KVU_AM_VERSION    10 /* 2: token and nonce; 3: transfer tag;
@@ -146,14 +147,16 @@ typedef struct kvu_am_hdr {
     uint32_t magic;
     uint16_t version;
     uint16_t pad;
-    int32_t  status;   /* answers: kvx_status_t */
+    int32_t  status;   /* answers: kvx_status_t; notices: 0, or
+                          KVU_NOTICE_COUNTED with len the count */
     uint32_t pad2;
     uint64_t id;       /* origin's request id */
     uint64_t addr;     /* requests: target address */
     uint64_t len;      /* requests: bytes */
     uint64_t token;    /* requests: the target region's token (its rkey) */
     uint64_t nonce;    /* random per request, echoed by the answer */
-    uint64_t tag;      /* requests: the origin op's transfer tag */
+    uint64_t tag;      /* requests: the origin op's transfer tag;
+                          notices: their transfer's */
     uint64_t mac;      /* requests: kvc_req_mac under the origin
                           endpoint's session (kvu_ep_set_session) of tag,
                           nonce, addr, len, direction; to authorize */
@@ -259,6 +262,10 @@ struct kvu_job {
     size_t           idx;  /* current run */
     uint64_t         off;  /* bytes of runs[idx] already issued */
     int              route; /* 0 undecided, else KVU_ROUTE_* */
+    struct kvu_notice *nt;  /* a queued notice (kvu_notify_queued), sent
+                               once the jobs before it were issued; op
+                               NULL */
+    int             *nt_sent; /* its caller's flag (kvt.h notify_queued) */
     kvu_job_t       *next;
 };
 
@@ -622,15 +629,27 @@ static void kvu_req_cb(void *request, ucs_status_t status, void *user_data)
     ucp_request_free(request);
 }
 
+/* kvu_job_cancel: job will not run: its op completes with status, or its
+ * notice is dropped (best effort: the peer's deadline covers it). */
+static void kvu_job_cancel(kvu_ctx_t *ctx, kvu_job_t *job,
+                           kvx_status_t status)
+{
+    if (job->nt != NULL) {
+        free(job->nt);
+    } else {
+        kvu_op_set_error(job->op, status);
+        kvu_op_put(ctx, job->op);
+    }
+    free(job);
+}
+
 static void kvu_job_cancel_all(kvu_ep_t *ep, kvx_status_t status)
 {
     kvu_job_t *job;
 
     while ((job = ep->qhead) != NULL) {
         ep->qhead = job->next;
-        kvu_op_set_error(job->op, status);
-        kvu_op_put(ep->ctx, job->op);
-        free(job);
+        kvu_job_cancel(ep->ctx, job, status);
     }
     ep->qtail = NULL;
 }
@@ -765,6 +784,7 @@ static int kvu_am_issue(kvu_ep_t *ep, kvu_job_t *job, void *lbuf,
     *pp              = amp;
     ep->am_npending++;
     ep->inflight += len;
+    job->op->am_bytes += len;
     if (!job->is_put) {
         ep->am_get_bytes += len;
     }
@@ -1114,7 +1134,9 @@ static ucs_status_t kvu_am_queue(void *arg, const void *header, size_t hlen,
              ctx->ctl_queued + idlen <= KVU_CTL_QBYTES;
         idp = (const char *)data + flen + 1;
     } else if (ok) {
-        ok = h.len == 0 && kvu_notice_split(data, len, &idlen, &flen) == 0 &&
+        /* a plain notice (count 0) or a counted one (kvu_notify_queued) */
+        ok = (h.status == KVU_NOTICE_COUNTED || (h.status == 0 && h.len == 0)) &&
+             kvu_notice_split(data, len, &idlen, &flen) == 0 &&
              ctx->params.notice != NULL;
         fp = (const char *)data + idlen + 1;
     }
@@ -1183,11 +1205,13 @@ static void kvu_notice_send_cb(void *request, ucs_status_t status,
     ucp_request_free(request);
 }
 
-/* kvu_notice_send: nt (payload nt->id, nt->idlen bytes; a notice's tag,
- * address and token, a message's length set in nt->hdr) to ep's peer as
- * one eager active message, authenticated under ep's session; nt is
- * consumed. */
-static kvx_status_t kvu_notice_send(kvu_ep_t *ep, kvu_notice_t *nt)
+static kvx_status_t kvu_enqueue(kvu_ep_t *ep, kvu_job_t *job);
+
+/* kvu_notice_send_locked: nt (payload nt->id, nt->idlen bytes; a notice's
+ * tag, address, token and (counted) status and length, a message's length
+ * set in nt->hdr) to ep's peer as one eager active message, authenticated
+ * under ep's session; nt is consumed. ctx lock held. */
+static kvx_status_t kvu_notice_send_locked(kvu_ep_t *ep, kvu_notice_t *nt)
 {
     kvu_ctx_t          *ctx  = ep->ctx;
     int                 ctl  = nt->ctl;
@@ -1196,10 +1220,8 @@ static kvx_status_t kvu_notice_send(kvu_ep_t *ep, kvu_notice_t *nt)
     ucs_status_ptr_t    sp;
     kvx_status_t        rc = KVX_OK;
 
-    pthread_mutex_lock(&ctx->lock);
     if (atomic_load(&ep->dead) || ep->failed ||
         (ctl && ep->session == 0)) {
-        pthread_mutex_unlock(&ctx->lock);
         free(nt);
         return kvc_error(KVX_ERR_ENDPOINT, "%s to %s: %s", what, ep->peer,
                          ep->failed                ? "endpoint failed"
@@ -1207,7 +1229,6 @@ static kvx_status_t kvu_notice_send(kvu_ep_t *ep, kvu_notice_t *nt)
                                                    : "no session");
     }
     if (ep->notices_pending >= KVU_NOTICE_PENDING_MAX) {
-        pthread_mutex_unlock(&ctx->lock);
         free(nt);
         return kvc_error(KVX_ERR_ENDPOINT, "%s to %s: %u notices and "
                          "messages not sent yet (the peer does not read)",
@@ -1224,6 +1245,10 @@ static kvx_status_t kvu_notice_send(kvu_ep_t *ep, kvu_notice_t *nt)
                           ? kvc_msg_mac(ep->session, nt->hdr.nonce,
                                         nt->id + nt->idlen - nt->hdr.len,
                                         nt->hdr.len)
+                      : nt->hdr.status == KVU_NOTICE_COUNTED
+                          ? kvc_count_mac(ep->session, nt->hdr.tag,
+                                          nt->hdr.nonce, nt->hdr.addr,
+                                          nt->hdr.token, nt->hdr.len)
                           : kvc_req_mac(ep->session, nt->hdr.tag,
                                         nt->hdr.nonce, nt->hdr.addr,
                                         nt->hdr.token, KVC_MAC_NOTICE);
@@ -1245,8 +1270,17 @@ static kvx_status_t kvu_notice_send(kvu_ep_t *ep, kvu_notice_t *nt)
     } else {
         ep->notices_pending++;
     }
-    pthread_mutex_unlock(&ctx->lock);
-    kvu_ctx_kick(ctx);
+    return rc;
+}
+
+static kvx_status_t kvu_notice_send(kvu_ep_t *ep, kvu_notice_t *nt)
+{
+    kvx_status_t rc;
+
+    pthread_mutex_lock(&ep->ctx->lock);
+    rc = kvu_notice_send_locked(ep, nt);
+    pthread_mutex_unlock(&ep->ctx->lock);
+    kvu_ctx_kick(ep->ctx);
     return rc;
 }
 
@@ -1280,6 +1314,38 @@ kvx_status_t kvu_notify(kvu_ep_t *ep, uint64_t tag, uint64_t instance,
     nt->hdr.token = xnonce;
     nt->hdr.nonce = nonce; /* 0: kvu_notice_send draws one */
     return kvu_notice_send(ep, nt);
+}
+
+kvx_status_t kvu_notify_queued(kvu_ep_t *ep, uint64_t tag, uint64_t instance,
+                               uint64_t xnonce, uint64_t count,
+                               const char *id, int *sent)
+{
+    size_t        idlen = strlen(id);
+    kvu_notice_t *nt;
+    kvu_job_t    *job;
+
+    if (idlen == 0 || idlen > KVU_NOTICE_ID_MAX) {
+        return kvc_error(KVX_ERR_INVALID_PARAM, "notice: transfer id of %zu "
+                         "bytes (1..%u)", idlen, KVU_NOTICE_ID_MAX);
+    }
+    nt  = calloc(1, sizeof(*nt) + idlen + 1);
+    job = calloc(1, sizeof(*job));
+    if (nt == NULL || job == NULL) {
+        free(nt);
+        free(job);
+        return kvc_error(KVX_ERR_NO_MEMORY, "notice: out of memory");
+    }
+    memcpy(nt->id, id, idlen);
+    nt->idlen      = idlen;
+    nt->hdr.status = KVU_NOTICE_COUNTED;
+    nt->hdr.len    = count;
+    nt->hdr.tag    = tag;
+    nt->hdr.addr   = instance;
+    nt->hdr.token  = xnonce;
+    job->nt        = nt;
+    job->nt_sent   = sent;
+    *sent          = 0;
+    return kvu_enqueue(ep, job);
 }
 
 kvx_status_t kvu_ctl_send(kvu_ep_t *ep, const char *msg, size_t len,
@@ -1571,6 +1637,24 @@ static void kvu_ep_drain(kvu_ep_t *ep)
     kvu_job_t *job;
 
     while (!ep->failed && (job = ep->qhead) != NULL) {
+        if (job->nt != NULL) {
+            /* Every job before it issued: the notice goes after them on
+             * the wire (best effort, as notify). */
+            kvu_job_t *next = job->next;
+
+            if (kvu_notice_send_locked(ep, job->nt) != KVX_OK) {
+                kvc_log_debug("KVX-UCX-NOTICE", "%s", kvc_last_error());
+                kvc_error_clear();
+            } else {
+                *job->nt_sent = 1;
+            }
+            ep->qhead = next;
+            if (next == NULL) {
+                ep->qtail = NULL;
+            }
+            free(job);
+            continue;
+        }
         if (job->is_flush) {
             if (ep->am_npending > 0) {
                 return; /* AM gets/puts complete only when answered */
@@ -1708,10 +1792,8 @@ static int kvu_take_incoming(kvu_ctx_t *ctx)
         next      = job->next;
         job->next = NULL;
         if (ep->failed || ep->closed || ep->ep == NULL) {
-            kvu_op_set_error(job->op, ep->failed ? ep->fail_status
-                                                 : KVX_ERR_CANCELED);
-            kvu_op_put(ctx, job->op);
-            free(job);
+            kvu_job_cancel(ctx, job, ep->failed ? ep->fail_status
+                                                : KVX_ERR_CANCELED);
             continue;
         }
         if (ep->qtail != NULL) {
@@ -1799,7 +1881,10 @@ static int kvu_deliver(kvu_ctx_t *ctx)
             ctx->params.notice(ctx->params.notice_arg, nts->hdr.tag,
                                nts->hdr.mac, nts->hdr.nonce, nts->hdr.addr,
                                nts->hdr.token, nts->id, nts->idlen,
-                               nts->from);
+                               nts->from,
+                               nts->hdr.status == KVU_NOTICE_COUNTED
+                                   ? nts->hdr.len
+                                   : KVT_NOTICE_UNCOUNTED);
         }
         free(nts);
         nts = next;
@@ -4497,7 +4582,6 @@ const char *kvu_ep_peer(const kvu_ep_t *ep)
 
 /* --- rkeys and posting -------------------------------------------------- */
 
-static kvx_status_t kvu_enqueue(kvu_ep_t *ep, kvu_job_t *job);
 
 kvx_status_t kvu_rkey_unpack(kvu_ep_t *ep, const void *buf, size_t len,
                              kvu_rkey_t **rkey_p)
@@ -4599,6 +4683,7 @@ kvx_status_t kvu_post(kvu_ep_t *ep, int is_put, kvu_mem_t *local_mem,
     atomic_store(&op->remaining, 1);
     atomic_store(&op->status, 0);
     op->bytes = 0;
+    op->am_bytes = 0;
     for (size_t i = 0; i < n; i++) {
         op->bytes += runs[i].len;
     }
@@ -4616,7 +4701,8 @@ kvx_status_t kvu_flush(kvu_ep_t *ep, kvu_op_t *op)
     job->is_flush = 1;
     atomic_store(&op->remaining, 1);
     atomic_store(&op->status, 0);
-    op->bytes = 0;
+    op->bytes    = 0;
+    op->am_bytes = 0;
     return kvu_enqueue(ep, job);
 }
 

@@ -228,6 +228,14 @@ void         kvu_ep_set_session(kvu_ep_t *ep, uint64_t session);
 kvx_status_t kvu_notify(kvu_ep_t *ep, uint64_t tag, uint64_t instance,
                         uint64_t xnonce, uint64_t nonce, const char *id,
                         const char *from);
+/* kvu_notify_queued: kvt_data_ops_t.notify_queued (kvt.h): a job on ep's
+ * queue behind every post and flush before it; when it reaches the head,
+ * one active message (KVU_AM_NOTICE, status KVU_NOTICE_COUNTED, count in
+ * the length field, mac kvc_count_mac) with the transfer id as its data;
+ * any thread. */
+kvx_status_t kvu_notify_queued(kvu_ep_t *ep, uint64_t tag, uint64_t instance,
+                               uint64_t xnonce, uint64_t count,
+                               const char *id, int *sent);
 /* kvu_ctl_send: kvt_data_ops_t.ctl_send (kvt.h): one active message
  * (KVU_AM_CTL) of nonce, the message's length and its mac under the
  * endpoint's session (kvc_msg_mac); from, a NUL and the message as its

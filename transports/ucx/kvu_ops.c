@@ -140,6 +140,15 @@ static void ops_ep_set_session(kvt_ep_t *ep, uint64_t session)
     kvu_ep_set_session(KVU_C(kvu_ep_t, ep), session);
 }
 
+static kvx_status_t ops_notify_queued(kvt_ep_t *ep, uint64_t tag,
+                                      uint64_t instance, uint64_t xnonce,
+                                      uint64_t count, const char *id,
+                                      int *sent)
+{
+    return kvu_notify_queued(KVU_C(kvu_ep_t, ep), tag, instance, xnonce,
+                             count, id, sent);
+}
+
 static kvx_status_t ops_notify(kvt_ep_t *ep, uint64_t tag, uint64_t instance,
                                uint64_t xnonce, uint64_t nonce,
                                const char *id, const char *from)
@@ -213,6 +222,7 @@ const kvt_data_ops_t *kvt_ucx_ops(void)
         .ep_rma_shm_only    = ops_ep_rma_shm_only,
         .ep_set_session     = ops_ep_set_session,
         .notify             = ops_notify,
+        .notify_queued      = ops_notify_queued,
         .ctl_send           = ops_ctl_send,
         .rkey_unpack        = ops_rkey_unpack,
         .rkey_destroy       = ops_rkey_destroy,
