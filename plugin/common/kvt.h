@@ -325,17 +325,14 @@ typedef struct kvt_data_ops {
      * overtake them. So it carries count, the bytes of the puts of the
      * transfer it follows, which the peer checks against the bytes it took
      * for that transfer before it believes the notice (params.notice's
-     * count; mac kvc_count_mac). The runs' op->am_bytes tell whether the
-     * peer could count them (checked active messages) or not (RMA UCX
-     * moves itself: the caller must then notify after its flush too).
-     * *sent becomes 1 when the notice was handed to the wire (it stays 0
-     * when it was dropped: the endpoint failed, 256 unsent); it is
-     * settled before any op posted before the notice completes, and
-     * written by the progress owner: the caller keeps it valid until
-     * then. Same contract as notify otherwise. NULL member: none. */
+     * count; mac kvc_count_mac). It is a hint the peer may act on early,
+     * never the last word: the caller still notifies after its flush. The
+     * runs' op->am_bytes tell whether the peer could count them (checked
+     * active messages) or not (RMA UCX moves itself). Same contract as
+     * notify otherwise. NULL member: none. */
     kvx_status_t (*notify_queued)(kvt_ep_t *ep, uint64_t tag,
                                   uint64_t instance, uint64_t xnonce,
-                                  uint64_t count, const char *id, int *sent);
+                                  uint64_t count, const char *id);
     /* ctl_send sends the peer a control message (len bytes, 1..KVT_CTL_MAX,
      * no NUL inside) on the data plane, authenticated under the endpoint's
      * session (kvc_msg_mac), with from (1..KVT_NOTICE_FROM_MAX - 1 bytes):

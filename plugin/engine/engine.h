@@ -256,8 +256,6 @@ typedef struct kvc_xfer {
                                       right behind the puts
                                       (remote_blocks' notice_counted) */
     int               count_sent;  /* P: that notice was handed over */
-    int               count_wired; /* P: ... and to the wire (kvt.h
-                                      notify_queued's sent) */
     uint64_t          landing;     /* D WRITE: a counted notice of rank
                                       0 came before every byte it counts
                                       landed: the bytes it counts, until
@@ -328,14 +326,22 @@ typedef struct kvc_expo_xfer {
      * addresses here). */
     uint32_t              nsess;
     uint64_t              sess[KVC_EXPO_SESS];
-    uint64_t              put_bytes; /* bytes of peers' puts it admitted
-                                        (each copied at once, on the
-                                        progress owner: expose.c) */
+    uint64_t              put_bytes; /* bytes of peers' puts it admitted,
+                                        each start address once (each
+                                        copied at once, on the progress
+                                        owner: expose.c) */
+    uint64_t             *puts;      /* those start addresses: an open
+                                        hash set of nputs in cap slots
+                                        (0 empty), NULL before the first */
+    uint32_t              nputs, cap;
+    int                   puts_full; /* more than KVC_EXPO_PUTS_MAX: no
+                                        longer counted */
     size_t                n;
     uint64_t              ids[]; /* its local block ids, sorted */
 } kvc_expo_xfer_t;
 
 #define KVC_EXPO_BUCKETS 4096
+#define KVC_EXPO_PUTS_MAX 65536 /* distinct puts counted per transfer */
 #define KVC_EXPO_ENDED   4096 /* ended tags remembered (ring) */
 
 typedef struct kvc_expo {
@@ -361,9 +367,10 @@ void kvc_expo_fini(kvc_expo_t *e);
 void kvc_expose(struct kvx_engine *eng, kvc_xfer_t *x);
 void kvc_unexpose(struct kvx_engine *eng, kvc_xfer_t *x);
 /* kvc_expo_put_bytes: the bytes of peers' puts x's exposure admitted so
- * far (0 when not exposed). Only on the progress owner: each admitted put
- * was copied before its handler returned, so every byte counted here has
- * landed. */
+ * far, a put to a start address already counted (a replay) not again (0
+ * when not exposed, or when more distinct puts came than it tracks). Only
+ * on the progress owner: each admitted put was copied before its handler
+ * returned, so every byte counted here has landed. */
 uint64_t kvc_expo_put_bytes(struct kvx_engine *eng, const kvc_xfer_t *x);
 /* kvc_expo_authorize (kvt_data_params_t.authorize, arg the engine). */
 kvx_status_t kvc_expo_authorize(void *arg, uint64_t tag, uint64_t mac,
@@ -457,6 +464,9 @@ struct kvx_engine {
     kvc_layer_op_t   *retry;         /* READ ops waiting to be re-posted */
     uint32_t          landing_waits; /* D WRITE transfers with landing set
                                         (at most; kvc_write_on_tick) */
+    uint32_t          landing_delay_us; /* the next look for them: 100 µs
+                                           after a new one, doubling to
+                                           KVC_LANDING_MAX_US */
     kvc_early_t      *early_head, *early_tail; /* arrival order */
     size_t            nearly, early_bytes;
     struct {
@@ -497,6 +507,8 @@ struct kvx_engine {
         uint64_t notices_counted; /* P WRITE: counted notices queued right
                                      behind a transfer's puts
                                      (remote_blocks' notice_counted) */
+        uint64_t counted_done;    /* D WRITE: P ranks completed by a
+                                     counted notice (kvc_write_on_notice) */
         uint64_t notices_landing; /* D WRITE: counted notices that came
                                      before every byte they count landed
                                      (waited for: kvc_write_on_tick) */

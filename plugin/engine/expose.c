@@ -75,6 +75,7 @@ void kvc_expo_fini(kvc_expo_t *e)
             kvc_expo_xfer_t *t = e->live[b];
 
             e->live[b] = t->next;
+            free(t->puts);
             free(t);
         }
     }
@@ -188,7 +189,12 @@ void kvc_expose(struct kvx_engine *eng, kvc_xfer_t *x)
     tag = kvc_xfer_tag(x->transfer_id);
     t   = malloc(sizeof(*t) + x->nlocal * sizeof(uint64_t));
     if (t != NULL) { /* e->key is set once, at creation */
-        unbound = kvc_expo_bind(eng, e, x, t);
+        t->put_bytes = 0;
+        t->puts      = NULL;
+        t->nputs     = 0;
+        t->cap       = 0;
+        t->puts_full = 0;
+        unbound      = kvc_expo_bind(eng, e, x, t);
     }
     pthread_mutex_lock(&e->lock);
     if (unbound && e->unbound++ == 0) {
@@ -199,10 +205,9 @@ void kvc_expose(struct kvx_engine *eng, kvc_xfer_t *x)
                      x->transfer_id);
     }
     if (t != NULL && kvc_expo_sync(eng, e) == 0) {
-        t->tag       = tag;
-        t->owner     = x;
-        t->put_bytes = 0;
-        t->n         = x->nlocal;
+        t->tag   = tag;
+        t->owner = x;
+        t->n     = x->nlocal;
         if (x->nlocal > 0) { /* local_ids is NULL for none */
             memcpy(t->ids, x->local_ids, x->nlocal * sizeof(uint64_t));
         }
@@ -238,6 +243,7 @@ void kvc_unexpose(struct kvx_engine *eng, kvc_xfer_t *x)
             kvc_expo_xfer_t *t = *pp;
 
             *pp = t->next;
+            free(t->puts);
             free(t);
             break;
         }
@@ -262,12 +268,63 @@ uint64_t kvc_expo_put_bytes(struct kvx_engine *eng, const kvc_xfer_t *x)
     pthread_mutex_lock(&e->lock);
     for (t = e->live[tag % KVC_EXPO_BUCKETS]; t != NULL; t = t->next) {
         if (t->owner == x) {
-            n = t->put_bytes;
+            n = t->puts_full ? 0 : t->put_bytes;
             break;
         }
     }
     pthread_mutex_unlock(&e->lock);
     return n;
+}
+
+/* kvc_expo_count_put: an admitted put of len bytes at addr counts once
+ * per start address (expo.lock held): a replayed put (a captured one sent
+ * again, mac and all) writes the same bytes again but adds nothing, so it
+ * cannot fill a counted notice's count ahead of the puts still on their
+ * way. Past KVC_EXPO_PUTS_MAX distinct puts (or without memory) the
+ * transfer is no longer counted: its counted notice then waits for the
+ * notice after P's flush. */
+static void kvc_expo_count_put(kvc_expo_xfer_t *t, uint64_t addr,
+                               uint64_t len)
+{
+    uint32_t i;
+
+    if (t->puts_full) {
+        return;
+    }
+    if (2 * (t->nputs + 1) > t->cap) {
+        uint32_t  ncap = t->cap ? 2 * t->cap : 64;
+        uint64_t *n;
+
+        if (ncap > 2 * KVC_EXPO_PUTS_MAX ||
+            (n = calloc(ncap, sizeof(*n))) == NULL) {
+            t->puts_full = 1;
+            return;
+        }
+        for (uint32_t j = 0; j < t->cap; j++) {
+            if (t->puts[j] != 0) {
+                i = (uint32_t)((t->puts[j] * UINT64_C(0x9e3779b97f4a7c15)) >>
+                               32) & (ncap - 1);
+                while (n[i] != 0) {
+                    i = (i + 1) & (ncap - 1);
+                }
+                n[i] = t->puts[j];
+            }
+        }
+        free(t->puts);
+        t->puts = n;
+        t->cap  = ncap;
+    }
+    i = (uint32_t)((addr * UINT64_C(0x9e3779b97f4a7c15)) >> 32) &
+        (t->cap - 1);
+    while (t->puts[i] != 0) {
+        if (t->puts[i] == addr) {
+            return; /* counted before */
+        }
+        i = (i + 1) & (t->cap - 1);
+    }
+    t->puts[i] = addr; /* never 0: inside a registration */
+    t->nputs++;
+    t->put_bytes += len;
 }
 
 static int kvc_expo_block_ok(void *arg, uint64_t block)
@@ -335,7 +392,9 @@ kvx_status_t kvc_expo_authorize(void *arg, uint64_t tag, uint64_t mac,
                 if (kvc_expo_mac_ok(t, mac, tag, nonce, addr, len,
                                     is_put)) {
                     st = KVX_OK;
-                    t->put_bytes += is_put ? len : 0;
+                    if (is_put) {
+                        kvc_expo_count_put(t, addr, len);
+                    }
                 } else {
                     other = 1; /* its blocks, another peer's transfer */
                 }

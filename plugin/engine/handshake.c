@@ -581,6 +581,7 @@ void kvc_peer_hs_finish(kvt_job_t *job)
     peer->rkeys     = rkeys;
     peer->layer_map = map;
     peer->state     = KVC_PEER_READY;
+    peer->count_off = 0; /* a new endpoint: its lanes may count again */
     kvc_peer_set_inst(peer, m.epoch);
     {
         /* A handshake just reached the peer's address: a control

@@ -434,10 +434,13 @@ static int kvc_write_d_notice_early(struct kvx_engine *eng, kvc_xfer_t *x,
     return checked ? -1 : 0;
 }
 
+#define KVC_LANDING_MAX_US 10000 /* the period tick's: no sooner after */
+
 /* kvc_write_on_tick (kvc_mode_t.on_tick): completes the D transfers whose
  * counted notice overtook some of the puts it counts once those landed,
- * and asks for the next tick soon while any still waits (100 µs: such an
- * overtaking is rare, and the bytes are on their way). */
+ * and asks for the next look soon while any still waits (100 µs after a
+ * new one, then twice as long each time up to 10 ms: the bytes are
+ * usually on their way; the notice after P's flush ends any wait). */
 void kvc_write_on_tick(struct kvx_engine *eng, uint64_t now)
 {
     uint32_t left = 0;
@@ -456,6 +459,7 @@ void kvc_write_on_tick(struct kvx_engine *eng, uint64_t now)
                 x->landing = 0;
             } else if (kvc_expo_put_bytes(eng, x) >= x->landing) {
                 eng->stats.notices_done++;
+                eng->stats.counted_done++;
                 kvc_write_d_done(eng, x, 0);
             } else {
                 left++;
@@ -463,8 +467,10 @@ void kvc_write_on_tick(struct kvx_engine *eng, uint64_t now)
         }
     }
     eng->landing_waits = left;
-    if (left > 0 && KVD(eng)->tick_at != NULL) {
-        KVD(eng)->tick_at(eng->ucx, now + 100);
+    if (left > 0 && KVD(eng)->tick_at != NULL &&
+        eng->landing_delay_us < KVC_LANDING_MAX_US) {
+        eng->landing_delay_us *= 2;
+        KVD(eng)->tick_at(eng->ucx, now + eng->landing_delay_us);
     }
 }
 
@@ -518,12 +524,14 @@ void kvc_write_on_notice(struct kvx_engine *eng, const kvc_notice_t *nt)
          * its flush, or at the deadline. */
         x->landing = nt->count;
         eng->landing_waits++;
+        eng->landing_delay_us = 100;
         eng->stats.notices_landing++;
         if (KVD(eng)->tick_at != NULL) {
             KVD(eng)->tick_at(eng->ucx, kvc_now_us(eng) + 100);
         }
     } else if (k >= 0 && !(x->rel_done >> k & 1)) {
         eng->stats.notices_done++;
+        eng->stats.counted_done += nt->count != KVC_COUNT_NONE;
         kvc_write_d_done(eng, x, k);
     } else if (k == -1 && nt->count != KVC_COUNT_NONE) {
         /* (not held as early: its count could not be checked then) */

@@ -79,7 +79,7 @@ static void kvc_write_send_done(kvc_xfer_t *x)
 /* kvc_write_counted_all: D could count every byte the counted notice
  * counts: every put went as a checked active message (kvt_op_t.am_bytes),
  * which its authorize admits and counts. Puts UCX moved itself (RMA lanes)
- * it cannot see: the notice after the flush must follow then. */
+ * it cannot see: only the notice after the flush completes D then. */
 static int kvc_write_counted_all(const struct kvx_engine *eng,
                                  const kvc_xfer_t *x)
 {
@@ -110,21 +110,14 @@ static void kvc_write_flush_done(kvt_op_t *op)
          * notice alone (remote_blocks' done_by_notice) and the transport
          * took the notice; after a release (a fence) it always does. */
         int noticed = KVD(eng)->notify != NULL && x->src->ep != NULL;
-        int counted = x->count_sent && kvc_write_counted_all(eng, x);
 
-        if (x->count_sent && !counted) {
-            /* D waits for the notice below (its count never fills): stop
-             * sending it counted notices it cannot use. */
+        if (x->count_sent && !kvc_write_counted_all(eng, x)) {
+            /* D could not count these puts and waits for the notice below:
+             * send that D rank no more counted notices. The notice below
+             * goes after a counted one too: the counted notice is D's hint
+             * (its count may never fill: a put refused, the distinct
+             * ranges D tracks full), this one its last word. */
             x->src->count_off = 1;
-        }
-        if (counted && x->count_wired && !released && st == KVX_OK) {
-            /* D completes on the counted notice sent right behind the
-             * puts (kvc_write_count_notice), every byte of which it
-             * counted: nothing more to say. */
-            eng->stats.write_done_skipped++;
-            kvc_write_p_finish(eng, x, released);
-            kvc_unlock_waking(eng);
-            return;
         }
         if (noticed &&
             KVD(eng)->notify(x->src->ep, kvc_xfer_tag(x->transfer_id),
@@ -192,7 +185,7 @@ static void kvc_write_count_notice(struct kvx_engine *eng, kvc_xfer_t *x)
     }
     if (KVD(eng)->notify_queued(x->src->ep, kvc_xfer_tag(x->transfer_id),
                                 eng->epoch, x->xnonce, count,
-                                x->transfer_id, &x->count_wired) != KVX_OK) {
+                                x->transfer_id) != KVX_OK) {
         kvc_log_debug("KVX-WRITE-NOTICE", "transfer %s: counted notice: %s "
                       "(the notice after the flush follows)", x->transfer_id,
                       kvc_last_error());

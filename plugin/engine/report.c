@@ -85,6 +85,7 @@ kvx_status_t kvc_report_stats(struct kvx_engine *eng, char **json_p)
     KVC_STAT(fences_unconfirmed);
     KVC_STAT(notices_counted);
     KVC_STAT(notices_landing);
+    KVC_STAT(counted_done);
 #undef KVC_STAT
     pthread_mutex_lock(&eng->expo.lock);
     /* Peers' software gets/puts outside the blocks of live transfers. */

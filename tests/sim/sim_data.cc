@@ -599,13 +599,10 @@ static kvx_status_t Notify(kvt_ep_t *handle, uint64_t tag, uint64_t instance,
 // reorders rarely; here it is common), which the receiver must wait for.
 static kvx_status_t NotifyQueued(kvt_ep_t *handle, uint64_t tag,
                                  uint64_t instance, uint64_t xnonce,
-                                 uint64_t count, const char *id, int *sent)
+                                 uint64_t count, const char *id)
 {
-    kvx_status_t st = NotifyCounted(handle, tag, instance, xnonce, 0, id,
-                                    nullptr, count);
-
-    *sent = st == KVX_OK;
-    return st;
+    return NotifyCounted(handle, tag, instance, xnonce, 0, id, nullptr,
+                         count);
 }
 
 static kvx_status_t NotifyCounted(kvt_ep_t *handle, uint64_t tag,

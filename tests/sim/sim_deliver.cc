@@ -159,6 +159,15 @@ static void DeliverRun(World *w, const Event &ev)
     SimOp       *op = it->second;
     kvx_status_t st = CopyRun(w, op, ev.idx);
 
+    if (st == KVX_OK && op->is_put && (w->net_faults() & kFaultTamper) &&
+        w->rng().Percent(10)) {
+        // A captured put sent again (same bytes, same mac), right away: it
+        // writes nothing new, and must not count twice towards a counted
+        // notice (else D completes before the puts still on their way).
+        w->Trace("  put of op %" PRIu64 " run %u replayed", op->id, ev.idx);
+        (void)CopyRun(w, op, ev.idx);
+    }
+
     op->state[ev.idx] = st == KVX_OK ? 1 : 2;
     op->pending--;
     __atomic_store_n(&op->op->remaining, (int64_t)op->pending, __ATOMIC_SEQ_CST);

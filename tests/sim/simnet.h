@@ -50,7 +50,9 @@ enum NetFault : uint32_t {
     kFaultTamper = 1u << 4, // before a data-plane control message (30 %):
                             // a copy naming other blocks, with one byte
                             // flipped, claiming another sender, or a
-                            // replay (at once or up to 6 s later)
+                            // replay (at once or up to 6 s later); a
+                            // notice's nonce or count changed; a put
+                            // replayed right after it landed (10 %)
 };
 
 enum class NodeState {
@@ -150,6 +152,7 @@ public:
     // starts; kvt_clock_t.random64).
     uint64_t inst_seq = 0;
     void     set_net_faults(uint32_t f) { net_faults_ = f; }
+    uint32_t net_faults() const { return net_faults_; }
     // Stranger: a request from an unknown host (reply discarded).
     void InjectRequest(const std::string &from_host, const std::string &to,
                        const std::string &msg);

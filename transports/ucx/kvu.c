@@ -265,7 +265,6 @@ struct kvu_job {
     struct kvu_notice *nt;  /* a queued notice (kvu_notify_queued), sent
                                once the jobs before it were issued; op
                                NULL */
-    int             *nt_sent; /* its caller's flag (kvt.h notify_queued) */
     kvu_job_t       *next;
 };
 
@@ -1318,7 +1317,7 @@ kvx_status_t kvu_notify(kvu_ep_t *ep, uint64_t tag, uint64_t instance,
 
 kvx_status_t kvu_notify_queued(kvu_ep_t *ep, uint64_t tag, uint64_t instance,
                                uint64_t xnonce, uint64_t count,
-                               const char *id, int *sent)
+                               const char *id)
 {
     size_t        idlen = strlen(id);
     kvu_notice_t *nt;
@@ -1343,8 +1342,6 @@ kvx_status_t kvu_notify_queued(kvu_ep_t *ep, uint64_t tag, uint64_t instance,
     nt->hdr.addr   = instance;
     nt->hdr.token  = xnonce;
     job->nt        = nt;
-    job->nt_sent   = sent;
-    *sent          = 0;
     return kvu_enqueue(ep, job);
 }
 
@@ -1645,8 +1642,6 @@ static void kvu_ep_drain(kvu_ep_t *ep)
             if (kvu_notice_send_locked(ep, job->nt) != KVX_OK) {
                 kvc_log_debug("KVX-UCX-NOTICE", "%s", kvc_last_error());
                 kvc_error_clear();
-            } else {
-                *job->nt_sent = 1;
             }
             ep->qhead = next;
             if (next == NULL) {
@@ -3819,6 +3814,7 @@ void kvu_ctx_destroy(kvu_ctx_t *ctx)
         kvu_job_t *job = ctx->in_head;
 
         ctx->in_head = job->next;
+        free(job->nt);
         free(job);
     }
     kvu_ctx_free(ctx);
@@ -4711,6 +4707,7 @@ static kvx_status_t kvu_enqueue(kvu_ep_t *ep, kvu_job_t *job)
     kvu_ctx_t *ctx = ep->ctx;
 
     if (atomic_load(&ep->dead)) {
+        free(job->nt);
         free(job);
         return kvc_error(KVX_ERR_ENDPOINT, "post to %s: endpoint %s",
                          ep->peer, ep->failed ? ep->fail_reason : "closed");

@@ -235,7 +235,7 @@ kvx_status_t kvu_notify(kvu_ep_t *ep, uint64_t tag, uint64_t instance,
  * any thread. */
 kvx_status_t kvu_notify_queued(kvu_ep_t *ep, uint64_t tag, uint64_t instance,
                                uint64_t xnonce, uint64_t count,
-                               const char *id, int *sent);
+                               const char *id);
 /* kvu_ctl_send: kvt_data_ops_t.ctl_send (kvt.h): one active message
  * (KVU_AM_CTL) of nonce, the message's length and its mac under the
  * endpoint's session (kvc_msg_mac); from, a NUL and the message as its

@@ -142,11 +142,10 @@ static void ops_ep_set_session(kvt_ep_t *ep, uint64_t session)
 
 static kvx_status_t ops_notify_queued(kvt_ep_t *ep, uint64_t tag,
                                       uint64_t instance, uint64_t xnonce,
-                                      uint64_t count, const char *id,
-                                      int *sent)
+                                      uint64_t count, const char *id)
 {
     return kvu_notify_queued(KVU_C(kvu_ep_t, ep), tag, instance, xnonce,
-                             count, id, sent);
+                             count, id);
 }
 
 static kvx_status_t ops_notify(kvt_ep_t *ep, uint64_t tag, uint64_t instance,
