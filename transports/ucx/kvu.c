@@ -1134,7 +1134,8 @@ static ucs_status_t kvu_am_queue(void *arg, const void *header, size_t hlen,
         idp = (const char *)data + flen + 1;
     } else if (ok) {
         /* a plain notice (count 0) or a counted one (kvu_notify_queued) */
-        ok = (h.status == KVU_NOTICE_COUNTED || (h.status == 0 && h.len == 0)) &&
+        ok = (h.status == KVU_NOTICE_COUNTED ||
+              (h.status == 0 && h.len == 0)) &&
              kvu_notice_split(data, len, &idlen, &flen) == 0 &&
              ctx->params.notice != NULL;
         fp = (const char *)data + idlen + 1;
