@@ -229,8 +229,11 @@ void NoticeRounds(const std::string &tls, bool by_notice_alone,
     } else {
         EXPECT_EQ(rounds, StatAwait(w.d.eng, "rx.write_done", rounds));
         EXPECT_EQ(0, StatCount(w.p.eng, "write_done_skipped"));
+        // Which of the two completes a round is a race: on an idle host
+        // the notice mostly wins, but beside busy neighbours nng's
+        // write_done won all 8 rounds once (two sha256sum hogs, tcp). Each
+        // round still completes exactly once (the events below).
         long long fast = StatCount(w.d.eng, "notices_done");
-        EXPECT_GE(fast, 1) << "no transfer was completed by its notice";
         EXPECT_LE(fast, rounds);
     }
     EXPECT_EQ(0, StatCount(w.d.eng, "notices_refused"));
