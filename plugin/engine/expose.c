@@ -169,6 +169,24 @@ static int kvc_expo_bind(const struct kvx_engine *eng, const kvc_expo_t *e,
     return 0;
 }
 
+/* kvc_expo_presize: the set of counted puts (kvc_expo_count_put) sized
+ * once here, from an estimate of the puts to come (one per block and
+ * layer, within [32, 1024]), so that the first puts of a transfer do not
+ * allocate on the progress owner; it still grows if more come. Without
+ * memory the set starts empty, as before. */
+static void kvc_expo_presize(kvc_expo_xfer_t *t, uint64_t est)
+{
+    uint32_t cap = 64;
+
+    est = est < 32 ? 32 : est > 1024 ? 1024 : est;
+    while (cap < 2 * est) {
+        cap *= 2;
+    }
+    if ((t->puts = calloc(cap, sizeof(*t->puts))) != NULL) {
+        t->cap = cap;
+    }
+}
+
 static int kvc_u64_cmp(const void *a, const void *b)
 {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
@@ -195,6 +213,9 @@ void kvc_expose(struct kvx_engine *eng, kvc_xfer_t *x)
         t->cap       = 0;
         t->puts_full = 0;
         unbound      = kvc_expo_bind(eng, e, x, t);
+        if (x->write) { /* D: puts will come; see kvc_expo_presize */
+            kvc_expo_presize(t, (uint64_t)x->nlocal * eng->nlayers);
+        }
     }
     pthread_mutex_lock(&e->lock);
     if (unbound && e->unbound++ == 0) {
@@ -223,7 +244,10 @@ void kvc_expose(struct kvx_engine *eng, kvc_xfer_t *x)
                       "blocks", x->transfer_id);
     }
     pthread_mutex_unlock(&e->lock);
-    free(t);
+    if (t != NULL) {
+        free(t->puts);
+        free(t);
+    }
 }
 
 void kvc_unexpose(struct kvx_engine *eng, kvc_xfer_t *x)

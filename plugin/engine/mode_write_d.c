@@ -510,29 +510,29 @@ void kvc_write_on_notice(struct kvx_engine *eng, const kvc_notice_t *nt)
                       "refused: not authenticated by a P rank of the "
                       "transfer", x->transfer_id,
                       (unsigned long long)instance);
-    } else if (k >= 0 && !(x->rel_done >> k & 1) &&
-               nt->count != KVC_COUNT_NONE &&
-               (x->nrel != 1 || !x->exposed)) {
-        /* Counted notices are asked for with one rank only (the bytes
-         * landed are the transfer's, not a rank's). */
-        eng->stats.notices_refused++;
-    } else if (k >= 0 && !(x->rel_done >> k & 1) &&
-               nt->count != KVC_COUNT_NONE &&
-               kvc_expo_put_bytes(eng, x) < nt->count) {
-        /* Sent right behind the puts, it overtook some of them: done once
-         * they landed (kvc_write_on_tick), or on the notice P sends after
-         * its flush, or at the deadline. */
-        x->landing = nt->count;
-        eng->landing_waits++;
-        eng->landing_delay_us = 100;
-        eng->stats.notices_landing++;
-        if (KVD(eng)->tick_at != NULL) {
-            KVD(eng)->tick_at(eng->ucx, kvc_now_us(eng) + 100);
-        }
     } else if (k >= 0 && !(x->rel_done >> k & 1)) {
-        eng->stats.notices_done++;
-        eng->stats.counted_done += nt->count != KVC_COUNT_NONE;
-        kvc_write_d_done(eng, x, k);
+        int counted = nt->count != KVC_COUNT_NONE;
+
+        if (counted && (x->nrel != 1 || !x->exposed)) {
+            /* Counted notices are asked for with one rank only (the bytes
+             * landed are the transfer's, not a rank's). */
+            eng->stats.notices_refused++;
+        } else if (counted && kvc_expo_put_bytes(eng, x) < nt->count) {
+            /* Sent right behind the puts, it overtook some of them: done
+             * once they landed (kvc_write_on_tick), or on the notice P
+             * sends after its flush, or at the deadline. */
+            x->landing = nt->count;
+            eng->landing_waits++;
+            eng->landing_delay_us = 100;
+            eng->stats.notices_landing++;
+            if (KVD(eng)->tick_at != NULL) {
+                KVD(eng)->tick_at(eng->ucx, kvc_now_us(eng) + 100);
+            }
+        } else {
+            eng->stats.notices_done++;
+            eng->stats.counted_done += counted;
+            kvc_write_d_done(eng, x, k);
+        }
     } else if (k == -1 && nt->count != KVC_COUNT_NONE) {
         /* (not held as early: its count could not be checked then) */
     } else if (k == -1) {

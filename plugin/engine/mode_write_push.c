@@ -173,10 +173,10 @@ static void kvc_write_count_notice(struct kvx_engine *eng, kvc_xfer_t *x)
     uint64_t count = 0;
 
     if (!x->by_count || x->count_sent || !x->sealed || !x->have_blocks ||
-        (x->src != NULL && x->src->count_off) ||
         x->nposted != x->nscheduled || x->status != KVX_OK ||
         x->state != KVC_XFER_PUSHING || x->timed_out || x->src == NULL ||
-        x->src->state != KVC_PEER_READY || x->src->ep == NULL ||
+        x->src->count_off || x->src->state != KVC_PEER_READY ||
+        x->src->ep == NULL ||
         KVD(eng)->notify_queued == NULL) {
         return;
     }

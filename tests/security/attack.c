@@ -37,10 +37,15 @@
  *                                        host in FILE (its metadata, from
  *                                        attack fetch): 16
  *                                        bytes at the start of every block
- *                                        of layer 0 for TRANSFER's tag.
+ *                                        of layer 0 for TRANSFER's tag, a
+ *                                        put each, then the same (at most
+ *                                        16 blocks) as one several-run put
+ *                                        (PUTV), then a malformed PUTV.
  *                                        Exit 0: none served and at least
  *                                        one refused as bound to another
- *                                        peer; 1: one was served; 2: else
+ *                                        peer; 1: one was served, or the
+ *                                        malformed PUTV was not refused as
+ *                                        out of bounds; 2: else
  *   attack notice  FILE TRANSFER FROM TP RANK
  *                                        a READ release notice (the wire
  *                                        format below) for TRANSFER,
@@ -639,8 +644,8 @@ static ucs_status_t ep_to(ucp_worker_h wk, const void *addr, ucp_ep_h *ep)
 }
 
 /* Bytes of kvxfer's published worker-address header (kvu.c kvu_addr_hdr_t,
- * protocol 10: magic, version, count, UCX version, FIFO geometry) before
- * its entries. */
+ * protocol 10 and later: magic, version, count, UCX version, FIFO
+ * geometry) before its entries. */
 #define WA_HDR 24
 
 /* rma_try: one UCP endpoint from wk to addr, a get of 4096 bytes at base
@@ -755,15 +760,17 @@ static int cmd_rma(char **a)
     return served ? 1 : 0;
 }
 
-/* --- kvxfer's data-plane wire format (protocol 10), as a peer sees it ---
+/* --- kvxfer's data-plane wire format (protocol 11), as a peer sees it ---
  * An AM put: id 0x4b3, this header, then the bytes; the target answers on
  * the reply endpoint with id 0x4b4 and the header, status set. A READ
  * release notice: id 0x4b6 (cmd_notice). A control message: id 0x4b7,
  * only len, nonce and mac set (cmd_blocks); no answer. */
 #define AM_PUT    0x4b3
 #define AM_PUTACK 0x4b4
+#define AM_PUTV   0x4b8 /* addr = n entries {addr, len, nonce, mac}, len =
+                           their bytes; data: the entries, then the bytes */
 #define AM_MAGIC  0x4d41564bu
-#define AM_PROTO  10
+#define AM_PROTO  11
 #define ST_WRONG_PEER  (-20) /* KVX_ERR_UNTRUSTED_PEER */
 #define ST_OOB         (-42) /* KVX_ERR_OUT_OF_BOUNDS */
 #define ST_NOT_EXPOSED (-46) /* KVX_ERR_NOT_EXPOSED */
@@ -863,7 +870,7 @@ static int cmd_amput(char **a)
     uint64_t            session;
     uint16_t            n;
     int                 sent = 0, served = 0, wrong = 0, oob = 0, nexp = 0,
-                        other = 0, silent = 0;
+                        other = 0, silent = 0, putv[2] = {-1, -1};
     double              secs = atof(a[2]);
 
     layer = o ? json_object_array_get_idx(json_object_object_get(o, "layers"),
@@ -911,8 +918,9 @@ static int cmd_amput(char **a)
         ucp_ep_h            ep;
         const ucp_address_t *wa;
         double              end;
-        void               *reqs[64];
-        am_hdr_t            hdrs[64];
+        void               *reqs[66];
+        am_hdr_t            hdrs[66];
+        static uint64_t     vbuf[2][16 * 4 + 16 * 2]; /* entries + bytes */
 
         if (next_wk_addr(addr, alen, &off, &wa) != 0) {
             break;
@@ -942,17 +950,67 @@ static int cmd_amput(char **a)
                                       sizeof(junk), &rp);
             sent++;
         }
-        end = now_s() + secs;
-        for (;;) {
-            int left = 0;
+        /* Phase 0 waits for the puts' answers; phase 1 sends the blocks
+         * they found inside the transfer (served, or refused as bound to
+         * another peer; at most 16) as one PUTV, each entry under its own
+         * mac, then a malformed PUTV (3 entries named, 2 carried), and
+         * waits for those. */
+        for (int phase = 0; phase < 2; phase++) {
+            int nput = sent;
 
-            for (int b = 0; b < sent; b++) {
-                left += !g_ans[b].answered;
+            for (int v = 0; phase == 1 && v < 2; v++) {
+                am_hdr_t *h = &hdrs[sent];
+                uint64_t *e = vbuf[v];
+                uint64_t  k = 0;
+
+                for (int b = 0; b < nput && k < 16; b++) {
+                    if (v == 1 ? k < 2
+                               : g_ans[b].answered &&
+                                     (g_ans[b].status == 0 ||
+                                      g_ans[b].status == ST_WRONG_PEER)) {
+                        e[4 * k]     = hdrs[b].addr;
+                        e[4 * k + 1] = sizeof(junk);
+                        e[4 * k + 2] = 0x5678 + k;
+                        e[4 * k + 3] = kvc_req_mac(session, tag, e[4 * k + 2],
+                                                   e[4 * k], sizeof(junk), 1);
+                        k++;
+                    }
+                }
+                if (k == 0) {
+                    continue;
+                }
+                for (uint64_t j = 0; j < k; j++) {
+                    memcpy((uint8_t *)(e + 4 * k) + j * sizeof(junk), junk,
+                           sizeof(junk));
+                }
+                memset(h, 0, sizeof(*h));
+                h->magic   = AM_MAGIC;
+                h->version = AM_PROTO;
+                h->id      = (uint64_t)sent;
+                h->addr    = v == 0 ? k : 3;
+                h->len     = (v == 0 ? k : 3) * sizeof(junk);
+                h->token   = token;
+                h->nonce   = 0x9999 + (uint64_t)v;
+                h->tag     = tag;
+                memset(&rp, 0, sizeof(rp));
+                rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+                rp.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER;
+                reqs[sent] = ucp_am_send_nbx(ep, AM_PUTV, h, sizeof(*h), e,
+                                             k * (32 + sizeof(junk)), &rp);
+                putv[v] = sent++;
             }
-            if (left == 0 || now_s() >= end) {
-                break;
+            end = now_s() + secs;
+            for (;;) {
+                int left = 0;
+
+                for (int b = 0; b < sent; b++) {
+                    left += !g_ans[b].answered;
+                }
+                if (left == 0 || now_s() >= end) {
+                    break;
+                }
+                ucp_worker_progress(wk);
             }
-            ucp_worker_progress(wk);
         }
         for (int b = 0; b < sent; b++) {
             if (UCS_PTR_IS_PTR(reqs[b])) {
@@ -982,6 +1040,19 @@ static int cmd_amput(char **a)
            "to another peer, %d out of bounds, %d not exposed, %d other, %d "
            "unanswered\n", sent, session ? "given" : "none", served, wrong,
            oob, nexp, other, silent);
+    for (int v = 0; v < 2; v++) {
+        if (putv[v] >= 0) {
+            printf("amput: %s several-run put (PUTV): %s, status %d\n",
+                   v == 0 ? "a well-formed" : "a malformed",
+                   g_ans[putv[v]].answered ? "answered" : "unanswered",
+                   (int)g_ans[putv[v]].status);
+        }
+    }
+    /* A malformed PUTV is refused whoever sends it. */
+    if (putv[1] >= 0 && (!g_ans[putv[1]].answered ||
+                         g_ans[putv[1]].status != ST_OOB)) {
+        return 1;
+    }
     return served ? 1 : wrong > 0 ? 0 : 2;
 }
 

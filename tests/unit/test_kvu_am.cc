@@ -143,7 +143,7 @@ std::vector<std::string> Entries(kvu_ctx_t *ctx)
 
 // A bare UCP worker address in kvxfer's published form (one entry).
 // The data-plane protocol of this build (kvu.c KVU_AM_VERSION).
-const uint16_t kProto = 10;
+const uint16_t kProto = 11;
 
 std::string Publish(const void *a, size_t n, uint16_t version = kProto)
 {
@@ -207,6 +207,21 @@ struct Pair {
         EXPECT_EQ(kvu_post(ep, is_put, origin.mem,
                            (uint64_t)(uintptr_t)origin.buf.data(), rkey,
                            remote_base, &run, 1, &w.op), KVX_OK);
+        return w.wait();
+    }
+    // post_runs: one op of several runs (local_off, remote_off, len).
+    int post_runs(int is_put, const std::vector<kvc_run_t> &runs,
+                  uint64_t tag = 0)
+    {
+        Waiter w;
+
+        w.op.done = Waiter::cb;
+        w.op.arg  = &w;
+        w.op.tag  = tag;
+        EXPECT_EQ(kvu_post(ep, is_put, origin.mem,
+                           (uint64_t)(uintptr_t)origin.buf.data(), rkey,
+                           tbase(), runs.data(), runs.size(), &w.op),
+                  KVX_OK);
         return w.wait();
     }
     uint64_t tbase() const { return (uint64_t)(uintptr_t)target.buf.data(); }
@@ -403,6 +418,96 @@ TEST_P(KvuAm, RangesOutsideTheExposedBlocksAreRefused)
     EXPECT_EQ(wr.post(1, wr.tbase(), 32768, 4096, 9), KVX_ERR_OUT_OF_BOUNDS);
     EXPECT_EQ(wr.post(1, wr.tbase(), 4096, 4096, 10), KVX_ERR_NOT_EXPOSED);
     EXPECT_EQ(wr.target.buf, before);
+}
+
+// Short runs of one op share put messages over tcp (PUTV: up to 16 runs of
+// at most 64 KiB each in one message); over shared memory each run stays a
+// message of its own. Either way each run is admitted on its own (one
+// authorize call each, under its own mac), lands byte-exact, and nothing
+// beside the runs changes; a run outside the window fails the op and is not
+// written, while the runs beside it that were admitted are.
+TEST_P(KvuAm, ShortPutsShareMessagesEachRunCheckedAlone)
+{
+    const size_t size = 1u << 20;
+    Window       win;
+    Pair pr(GetParam(), KVT_ACCESS_WRITE, Window::admit, &win, nullptr, size);
+    bool tcp = strcmp(GetParam(), "tcp") == 0;
+
+    for (size_t i = 0; i < size; i++) {
+        pr.origin.buf[i] = (uint8_t)(i * 29 + (i >> 11) + 5);
+    }
+    win.tag = 0x51;
+    win.lo  = pr.tbase();
+    win.hi  = pr.tbase() + size;
+    // 40 runs of 3000 bytes with gaps between them, then runs around the
+    // 64 KiB limit and one past a whole message
+    std::vector<kvc_run_t> runs;
+    for (uint64_t i = 0; i < 40; i++) {
+        runs.push_back({i * 3000, i * 5000, 3000});
+    }
+    uint64_t lo = 300000, ro = 300000;
+    for (uint64_t len : {65536ull, 65537ull, 1ull, 100000ull, 10ull,
+                         300000ull, 20ull}) {
+        runs.push_back({lo, ro, len});
+        lo += len;
+        ro += len + 7;
+    }
+    auto check = [&](size_t refused_from) {
+        std::vector<bool> covered(size, false);
+        for (size_t r = 0; r < runs.size(); r++) {
+            const kvc_run_t &run = runs[r];
+            if (r >= refused_from) {
+                EXPECT_TRUE(all_eq(pr.target.buf.data() + run.remote_off,
+                                   run.len, 0x5a))
+                    << "refused run " << r << " was written";
+            } else {
+                EXPECT_EQ(0, memcmp(pr.target.buf.data() + run.remote_off,
+                                    pr.origin.buf.data() + run.local_off,
+                                    run.len))
+                    << "run " << r;
+            }
+            for (uint64_t b = 0; b < run.len; b++) {
+                covered[run.remote_off + b] = true;
+            }
+        }
+        size_t stray = 0;
+        for (size_t b = 0; b < size; b++) {
+            stray += !covered[b] && pr.target.buf[b] != 0x5a;
+        }
+        EXPECT_EQ(stray, 0u) << "bytes beside the runs changed";
+    };
+
+    int      calls0 = win.calls;
+    uint64_t putv0  = kvu_am_putv_sent(pr.origin.ctx);
+    ASSERT_EQ(pr.post_runs(1, runs, 0x51), KVX_OK);
+    check(SIZE_MAX);
+    uint64_t putv = kvu_am_putv_sent(pr.origin.ctx) - putv0;
+    if (tcp) {
+        // 40 runs of 3000 bytes: 16 + 16 + 8; then 65536 + 1 (the 65537 and
+        // the 100000 go alone) ... at least the first three
+        EXPECT_GE(putv, 3u);
+        EXPECT_LE(putv, 5u);
+    } else {
+        EXPECT_EQ(putv, 0u) << "a put over a FIFO stays one message";
+    }
+    // one authorize call per run, PUTV or not (a 300000-byte run is cut
+    // into messages of its own, each asked)
+    EXPECT_GE(win.calls - calls0, (int)runs.size());
+
+    // runs 0 .. 23: over tcp one PUTV of 16, then one of 8 whose last four
+    // (20 .. 23) lie past the window's end
+    std::fill(pr.target.buf.begin(), pr.target.buf.end(), 0x5a);
+    runs.resize(24);
+    win.hi = pr.tbase() + runs[20].remote_off;
+    putv0  = kvu_am_putv_sent(pr.origin.ctx);
+    EXPECT_EQ(pr.post_runs(1, runs, 0x51), KVX_ERR_OUT_OF_BOUNDS);
+    check(20);
+    if (tcp) {
+        EXPECT_EQ(kvu_am_putv_sent(pr.origin.ctx) - putv0, 2u);
+    }
+    // the endpoint still works
+    runs.resize(20);
+    EXPECT_EQ(pr.post_runs(1, runs, 0x51), KVX_OK);
 }
 
 // Every request carries an authenticator made with the session set on the
@@ -750,6 +855,66 @@ TEST(KvuCtl, SplitAcceptsFromAndOneMessageOnly)
     EXPECT_EQ(kvu_ctl_split(s.data(), s.size(), &fl), 0);
     s.push_back('x');
     EXPECT_EQ(kvu_ctl_split(s.data(), s.size(), &fl), -1);
+}
+
+// What a PUTV's receiver accepts as its data: 1..16 entries, each naming
+// 1 byte .. 256 KiB, then exactly the bytes they name, which the header's
+// length must name too; nothing else (then nothing of it is written).
+TEST(KvuPutv, SplitAcceptsWholeMessagesOnly)
+{
+    auto msg = [](std::vector<uint64_t> lens, size_t extra = 0) {
+        std::vector<uint8_t> m(lens.size() * sizeof(kvu_am_ent_t));
+        uint64_t             sum = 0;
+        for (size_t i = 0; i < lens.size(); i++) {
+            kvu_am_ent_t e{0x1000 * (i + 1), lens[i], 7 + i, 9 + i};
+            memcpy(&m[i * sizeof(e)], &e, sizeof(e));
+            sum += lens[i];
+        }
+        m.resize(m.size() + sum + extra, 0xab);
+        return m;
+    };
+    kvu_am_ent_t ent[KVU_AM_PUTV_MAX + 1];
+    std::vector<uint8_t> m = msg({3000, 1, 65536});
+
+    ASSERT_EQ(kvu_putv_split(m.data(), m.size(), 3, 68537, ent), 0);
+    EXPECT_EQ(ent[0].addr, 0x1000u);
+    EXPECT_EQ(ent[1].len, 1u);
+    EXPECT_EQ(ent[2].nonce, 9u);
+    EXPECT_EQ(ent[2].mac, 11u);
+    // the header's count or bytes disagree with the data
+    EXPECT_EQ(kvu_putv_split(m.data(), m.size(), 2, 68537, ent), -1);
+    EXPECT_EQ(kvu_putv_split(m.data(), m.size(), 4, 68537, ent), -1);
+    EXPECT_EQ(kvu_putv_split(m.data(), m.size(), 3, 68536, ent), -1);
+    EXPECT_EQ(kvu_putv_split(m.data(), m.size() - 1, 3, 68537, ent), -1);
+    EXPECT_EQ(kvu_putv_split(m.data(), m.size() - 1, 3, 68536, ent), -1);
+    m = msg({3000, 1, 65536}, 1); // a byte more than the entries name
+    EXPECT_EQ(kvu_putv_split(m.data(), m.size(), 3, 68538, ent), -1);
+    // no entries, too many, a count that would wrap the size
+    EXPECT_EQ(kvu_putv_split(m.data(), m.size(), 0, 0, ent), -1);
+    EXPECT_EQ(kvu_putv_split(m.data(), 0, 0, 0, ent), -1);
+    EXPECT_EQ(kvu_putv_split(m.data(), m.size(), UINT64_MAX / 16, 68538,
+                             ent), -1);
+    std::vector<uint64_t> many(KVU_AM_PUTV_MAX + 1, 8);
+    m = msg(many);
+    EXPECT_EQ(kvu_putv_split(m.data(), m.size(), many.size(),
+                             8 * many.size(), ent), -1);
+    many.pop_back();
+    m = msg(many);
+    EXPECT_EQ(kvu_putv_split(m.data(), m.size(), many.size(),
+                             8 * many.size(), ent), 0);
+    // an empty entry, one longer than a put, lengths that wrap their sum
+    m = msg({0, 8});
+    EXPECT_EQ(kvu_putv_split(m.data(), m.size(), 2, 8, ent), -1);
+    m = msg({(256u << 10) + 1});
+    EXPECT_EQ(kvu_putv_split(m.data(), m.size(), 1, (256u << 10) + 1, ent),
+              -1);
+    m = msg({256u << 10});
+    EXPECT_EQ(kvu_putv_split(m.data(), m.size(), 1, 256u << 10, ent), 0);
+    std::vector<uint8_t> w(2 * sizeof(kvu_am_ent_t) + 8);
+    kvu_am_ent_t         a{0x1000, UINT64_MAX, 0, 0}, b{0x2000, 9, 0, 0};
+    memcpy(&w[0], &a, sizeof(a));
+    memcpy(&w[sizeof(a)], &b, sizeof(b));
+    EXPECT_EQ(kvu_putv_split(w.data(), w.size(), 2, 8, ent), -1);
 }
 
 // What a notice's receiver accepts as its data: an id, optionally a NUL
@@ -1143,7 +1308,7 @@ TEST_P(KvuAm, OtherDataPlaneProtocolIsRefusedAtUnpack)
     memcpy(&other[rklen - 4], &v, sizeof(v));
     EXPECT_EQ(kvu_rkey_unpack(pr.ep, other.data(), other.size(), &bad),
               KVX_ERR_PEER_VERSION);
-    EXPECT_NE(strstr(kvc_last_error(), "protocol 9, this build speaks 10"),
+    EXPECT_NE(strstr(kvc_last_error(), "protocol 10, this build speaks 11"),
               nullptr) << kvc_last_error();
     EXPECT_EQ(bad, nullptr);
     // an older build published UCX's rkey and the token only
@@ -1643,8 +1808,8 @@ TEST(KvuAddr, PublishedAddressIsCheckedBeforeUcxSeesIt)
     std::string old = Publish("abcdef", 6, kProto - 1);
     EXPECT_EQ(KVX_ERR_PEER_VERSION,
               kvu_addr_entries(old.data(), old.size(), ent, len, nullptr, &n));
-    EXPECT_NE(nullptr, strstr(kvc_last_error(), "protocol 9, this build "
-                                                "speaks 10"))
+    EXPECT_NE(nullptr, strstr(kvc_last_error(), "protocol 10, this build "
+                                                "speaks 11"))
         << kvc_last_error();
     std::string raw = "\x01\x02\x03\x04\x05\x06\x07\x08\x09";
     EXPECT_EQ(KVX_ERR_PEER_VERSION,

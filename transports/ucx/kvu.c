@@ -61,7 +61,10 @@
  *   GETREQ {id, addr, len}         origin -> target
  *   GETREP {id, status} + data     target -> origin (reply endpoint)
  *   PUT    {id, addr, len} + data  origin -> target
- *   PUTACK {id, status}            target -> origin
+ *   PUTV   {id, n, len} + n entries {addr, len, nonce, mac} + their data
+ *                                  origin -> target: n short runs of one
+ *                                  job in one message (KVU_AM_PUTV_MAX)
+ *   PUTACK {id, status}            target -> origin (one for a PUTV)
  * Every message is eager (UCP_AM_SEND_FLAG_EAGER: no rendezvous, whose
  * internal requests would have the same defect). The target checks every
  * request against the memory it registered and the remote access it
@@ -78,8 +81,9 @@
 #define KVU_AM_NOTICE     0x4b6 /* a completion notice (kvu_notify) */
 #define KVU_NOTICE_COUNTED 1    /* a notice's status: kvu_notify_queued's */
 #define KVU_AM_CTL        0x4b7 /* a control message (kvu_ctl_send) */
+#define KVU_AM_PUTV       0x4b8 /* several short puts (kvu_am_issue_v) */
 #define KVU_AM_MAGIC      0x4d41564bu /* "KVAM" */
-#define KVU_AM_VERSION    10 /* 2: token and nonce; 3: transfer tag;
+#define KVU_AM_VERSION    11 /* 2: token and nonce; 3: transfer tag;
                                4: published rkeys end with kvu_pub_trailer;
                                5: published worker addresses are
                                   kvu_addr_hdr_t lists (the tcp plane);
@@ -93,7 +97,8 @@
                                   transfer tags are SipHash, not FNV
                                   (kvc_xfer_tag);
                                10: published addresses carry the UCX
-                                   version and FIFO geometry */
+                                   version and FIFO geometry;
+                               11: PUTV, several puts in one message */
 #define KVU_AM_MAX_LEN    (256u << 10) /* bytes per message (tcp) */
 #define KVU_AM_SMALL_LEN  (60u << 10)  /* to or from a worker whose tcp
                                           receive segments are UCX's
@@ -102,6 +107,12 @@
 #define KVU_AM_FIFO_LEN   (64u << 10)  /* over a shared-memory FIFO (its
                                           gets cap, KVU_FIFO_MAX_GETS, is
                                           sized for it) */
+/* PUTV: up to this many runs of one job, each of at most KVU_AM_PUTV_RUN
+ * bytes, go in one message over tcp (a put message of its own each cost a
+ * send, a receive and an answer: 32 KiB x 32 WRITE moved 2.1 GB/s where
+ * 64 KiB x 16 moved 2.6; transports/ucx/README.md, "Several puts in one
+ * message"). Each run keeps its own nonce and mac and is checked alone. */
+#define KVU_AM_PUTV_RUN   (64u << 10) /* (KVU_AM_PUTV_MAX: kvu.h) */
 /* Bytes of AM gets unanswered at once over a shared-memory FIFO. Each
  * answer lands in this side's receive FIFO (UCX's default 64 elements of
  * 8 KiB): a 64 KiB answer takes 9 elements, so 16 gets in flight need
@@ -201,10 +212,18 @@ typedef struct kvu_addr_hdr {
 /* The pack state of the byte datatype (kvu_dt_ops): lives in the send's
  * own kvu_amp_t / kvu_amr_t, so nothing is allocated per send (UCX 1.13
  * does not call finish() for a send purged by an endpoint failure). */
-typedef struct kvu_dt_state {
+typedef struct kvu_dt_seg {
     const uint8_t *buf;
     size_t         len;
-    size_t         last;   /* offset of the latest pack call */
+} kvu_dt_seg_t;
+
+typedef struct kvu_dt_state {
+    const uint8_t      *buf;
+    size_t              len;   /* bytes packed in all */
+    size_t              last;  /* offset of the latest pack call */
+    const kvu_dt_seg_t *segs;  /* nsegs > 0: the bytes are these, in order
+                                  (buf unused) */
+    unsigned            nsegs;
 } kvu_dt_state_t;
 
 typedef struct kvu_amp {
@@ -320,6 +339,9 @@ struct kvu_ep {
                                     RDMA lane): on application memory
                                     runs of KVU_CMA_MIN_RUN and more go
                                     cma, shorter ones kvxfer's AMs */
+    int           am_putv;       /* short puts share a message (PUTV):
+                                    not over a FIFO (sm keeps one message
+                                    a put, measured ahead already) */
     int           am_fifo;       /* AM lane is a shared-memory FIFO: gets
                                     capped at KVU_FIFO_MAX_GETS and
                                     KVU_FIFO_GET_BYTES */
@@ -443,6 +465,9 @@ struct kvu_ctx {
     _Atomic int     pass_wanted; /* the progress thread waits for the pass */
     uint64_t        last_tick;   /* of params.tick (pass_lock) */
     int             am_rma;      /* KVX_UCX_AM_RMA (default 1) */
+    int             putv;        /* KVX_UCX_PUTV (default 1): short puts
+                                    share a message (KVU_AM_PUTV) */
+    uint64_t        am_putv;     /* PUTV messages sent */
     int             rma;         /* UCP_FEATURE_RMA requested (kvu_rma_wanted) */
     kvu_mem_t      *mems;        /* registered memory, ctx lock */
     uint64_t        amp_next_id;
@@ -748,44 +773,33 @@ static uint64_t kvu_random64(void)
     return v;
 }
 
-/* kvu_am_issue sends one GETREQ or PUT of len bytes (<= KVU_AM_MAX_LEN). */
-static int kvu_am_issue(kvu_ep_t *ep, kvu_job_t *job, void *lbuf,
-                        uint64_t raddr, uint64_t len)
+/* kvu_am_send registers amp (its header filled but id, its len and
+ * is_put set) as unanswered, then sends it as am_id with the pack state
+ * amp->dts (puts) or no data (gets). 0, or -1 when the send failed (the op
+ * then has its error). */
+static int kvu_am_send(kvu_ep_t *ep, kvu_job_t *job, kvu_amp_t *amp,
+                       unsigned am_id)
 {
     kvu_ctx_t          *ctx = ep->ctx;
-    kvu_amp_t          *amp = calloc(1, sizeof(*amp));
     kvu_amp_t         **pp;
     ucp_request_param_t prm;
     ucs_status_ptr_t    sp;
 
-    if (amp == NULL) {
-        kvu_op_set_error(job->op, KVX_ERR_NO_MEMORY);
-        return -1;
-    }
     amp->hdr.magic   = KVU_AM_MAGIC;
     amp->hdr.version = KVU_AM_VERSION;
     amp->hdr.id      = ++ctx->amp_next_id;
-    amp->hdr.addr    = raddr;
-    amp->hdr.len     = len;
     amp->hdr.token   = job->token;
     amp->hdr.tag     = job->op->tag;
-    amp->hdr.nonce   = kvu_splitmix64(&ctx->am_nonce);
-    amp->hdr.mac     = kvc_req_mac(ep->session, amp->hdr.tag, amp->hdr.nonce,
-                                   raddr, len, job->is_put);
-
     amp->ep          = ep;
     amp->op          = job->op;
-    amp->lbuf        = lbuf;
-    amp->len         = len;
-    amp->is_put      = job->is_put;
     pp               = kvu_amp_slot(ctx, amp->hdr.id);
     amp->hnext       = *pp; /* NULL: ids are unique */
     *pp              = amp;
     ep->am_npending++;
-    ep->inflight += len;
-    job->op->am_bytes += len;
-    if (!job->is_put) {
-        ep->am_get_bytes += len;
+    ep->inflight += amp->len;
+    job->op->am_bytes += amp->len;
+    if (!amp->is_put) {
+        ep->am_get_bytes += amp->len;
     }
     atomic_fetch_add(&job->op->remaining, 1);
 
@@ -796,16 +810,14 @@ static int kvu_am_issue(kvu_ep_t *ep, kvu_job_t *job, void *lbuf,
     prm.cb.send      = kvu_am_send_cb;
     prm.user_data    = amp;
     prm.flags        = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER;
-    if (job->is_put) {
+    if (amp->is_put) {
         prm.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
         prm.datatype      = ctx->am_dt;
-        amp->dts.buf = lbuf;
-        amp->dts.len = len;
-        sp = ucp_am_send_nbx(ep->ep, KVU_AM_PUT, &amp->hdr, sizeof(amp->hdr),
-                             &amp->dts, len, &prm);
+        sp = ucp_am_send_nbx(ep->ep, am_id, &amp->hdr, sizeof(amp->hdr),
+                             &amp->dts, amp->dts.len, &prm);
     } else {
-        sp = ucp_am_send_nbx(ep->ep, KVU_AM_GETREQ, &amp->hdr,
-                             sizeof(amp->hdr), NULL, 0, &prm);
+        sp = ucp_am_send_nbx(ep->ep, am_id, &amp->hdr, sizeof(amp->hdr),
+                             NULL, 0, &prm);
     }
     if (sp == NULL) {
         amp->send_done = 1;
@@ -813,8 +825,8 @@ static int kvu_am_issue(kvu_ep_t *ep, kvu_job_t *job, void *lbuf,
     }
     if (UCS_PTR_IS_ERR(sp)) {
         kvc_log_error("KVX-UCX-POST", "%s of %llu bytes to %s (active "
-                      "message) failed: %s", job->is_put ? "put" : "get",
-                      (unsigned long long)len, ep->peer,
+                      "message) failed: %s", amp->is_put ? "put" : "get",
+                      (unsigned long long)amp->len, ep->peer,
                       ucs_status_string(UCS_PTR_STATUS(sp)));
         amp->send_done = 1;
         kvu_amp_answer(amp, kvu_status_from_ucs(UCS_PTR_STATUS(sp)));
@@ -822,6 +834,101 @@ static int kvu_am_issue(kvu_ep_t *ep, kvu_job_t *job, void *lbuf,
     }
     ep->inflight_reqs++;
     return 0;
+}
+
+/* kvu_am_issue sends one GETREQ or PUT of len bytes (<= KVU_AM_MAX_LEN). */
+static int kvu_am_issue(kvu_ep_t *ep, kvu_job_t *job, void *lbuf,
+                        uint64_t raddr, uint64_t len)
+{
+    kvu_ctx_t *ctx = ep->ctx;
+    kvu_amp_t *amp = calloc(1, sizeof(*amp));
+
+    if (amp == NULL) {
+        kvu_op_set_error(job->op, KVX_ERR_NO_MEMORY);
+        return -1;
+    }
+    amp->hdr.addr  = raddr;
+    amp->hdr.len   = len;
+    amp->hdr.nonce = kvu_splitmix64(&ctx->am_nonce);
+    amp->hdr.mac   = kvc_req_mac(ep->session, job->op->tag, amp->hdr.nonce,
+                                 raddr, len, job->is_put);
+    amp->lbuf      = lbuf;
+    amp->len       = len;
+    amp->is_put    = job->is_put;
+    amp->dts.buf   = lbuf;
+    amp->dts.len   = job->is_put ? len : 0;
+    return kvu_am_send(ep, job, amp,
+                       job->is_put ? KVU_AM_PUT : KVU_AM_GETREQ);
+}
+
+/* kvu_am_putv_count: how many runs of job, from the current one (none of
+ * it issued yet), go in one PUTV: each short (KVU_AM_PUTV_RUN), at most
+ * KVU_AM_PUTV_MAX, their bytes within max (a put's payload; the entries,
+ * at most 512 bytes, ride in the receive segment's room for headers:
+ * KVU_TCP_SEG, or UCX's 64k beside KVU_AM_SMALL_LEN); *bytes_p their
+ * bytes. Fewer than 2 means a PUT of its own. */
+static size_t kvu_am_putv_count(const kvu_job_t *job, uint64_t max,
+                                uint64_t *bytes_p)
+{
+    size_t   k     = 0;
+    uint64_t bytes = 0;
+
+    while (job->off == 0 && k < KVU_AM_PUTV_MAX && job->idx + k < job->n) {
+        uint64_t len = job->runs[job->idx + k].len;
+
+        if (len == 0 || len > KVU_AM_PUTV_RUN || bytes + len > max) {
+            break;
+        }
+        bytes += len;
+        k++;
+    }
+    *bytes_p = bytes;
+    return k;
+}
+
+/* kvu_am_issue_v sends runs idx .. idx+k-1 of job (whole, bytes in all) as
+ * one PUTV: one entry each, with its own nonce and mac, then their bytes,
+ * packed by UCX straight from the blocks (kvu_dt_pack over the segments).
+ * One PUTACK answers it. */
+static int kvu_am_issue_v(kvu_ep_t *ep, kvu_job_t *job, size_t k,
+                          uint64_t bytes)
+{
+    kvu_ctx_t    *ctx = ep->ctx;
+    kvu_amp_t    *amp;
+    kvu_am_ent_t *ent;
+    kvu_dt_seg_t *seg;
+
+    amp = calloc(1, sizeof(*amp) + k * sizeof(*ent) + (k + 1) * sizeof(*seg));
+    if (amp == NULL) {
+        kvu_op_set_error(job->op, KVX_ERR_NO_MEMORY);
+        return -1;
+    }
+    ent = (kvu_am_ent_t *)(amp + 1);
+    seg = (kvu_dt_seg_t *)(ent + k);
+    seg[0].buf = (const uint8_t *)ent;
+    seg[0].len = k * sizeof(*ent);
+    for (size_t i = 0; i < k; i++) {
+        const kvc_run_t *run = &job->runs[job->idx + i];
+
+        ent[i].addr  = job->remote_base + run->remote_off;
+        ent[i].len   = run->len;
+        ent[i].nonce = kvu_splitmix64(&ctx->am_nonce);
+        ent[i].mac   = kvc_req_mac(ep->session, job->op->tag, ent[i].nonce,
+                                   ent[i].addr, ent[i].len, 1);
+        seg[i + 1].buf = (const uint8_t *)(uintptr_t)(job->local_base +
+                                                      run->local_off);
+        seg[i + 1].len = run->len;
+    }
+    amp->hdr.addr  = k; /* a PUTV's count of entries */
+    amp->hdr.len   = bytes;
+    amp->hdr.nonce = kvu_splitmix64(&ctx->am_nonce);
+    amp->len       = bytes;
+    amp->is_put    = 1;
+    amp->dts.segs  = seg;
+    amp->dts.nsegs = (unsigned)(k + 1);
+    amp->dts.len   = seg[0].len + bytes;
+    ctx->am_putv++;
+    return kvu_am_send(ep, job, amp, KVU_AM_PUTV);
 }
 
 /* kvu_am_find_mem: the registered host memory holding [addr, addr+len)
@@ -894,9 +1001,11 @@ static void kvu_am_answer_send(kvu_ctx_t *ctx, ucp_ep_h reply_ep,
      * pack later is copied before this handler returns. A fragment whose
      * send UCX rewinds is packed again from its start (dts.last), so the
      * copy starts there. */
-    amr->dts.buf  = data;
-    amr->dts.len  = len;
-    amr->dts.last = 0;
+    amr->dts.buf   = data;
+    amr->dts.len   = len;
+    amr->dts.last  = 0;
+    amr->dts.segs  = NULL;
+    amr->dts.nsegs = 0;
     sp = ucp_am_send_nbx(reply_ep, am_id, &amr->hdr, sizeof(amr->hdr),
                          len > 0 ? (const void *)&amr->dts : NULL, len, &prm);
     if (sp == NULL || UCS_PTR_IS_ERR(sp)) {
@@ -930,44 +1039,28 @@ static int kvu_am_hdr_ok(const void *header, size_t header_length,
     return h->magic == KVU_AM_MAGIC && h->version == KVU_AM_VERSION;
 }
 
-/* kvu_am_on_request: the target side of GETREQ and PUT (inside
- * ucp_worker_progress, ctx lock held). */
-static ucs_status_t kvu_am_on_request(kvu_ctx_t *ctx, ucp_worker_h worker,
-                                      int is_put,
-                                      const void *header, size_t hlen,
-                                      void *data, size_t len,
-                                      const ucp_am_recv_param_t *param)
+/* kvu_am_admit: may a request (every field from the wire) touch
+ * [addr, addr+len) as asked? NULL, or why not with *refusal_p the
+ * answer's status (logged; a hostile peer cannot flood the log). The
+ * range must lie in memory registered for that access with the request's
+ * token, and the engine must find it inside the blocks of the live
+ * transfer of the request's tag, under a mac of one of its bound hosts.
+ * malformed: the message around it is. */
+static const char *kvu_am_admit(kvu_ctx_t *ctx, int is_put,
+                                const kvu_am_hdr_t *h, uint64_t addr,
+                                uint64_t len, uint64_t nonce, uint64_t mac,
+                                int malformed, kvx_status_t *refusal_p)
 {
-    kvu_am_hdr_t h;
-    kvu_mem_t   *mem;
+    kvu_mem_t   *mem = kvu_am_find_mem(ctx, addr, len, h->token, is_put);
     const char  *why;
-    kvx_status_t refusal;
-    int          rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+    kvx_status_t refusal = KVX_ERR_OUT_OF_BOUNDS;
 
-    if (rndv) {
-        /* Never sent by kvxfer (eager only); not received. */
-        ucp_am_data_release(worker, data);
-    }
-    if (!kvu_am_hdr_ok(header, hlen, &h) ||
-        !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ||
-        param->reply_ep == NULL) {
-        if (kvu_am_log_refusal(ctx)) {
-            kvc_log_warn("KVX-UCX-AM", "%s: malformed %s request dropped "
-                         "(%llu refused so far)", ctx->name,
-                         is_put ? "put" : "get",
-                         (unsigned long long)ctx->am_refused);
-        }
-        return UCS_OK;
-    }
-    mem = kvu_am_find_mem(ctx, h.addr, h.len, h.token, is_put);
     why = mem == NULL ? "not inside memory registered for this remote access"
-          : rndv || (is_put ? len != h.len : len != 0) ? "malformed message"
-          : NULL;
-    refusal = KVX_ERR_OUT_OF_BOUNDS;
+          : malformed ? "malformed message"
+                      : NULL;
     if (why == NULL && ctx->params.authorize != NULL) {
-        refusal = ctx->params.authorize(ctx->params.authorize_arg, h.tag,
-                                        h.mac, h.nonce, h.addr, h.len,
-                                        is_put);
+        refusal = ctx->params.authorize(ctx->params.authorize_arg, h->tag,
+                                        mac, nonce, addr, len, is_put);
         why     = refusal == KVX_OK ? NULL
                   : refusal == KVX_ERR_NOT_EXPOSED
                       ? "its transfer is not (yet) held here"
@@ -983,27 +1076,78 @@ static ucs_status_t kvu_am_on_request(kvu_ctx_t *ctx, ucp_worker_h worker,
         /* An early get (READ: before P's producer_request): normal. */
         kvc_log_debug("KVX-UCX-AM", "%s: %s of %llu bytes at 0x%llx: %s",
                       ctx->name, is_put ? "put" : "get",
-                      (unsigned long long)h.len, (unsigned long long)h.addr,
+                      (unsigned long long)len, (unsigned long long)addr,
                       why);
     } else if (why != NULL && kvu_am_log_refusal(ctx)) {
         kvc_log_warn("KVX-UCX-AM", "%s: %s of %llu bytes at 0x%llx "
                          "refused: %s (%llu refused so far)", ctx->name,
-                         is_put ? "put" : "get", (unsigned long long)h.len,
-                         (unsigned long long)h.addr, why,
+                         is_put ? "put" : "get", (unsigned long long)len,
+                         (unsigned long long)addr, why,
                          (unsigned long long)ctx->am_refused);
     }
-    if (why != NULL) {
-        kvu_am_answer_send(ctx, param->reply_ep,
-                           is_put ? KVU_AM_PUTACK : KVU_AM_GETREP, &h,
-                           refusal, NULL, 0);
-        return UCS_OK;
-    }
+    *refusal_p = refusal;
+    return why;
+}
+
+/* kvu_am_served counts an answered request (logged at 1, 2, 4, ...). */
+static void kvu_am_served(kvu_ctx_t *ctx)
+{
     ctx->am_served++;
     if ((ctx->am_served & (ctx->am_served - 1)) == 0) {
         kvc_log_debug("KVX-UCX-AM", "%s: %llu active-message requests "
                       "answered", ctx->name,
                       (unsigned long long)ctx->am_served);
     }
+}
+
+/* kvu_am_malformed: a request without a valid header or reply endpoint,
+ * dropped (counted, logged at 1, 2, 4, ... of them). */
+static int kvu_am_malformed(kvu_ctx_t *ctx, const void *header, size_t hlen,
+                            const ucp_am_recv_param_t *param,
+                            const char *what, kvu_am_hdr_t *h)
+{
+    if (kvu_am_hdr_ok(header, hlen, h) &&
+        (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) &&
+        param->reply_ep != NULL) {
+        return 0;
+    }
+    if (kvu_am_log_refusal(ctx)) {
+        kvc_log_warn("KVX-UCX-AM", "%s: malformed %s request dropped (%llu "
+                     "refused so far)", ctx->name, what,
+                     (unsigned long long)ctx->am_refused);
+    }
+    return 1;
+}
+
+/* kvu_am_on_request: the target side of GETREQ and PUT (inside
+ * ucp_worker_progress, ctx lock held). */
+static ucs_status_t kvu_am_on_request(kvu_ctx_t *ctx, ucp_worker_h worker,
+                                      int is_put,
+                                      const void *header, size_t hlen,
+                                      void *data, size_t len,
+                                      const ucp_am_recv_param_t *param)
+{
+    kvu_am_hdr_t h;
+    kvx_status_t refusal;
+    int          rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+
+    if (rndv) {
+        /* Never sent by kvxfer (eager only); not received. */
+        ucp_am_data_release(worker, data);
+    }
+    if (kvu_am_malformed(ctx, header, hlen, param, is_put ? "put" : "get",
+                         &h)) {
+        return UCS_OK;
+    }
+    if (kvu_am_admit(ctx, is_put, &h, h.addr, h.len, h.nonce, h.mac,
+                     rndv || (is_put ? len != h.len : len != 0),
+                     &refusal) != NULL) {
+        kvu_am_answer_send(ctx, param->reply_ep,
+                           is_put ? KVU_AM_PUTACK : KVU_AM_GETREP, &h,
+                           refusal, NULL, 0);
+        return UCS_OK;
+    }
+    kvu_am_served(ctx);
     if (is_put) {
         memcpy((void *)(uintptr_t)h.addr, data, h.len);
         kvu_am_answer_send(ctx, param->reply_ep, KVU_AM_PUTACK, &h, KVX_OK,
@@ -1012,6 +1156,66 @@ static ucs_status_t kvu_am_on_request(kvu_ctx_t *ctx, ucp_worker_h worker,
         kvu_am_answer_send(ctx, param->reply_ep, KVU_AM_GETREP, &h, KVX_OK,
                            (const void *)(uintptr_t)h.addr, h.len);
     }
+    return UCS_OK;
+}
+
+/* kvu_am_on_putv: the target side of PUTV (as kvu_am_on_request). The
+ * message must hold exactly its header's count of entries (1 ..
+ * KVU_AM_PUTV_MAX) and then exactly the bytes they name; each entry is
+ * then admitted on its own, as a PUT of its own would be, and written
+ * only if admitted. One PUTACK answers: OK when every entry was written,
+ * else the first refusal (the origin's op fails, as with a refused PUT). */
+static ucs_status_t kvu_am_on_putv(kvu_ctx_t *ctx, ucp_worker_h worker,
+                                   const void *header, size_t hlen,
+                                   void *data, size_t len,
+                                   const ucp_am_recv_param_t *param)
+{
+    kvu_am_hdr_t  h;
+    kvu_am_ent_t  ent[KVU_AM_PUTV_MAX];
+    kvx_status_t  answer = KVX_OK, refusal;
+    uint64_t      n, off;
+    int           rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+    int           well;
+
+    if (rndv) {
+        ucp_am_data_release(worker, data); /* never sent by kvxfer */
+    }
+    if (kvu_am_malformed(ctx, header, hlen, param, "put", &h)) {
+        return UCS_OK;
+    }
+    n    = h.addr;
+    well = !rndv && kvu_putv_split(data, len, n, h.len, ent) == 0;
+    if (!well) {
+        /* (answered, so that the origin's op ends now, not at its
+         * deadline; nothing of it is written) */
+        if (kvu_am_log_refusal(ctx)) {
+            kvc_log_warn("KVX-UCX-AM", "%s: malformed put of several runs "
+                         "refused: %llu entries (1 to %u), %zu bytes "
+                         "carried for %llu named (%llu refused so far)",
+                         ctx->name, (unsigned long long)n,
+                         KVU_AM_PUTV_MAX, len, (unsigned long long)h.len,
+                         (unsigned long long)ctx->am_refused);
+        }
+        kvu_am_answer_send(ctx, param->reply_ep, KVU_AM_PUTACK, &h,
+                           KVX_ERR_OUT_OF_BOUNDS, NULL, 0);
+        return UCS_OK;
+    }
+    off = n * sizeof(ent[0]);
+    for (uint64_t i = 0; i < n; i++) {
+        if (kvu_am_admit(ctx, 1, &h, ent[i].addr, ent[i].len, ent[i].nonce,
+                         ent[i].mac, 0, &refusal) != NULL) {
+            answer = answer == KVX_OK ? refusal : answer;
+        } else {
+            memcpy((void *)(uintptr_t)ent[i].addr, (uint8_t *)data + off,
+                   ent[i].len);
+        }
+        off += ent[i].len;
+    }
+    if (answer == KVX_OK) {
+        kvu_am_served(ctx);
+    }
+    kvu_am_answer_send(ctx, param->reply_ep, KVU_AM_PUTACK, &h, answer, NULL,
+                       0);
     return UCS_OK;
 }
 
@@ -1091,6 +1295,25 @@ int kvu_notice_split(const void *data, size_t len, size_t *idlen_p,
     *idlen_p = idlen;
     *flen_p  = flen;
     return 0;
+}
+
+int kvu_putv_split(const void *data, size_t len, uint64_t n, uint64_t bytes,
+                   kvu_am_ent_t *ent)
+{
+    uint64_t sum = 0;
+
+    if (n < 1 || n > KVU_AM_PUTV_MAX || bytes == 0 ||
+        len < n * sizeof(*ent) || len - n * sizeof(*ent) != bytes) {
+        return -1;
+    }
+    memcpy(ent, data, n * sizeof(*ent));
+    for (uint64_t i = 0; i < n; i++) {
+        if (ent[i].len == 0 || ent[i].len > KVU_AM_MAX_LEN) {
+            return -1;
+        }
+        sum += ent[i].len; /* at most 16 x 256 KiB: cannot wrap */
+    }
+    return sum == bytes ? 0 : -1;
 }
 
 int kvu_ctl_split(const void *data, size_t len, size_t *flen_p)
@@ -1394,6 +1617,16 @@ static ucs_status_t kvu_am_put_cb(void *arg, const void *header, size_t hlen,
                         param);
 }
 
+static ucs_status_t kvu_am_putv_cb(void *arg, const void *header,
+                                   size_t hlen, void *data, size_t len,
+                                   const ucp_am_recv_param_t *param)
+{
+    kvu_wk_t *wk = arg;
+
+    return kvu_am_on_putv(wk->ctx, wk->worker, header, hlen, data, len,
+                          param);
+}
+
 static ucs_status_t kvu_am_getrep_cb(void *arg, const void *header,
                                      size_t hlen, void *data, size_t len,
                                      const ucp_am_recv_param_t *param)
@@ -1452,7 +1685,26 @@ static size_t kvu_dt_pack(void *state, size_t offset, void *dest,
     }
     st->last = offset;
     n = st->len - offset < max_length ? st->len - offset : max_length;
-    memcpy(dest, st->buf + offset, n);
+    if (st->nsegs == 0) {
+        memcpy(dest, st->buf + offset, n);
+        return n;
+    }
+    max_length = n;
+    n          = 0;
+    for (unsigned i = 0; i < st->nsegs && n < max_length; i++) {
+        const kvu_dt_seg_t *sg = &st->segs[i];
+        size_t              c;
+
+        if (offset >= sg->len) {
+            offset -= sg->len;
+            continue;
+        }
+        c = sg->len - offset < max_length - n ? sg->len - offset
+                                              : max_length - n;
+        memcpy((uint8_t *)dest + n, sg->buf + offset, c);
+        n     += c;
+        offset = 0;
+    }
     return n;
 }
 
@@ -1494,6 +1746,7 @@ static kvx_status_t kvu_am_handlers(kvu_wk_t *wk)
     } h[] = {
         {KVU_AM_GETREQ, kvu_am_getreq_cb}, {KVU_AM_GETREP, kvu_am_getrep_cb},
         {KVU_AM_PUT, kvu_am_put_cb},       {KVU_AM_PUTACK, kvu_am_putack_cb},
+        {KVU_AM_PUTV, kvu_am_putv_cb},
         {KVU_AM_PROBE, kvu_am_probe_cb},
         {KVU_AM_NOTICE, kvu_am_notice_cb}, {KVU_AM_CTL, kvu_am_ctl_cb},
     };
@@ -1662,8 +1915,9 @@ static void kvu_ep_drain(kvu_ep_t *ep)
         }
         while (job->idx < job->n) {
             const kvc_run_t *run = &job->runs[job->idx];
-            uint64_t         len;
-            int              route = job->route;
+            uint64_t         len, bytes = 0;
+            size_t           k;
+            int              route = job->route, rc;
 
             if (route == KVU_ROUTE_SIZE) {
                 /* what one cma call would copy: the run, cut to chunks */
@@ -1698,13 +1952,24 @@ static void kvu_ep_drain(kvu_ep_t *ep)
                     return;
                 }
             }
-            if (len > 0 && kvu_issue(ep, job, route, len) != 0) {
+            k = 0;
+            if (route == KVU_ROUTE_AM && job->is_put && ep->am_putv) {
+                k = kvu_am_putv_count(job, ep->am_put_max, &bytes);
+            }
+            rc = k >= 2    ? kvu_am_issue_v(ep, job, k, bytes)
+                 : len > 0 ? kvu_issue(ep, job, route, len)
+                           : 0;
+            if (rc != 0) {
                 job->idx = job->n;
                 break;
             }
             if (ep->failed) {
                 kvu_job_cancel_all(ep, ep->fail_status);
                 return;
+            }
+            if (k >= 2) { /* whole runs: the next one starts at 0 */
+                job->idx += k;
+                continue;
             }
             job->off += len;
             if (job->off >= run->len) {
@@ -2943,6 +3208,8 @@ static kvx_status_t kvu_ucp_init(kvu_ctx_t *ctx)
         const char *env = getenv("KVX_UCX_AM_RMA");
 
         ctx->am_rma = env == NULL || strcmp(env, "0") != 0;
+        env         = getenv("KVX_UCX_PUTV");
+        ctx->putv   = env == NULL || strcmp(env, "0") != 0;
     }
     /* The list in force: ucx_tls, else the UCX_TLS the process was started
      * with (ucp_config_read reads it), else UCX's default. */
@@ -4135,6 +4402,7 @@ static void kvu_ep_describe(kvu_ep_t *ep)
     ep->rma_shm_only = kvu_lanes_rma_shm_only(&lanes);
     ep->rma_cma      = kvu_lanes_rma_shm_or(&lanes, "cma");
     ep->am_fifo      = kvu_lanes_am_fifo(&lanes);
+    ep->am_putv      = ep->ctx->putv && !ep->am_fifo;
     ep->fifo_lane    = kvu_lanes_any_fifo(&lanes);
     ep->am_rma       = (ep->emulated && ep->ctx->am_rma) || ep->am_only;
     (void)kvu_lanes_format(&lanes, ep->transports, sizeof(ep->transports));
@@ -4506,6 +4774,11 @@ uint64_t kvu_am_dropped_answers(kvu_ctx_t *ctx)
 uint64_t kvu_am_late_copied(kvu_ctx_t *ctx)
 {
     return kvu_ctx_counter(ctx, &ctx->am_late_copied);
+}
+
+uint64_t kvu_am_putv_sent(kvu_ctx_t *ctx)
+{
+    return kvu_ctx_counter(ctx, &ctx->am_putv);
 }
 
 int kvu_ep_rma_emulated(const kvu_ep_t *ep)

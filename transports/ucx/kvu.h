@@ -197,6 +197,9 @@ uint64_t     kvu_am_dropped_answers(kvu_ctx_t *ctx);
  * because UCX would pack them after the handler returned (the rest was
  * packed from the block while its range was authorized). */
 uint64_t     kvu_am_late_copied(kvu_ctx_t *ctx);
+/* kvu_am_putv_sent: PUTV messages this context sent (several short puts
+ * of one job in one message; not over a shared-memory FIFO). */
+uint64_t     kvu_am_putv_sent(kvu_ctx_t *ctx);
 /* kvu_rma_wanted: 1 when a context allowing transports tls (UCX_TLS syntax;
  * NULL or "": UCX's default) asks UCX for one-sided operations; 0 when every
  * transport is tcp or self and am_rma (kvxfer's own active messages) is on:
@@ -242,6 +245,24 @@ kvx_status_t kvu_notify_queued(kvu_ep_t *ep, uint64_t tag, uint64_t instance,
  * data; any thread. */
 kvx_status_t kvu_ctl_send(kvu_ep_t *ep, const char *msg, size_t len,
                           const char *from, uint64_t nonce);
+/* kvu_am_ent_t: one run of a PUTV (several short puts of one job in one
+ * active message, over tcp): the message's data is n of these, then their
+ * bytes in the same order. */
+#define KVU_AM_PUTV_MAX 16
+typedef struct kvu_am_ent {
+    uint64_t addr;
+    uint64_t len;
+    uint64_t nonce;
+    uint64_t mac;   /* kvc_req_mac(session, tag, nonce, addr, len, put) */
+} kvu_am_ent_t;
+/* kvu_putv_split: a received PUTV's data (len bytes, untrusted) and its
+ * header's count of entries n and of bytes: 0 with the n entries copied
+ * to ent (room for KVU_AM_PUTV_MAX), when there are 1 .. KVU_AM_PUTV_MAX of
+ * them, each of 1 .. 256 KiB, followed by exactly the bytes they name
+ * (their sum, and the header's); -1 otherwise. The entries' ranges are
+ * not checked here (each is admitted on its own). */
+int          kvu_putv_split(const void *data, size_t len, uint64_t n,
+                            uint64_t bytes, kvu_am_ent_t *ent);
 /* kvu_ctl_split: a received control message's data (len bytes,
  * untrusted): from (1..63 bytes, no NUL) in its first *flen_p bytes, a
  * NUL, then the message (1..KVT_CTL_MAX bytes, no NUL). 0, or -1 for
