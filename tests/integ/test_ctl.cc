@@ -2151,6 +2151,22 @@ TEST(ReadHeteroTp, GatherWithOneDeadSourceFailsAndReleasesTheLiveOne)
 // ucx_lane_settings: UCX settings through ucp_config_modify, reported.
 // ========================================================================
 
+// SockMax: /proc/sys/net/core/NAME, as kvu_sock_max reads it (0: unknown).
+static unsigned long long SockMax(const char *name)
+{
+    unsigned long long v = 0;
+    std::string        path = std::string("/proc/sys/net/core/") + name;
+    FILE              *f    = fopen(path.c_str(), "r");
+
+    if (f != nullptr) {
+        if (fscanf(f, "%llu", &v) != 1) {
+            v = 0;
+        }
+        fclose(f);
+    }
+    return v;
+}
+
 TEST(LaneSettings, ExplicitSettingIsAppliedAndReportedWithThePeer)
 {
     Pair pr;
@@ -2164,10 +2180,21 @@ TEST(LaneSettings, ExplicitSettingIsAppliedAndReportedWithThePeer)
     std::string js(json);
     Api()->free(json);
     // UCX 1.17 and later take tcp's keys as TCP_* (kvu_tcp_key)
-    EXPECT_TRUE(Contains(js, "\"settings\":\"TX_SEG_SIZE=272k RX_SEG_SIZE=272k "
-                             "RNDV_THRESH=16k\"") ||
+    // (and 4m socket buffers where the kernel allows them, kvu_sock_max)
+    std::string bufs, tbufs;
+    if (SockMax("wmem_max") >= (4u << 20)) {
+        bufs += "SNDBUF=4m ";
+        tbufs += "TCP_SNDBUF=4m ";
+    }
+    if (SockMax("rmem_max") >= (4u << 20)) {
+        bufs += "RCVBUF=4m ";
+        tbufs += "TCP_RCVBUF=4m ";
+    }
+    EXPECT_TRUE(Contains(js, "\"settings\":\"TX_SEG_SIZE=272k RX_SEG_SIZE=272k " +
+                                 bufs + "RNDV_THRESH=16k\"") ||
                 Contains(js, "\"settings\":\"TCP_TX_SEG_SIZE=272k "
-                             "TCP_RX_SEG_SIZE=272k RNDV_THRESH=16k\""))
+                             "TCP_RX_SEG_SIZE=272k " +
+                                 tbufs + "RNDV_THRESH=16k\""))
         << js;
     EXPECT_TRUE(Contains(js, "\"transports\":\"tcp")) << js;
     EXPECT_FALSE(Contains(js, "4294967295")) << js;

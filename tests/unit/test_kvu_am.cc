@@ -125,6 +125,21 @@ struct Side {
     }
 };
 
+// The tcp plane's socket buffers in "auto": 4m each where the kernel
+// lets a process set that much (kvu_sock_max), else left to the kernel.
+std::string SockBufs(const std::string &tcp)
+{
+    std::string s;
+
+    if (kvu_sock_max("wmem_max") >= (4u << 20)) {
+        s += " " + tcp + "SNDBUF=4m";
+    }
+    if (kvu_sock_max("rmem_max") >= (4u << 20)) {
+        s += " " + tcp + "RCVBUF=4m";
+    }
+    return s;
+}
+
 // The UCP worker addresses inside ctx's published one (kvu_addr_entries).
 std::vector<std::string> Entries(kvu_ctx_t *ctx)
 {
@@ -1532,7 +1547,8 @@ TEST(KvuAmSegments, LargeAndDefaultSegmentsInterwork)
         ucp_get_version(&major, &minor, &release);
         // tcp's keys are TCP_* from UCX 1.17 (kvu_tcp_key)
         const std::string tcp = major > 1 || minor >= 17 ? "TCP_" : "";
-        EXPECT_EQ(tcp + "TX_SEG_SIZE=272k " + tcp + "RX_SEG_SIZE=272k",
+        EXPECT_EQ(tcp + "TX_SEG_SIZE=272k " + tcp + "RX_SEG_SIZE=272k" +
+                      SockBufs(tcp),
                   kvu_settings(big.ctx));
         EXPECT_STREQ("", kvu_settings(small.ctx));
         SCOPED_TRACE(dir ? "large -> default" : "default -> large");
@@ -1900,7 +1916,7 @@ TEST(KvuPlanes, SameHostDefaultsUseSharedMemory)
     // a whole active message (tcp's keys are TCP_* from UCX 1.17)
     want = std::string("MM_ERROR_HANDLING=y MM_SEG_SIZE=67584 "
                        "MM_FIFO_SIZE=64 MM_FIFO_ELEM_SIZE=128; tcp plane: ") + tcp +
-           "TX_SEG_SIZE=272k " + tcp + "RX_SEG_SIZE=272k";
+           "TX_SEG_SIZE=272k " + tcp + "RX_SEG_SIZE=272k" + SockBufs(tcp);
     EXPECT_EQ(want, kvu_settings(pr.target.ctx));
     EXPECT_FALSE(kvu_ep_rma_emulated(pr.ep)) << kvu_ep_transports(pr.ep);
     EXPECT_EQ(nullptr, strstr(kvu_ep_transports(pr.ep), "tcp"))

@@ -12,6 +12,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
@@ -144,6 +145,15 @@
 #define KVU_MM_ELEM       "128"  /* UCX's FIFO_ELEM_SIZE (1.13, 1.22) */
 #define KVU_MM_SEG_UCX    8256u  /* UCX's SEG_SIZE (1.13, 1.22) */
 #define KVU_TCP_SEG       "272k" /* a whole message, headers included */
+/* tcp socket buffers of the tcp plane (TCP_SNDBUF, TCP_RCVBUF), set from
+ * the start instead of grown by the kernel's autotuning: WRITE 1 MiB x 1
+ * over tcp 0.95-1.71x, median 1.37 (transports/ucx/README.md, "Socket
+ * buffers"). Each only where the kernel allows that much
+ * (net.core.wmem_max / rmem_max, kvu_sock_max): a size set by hand is
+ * capped there and stops the autotuning, which may grow a buffer past it
+ * (Linux's default maximum is 208 KiB, its autotuning's 4 and 6 MiB). */
+#define KVU_TCP_BUF       "4m"
+#define KVU_TCP_BUF_BYTES (4ull << 20)
 #define KVU_AMP_BUCKETS   1024
 #define KVU_NOTICE_ID_MAX 512  /* bytes of a notice's transfer id */
 #define KVU_NOTICE_QMAX   4096 /* notices waiting for delivery (more are
@@ -2595,13 +2605,31 @@ static int kvu_setting_tcp(kvu_ctx_t *ctx, ucp_config_t *config,
  *   kvxfer's active messages of up to KVU_AM_MAX_LEN: tcp segments that
  *   hold a whole message (TX_SEG_SIZE, RX_SEG_SIZE), so UCX neither
  *   fragments it nor reassembles it into a buffer of its own before the
- *   handler copies it (tcp READ 2.8x, WRITE 2.3x at 1 MiB).
+ *   handler copies it (tcp READ 2.8x, WRITE 2.3x at 1 MiB), and socket
+ *   buffers of KVU_TCP_BUF from the start (SNDBUF, RCVBUF) where the
+ *   kernel allows them.
  * Not in it, measured (transports/ucx/README.md "cma"): CMA_MEMORY_
  * INVALIDATE=y (UCX 1.16: MEMORY_INVALIDATE=y), which keeps cma's
  * zero-copy lane in peer error mode on protocol v2; runs of
  * KVU_CMA_MIN_RUN and more then go cma (kvu_job_route). Faster on resident
  * 1 MiB blocks, slower on cold ones and on 32 KiB blocks on this VM, so it
  * is the user's choice ("auto CMA_MEMORY_INVALIDATE=y"). */
+uint64_t kvu_sock_max(const char *name)
+{
+    char     path[64];
+    FILE    *f;
+    uint64_t v = 0;
+
+    snprintf(path, sizeof(path), "/proc/sys/net/core/%s", name);
+    if ((f = fopen(path, "r")) != NULL) {
+        if (fscanf(f, "%" SCNu64, &v) != 1) {
+            v = 0;
+        }
+        fclose(f);
+    }
+    return v;
+}
+
 static kvx_status_t kvu_settings_auto(kvu_ctx_t *ctx, ucp_config_t *config,
                                       const char *tls)
 {
@@ -2629,6 +2657,12 @@ static kvx_status_t kvu_settings_auto(kvu_ctx_t *ctx, ucp_config_t *config,
         /* applied (a UCX that knows neither name skips it, unlisted) */
         ctx->big_rx_last = kvu_setting_tcp(ctx, config, "RX_SEG_SIZE",
                                            KVU_TCP_SEG);
+        if (kvu_sock_max("wmem_max") >= KVU_TCP_BUF_BYTES) {
+            (void)kvu_setting_tcp(ctx, config, "SNDBUF", KVU_TCP_BUF);
+        }
+        if (kvu_sock_max("rmem_max") >= KVU_TCP_BUF_BYTES) {
+            (void)kvu_setting_tcp(ctx, config, "RCVBUF", KVU_TCP_BUF);
+        }
     }
     return status;
 }

@@ -197,6 +197,9 @@ uint64_t     kvu_am_dropped_answers(kvu_ctx_t *ctx);
  * because UCX would pack them after the handler returned (the rest was
  * packed from the block while its range was authorized). */
 uint64_t     kvu_am_late_copied(kvu_ctx_t *ctx);
+/* kvu_sock_max: /proc/sys/net/core/NAME ("wmem_max", "rmem_max"): the
+ * largest socket buffer a process may set; 0 when unknown. */
+uint64_t     kvu_sock_max(const char *name);
 /* kvu_am_putv_sent: PUTV messages this context sent (several short puts
  * of one job in one message; not over a shared-memory FIFO). */
 uint64_t     kvu_am_putv_sent(kvu_ctx_t *ctx);
