@@ -43,7 +43,7 @@
  *                                        (PUTV), then a malformed PUTV.
  *                                        Exit 0: none served and at least
  *                                        one refused as bound to another
- *                                        peer; 1: one was served, or the
+ *                                        peer; 1: one was served; 3: the
  *                                        malformed PUTV was not refused as
  *                                        out of bounds; 2: else
  *   attack notice  FILE TRANSFER FROM TP RANK
@@ -1048,10 +1048,11 @@ static int cmd_amput(char **a)
                    (int)g_ans[putv[v]].status);
         }
     }
-    /* A malformed PUTV is refused whoever sends it. */
+    /* A malformed PUTV is refused whoever sends it (3: a failure for
+     * every caller, whatever it expects of the well-formed puts). */
     if (putv[1] >= 0 && (!g_ans[putv[1]].answered ||
                          g_ans[putv[1]].status != ST_OOB)) {
-        return 1;
+        return 3;
     }
     return served ? 1 : wrong > 0 ? 0 : 2;
 }

@@ -451,9 +451,11 @@ TEST_P(KvuAm, ShortPutsShareMessagesEachRunCheckedAlone)
     for (size_t i = 0; i < size; i++) {
         pr.origin.buf[i] = (uint8_t)(i * 29 + (i >> 11) + 5);
     }
-    win.tag = 0x51;
-    win.lo  = pr.tbase();
-    win.hi  = pr.tbase() + size;
+    win.tag     = 0x51;
+    win.lo      = pr.tbase();
+    win.hi      = pr.tbase() + size;
+    win.session = 77; // each run's mac is checked (Window::admit)
+    kvu_ep_set_session(pr.ep, 77);
     // 40 runs of 3000 bytes with gaps between them, then runs around the
     // 64 KiB limit and one past a whole message
     std::vector<kvc_run_t> runs;
@@ -498,16 +500,21 @@ TEST_P(KvuAm, ShortPutsShareMessagesEachRunCheckedAlone)
     check(SIZE_MAX);
     uint64_t putv = kvu_am_putv_sent(pr.origin.ctx) - putv0;
     if (tcp) {
-        // 40 runs of 3000 bytes: 16 + 16 + 8; then 65536 + 1 (the 65537 and
-        // the 100000 go alone) ... at least the first three
-        EXPECT_GE(putv, 3u);
-        EXPECT_LE(putv, 5u);
+        // 40 runs of 3000 bytes: 16, 16, then 8 with the 65536 (at most 64
+        // KiB a run, 256 KiB a message); the rest each go alone
+        EXPECT_EQ(putv, 3u);
     } else {
         EXPECT_EQ(putv, 0u) << "a put over a FIFO stays one message";
     }
-    // one authorize call per run, PUTV or not (a 300000-byte run is cut
-    // into messages of its own, each asked)
-    EXPECT_GE(win.calls - calls0, (int)runs.size());
+    // one authorize call per run and message, PUTV or not: over tcp the
+    // 300000-byte run is two messages (256 KiB each at most); over sm
+    // long runs are cut into several
+    if (tcp) {
+        EXPECT_EQ(win.calls - calls0, 48);
+    } else { // (messages of 60 KiB or 64 KiB, by the segments)
+        EXPECT_GT(win.calls - calls0, (int)runs.size());
+    }
+    EXPECT_EQ(win.mac_of.load(), 77u);
 
     // runs 0 .. 23: over tcp one PUTV of 16, then one of 8 whose last four
     // (20 .. 23) lie past the window's end
@@ -520,6 +527,13 @@ TEST_P(KvuAm, ShortPutsShareMessagesEachRunCheckedAlone)
     if (tcp) {
         EXPECT_EQ(kvu_am_putv_sent(pr.origin.ctx) - putv0, 2u);
     }
+    // another session's macs: every run refused, nothing written
+    std::fill(pr.target.buf.begin(), pr.target.buf.end(), 0x5a);
+    win.hi = pr.tbase() + size;
+    kvu_ep_set_session(pr.ep, 78);
+    EXPECT_EQ(pr.post_runs(1, runs, 0x51), KVX_ERR_UNTRUSTED_PEER);
+    check(0);
+    kvu_ep_set_session(pr.ep, 77);
     // the endpoint still works
     runs.resize(20);
     EXPECT_EQ(pr.post_runs(1, runs, 0x51), KVX_OK);
@@ -1494,7 +1508,8 @@ TEST(KvuAmAnswer, LatePacksComeFromACopyAndAreExact)
 // one with UCX's default segments ("none": 64k receive) exchange 1 MiB
 // GetAndPutWhole: o gets t's whole buffer, then puts its own into t (one
 // run each, fresh contents seeded by seed); both arrive byte-exact.
-static void GetAndPutWhole(Side &o, Side &t, int seed)
+// putv: short runs share messages on this pair (not over a FIFO).
+static void GetAndPutWhole(Side &o, Side &t, int seed, bool putv = true)
 {
     const size_t sz = o.buf.size();
     const void  *addr, *rk;
@@ -1524,6 +1539,45 @@ static void GetAndPutWhole(Side &o, Side &t, int seed)
                            &w.op), KVX_OK);
         EXPECT_EQ(w.wait(), KVX_OK);
         EXPECT_TRUE(o.buf == t.buf);
+    }
+    // Short runs that share put messages (PUTV): 16 of 3840 bytes (60 KiB,
+    // as much as a default segment takes, entries besides), then 40 of odd
+    // lengths; the sender's segments cut them anywhere (UCX's 8 KiB, or one
+    // piece), inside the entries or a run.
+    {
+        std::vector<kvc_run_t> runs;
+        uint64_t               off = 0;
+        for (uint64_t i = 0; i < 16; i++, off += 3840 + 64) {
+            runs.push_back({off, off, 3840});
+        }
+        for (uint64_t i = 0; i < 40; i++) {
+            uint64_t len = 1 + (i * 7919 + (uint64_t)seed * 131) % 20000;
+            runs.push_back({off, off, len});
+            off += len + 1 + i % 5;
+        }
+        ASSERT_LT(off, sz);
+        for (size_t i = 0; i < sz; i++) {
+            o.buf[i] = (uint8_t)(i * 13 + seed + 5);
+            t.buf[i] = 0x5a;
+        }
+        std::vector<uint8_t> want = t.buf;
+        for (const kvc_run_t &r : runs) {
+            memcpy(&want[r.remote_off], &o.buf[r.local_off], r.len);
+        }
+        Waiter   w;
+        uint64_t putv0 = kvu_am_putv_sent(o.ctx);
+        w.op.done = Waiter::cb;
+        w.op.arg  = &w;
+        ASSERT_EQ(kvu_post(ep, 1, o.mem, (uint64_t)(uintptr_t)o.buf.data(),
+                           rkey, (uint64_t)(uintptr_t)t.buf.data(),
+                           runs.data(), runs.size(), &w.op), KVX_OK);
+        EXPECT_EQ(w.wait(), KVX_OK);
+        if (putv) {
+            EXPECT_GE(kvu_am_putv_sent(o.ctx) - putv0, 2u);
+        } else {
+            EXPECT_EQ(kvu_am_putv_sent(o.ctx) - putv0, 0u);
+        }
+        EXPECT_TRUE(want == t.buf) << "several runs in one message";
     }
     kvu_rkey_destroy(rkey);
     kvu_ep_close(ep);
@@ -1803,7 +1857,7 @@ TEST(KvuMmGeo, SharedMemoryEndsWithOtherSegmentsAreRefused)
                          "MM_FIFO_SIZE=64 MM_FIFO_ELEM_SIZE=128",
                          sz);
         SCOPED_TRACE(dir ? "explicit -> auto" : "auto -> explicit");
-        GetAndPutWhole(dir ? same : a, dir ? a : same, 5 + dir);
+        GetAndPutWhole(dir ? same : a, dir ? a : same, 5 + dir, false);
     }
 }
 

@@ -108,10 +108,11 @@
 #define KVU_AM_FIFO_LEN   (64u << 10)  /* over a shared-memory FIFO (its
                                           gets cap, KVU_FIFO_MAX_GETS, is
                                           sized for it) */
-/* PUTV: up to this many runs of one job, each of at most KVU_AM_PUTV_RUN
- * bytes, go in one message over tcp (a put message of its own each cost a
- * send, a receive and an answer: 32 KiB x 32 WRITE moved 2.1 GB/s where
- * 64 KiB x 16 moved 2.6; transports/ucx/README.md, "Several puts in one
+/* PUTV: up to KVU_AM_PUTV_MAX (kvu.h) whole runs of one job, each of at
+ * most KVU_AM_PUTV_RUN bytes, go in one message on a lane that is not a
+ * shared-memory FIFO (tcp): a put message of its own each cost a send, a
+ * receive and an answer (tcp WRITE 32 KiB x 32 1.59-1.89x resident,
+ * 1.43-1.74x cold with PUTV; transports/ucx/README.md, "Several puts in one
  * message"). Each run keeps its own nonce and mac and is checked alone. */
 #define KVU_AM_PUTV_RUN   (64u << 10) /* (KVU_AM_PUTV_MAX: kvu.h) */
 /* Bytes of AM gets unanswered at once over a shared-memory FIFO. Each
@@ -151,7 +152,11 @@
  * buffers"). Each only where the kernel allows that much
  * (net.core.wmem_max / rmem_max, kvu_sock_max): a size set by hand is
  * capped there and stops the autotuning, which may grow a buffer past it
- * (Linux's default maximum is 208 KiB, its autotuning's 4 and 6 MiB). */
+ * (Linux's default maximum is 208 KiB, its autotuning's 4 and 6 MiB), and
+ * only where the environment sets none (UCX_TCP_SNDBUF, UCX_TCP_RCVBUF).
+ * The kernel doubles the value: 8 MiB a socket, a bandwidth-delay product
+ * of 100 Gb/s over 670 us, ample inside a data centre; a path that needs
+ * more (autotuning may reach tcp_rmem's third value) sets its own. */
 #define KVU_TCP_BUF       "4m"
 #define KVU_TCP_BUF_BYTES (4ull << 20)
 #define KVU_AMP_BUCKETS   1024
@@ -1203,7 +1208,8 @@ static ucs_status_t kvu_am_on_putv(kvu_ctx_t *ctx, ucp_worker_h worker,
                          "refused: %llu entries (1 to %u), %zu bytes "
                          "carried for %llu named (%llu refused so far)",
                          ctx->name, (unsigned long long)n,
-                         KVU_AM_PUTV_MAX, len, (unsigned long long)h.len,
+                         (unsigned)KVU_AM_PUTV_MAX, len,
+                         (unsigned long long)h.len,
                          (unsigned long long)ctx->am_refused);
         }
         kvu_am_answer_send(ctx, param->reply_ep, KVU_AM_PUTACK, &h,
@@ -1964,7 +1970,11 @@ static void kvu_ep_drain(kvu_ep_t *ep)
             }
             k = 0;
             if (route == KVU_ROUTE_AM && job->is_put && ep->am_putv) {
-                k = kvu_am_putv_count(job, ep->am_put_max, &bytes);
+                k = kvu_am_putv_count(job,
+                                      ep->am_put_max < ctx->chunk
+                                          ? ep->am_put_max
+                                          : ctx->chunk,
+                                      &bytes);
             }
             rc = k >= 2    ? kvu_am_issue_v(ep, job, k, bytes)
                  : len > 0 ? kvu_issue(ep, job, route, len)
@@ -2593,6 +2603,22 @@ static int kvu_setting_tcp(kvu_ctx_t *ctx, ucp_config_t *config,
            strlen(ctx->settings) > before;
 }
 
+uint64_t kvu_sock_max(const char *name)
+{
+    char     path[64];
+    FILE    *f;
+    uint64_t v = 0;
+
+    snprintf(path, sizeof(path), "/proc/sys/net/core/%s", name);
+    if ((f = fopen(path, "r")) != NULL) {
+        if (fscanf(f, "%" SCNu64, &v) != 1) {
+            v = 0;
+        }
+        fclose(f);
+    }
+    return v;
+}
+
 /* kvu_settings_auto: kvxfer's choice, per context (tls: its transport
  * list; figures in transports/ucx/README.md "Lane settings"):
  * - shared memory in peer error mode: MM_ERROR_HANDLING=y (peer error mode
@@ -2614,22 +2640,6 @@ static int kvu_setting_tcp(kvu_ctx_t *ctx, ucp_config_t *config,
  * KVU_CMA_MIN_RUN and more then go cma (kvu_job_route). Faster on resident
  * 1 MiB blocks, slower on cold ones and on 32 KiB blocks on this VM, so it
  * is the user's choice ("auto CMA_MEMORY_INVALIDATE=y"). */
-uint64_t kvu_sock_max(const char *name)
-{
-    char     path[64];
-    FILE    *f;
-    uint64_t v = 0;
-
-    snprintf(path, sizeof(path), "/proc/sys/net/core/%s", name);
-    if ((f = fopen(path, "r")) != NULL) {
-        if (fscanf(f, "%" SCNu64, &v) != 1) {
-            v = 0;
-        }
-        fclose(f);
-    }
-    return v;
-}
-
 static kvx_status_t kvu_settings_auto(kvu_ctx_t *ctx, ucp_config_t *config,
                                       const char *tls)
 {
@@ -2657,10 +2667,13 @@ static kvx_status_t kvu_settings_auto(kvu_ctx_t *ctx, ucp_config_t *config,
         /* applied (a UCX that knows neither name skips it, unlisted) */
         ctx->big_rx_last = kvu_setting_tcp(ctx, config, "RX_SEG_SIZE",
                                            KVU_TCP_SEG);
-        if (kvu_sock_max("wmem_max") >= KVU_TCP_BUF_BYTES) {
+        /* (a size the user set in the environment is left alone) */
+        if (kvu_sock_max("wmem_max") >= KVU_TCP_BUF_BYTES &&
+            getenv("UCX_TCP_SNDBUF") == NULL) {
             (void)kvu_setting_tcp(ctx, config, "SNDBUF", KVU_TCP_BUF);
         }
-        if (kvu_sock_max("rmem_max") >= KVU_TCP_BUF_BYTES) {
+        if (kvu_sock_max("rmem_max") >= KVU_TCP_BUF_BYTES &&
+            getenv("UCX_TCP_RCVBUF") == NULL) {
             (void)kvu_setting_tcp(ctx, config, "RCVBUF", KVU_TCP_BUF);
         }
     }
