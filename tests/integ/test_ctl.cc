@@ -10,6 +10,7 @@ extern "C" {
 #include "ctlmsg.h"
 #include "error.h"
 #include "nng/kvn.h"
+#include "ucx/kvu.h"
 }
 
 #include <arpa/inet.h>
@@ -2151,22 +2152,6 @@ TEST(ReadHeteroTp, GatherWithOneDeadSourceFailsAndReleasesTheLiveOne)
 // ucx_lane_settings: UCX settings through ucp_config_modify, reported.
 // ========================================================================
 
-// SockMax: /proc/sys/net/core/NAME, as kvu_sock_max reads it (0: unknown).
-static unsigned long long SockMax(const char *name)
-{
-    unsigned long long v = 0;
-    std::string        path = std::string("/proc/sys/net/core/") + name;
-    FILE              *f    = fopen(path.c_str(), "r");
-
-    if (f != nullptr) {
-        if (fscanf(f, "%llu", &v) != 1) {
-            v = 0;
-        }
-        fclose(f);
-    }
-    return v;
-}
-
 TEST(LaneSettings, ExplicitSettingIsAppliedAndReportedWithThePeer)
 {
     Pair pr;
@@ -2182,11 +2167,11 @@ TEST(LaneSettings, ExplicitSettingIsAppliedAndReportedWithThePeer)
     // UCX 1.17 and later take tcp's keys as TCP_* (kvu_tcp_key)
     // (and 4m socket buffers where the kernel allows them, kvu_sock_max)
     std::string bufs, tbufs;
-    if (SockMax("wmem_max") >= (4u << 20)) {
+    if (kvu_sock_max("wmem_max") >= (4u << 20)) {
         bufs += "SNDBUF=4m ";
         tbufs += "TCP_SNDBUF=4m ";
     }
-    if (SockMax("rmem_max") >= (4u << 20)) {
+    if (kvu_sock_max("rmem_max") >= (4u << 20)) {
         bufs += "RCVBUF=4m ";
         tbufs += "TCP_RCVBUF=4m ";
     }
