@@ -2051,6 +2051,151 @@ INSTANTIATE_TEST_SUITE_P(Lanes, KvuAm, ::testing::Values("tcp", "sm"),
                              return std::string(i.param);
                          });
 
+// MappingOf: the bounds of the mapping of this process that holds p
+// (/proc/self/maps), for the test's own look at where a segment ends.
+bool MappingOf(uintptr_t p, uintptr_t *lo, uintptr_t *hi)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    char  line[4096];
+    bool  found = false;
+
+    while (f != nullptr && !found && fgets(line, sizeof(line), f) != nullptr) {
+        unsigned long a, b;
+        if (sscanf(line, "%lx-%lx", &a, &b) == 2 && p >= a && p < b) {
+            *lo   = a;
+            *hi   = b;
+            found = true;
+        }
+    }
+    if (f != nullptr) {
+        fclose(f);
+    }
+    return found;
+}
+
+// A peer's UCX-allocated memory maps into the origin (ucp_rkey_ptr), and
+// kvxfer copies through that mapping itself (kvu.c KVU_ROUTE_PTR): gets
+// and puts, runs of up to 1 MiB, one op of several runs, each byte where
+// it belongs and nothing beside it touched. UCX 1.22 emulated such gets in
+// software instead, and an answer of 64 KiB or more never arrived with
+// "auto"'s 66 KiB shared-memory segments (UCX's FIFO element holds a
+// 16-bit length): every get of a run that long hung until its deadline.
+TEST(KvuPtr, UcxAllocatedPeerMemoryIsCopiedThroughItsMapping)
+{
+    const size_t size = 4u << 20;
+    Side         origin("ptr-origin", "sm", KVT_ACCESS_LOCAL, 0x00, nullptr,
+                        nullptr, nullptr, size, 4 * (uint64_t)size);
+    kvu_params_t p{};
+    kvu_ctx_t   *tctx = nullptr;
+    kvu_mem_t   *tmem = nullptr;
+    void        *tptr = nullptr;
+
+    p.tls                = "sm";
+    p.err_mode_peer      = 1;
+    p.max_inflight_bytes = 1u << 20;
+    p.name               = "ptr-target";
+    p.remote_access      = KVT_ACCESS_READ | KVT_ACCESS_WRITE;
+    ASSERT_EQ(KVX_OK, kvu_ctx_create(&p, &tctx)) << kvc_last_error();
+    ASSERT_NE(nullptr, origin.ctx);
+    ASSERT_EQ(KVX_OK, kvu_mem_alloc(tctx, size, &tmem, &tptr))
+        << kvc_last_error();
+    uint8_t *tbuf = static_cast<uint8_t *>(tptr);
+    for (size_t i = 0; i < size; i++) {
+        tbuf[i] = (uint8_t)(i * 13 + 5);
+    }
+
+    const void *addr, *rk;
+    size_t      alen, rklen;
+    kvu_ep_t   *ep   = nullptr;
+    kvu_rkey_t *rkey = nullptr;
+    kvu_worker_address(tctx, &addr, &alen);
+    ASSERT_EQ(KVX_OK, kvu_ep_create(origin.ctx, addr, alen, "ptr-target",
+                                    nullptr, nullptr, &ep));
+    kvu_mem_rkey(tmem, &rk, &rklen);
+    ASSERT_EQ(KVX_OK, kvu_rkey_unpack(ep, rk, rklen, &rkey));
+    const uint64_t tbase = (uint64_t)(uintptr_t)tbuf;
+    ASSERT_TRUE(kvu_rkey_direct(rkey, tbase)) << kvu_ep_transports(ep);
+
+    auto post = [&](int is_put, const std::vector<kvc_run_t> &runs) {
+        Waiter w;
+        w.op.done = Waiter::cb;
+        w.op.arg  = &w;
+        EXPECT_EQ(KVX_OK, kvu_post(ep, is_put, origin.mem,
+                                   (uint64_t)(uintptr_t)origin.buf.data(),
+                                   rkey, tbase, runs.data(), runs.size(),
+                                   &w.op));
+        return w.wait();
+    };
+
+    // Gets: runs below, at and above 64 KiB, at odd offsets.
+    uint64_t copied = kvu_ptr_copied(origin.ctx), moved = 0;
+    const std::vector<kvc_run_t> gets = {
+        {0, 0, 4096},          {8192, 4097, 65536},    {131072, 70001, 65537},
+        {262144, 300000, 262144}, {1u << 20, 1u << 20, 1u << 20}};
+    for (const kvc_run_t &r : gets) {
+        memset(origin.buf.data(), 0, size);
+        ASSERT_EQ(KVX_OK, post(0, {r})) << "get of " << r.len;
+        EXPECT_EQ(0, memcmp(origin.buf.data() + r.local_off,
+                            tbuf + r.remote_off, r.len))
+            << "get of " << r.len;
+        EXPECT_TRUE(all_eq(origin.buf.data(), r.local_off, 0));
+        EXPECT_TRUE(all_eq(origin.buf.data() + r.local_off + r.len,
+                           size - r.local_off - r.len, 0));
+        moved += r.len;
+    }
+    EXPECT_EQ(copied + moved, kvu_ptr_copied(origin.ctx));
+
+    // Puts, as one op of several runs: each lands, the bytes between them
+    // keep the target's pattern.
+    for (size_t i = 0; i < size; i++) {
+        origin.buf[i] = (uint8_t)(i * 7 + 3);
+    }
+    std::vector<uint8_t> before(tbuf, tbuf + size);
+    const std::vector<kvc_run_t> puts = {
+        {0, 65536, 65536}, {200000, 1u << 20, 300000}, {3u << 20, 2u << 20, 1u << 20}};
+    ASSERT_EQ(KVX_OK, post(1, puts));
+    size_t cursor = 0;
+    for (const kvc_run_t &r : puts) {
+        EXPECT_EQ(0, memcmp(tbuf + r.remote_off,
+                            origin.buf.data() + r.local_off, r.len))
+            << "put at " << r.remote_off;
+        EXPECT_EQ(0, memcmp(tbuf + cursor, before.data() + cursor,
+                            r.remote_off - cursor))
+            << "bytes before " << r.remote_off;
+        cursor = r.remote_off + r.len;
+        moved += r.len;
+    }
+    EXPECT_EQ(0, memcmp(tbuf + cursor, before.data() + cursor, size - cursor));
+    EXPECT_EQ(copied + moved, kvu_ptr_copied(origin.ctx));
+
+    // The rkey maps any address (UCX adds an offset), and a peer names its
+    // own layers' lengths: a range that leaves the peer's segment as mapped
+    // here is refused whole, in either direction, and nothing is copied.
+    char     *mapped = static_cast<char *>(kvu_rkey_local(rkey, tbase));
+    uintptr_t lo = 0, hi = 0;
+    ASSERT_NE(nullptr, mapped);
+    ASSERT_TRUE(MappingOf((uintptr_t)mapped, &lo, &hi));
+    const uint64_t seg_end = hi - (uintptr_t)mapped; // offset of its end
+    memset(origin.buf.data(), 0, size);
+    const uint64_t before_refused = kvu_ptr_copied(origin.ctx);
+    EXPECT_EQ(KVX_ERR_OUT_OF_BOUNDS, post(0, {{0, seg_end - 4096, 8192}}));
+    EXPECT_EQ(KVX_ERR_OUT_OF_BOUNDS, post(0, {{0, seg_end, 4096}}));
+    EXPECT_EQ(KVX_ERR_OUT_OF_BOUNDS, post(1, {{0, seg_end - 4096, 8192}}));
+    EXPECT_EQ(KVX_ERR_OUT_OF_BOUNDS,
+              post(1, {{0, 0, 4096}, {8192, seg_end - 100, 200}}));
+    EXPECT_TRUE(all_eq(origin.buf.data(), size, 0));
+    EXPECT_EQ(before_refused + 4096, kvu_ptr_copied(origin.ctx))
+        << "only the first run of the last op, inside the segment";
+    // ... and the endpoint still copies what is inside.
+    EXPECT_EQ(KVX_OK, post(0, {{0, 4096, 4096}}));
+    EXPECT_EQ(0, memcmp(origin.buf.data(), tbuf + 4096, 4096));
+
+    kvu_rkey_destroy(rkey);
+    kvu_ep_close(ep);
+    kvu_mem_release(tmem);
+    kvu_ctx_destroy(tctx);
+}
+
 
 // --- trusted_remote_hosts on UCX's listening sockets (kvu_guard.h) --------
 

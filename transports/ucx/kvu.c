@@ -288,6 +288,7 @@ struct kvu_job {
     uint64_t         local_base;
     ucp_mem_h        memh;
     ucp_rkey_h       rkey;
+    kvu_rkey_t      *krkey; /* the same rkey, with its mapping's bounds */
     uint64_t         token;     /* the remote region's AM token */
     int              local_host; /* local memory is host memory */
     uint64_t         remote_base;
@@ -307,6 +308,8 @@ struct kvu_job {
 #define KVU_ROUTE_AM   2 /* kvxfer's own active messages (kvu_am_issue) */
 #define KVU_ROUTE_SIZE 3 /* per run: UCX (cma) from KVU_CMA_MIN_RUN bytes,
                             else active messages */
+#define KVU_ROUTE_PTR  4 /* the peer's memory is mapped here (UCX-allocated,
+                            ucp_rkey_ptr): kvxfer copies it with memcpy */
 /* Runs shorter than this take kvxfer's active messages even where a cma
  * lane could copy them (the user's CMA_MEMORY_INVALIDATE=y): measured on
  * this VM (UCX 1.22, sm, application memory, transports/ucx/README.md
@@ -340,6 +343,11 @@ struct kvu_rkey {
     kvu_ep_t  *ep;
     ucp_rkey_h rkey;
     uint64_t   token; /* the peer region's AM token */
+    /* KVU_ROUTE_PTR: the shared mapping of the peer's segment here, found
+     * at the first copy through it (kvu_rkey_mapping; progress thread, ctx
+     * lock held). 0 not looked up yet, 1 [map_lo, map_hi), -1 none. */
+    int        map_state;
+    uintptr_t  map_lo, map_hi;
 };
 
 struct kvu_ep {
@@ -490,6 +498,8 @@ struct kvu_ctx {
     uint64_t        am_served;   /* AM requests answered (debug log) */
     uint64_t        am_dropped;  /* AM answers matching no request */
     uint64_t        am_late_copied; /* GETREP bytes copied for a later pack */
+    uint64_t        ptr_copied;     /* bytes copied through a mapped peer
+                                       segment (KVU_ROUTE_PTR) */
     kvu_notice_t   *notice_head, *notice_tail; /* received, under lock */
     uint64_t        notice_queued;  /* entries in that list */
     uint64_t        ctl_queued;     /* bytes of its control messages */
@@ -1790,6 +1800,72 @@ static kvx_status_t kvu_am_handlers(kvu_wk_t *wk)
     return KVX_OK;
 }
 
+/* kvu_mapping_of: the bounds of the shared, readable and writable mapping
+ * of this process that holds p (/proc/self/maps), in [*lo_p, *hi_p);
+ * 0 when found. */
+static int kvu_mapping_of(uintptr_t p, uintptr_t *lo_p, uintptr_t *hi_p)
+{
+    FILE *f = fopen("/proc/self/maps", "re");
+    char  line[512];
+    int   rc = -1;
+
+    if (f == NULL) {
+        return -1;
+    }
+    while (fgets(line, sizeof(line), f) != NULL) {
+        unsigned long lo, hi;
+        char          perms[5];
+        int           whole = strchr(line, '\n') != NULL;
+
+        if (!whole) { /* a long path: the rest of the line is no entry */
+            int c;
+
+            while ((c = fgetc(f)) != EOF && c != '\n') {
+            }
+        }
+        if (sscanf(line, "%lx-%lx %4s", &lo, &hi, perms) != 3 || p < lo ||
+            p >= hi) {
+            continue;
+        }
+        if (perms[0] == 'r' && perms[1] == 'w' && perms[3] == 's') {
+            *lo_p = lo;
+            *hi_p = hi;
+            rc    = 0;
+        }
+        break;
+    }
+    fclose(f);
+    return rc;
+}
+
+/* kvu_ptr_range: where [raddr, raddr + len) of the peer's memory lies
+ * here, or NULL. The rkey maps addresses without bounds (UCX adds the
+ * attachment's offset to any address), and the peer's own metadata says
+ * how long its layers are: so a copy goes only where the whole range lies
+ * inside the one shared mapping that holds the peer's segment, whatever
+ * the peer claimed. ctx lock held. */
+static void *kvu_ptr_range(kvu_job_t *job, uint64_t raddr, uint64_t len)
+{
+    kvu_rkey_t *kr  = job->krkey;
+    void       *ptr = NULL;
+    uintptr_t   p;
+
+    if (ucp_rkey_ptr(job->rkey, raddr, &ptr) != UCS_OK) {
+        return NULL;
+    }
+    p = (uintptr_t)ptr;
+    if (kr->map_state == 0) {
+        kr->map_state = kvu_mapping_of(p, &kr->map_lo, &kr->map_hi) == 0
+                            ? 1
+                            : -1;
+    }
+    if (kr->map_state != 1 || p < kr->map_lo || p >= kr->map_hi ||
+        len > kr->map_hi - p) {
+        return NULL;
+    }
+    return ptr;
+}
+
 static int kvu_issue(kvu_ep_t *ep, kvu_job_t *job, int route, uint64_t len)
 {
     const kvc_run_t   *run = &job->runs[job->idx];
@@ -1801,6 +1877,30 @@ static int kvu_issue(kvu_ep_t *ep, kvu_job_t *job, int route, uint64_t len)
 
     if (route == KVU_ROUTE_AM) {
         return kvu_am_issue(ep, job, lbuf, raddr, len);
+    }
+    if (route == KVU_ROUTE_PTR) {
+        /* The rkey stays mapped while the ctx lock is held (rkeys are
+         * destroyed under it), so the copy is done before anyone could
+         * unmap the segment. */
+        void *rptr = kvu_ptr_range(job, raddr, len);
+
+        if (rptr == NULL) {
+            kvu_op_set_error(job->op, KVX_ERR_OUT_OF_BOUNDS);
+            kvc_log_error("KVX-UCX-POST", "%s of %llu bytes at 0x%llx of "
+                          "%s's memory: not inside the peer's shared "
+                          "segment as mapped here; nothing copied",
+                          job->is_put ? "put" : "get",
+                          (unsigned long long)len, (unsigned long long)raddr,
+                          ep->peer);
+            return -1;
+        }
+        if (job->is_put) {
+            memcpy(rptr, lbuf, len);
+        } else {
+            memcpy(lbuf, rptr, len);
+        }
+        ep->ctx->ptr_copied += len;
+        return 0;
     }
     memset(&prm, 0, sizeof(prm));
     prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
@@ -1886,9 +1986,18 @@ static int kvu_job_route(const kvu_ep_t *ep, const kvu_job_t *job)
     if (ep->emulated || !ep->ctx->rma) {
         return KVU_ROUTE_AM;
     }
-    if ((ep->rma_shm_only || ep->rma_cma) && job->n > 0 &&
+    if (job->n > 0 && job->rkey != NULL &&
         ucp_rkey_ptr(job->rkey, job->remote_base + job->runs[0].remote_off,
-                     &ptr) != UCS_OK) {
+                     &ptr) == UCS_OK) {
+        /* UCX-allocated peer memory, mapped here: one memcpy, done before
+         * the job leaves the queue. (UCX 1.13 copies the same way behind
+         * ucp_get_nbx; UCX 1.22 emulates gets from such memory in software
+         * instead, whose answer of 64 KiB or more overflows the FIFO
+         * element's 16-bit length with "auto"'s segments and never
+         * completes: transports/ucx/README.md, "Mapped peer memory".) */
+        return KVU_ROUTE_PTR;
+    }
+    if (ep->rma_shm_only || ep->rma_cma) {
         /* application memory: emulated on shared-memory lanes alone;
          * beside a cma lane short runs are faster as kvxfer's active
          * messages (KVU_CMA_MIN_RUN) */
@@ -4823,6 +4932,11 @@ uint64_t kvu_am_late_copied(kvu_ctx_t *ctx)
     return kvu_ctx_counter(ctx, &ctx->am_late_copied);
 }
 
+uint64_t kvu_ptr_copied(kvu_ctx_t *ctx)
+{
+    return kvu_ctx_counter(ctx, &ctx->ptr_copied);
+}
+
 uint64_t kvu_am_putv_sent(kvu_ctx_t *ctx)
 {
     return kvu_ctx_counter(ctx, &ctx->am_putv);
@@ -4992,6 +5106,7 @@ kvx_status_t kvu_post(kvu_ep_t *ep, int is_put, kvu_mem_t *local_mem,
     job->local_base  = local_base;
     job->memh        = local_mem->memh;
     job->rkey        = rkey->rkey;
+    job->krkey       = rkey;
     job->token       = rkey->token;
     job->local_host  = local_mem->host;
     job->remote_base = remote_base;

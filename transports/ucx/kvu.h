@@ -197,6 +197,9 @@ uint64_t     kvu_am_dropped_answers(kvu_ctx_t *ctx);
  * because UCX would pack them after the handler returned (the rest was
  * packed from the block while its range was authorized). */
 uint64_t     kvu_am_late_copied(kvu_ctx_t *ctx);
+/* kvu_ptr_copied: bytes this context (as origin) copied itself through a
+ * peer's memory mapped here (UCX-allocated, ucp_rkey_ptr). */
+uint64_t     kvu_ptr_copied(kvu_ctx_t *ctx);
 /* kvu_sock_max: /proc/sys/net/core/NAME ("wmem_max", "rmem_max"): the
  * largest socket buffer a process may set; 0 when unknown. */
 uint64_t     kvu_sock_max(const char *name);
