@@ -2169,8 +2169,9 @@ TEST(KvuPtr, UcxAllocatedPeerMemoryIsCopiedThroughItsMapping)
     EXPECT_EQ(copied + moved, kvu_ptr_copied(origin.ctx));
 
     // The rkey maps any address (UCX adds an offset), and a peer names its
-    // own layers' lengths: a range that leaves the peer's segment as mapped
-    // here is refused whole, in either direction, and nothing is copied.
+    // own layers' lengths: a run that leaves the peer's segment as mapped
+    // here is refused before any of it is copied, in either direction (runs
+    // before it in the same op were copied, as over active messages).
     char     *mapped = static_cast<char *>(kvu_rkey_local(rkey, tbase));
     uintptr_t lo = 0, hi = 0;
     ASSERT_NE(nullptr, mapped);
@@ -2180,6 +2181,8 @@ TEST(KvuPtr, UcxAllocatedPeerMemoryIsCopiedThroughItsMapping)
     const uint64_t before_refused = kvu_ptr_copied(origin.ctx);
     EXPECT_EQ(KVX_ERR_OUT_OF_BOUNDS, post(0, {{0, seg_end - 4096, 8192}}));
     EXPECT_EQ(KVX_ERR_OUT_OF_BOUNDS, post(0, {{0, seg_end, 4096}}));
+    // a run longer than a chunk, half of it inside: checked whole first
+    EXPECT_EQ(KVX_ERR_OUT_OF_BOUNDS, post(0, {{0, seg_end - (2u << 20), size}}));
     EXPECT_EQ(KVX_ERR_OUT_OF_BOUNDS, post(1, {{0, seg_end - 4096, 8192}}));
     EXPECT_EQ(KVX_ERR_OUT_OF_BOUNDS,
               post(1, {{0, 0, 4096}, {8192, seg_end - 100, 200}}));
@@ -2189,6 +2192,36 @@ TEST(KvuPtr, UcxAllocatedPeerMemoryIsCopiedThroughItsMapping)
     // ... and the endpoint still copies what is inside.
     EXPECT_EQ(KVX_OK, post(0, {{0, 4096, 4096}}));
     EXPECT_EQ(0, memcmp(origin.buf.data(), tbuf + 4096, 4096));
+
+    // A peer that names this process's own segment in its rkey (here: the
+    // origin's own region's rkey, unpacked on the endpoint to the target)
+    // gets a fresh mapping of it; copies through it are refused.
+    kvu_mem_t  *omem = nullptr;
+    void       *optr = nullptr;
+    kvu_rkey_t *ork  = nullptr;
+    ASSERT_EQ(KVX_OK, kvu_mem_alloc(origin.ctx, 1u << 20, &omem, &optr));
+    memset(optr, 0x77, 1u << 20);
+    kvu_mem_rkey(omem, &rk, &rklen);
+    ASSERT_EQ(KVX_OK, kvu_rkey_unpack(ep, rk, rklen, &ork));
+    if (kvu_rkey_direct(ork, (uint64_t)(uintptr_t)optr)) {
+        Waiter    w;
+        kvc_run_t r = {0, 0, 4096};
+        w.op.done   = Waiter::cb;
+        w.op.arg    = &w;
+        memset(origin.buf.data(), 0, 4096);
+        const uint64_t c0 = kvu_ptr_copied(origin.ctx);
+        ASSERT_EQ(KVX_OK, kvu_post(ep, 0, origin.mem,
+                                   (uint64_t)(uintptr_t)origin.buf.data(),
+                                   ork, (uint64_t)(uintptr_t)optr, &r, 1,
+                                   &w.op));
+        EXPECT_EQ(KVX_ERR_OUT_OF_BOUNDS, w.wait());
+        EXPECT_TRUE(all_eq(origin.buf.data(), 4096, 0));
+        EXPECT_EQ(c0, kvu_ptr_copied(origin.ctx));
+    } else {
+        ADD_FAILURE() << "the origin's own region did not map through its rkey";
+    }
+    kvu_rkey_destroy(ork);
+    kvu_mem_release(omem);
 
     kvu_rkey_destroy(rkey);
     kvu_ep_close(ep);

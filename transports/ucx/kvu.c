@@ -344,8 +344,9 @@ struct kvu_rkey {
     ucp_rkey_h rkey;
     uint64_t   token; /* the peer region's AM token */
     /* KVU_ROUTE_PTR: the shared mapping of the peer's segment here, found
-     * at the first copy through it (kvu_rkey_mapping; progress thread, ctx
-     * lock held). 0 not looked up yet, 1 [map_lo, map_hi), -1 none. */
+     * when the first job through it is routed (kvu_rkey_map; the thread
+     * running the pass, ctx lock held). 0 not looked up yet, 1 [map_lo,
+     * map_hi), -1 refused. */
     int        map_state;
     uintptr_t  map_lo, map_hi;
 };
@@ -1800,65 +1801,112 @@ static kvx_status_t kvu_am_handlers(kvu_wk_t *wk)
     return KVX_OK;
 }
 
-/* kvu_mapping_of: the bounds of the shared, readable and writable mapping
- * of this process that holds p (/proc/self/maps), in [*lo_p, *hi_p);
- * 0 when found. */
-static int kvu_mapping_of(uintptr_t p, uintptr_t *lo_p, uintptr_t *hi_p)
+/* One mapping of this process, as /proc/self/maps shows it. */
+typedef struct {
+    uintptr_t     lo, hi;
+    unsigned long ino;
+    char          dev[16];
+    int           shared_rw; /* "rw-s" */
+    int           found;
+} kvu_vma_t;
+
+/* kvu_vmas_of: one pass over /proc/self/maps: out[i] is the mapping that
+ * holds at[i] (out[i].found 0: none). 0, or -1 when it cannot be read. */
+static int kvu_vmas_of(const uintptr_t *at, kvu_vma_t *out, size_t n)
 {
     FILE *f = fopen("/proc/self/maps", "re");
     char  line[512];
-    int   rc = -1;
 
     if (f == NULL) {
         return -1;
     }
+    memset(out, 0, n * sizeof(*out));
     while (fgets(line, sizeof(line), f) != NULL) {
-        unsigned long lo, hi;
-        char          perms[5];
-        int           whole = strchr(line, '\n') != NULL;
+        unsigned long lo, hi, ino;
+        char          perms[5], dev[16];
 
-        if (!whole) { /* a long path: the rest of the line is no entry */
+        if (strchr(line, '\n') == NULL) { /* a long path: skip the rest */
             int c;
 
             while ((c = fgetc(f)) != EOF && c != '\n') {
             }
         }
-        if (sscanf(line, "%lx-%lx %4s", &lo, &hi, perms) != 3 || p < lo ||
-            p >= hi) {
+        if (sscanf(line, "%lx-%lx %4s %*s %15s %lu", &lo, &hi, perms, dev,
+                   &ino) != 5) {
             continue;
         }
-        if (perms[0] == 'r' && perms[1] == 'w' && perms[3] == 's') {
-            *lo_p = lo;
-            *hi_p = hi;
-            rc    = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (!out[i].found && at[i] >= lo && at[i] < hi) {
+                out[i].found     = 1;
+                out[i].lo        = lo;
+                out[i].hi        = hi;
+                out[i].ino       = ino;
+                out[i].shared_rw = perms[0] == 'r' && perms[1] == 'w' &&
+                                   perms[3] == 's';
+                snprintf(out[i].dev, sizeof(out[i].dev), "%s", dev);
+            }
         }
-        break;
     }
     fclose(f);
-    return rc;
+    return 0;
+}
+
+/* kvu_rkey_map: finds, once per rkey, the mapping its copies may touch:
+ * the shared read-write mapping that holds p (where the rkey maps the
+ * peer's memory), unless it is backed by the same object as memory this
+ * context registered itself (a peer naming this process's own segment in
+ * its rkey). Sets kr->map_state to 1 ([map_lo, map_hi)) or -1 (refused);
+ * leaves it 0 when /proc/self/maps cannot be read. ctx lock held. */
+static void kvu_rkey_map(kvu_ctx_t *ctx, kvu_rkey_t *kr, uintptr_t p)
+{
+    size_t     n = 1, i = 1;
+    uintptr_t *at;
+    kvu_vma_t *v;
+
+    for (kvu_mem_t *m = ctx->mems; m != NULL; m = m->next) {
+        n++;
+    }
+    at = calloc(n, sizeof(*at));
+    v  = calloc(n, sizeof(*v));
+    if (at == NULL || v == NULL) {
+        free(at);
+        free(v);
+        return;
+    }
+    at[0] = p;
+    for (kvu_mem_t *m = ctx->mems; m != NULL && i < n; m = m->next) {
+        at[i++] = (uintptr_t)m->base;
+    }
+    if (kvu_vmas_of(at, v, n) == 0) {
+        kr->map_state = v[0].found && v[0].shared_rw ? 1 : -1;
+        for (i = 1; i < n && kr->map_state == 1; i++) {
+            if (v[i].found && v[i].ino == v[0].ino &&
+                strcmp(v[i].dev, v[0].dev) == 0) {
+                kr->map_state = -1; /* this context's own memory */
+            }
+        }
+        kr->map_lo = v[0].lo;
+        kr->map_hi = v[0].hi;
+    }
+    free(at);
+    free(v);
 }
 
 /* kvu_ptr_range: where [raddr, raddr + len) of the peer's memory lies
  * here, or NULL. The rkey maps addresses without bounds (UCX adds the
  * attachment's offset to any address), and the peer's own metadata says
  * how long its layers are: so a copy goes only where the whole range lies
- * inside the one shared mapping that holds the peer's segment, whatever
- * the peer claimed. ctx lock held. */
+ * inside the mapping kvu_rkey_map found. ctx lock held. */
 static void *kvu_ptr_range(kvu_job_t *job, uint64_t raddr, uint64_t len)
 {
     kvu_rkey_t *kr  = job->krkey;
     void       *ptr = NULL;
     uintptr_t   p;
 
-    if (ucp_rkey_ptr(job->rkey, raddr, &ptr) != UCS_OK) {
+    if (kr == NULL || ucp_rkey_ptr(job->rkey, raddr, &ptr) != UCS_OK) {
         return NULL;
     }
     p = (uintptr_t)ptr;
-    if (kr->map_state == 0) {
-        kr->map_state = kvu_mapping_of(p, &kr->map_lo, &kr->map_hi) == 0
-                            ? 1
-                            : -1;
-    }
     if (kr->map_state != 1 || p < kr->map_lo || p >= kr->map_hi ||
         len > kr->map_hi - p) {
         return NULL;
@@ -1880,17 +1928,24 @@ static int kvu_issue(kvu_ep_t *ep, kvu_job_t *job, int route, uint64_t len)
     }
     if (route == KVU_ROUTE_PTR) {
         /* The rkey stays mapped while the ctx lock is held (rkeys are
-         * destroyed under it), so the copy is done before anyone could
-         * unmap the segment. */
-        void *rptr = kvu_ptr_range(job, raddr, len);
+         * destroyed under it, and their queued jobs canceled first), so the
+         * copy is done before anyone could unmap the segment. The whole
+         * run is checked before any of it is copied. */
+        char *rptr = kvu_ptr_range(job, job->remote_base + run->remote_off,
+                                   run->len);
 
+        if (rptr != NULL) {
+            rptr += job->off;
+        }
         if (rptr == NULL) {
             kvu_op_set_error(job->op, KVX_ERR_OUT_OF_BOUNDS);
             kvc_log_error("KVX-UCX-POST", "%s of %llu bytes at 0x%llx of "
                           "%s's memory: not inside the peer's shared "
                           "segment as mapped here; nothing copied",
                           job->is_put ? "put" : "get",
-                          (unsigned long long)len, (unsigned long long)raddr,
+                          (unsigned long long)run->len,
+                          (unsigned long long)(job->remote_base +
+                                               run->remote_off),
                           ep->peer);
             return -1;
         }
@@ -1969,8 +2024,8 @@ static void kvu_issue_flush(kvu_ep_t *ep, kvu_job_t *job)
  * crash it: ucp_request_send_state_ff reads a datatype and memh those
  * requests never set, seen after kill_p WRITE sm in ucp_mem_rereg_mds).
  * Such jobs go over kvxfer's own active messages, whose target checks
- * every range; everything else stays with UCX (zero-copy or direct
- * shared-memory copies). */
+ * every range; UCX-allocated peer memory that maps here kvxfer copies
+ * itself (KVU_ROUTE_PTR); everything else stays with UCX (zero-copy). */
 static int kvu_job_route(const kvu_ep_t *ep, const kvu_job_t *job)
 {
     void *ptr = NULL;
@@ -1986,22 +2041,26 @@ static int kvu_job_route(const kvu_ep_t *ep, const kvu_job_t *job)
     if (ep->emulated || !ep->ctx->rma) {
         return KVU_ROUTE_AM;
     }
-    if (job->n > 0 && job->rkey != NULL &&
-        ucp_rkey_ptr(job->rkey, job->remote_base + job->runs[0].remote_off,
-                     &ptr) == UCS_OK) {
-        /* UCX-allocated peer memory, mapped here: one memcpy, done before
-         * the job leaves the queue. (UCX 1.13 copies the same way behind
-         * ucp_get_nbx; UCX 1.22 emulates gets from such memory in software
-         * instead, whose answer of 64 KiB or more overflows the FIFO
-         * element's 16-bit length with "auto"'s segments and never
-         * completes: transports/ucx/README.md, "Mapped peer memory".) */
-        return KVU_ROUTE_PTR;
-    }
-    if (ep->rma_shm_only || ep->rma_cma) {
-        /* application memory: emulated on shared-memory lanes alone;
-         * beside a cma lane short runs are faster as kvxfer's active
-         * messages (KVU_CMA_MIN_RUN) */
-        return ep->rma_cma ? KVU_ROUTE_SIZE : KVU_ROUTE_AM;
+    if ((ep->rma_shm_only || ep->rma_cma) && job->n > 0) {
+        if (ucp_rkey_ptr(job->rkey,
+                         job->remote_base + job->runs[0].remote_off,
+                         &ptr) != UCS_OK) {
+            /* application memory: emulated on shared-memory lanes alone;
+             * beside a cma lane short runs are faster as kvxfer's active
+             * messages (KVU_CMA_MIN_RUN) */
+            return ep->rma_cma ? KVU_ROUTE_SIZE : KVU_ROUTE_AM;
+        }
+        /* UCX-allocated peer memory, mapped here: kvxfer copies it, once
+         * the mapping it may touch is known (UCX 1.13 copies the same way
+         * behind ucp_get_nbx; UCX 1.22 emulates gets from such memory in
+         * software instead, whose answer of 64 KiB or more overflows the
+         * FIFO element's 16-bit length with "auto"'s segments and never
+         * completes: transports/ucx/README.md, "Mapped peer memory").
+         * /proc/self/maps unreadable: UCX's route, as before. */
+        if (job->krkey->map_state == 0) {
+            kvu_rkey_map(ep->ctx, job->krkey, (uintptr_t)ptr);
+        }
+        return job->krkey->map_state != 0 ? KVU_ROUTE_PTR : KVU_ROUTE_UCX;
     }
     return KVU_ROUTE_UCX;
 }
@@ -5066,15 +5125,55 @@ kvx_status_t kvu_rkey_unpack(kvu_ep_t *ep, const void *buf, size_t len,
     return KVX_OK;
 }
 
+/* kvu_rkey_cancel_jobs: the jobs posted through rkey that are not done
+ * issuing end as canceled (ctx lock held), so that none copies through
+ * it, or hands it to UCX, once it is destroyed: the engine destroys a
+ * peer's rkeys before it closes the endpoint, and a pass can run between
+ * the two. Returns how many. */
+static unsigned kvu_rkey_cancel_jobs(kvu_rkey_t *rkey)
+{
+    kvu_ep_t  *ep  = rkey->ep;
+    kvu_ctx_t *ctx = ep->ctx;
+    kvu_job_t *job, *next, *head = NULL, *tail = NULL;
+    unsigned   n = 0;
+
+    (void)kvu_take_incoming(ctx); /* posted ones join their queues */
+    for (job = ep->qhead; job != NULL; job = next) {
+        next      = job->next;
+        job->next = NULL;
+        if (job->nt == NULL && job->krkey == rkey) {
+            kvu_job_cancel(ctx, job, KVX_ERR_CANCELED);
+            n++;
+            continue;
+        }
+        if (tail != NULL) {
+            tail->next = job;
+        } else {
+            head = job;
+        }
+        tail = job;
+    }
+    ep->qhead = head;
+    ep->qtail = tail;
+    return n;
+}
+
 void kvu_rkey_destroy(kvu_rkey_t *rkey)
 {
     if (rkey == NULL) {
         return;
     }
     if (rkey->rkey != NULL) {
-        pthread_mutex_lock(&rkey->ep->ctx->lock);
+        kvu_ctx_t *ctx = rkey->ep->ctx;
+        unsigned   n;
+
+        pthread_mutex_lock(&ctx->lock);
+        n = kvu_rkey_cancel_jobs(rkey);
         ucp_rkey_destroy(rkey->rkey);
-        pthread_mutex_unlock(&rkey->ep->ctx->lock);
+        pthread_mutex_unlock(&ctx->lock);
+        if (n > 0) {
+            kvu_ctx_kick(ctx); /* their ops complete at the next pass */
+        }
     }
     free(rkey);
 }
