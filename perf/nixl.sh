@@ -22,7 +22,10 @@
 #   unpinned, the scheduler places their threads; 1: P on CPU 0, D on CPU 1,
 #   as nixlbench's, which on 2 vCPUs is placement A of perf/placement.sh;
 #   a build whose LABEL ends in "-pinned" is pinned so whatever PIN_KVX
-#   says, so one run can hold a build unpinned and pinned side by side).
+#   says, so one run can hold a build unpinned and pinned side by side;
+#   a LABEL ending in "-region" (or holding "-region-") runs kvxfer_perf
+#   with --mem ucx: both KV pools in alloc_region memory, which same-host
+#   peers copy directly through their mapping, not application memory).
 #
 # A point: one transfer in flight of BATCH blocks of SIZE bytes, host memory
 # the application allocated and registered on both sides (nixlbench DRAM,
@@ -146,10 +149,18 @@ run_kvxfer() {
     perf=$dir/perf/bench/kvxfer_perf
     csv=$out/logs/$tag.csv
     [ -n "$ld" ] && envs+=(LD_LIBRARY_PATH="$ld")
-    local resident=() memcpy=() pin0=() pin1=()
+    local resident=() memcpy=() pin0=() pin1=() mem=app
     if [ "$PIN_KVX" = 1 ] || [ "${label%-pinned}" != "$label" ]; then
         pin0=(taskset -c 0) pin1=(taskset -c 1)
     fi
+    local warm=(-w $(( n / 10 > 2 ? n / 10 : 2 )))
+    # alloc_region pools: kvxfer_perf's own warm-up (n/10 and at least one
+    # pass over the pool), so each page of the peer's segment was copied
+    # through this process's new mapping once before the timed transfers:
+    # on this VM that first touch costs about 5 us a page even after
+    # MADV_POPULATE_READ (perf/README.md, "Mapped peer memory").
+    # (cold points only: a resident point moves the same blocks throughout)
+    case $label in *-region|*-region-*) mem=ucx; [ "$res" = cold ] && warm=() ;; esac
     [ "$label" = "$first_label" ] && [ "${MEMCPY:-1}" = 1 ] && memcpy=(--memcpy)
     [ "$res" = resident ] && resident=(--resident)
     [ "$op" = WRITE ] && [ "${WRITE_AHEAD:-1}" = 1 ] &&
@@ -161,8 +172,8 @@ run_kvxfer() {
         > "$out/logs/$tag.server.log" 2>&1 &
     spid=$!
     env "${envs[@]}" timeout $TMO "${pin1[@]}" "$perf" 127.0.0.1 -p "$port" --tls "$tls" \
-        -t "$(echo "$op" | tr A-Z a-z)" --mem app --layers 1 --layout key-only \
-        -s "$size" -b "$batch" "${resident[@]}" -n "$n" -w $(( n / 10 > 2 ? n / 10 : 2 )) \
+        -t "$(echo "$op" | tr A-Z a-z)" --mem "$mem" --layers 1 --layout key-only \
+        -s "$size" -b "$batch" "${resident[@]}" -n "$n" "${warm[@]}" \
         "${memcpy[@]}" -q --csv "$csv" > "$out/logs/$tag.client.log" 2>&1
     rc=$?
     wait "$spid" 2>/dev/null
