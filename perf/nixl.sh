@@ -41,7 +41,8 @@
 # --total_buffer_size of the same 256 MiB but still reuses its first
 # BATCH x SIZE bytes, so its cold column is the resident one (said in the
 # summary). Iterations: 1 GiB per point, 10..1000 transfers, a tenth as
-# warm-up, for both.
+# warm-up, for both (a "-region" build's cold points: kvxfer_perf's own
+# warm-up, a tenth and at least one pass over the pool).
 #
 # Load: every run waits for a quiet machine and records the 1-minute load
 # before and after (rows.csv); a point with a run that started at LOAD_MAX
@@ -154,12 +155,14 @@ run_kvxfer() {
         pin0=(taskset -c 0) pin1=(taskset -c 1)
     fi
     local warm=(-w $(( n / 10 > 2 ? n / 10 : 2 )))
-    # alloc_region pools: kvxfer_perf's own warm-up (n/10 and at least one
-    # pass over the pool), so each page of the peer's segment was copied
-    # through this process's new mapping once before the timed transfers:
-    # on this VM that first touch costs about 5 us a page even after
-    # MADV_POPULATE_READ (perf/README.md, "Mapped peer memory").
-    # (cold points only: a resident point moves the same blocks throughout)
+    # alloc_region pools, cold points: kvxfer_perf's own warm-up (n/10 and
+    # at least one pass over the pool), so each page of the peer's segment
+    # was copied through this process's new mapping once before the timed
+    # transfers: on this VM that first touch costs about 5 us a page even
+    # after MADV_POPULATE_READ (perf/README.md, "KV pools in alloc_region
+    # memory against nixlbench"). Resident points move the same blocks
+    # throughout and keep a tenth (a resident direct READ with a warm-up of
+    # 8,192 timed out on P: same section).
     case $label in *-region|*-region-*) mem=ucx; [ "$res" = cold ] && warm=() ;; esac
     [ "$label" = "$first_label" ] && [ "${MEMCPY:-1}" = 1 ] && memcpy=(--memcpy)
     [ "$res" = resident ] && resident=(--resident)

@@ -2125,8 +2125,14 @@ static void kvu_ep_drain(kvu_ep_t *ep)
             if (route == KVU_ROUTE_AM) {
                 uint64_t max = job->is_put ? ep->am_put_max : ep->am_get_max;
 
-                if (ep->am_fifo && max > KVU_AM_FIFO_LEN) {
-                    max = KVU_AM_FIFO_LEN;
+                /* Over a FIFO a message must stay under 64 KiB with its
+                 * headers: UCX sends it as one bcopy fragment (segments of
+                 * KVU_MM_SEG), and the FIFO element's length is 16 bits
+                 * (transports/ucx/README.md, "Mapped peer memory"). Only a
+                 * context that also holds tcp with large segments has a
+                 * larger max. */
+                if (ep->am_fifo && max > KVU_AM_SMALL_LEN) {
+                    max = KVU_AM_SMALL_LEN;
                 }
                 if (len > max) {
                     len = max;
