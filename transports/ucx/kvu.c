@@ -105,9 +105,11 @@
                                           receive segments are UCX's
                                           default 64k (one segment each
                                           when the sender's are large) */
-#define KVU_AM_FIFO_LEN   (64u << 10)  /* over a shared-memory FIFO (its
-                                          gets cap, KVU_FIFO_MAX_GETS, is
-                                          sized for it) */
+#define KVU_AM_FIFO_LEN   (64u << 10)  /* what a shared-memory FIFO's
+                                          segments (KVU_MM_SEG) and its gets
+                                          budget are sized for; a message
+                                          over it carries at most
+                                          KVU_AM_SMALL_LEN (kvu_ep_drain) */
 /* PUTV: up to KVU_AM_PUTV_MAX (kvu.h) whole runs of one job, each of at
  * most KVU_AM_PUTV_RUN bytes, go in one message on a lane that is not a
  * shared-memory FIFO (tcp): a put message of its own each cost a send, a
@@ -1940,13 +1942,18 @@ static int kvu_issue(kvu_ep_t *ep, kvu_job_t *job, int route, uint64_t len)
         if (rptr == NULL) {
             kvu_op_set_error(job->op, KVX_ERR_OUT_OF_BOUNDS);
             kvc_log_error("KVX-UCX-POST", "%s of %llu bytes at 0x%llx of "
-                          "%s's memory: not inside the peer's shared "
-                          "segment as mapped here; nothing copied",
+                          "%s's memory: %s; nothing copied",
                           job->is_put ? "put" : "get",
                           (unsigned long long)run->len,
                           (unsigned long long)(job->remote_base +
                                                run->remote_off),
-                          ep->peer);
+                          ep->peer,
+                          job->krkey->map_state == 1
+                              ? "not inside the shared mapping of the "
+                                "peer's segment here"
+                              : "its rkey maps into memory this engine "
+                                "registered, or into no shared read-write "
+                                "mapping");
             return -1;
         }
         if (job->is_put) {
