@@ -162,7 +162,8 @@ run_kvxfer() {
     # after MADV_POPULATE_READ (perf/README.md, "KV pools in alloc_region
     # memory against nixlbench"). Resident points move the same blocks
     # throughout and keep a tenth (a resident direct READ with a warm-up of
-    # 8,192 timed out on P: same section).
+    # 8,192 once timed out on P: D ran too far ahead; kvxfer_perf's --lead
+    # now bounds that, perf/README.md "D's lead over P").
     case $label in *-region|*-region-*) mem=ucx; [ "$res" = cold ] && warm=() ;; esac
     [ "$label" = "$first_label" ] && [ "${MEMCPY:-1}" = 1 ] && memcpy=(--memcpy)
     [ "$res" = resident ] && resident=(--resident)

@@ -77,6 +77,8 @@ typedef struct kvp_opts {
     uint32_t    iters;         /* 0 = auto */
     uint32_t    warmup;        /* UINT32_MAX = auto */
     uint32_t    depth;
+    uint32_t    lead;          /* D's most transfers ahead of P's finished
+                                  ones before it waits for P (2048) */
     uint64_t    pool_bytes;
     int         check;
     int         memcpy_rows;

@@ -107,12 +107,13 @@ static int kvp_mpi_recv(kvp_comm_t *c, uint32_t type, void **buf,
         free(p);
         return -1;
     }
-    if ((uint32_t)st.MPI_TAG != type) {
+    if (type != KVP_MSG_ANY && (uint32_t)st.MPI_TAG != type) {
         snprintf(c->errmsg, sizeof(c->errmsg), "bootstrap protocol: expected "
                  "message %u, got %d", type, st.MPI_TAG);
         free(p);
         return -1;
     }
+    c->last_type = (uint32_t)st.MPI_TAG;
     *buf = p;
     if (len != NULL) {
         *len = (size_t)count;

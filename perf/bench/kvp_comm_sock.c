@@ -170,13 +170,14 @@ static int kvp_sock_recv(kvp_comm_t *c, uint32_t type, void **buf,
         free(p);
         return -1;
     }
-    if (h.type != type) {
+    if (type != KVP_MSG_ANY && h.type != type) {
         snprintf(c->errmsg, sizeof(c->errmsg),
                  "bootstrap protocol: expected message %u, got %u", type,
                  h.type);
         free(p);
         return -1;
     }
+    c->last_type = h.type;
     *buf = p;
     if (len != NULL) {
         *len = h.len;

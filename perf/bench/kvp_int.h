@@ -72,14 +72,18 @@ enum kvp_msg_type {
     KVP_MSG_BYE,
     KVP_MSG_GATHER,
     KVP_MSG_BCAST,
+    KVP_MSG_PACED,      /* P -> D: finished this many (--lead) */
 };
+/* recv's type that takes any message; its type is then c->last_type. */
+#define KVP_MSG_ANY 0u
 
 typedef struct kvp_comm kvp_comm_t;
 
 typedef struct kvp_comm_ops {
     /* send to the pair peer */
     int (*send)(kvp_comm_t *c, uint32_t type, const void *buf, size_t len);
-    /* receive the next message from the pair peer; it must be of `type`
+    /* receive the next message from the pair peer; it must be of `type`,
+     * or any with KVP_MSG_ANY (c->last_type says which it was)
      * (KVP_MSG_ABORT is reported as an error with the peer's text).
      * The buffer (*buf) is malloc()ed (free it); returns 0, -1 error, -2 timeout. */
     int (*recv)(kvp_comm_t *c, uint32_t type, void **buf, size_t *len,
@@ -107,6 +111,7 @@ struct kvp_comm {
     int      reporter;   /* this rank prints the results */
     char     local_ip[64]; /* local address of the bootstrap connection */
     char     errmsg[512];  /* last error */
+    uint32_t last_type;    /* type of the last message recv returned */
     void    *impl;
 };
 

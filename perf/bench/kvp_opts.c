@@ -73,6 +73,7 @@ void kvp_opts_defaults(kvp_opts_t *o)
     o->iters          = 0;
     o->warmup         = UINT32_MAX;
     o->depth          = 1;
+    o->lead           = 2048;
     o->pool_bytes     = 256ull << 20;
     o->timeout_s      = 120.0;
     o->hold           = 0;
@@ -129,6 +130,11 @@ void kvp_usage(FILE *f, const char *prog)
 "  -w, --warmup N         untimed transfers first (auto: n/10, >= 2, and at\n"
 "                         least one pass over the pool)\n"
 "  -d, --depth N          transfers in flight (1)\n"
+"      --lead N           D runs at most N transfers ahead of the ones P\n"
+"                         finished, then waits for P (2048; a direct READ\n"
+"                         never waits for P, and D's releases that overtake\n"
+"                         P's producer_requests wait in P's engine, which\n"
+"                         keeps at most 4,096 of them)\n"
 "      --pool SIZE        KV pool per side (256M, larger than the 32 MiB LLC so\n"
 "                         blocks are cold; grown to 2 x depth x batch blocks,\n"
 "                         and to 3 blocks: a 2-block tensor is ambiguous)\n"
@@ -243,7 +249,7 @@ enum {
     OPT_POOL, OPT_MEM, OPT_TLS, OPT_INFLIGHT, OPT_EXTRA, OPT_TLSDIR, OPT_KVPORT,
     OPT_CHECK, OPT_CONNECT_AHEAD, OPT_MEMCPY, OPT_TIMEOUT, OPT_CSV, OPT_JSON, OPT_ACCEPT,
     OPT_INJECT, OPT_CLOCK, OPT_HOLD, OPT_HOLD_TIMEOUT, OPT_RESIDENT, OPT_BUSY_POLL,
-    OPT_WRITE_AHEAD,
+    OPT_WRITE_AHEAD, OPT_LEAD,
 };
 
 static const struct option kvp_longopts[] = {
@@ -267,6 +273,7 @@ static const struct option kvp_longopts[] = {
     {"scattered", no_argument, NULL, OPT_SCATTER},
     {"resident", no_argument, NULL, OPT_RESIDENT},
     {"busy-poll", no_argument, NULL, OPT_BUSY_POLL},
+    {"lead", required_argument, NULL, OPT_LEAD},
     {"write-ahead", no_argument, NULL, OPT_WRITE_AHEAD},
     {"iters", required_argument, NULL, 'n'},
     {"warmup", required_argument, NULL, 'w'},
@@ -495,6 +502,12 @@ int kvp_opts_parse(int argc, char **argv, kvp_opts_t *o, char *err,
         case 'd':
             if (kvp_parse_u32(optarg, 1, 1024, &o->depth) != 0) {
                 return kvp_fail(err, errlen, "--depth %s: 1..1024", optarg);
+            }
+            break;
+        case OPT_LEAD:
+            if (kvp_parse_u32(optarg, 2, 4000, &o->lead) != 0) {
+                return kvp_fail(err, errlen, "--lead %s: 2..4000 (below the "
+                                "engine's 4,096 early messages)", optarg);
             }
             break;
         case OPT_POOL:

@@ -87,6 +87,8 @@ typedef struct {
     uint32_t          npairs;
     kvp_report_t     *report;
     uint64_t          xfers_done;
+    uint64_t          paced;         /* D: times D waited for P (--lead) */
+    uint64_t          counts;        /* D: PACED counts taken from P */
     /* per setup */
     uint32_t          setup;
     kvp_mode_t        mode;
@@ -534,6 +536,41 @@ static int kvp_p_ready(kvp_sess_t *s, const kvp_point_msg_t *pm, uint32_t i)
  * looking before every sleep made it one per transfer at one transfer in
  * flight (perf/README.md, "The framework's share" and "The 21 short
  * points"). D's DONE waits at most a millisecond more for it. */
+/* D's lead over P (KVP_MSG_PACED). A direct READ never waits for P, and
+ * in this benchmark D knows every block id in advance (a framework's D
+ * learns them from P's answer), so D could run thousands of transfers
+ * ahead of P's producer_requests; each release it sends meanwhile waits in
+ * P's engine's early store, which keeps at most KVC_EARLY_MAX (4,096) and
+ * drops the oldest: that transfer of P then never finishes and the point
+ * times out. So in a point of more than --lead transfers P says how many
+ * it finished every quarter of --lead (KVP_MSG_PACED, unasked), and D
+ * issues a transfer only while it is fewer than --lead (2,048) ahead of
+ * the last count; otherwise it waits for the next one. Points of at most
+ * --lead transfers (the auto counts: at most 1,100 plus a pass over the
+ * pool) send none. D can always be answered: P finishes every transfer
+ * D issued, and a count at most a quarter of --lead below that lets D on. */
+static uint32_t kvp_pace_step(const kvp_opts_t *o)
+{
+    return o->lead / 4 > 0 ? o->lead / 4 : 1;
+}
+
+/* kvp_p_paced (P): tell D the finished count when it passed the next
+ * step (points of more than --lead transfers only). */
+static int kvp_p_paced(kvp_sess_t *s, uint32_t total, uint32_t finished,
+                       uint32_t *said)
+{
+    if (total <= s->o->lead || finished < *said + kvp_pace_step(s->o)) {
+        return 0;
+    }
+    *said = finished;
+    if (s->c->ops->send(s->c, KVP_MSG_PACED, &finished, sizeof(finished)) !=
+        0) {
+        kvp_err("%s", s->c->errmsg);
+        return -1;
+    }
+    return 0;
+}
+
 static int kvp_p_check_channel(kvp_sess_t *s, int *done_rx, double *last_us)
 {
     void  *b;
@@ -571,6 +608,7 @@ static int kvp_p_point(kvp_sess_t *s, const kvp_point_msg_t *pm)
     long long     rb0 = 0;
     int           done_rx = 0, rc = -1, got = 0, wahead;
     double        chan_us = 0; /* the channel last looked at */
+    uint32_t      said = 0;    /* finished count last sent to D */
     kvp_precs_t   *pr = NULL;
     size_t        prlen;
     int64_t       rss_tmp;
@@ -634,7 +672,8 @@ static int kvp_p_point(kvp_sess_t *s, const kvp_point_msg_t *pm)
                 long long rb;
 
                 if (kvp_drain(s, pm, kvp_p_on_event, &st, &got) != 0 ||
-                    kvp_p_check_channel(s, &done_rx, &chan_us) != 0) {
+                    kvp_p_check_channel(s, &done_rx, &chan_us) != 0 ||
+                    kvp_p_paced(s, total, st.finished, &said) != 0) {
                     goto out;
                 }
                 rb = kvp_stat(s, "remote_blocks");
@@ -677,7 +716,8 @@ static int kvp_p_point(kvp_sess_t *s, const kvp_point_msg_t *pm)
     }
     while (st.finished < total) {
         if (kvp_drain(s, pm, kvp_p_on_event, &st, &got) != 0 ||
-            kvp_p_check_channel(s, &done_rx, &chan_us) != 0) {
+            kvp_p_check_channel(s, &done_rx, &chan_us) != 0 ||
+            kvp_p_paced(s, total, st.finished, &said) != 0) {
             goto out;
         }
         while ((!st.write || wahead) && issued < total &&
@@ -888,9 +928,43 @@ static int kvp_memcpy_point(kvp_sess_t *s, const kvp_point_msg_t *pm,
     return 0;
 }
 
+/* kvp_d_pace (D, about to issue transfer head): take P's counts that
+ * arrived, and wait for the next while head is --lead or more ahead. */
+static int kvp_d_pace(kvp_sess_t *s, uint32_t head, uint32_t *p_fin)
+{
+    int waited = 0;
+
+    while (head >= *p_fin + s->o->lead || s->c->ops->pending(s->c)) {
+        uint32_t got;
+        void    *b;
+        size_t   len;
+
+        if (s->c->ops->recv(s->c, KVP_MSG_PACED, &b, &len, s->o->timeout_s) !=
+            0) {
+            kvp_err("%s", s->c->errmsg);
+            return -1;
+        }
+        if (len != sizeof(got)) {
+            free(b);
+            kvp_fatal(s, "bootstrap protocol: bad PACED from P");
+            return -1;
+        }
+        memcpy(&got, b, sizeof(got));
+        free(b);
+        s->counts++;
+        if (head >= *p_fin + s->o->lead) {
+            waited = 1;
+        }
+        *p_fin = got > *p_fin ? got : *p_fin;
+    }
+    s->paced += (uint64_t)waited;
+    return 0;
+}
+
 static int kvp_d_point(kvp_sess_t *s, const kvp_point_msg_t *pm)
 {
     uint32_t       total = pm->warm + pm->iters, head = 0, tail = 0;
+    uint32_t       p_fin = 0; /* P's finished transfers, as P last said */
     uint64_t      *pids = malloc((size_t)total * pm->batch * sizeof(uint64_t));
     uint64_t      *dids = malloc((size_t)total * pm->batch * sizeof(uint64_t));
     char         **params = calloc(total, sizeof(char *));
@@ -955,6 +1029,10 @@ static int kvp_d_point(kvp_sess_t *s, const kvp_point_msg_t *pm)
         while (head < total && head - tail < s->o->depth) {
             char rid[KVX_ID_MAX + 8];
 
+            if (total > s->o->lead && head >= p_fin + s->o->lead / 2 &&
+                kvp_d_pace(s, head, &p_fin) != 0) {
+                goto out;
+            }
             kvp_tid(s, pm, head, tid, sizeof(tid));
             snprintf(rid, sizeof(rid), "req-%s", tid);
             if (s->o->check) {
@@ -1053,10 +1131,23 @@ static int kvp_d_point(kvp_sess_t *s, const kvp_point_msg_t *pm)
         kvp_transports(s);
         kvp_ctl_stats(s, s->ctl_rtt, s->hs_parts);
     }
-    if (s->c->ops->send(s->c, KVP_MSG_DONE, NULL, 0) != 0 ||
-        s->c->ops->recv(s->c, KVP_MSG_PRECS, (void **)&pr, &prlen,
-                        s->o->timeout_s) != 0) {
+    if (s->c->ops->send(s->c, KVP_MSG_DONE, NULL, 0) != 0) {
         kvp_err("%s", s->c->errmsg);
+        goto out;
+    }
+    do { /* P's records, after the counts D did not need */
+        free(pr);
+        pr = NULL;
+        if (s->c->ops->recv(s->c, KVP_MSG_ANY, (void **)&pr, &prlen,
+                            s->o->timeout_s) != 0) {
+            kvp_err("%s", s->c->errmsg);
+            goto out;
+        }
+        s->counts += s->c->last_type == KVP_MSG_PACED;
+    } while (s->c->last_type == KVP_MSG_PACED);
+    if (s->c->last_type != KVP_MSG_PRECS) {
+        kvp_fatal(s, "bootstrap protocol: expected P's records, got "
+                  "message %u", s->c->last_type);
         goto out;
     }
     if (prlen != sizeof(*pr) + 3 * (size_t)total * sizeof(double) ||
@@ -1530,6 +1621,12 @@ int kvp_session(const kvp_opts_t *o, const kvx_api_t *api, kvp_comm_t *c)
     }
     if (s.report != NULL) {
         kvp_report_close(s.report, rc != 0);
+    }
+    if (s.counts > 0 && !kvp_quiet) {
+        fprintf(stderr, "kvxfer_perf[D%u]: %" PRIu64 " progress counts from "
+                "P; waited for one %" PRIu64 " times to stay within --lead "
+                "%u transfers of P's finished ones\n",
+                c->pair, s.counts, s.paced, o->lead);
     }
     return rc == 0 ? 0 : 1;
 }
