@@ -130,11 +130,12 @@ void kvp_usage(FILE *f, const char *prog)
 "  -w, --warmup N         untimed transfers first (auto: n/10, >= 2, and at\n"
 "                         least one pass over the pool)\n"
 "  -d, --depth N          transfers in flight (1)\n"
-"      --lead N           D runs at most N transfers ahead of the ones P\n"
-"                         finished, then waits for P (2048; a direct READ\n"
-"                         never waits for P, and D's releases that overtake\n"
-"                         P's producer_requests wait in P's engine, which\n"
-"                         keeps at most 4,096 of them)\n"
+"      --lead N           in points of more than N transfers, D runs at most\n"
+"                         N transfers ahead of the ones P finished, then\n"
+"                         waits for P's count (2048, more than --depth; a\n"
+"                         direct READ never waits for P, and D's releases\n"
+"                         that overtake P's producer_requests wait in P's\n"
+"                         engine, which keeps at most 4,096 of them)\n"
 "      --pool SIZE        KV pool per side (256M, larger than the 32 MiB LLC so\n"
 "                         blocks are cold; grown to 2 x depth x batch blocks,\n"
 "                         and to 3 blocks: a 2-block tensor is ambiguous)\n"
@@ -620,6 +621,11 @@ int kvp_opts_parse(int argc, char **argv, kvp_opts_t *o, char *err,
         default:
             return kvp_fail(err, errlen, "unhandled option");
         }
+    }
+    if (o->lead <= o->depth) {
+        return kvp_fail(err, errlen, "--lead %u: must be more than --depth "
+                        "%u (D would stop at the lead with fewer transfers "
+                        "in flight than asked)", o->lead, o->depth);
     }
     if (tls_dir != NULL) {
         size_t n = strlen(o->extra);

@@ -89,6 +89,7 @@ typedef struct {
     uint64_t          xfers_done;
     uint64_t          paced;         /* D: times D waited for P (--lead) */
     uint64_t          counts;        /* D: PACED counts taken from P */
+    unsigned          test_p_delay_us; /* P: KVP_TEST_P_DELAY_US */
     /* per setup */
     uint32_t          setup;
     kvp_mode_t        mode;
@@ -464,11 +465,13 @@ static int kvp_p_on_event(kvp_sess_t *s, const kvp_point_msg_t *pm, long idx,
     double         now = kvp_now_us();
     double        *slot = st->write ? &st->c[idx] : &st->b[idx];
 
-    (void)s;
     (void)pm;
     if (ev->type == KVX_EVENT_FINISHED_SENDING && *slot == 0) {
         *slot = now;
         st->finished++;
+        if (s->test_p_delay_us > 0) {
+            kvp_sleep_us(s->test_p_delay_us); /* a slow P (tests, --lead) */
+        }
     }
     return 0;
 }
@@ -530,12 +533,6 @@ static int kvp_p_ready(kvp_sess_t *s, const kvp_point_msg_t *pm, uint32_t i)
     return 0;
 }
 
-/* P: takes D's DONE if it is waiting (an ABORT there is an error). The
- * channel is looked at once a millisecond at most, events or not: its
- * poll() is a system call, on the CPU P's progress thread needs, and
- * looking before every sleep made it one per transfer at one transfer in
- * flight (perf/README.md, "The framework's share" and "The 21 short
- * points"). D's DONE waits at most a millisecond more for it. */
 /* D's lead over P (KVP_MSG_PACED). A direct READ never waits for P, and
  * in this benchmark D knows every block id in advance (a framework's D
  * learns them from P's answer), so D could run thousands of transfers
@@ -545,10 +542,15 @@ static int kvp_p_ready(kvp_sess_t *s, const kvp_point_msg_t *pm, uint32_t i)
  * times out. So in a point of more than --lead transfers P says how many
  * it finished every quarter of --lead (KVP_MSG_PACED, unasked), and D
  * issues a transfer only while it is fewer than --lead (2,048) ahead of
- * the last count; otherwise it waits for the next one. Points of at most
- * --lead transfers (the auto counts: at most 1,100 plus a pass over the
- * pool) send none. D can always be answered: P finishes every transfer
- * D issued, and a count at most a quarter of --lead below that lets D on. */
+ * the last count; otherwise it waits for the next one, taking its own
+ * events meanwhile (transfers in flight end on time). Points of at most
+ * --lead transfers send none: the auto counts at resident points (at most
+ * 1,100); a point with a long pass over the pool (cold --mem ucx 32 KiB x 1
+ * with the auto warm-up: 8,192 + 1,000 transfers in a 256 MiB pool) paces.
+ * D can always be answered: P finishes every transfer D issued, and a
+ * count at most a quarter of --lead below that lets D on.
+ * KVP_TEST_P_DELAY_US (tests only) makes P wait that long after each
+ * transfer it sees finished, so that D gets ahead. */
 static uint32_t kvp_pace_step(const kvp_opts_t *o)
 {
     return o->lead / 4 > 0 ? o->lead / 4 : 1;
@@ -571,6 +573,12 @@ static int kvp_p_paced(kvp_sess_t *s, uint32_t total, uint32_t finished,
     return 0;
 }
 
+/* P: takes D's DONE if it is waiting (an ABORT there is an error). The
+ * channel is looked at once a millisecond at most, events or not: its
+ * poll() is a system call, on the CPU P's progress thread needs, and
+ * looking before every sleep made it one per transfer at one transfer in
+ * flight (perf/README.md, "The framework's share" and "The 21 short
+ * points"). D's DONE waits at most a millisecond more for it. */
 static int kvp_p_check_channel(kvp_sess_t *s, int *done_rx, double *last_us)
 {
     void  *b;
@@ -929,33 +937,56 @@ static int kvp_memcpy_point(kvp_sess_t *s, const kvp_point_msg_t *pm,
 }
 
 /* kvp_d_pace (D, about to issue transfer head): take P's counts that
- * arrived, and wait for the next while head is --lead or more ahead. */
-static int kvp_d_pace(kvp_sess_t *s, uint32_t head, uint32_t *p_fin)
+ * arrived, and wait for the next while head is --lead or more ahead,
+ * taking D's events meanwhile so that transfers in flight end on time. */
+static int kvp_d_pace(kvp_sess_t *s, const kvp_point_msg_t *pm,
+                      kvp_d_state_t *st, uint32_t head, uint32_t *p_fin)
 {
-    int waited = 0;
+    double        deadline = kvp_now_us() + s->o->timeout_s * 1e6;
+    kvp_backoff_t bo = {2, 100};
+    int           waited = 0, got;
 
-    while (head >= *p_fin + s->o->lead || s->c->ops->pending(s->c)) {
-        uint32_t got;
+    for (;;) {
+        uint32_t n;
         void    *b;
         size_t   len;
 
+        if (!s->c->ops->pending(s->c)) {
+            if (head < *p_fin + s->o->lead) {
+                break;
+            }
+            waited = 1;
+            if (kvp_drain(s, pm, kvp_d_on_event, st, &got) != 0) {
+                return -1;
+            }
+            if (kvp_now_us() > deadline) {
+                kvp_fatal(s, "no count from P within %.1f s: D is %u "
+                          "transfers ahead of P's last (%u; --lead %u)",
+                          s->o->timeout_s, head - *p_fin, *p_fin,
+                          s->o->lead);
+                return -1;
+            }
+            if (got > 0) {
+                kvp_backoff_reset(&bo);
+            } else {
+                kvp_backoff_wait(&bo);
+            }
+            continue;
+        }
         if (s->c->ops->recv(s->c, KVP_MSG_PACED, &b, &len, s->o->timeout_s) !=
             0) {
             kvp_err("%s", s->c->errmsg);
             return -1;
         }
-        if (len != sizeof(got)) {
+        if (len != sizeof(n)) {
             free(b);
             kvp_fatal(s, "bootstrap protocol: bad PACED from P");
             return -1;
         }
-        memcpy(&got, b, sizeof(got));
+        memcpy(&n, b, sizeof(n));
         free(b);
         s->counts++;
-        if (head >= *p_fin + s->o->lead) {
-            waited = 1;
-        }
-        *p_fin = got > *p_fin ? got : *p_fin;
+        *p_fin = n > *p_fin ? n : *p_fin;
     }
     s->paced += (uint64_t)waited;
     return 0;
@@ -1030,7 +1061,7 @@ static int kvp_d_point(kvp_sess_t *s, const kvp_point_msg_t *pm)
             char rid[KVX_ID_MAX + 8];
 
             if (total > s->o->lead && head >= p_fin + s->o->lead / 2 &&
-                kvp_d_pace(s, head, &p_fin) != 0) {
+                kvp_d_pace(s, pm, &st, head, &p_fin) != 0) {
                 goto out;
             }
             kvp_tid(s, pm, head, tid, sizeof(tid));
@@ -1524,6 +1555,10 @@ int kvp_session(const kvp_opts_t *o, const kvx_api_t *api, kvp_comm_t *c)
     s.api    = api;
     s.c      = c;
     s.npairs = c->npairs;
+    if (c->producer && getenv("KVP_TEST_P_DELAY_US") != NULL) {
+        s.test_p_delay_us = (unsigned)strtoul(getenv("KVP_TEST_P_DELAY_US"),
+                                              NULL, 10);
+    }
     snprintf(tag, sizeof(tag), "%s%u", c->producer ? "P" : "D", c->pair);
     kvp_set_tag(tag);
     kvp_timer_slack_min();
@@ -1622,7 +1657,7 @@ int kvp_session(const kvp_opts_t *o, const kvx_api_t *api, kvp_comm_t *c)
     if (s.report != NULL) {
         kvp_report_close(s.report, rc != 0);
     }
-    if (s.counts > 0 && !kvp_quiet) {
+    if (s.counts > 0) { /* even with -q: it tells how the points ran */
         fprintf(stderr, "kvxfer_perf[D%u]: %" PRIu64 " progress counts from "
                 "P; waited for one %" PRIu64 " times to stay within --lead "
                 "%u transfers of P's finished ones\n",
