@@ -1450,6 +1450,70 @@ TEST(KvuAmForge, AnswerFromAThirdWorkerIsDropped)
     ucp_worker_release_address(silent.wk, sa);
 }
 
+// kvxfer sends no rendezvous message: one sent to any of its ids by a
+// worker that never handshook is dropped (UCX answers the sender), once,
+// and the target goes on serving. Releasing the descriptor in the handler
+// as well made UCX answer and free it twice (a segfault in
+// ucp_am_rndv_process_rts, or an assertion at the sender).
+TEST(KvuAmForge, RendezvousMessagesAreDroppedWithoutHarm)
+{
+    Pair      pr("tcp", KVT_ACCESS_DEFAULT);
+    RawWorker forger;
+
+    std::string     taddr = Entries(pr.target.ctx).at(0);
+    ucp_ep_params_t ep_prm{};
+    ep_prm.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+    ep_prm.address    = reinterpret_cast<const ucp_address_t *>(taddr.data());
+    ucp_ep_h fe       = nullptr;
+    ASSERT_EQ(UCS_OK, ucp_ep_create(forger.wk, &ep_prm, &fe));
+    std::vector<uint8_t> junk(65536, 0xee);
+    static AmHdr         h;
+    h = AmHdr{0x4d41564bu, kProto, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0};
+    for (int round = 0; round < 2; round++) {
+        for (unsigned id = 0x4b1; id <= 0x4b8; id++) {
+            SCOPED_TRACE(id);
+            ucp_request_param_t rp{};
+            rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+            rp.flags        = UCP_AM_SEND_FLAG_RNDV;
+            ucs_status_ptr_t sp = ucp_am_send_nbx(fe, id, &h, sizeof(h),
+                                                  junk.data(), junk.size(),
+                                                  &rp);
+            ASSERT_FALSE(UCS_PTR_IS_ERR(sp));
+            // done when the target answered the rendezvous (dropped)
+            EXPECT_TRUE(forger.ProgressUntil(
+                [sp] {
+                    return !UCS_PTR_IS_PTR(sp) ||
+                           ucp_request_check_status(sp) != UCS_INPROGRESS;
+                },
+                5000));
+            if (UCS_PTR_IS_PTR(sp)) {
+                ucp_request_free(sp);
+            }
+        }
+    }
+    // the target took nothing and still serves its real peer byte-exact
+    EXPECT_TRUE(all_eq(pr.target.buf.data(), pr.target.buf.size(), 0x5a));
+    EXPECT_EQ(pr.post(0, pr.tbase(), 0, 4096), KVX_OK); // a get
+    EXPECT_TRUE(all_eq(pr.origin.buf.data(), 4096, 0x5a));
+    memset(pr.origin.buf.data(), 0x33, 4096);
+    EXPECT_EQ(pr.post(1, pr.tbase(), 4096, 4096), KVX_OK); // a put
+    EXPECT_TRUE(all_eq(pr.target.buf.data() + 4096, 4096, 0x33));
+    EXPECT_TRUE(all_eq(pr.target.buf.data(), 4096, 0x5a));
+    ucp_request_param_t cp{};
+    cp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    cp.flags        = UCP_EP_CLOSE_FLAG_FORCE;
+    ucs_status_ptr_t cl = ucp_ep_close_nbx(fe, &cp);
+    forger.ProgressUntil(
+        [cl] {
+            return !UCS_PTR_IS_PTR(cl) ||
+                   ucp_request_check_status(cl) != UCS_INPROGRESS;
+        },
+        2000);
+    if (UCS_PTR_IS_PTR(cl)) {
+        ucp_request_free(cl);
+    }
+}
+
 // Get answers go out packed from the block itself as far as UCX sends them
 // at once; what it would pack later is copied before the handler returns.
 // A 4 KiB socket send buffer (tcp) forces the later packs: 4 MiB read in

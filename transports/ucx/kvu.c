@@ -1159,10 +1159,11 @@ static ucs_status_t kvu_am_on_request(kvu_ctx_t *ctx, ucp_worker_h worker,
     kvx_status_t refusal;
     int          rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
 
-    if (rndv) {
-        /* Never sent by kvxfer (eager only); not received. */
-        ucp_am_data_release(worker, data);
-    }
+    (void)worker;
+    /* A rendezvous message is never sent by kvxfer (eager only) and is not
+     * received: returning UCS_OK lets UCX drop it and answer the sender
+     * (ATS). Releasing it here as well made UCX answer and free it twice,
+     * a crash any peer could cause (tests/security, rndv_am). */
     if (kvu_am_malformed(ctx, header, hlen, param, is_put ? "put" : "get",
                          &h)) {
         return UCS_OK;
@@ -1205,9 +1206,8 @@ static ucs_status_t kvu_am_on_putv(kvu_ctx_t *ctx, ucp_worker_h worker,
     int           rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
     int           well;
 
-    if (rndv) {
-        ucp_am_data_release(worker, data); /* never sent by kvxfer */
-    }
+    (void)worker;
+    /* rndv: never sent by kvxfer; UCS_OK drops it (see kvu_am_on_request) */
     if (kvu_am_malformed(ctx, header, hlen, param, "put", &h)) {
         return UCS_OK;
     }
@@ -1260,9 +1260,8 @@ static ucs_status_t kvu_am_on_answer(kvu_ctx_t *ctx, ucp_worker_h worker,
     kvx_status_t st;
     int          rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
 
-    if (rndv) {
-        ucp_am_data_release(worker, data);
-    }
+    (void)worker;
+    /* rndv: never sent by kvxfer; UCS_OK drops it (see kvu_am_on_request) */
     if (!kvu_am_hdr_ok(header, hlen, &h)) {
         kvc_log_warn("KVX-UCX-AM", "%s: malformed %s answer dropped",
                      ctx->name, is_put ? "put" : "get");
@@ -1395,9 +1394,7 @@ static ucs_status_t kvu_am_queue(void *arg, const void *header, size_t hlen,
     if (ok && ctx->notice_queued < KVU_NOTICE_QMAX) {
         nt = malloc(sizeof(*nt) + idlen + 1);
     }
-    if (rndv) {
-        ucp_am_data_release(wk->worker, data); /* never sent by kvxfer */
-    }
+    /* rndv: never sent by kvxfer; UCS_OK drops it (see kvu_am_on_request) */
     if (nt == NULL) {
         uint64_t n = ++ctx->notice_dropped;
 
@@ -3912,9 +3909,7 @@ static ucs_status_t kvu_am_probe_cb(void *arg, const void *header,
 
     (void)data;
     (void)len;
-    if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
-        ucp_am_data_release(wk->worker, data);
-    }
+    (void)param; /* a rendezvous probe: UCS_OK drops it (kvu_am_on_request) */
     /* Progress thread, ctx lock held. Only the current worker's tokens
      * count; anything else (a forged or late probe) changes nothing. */
     if (header != NULL && hlen == sizeof(tok) &&
