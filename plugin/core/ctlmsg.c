@@ -111,6 +111,16 @@ static kvx_status_t kvc_buf_check(const char *what, const char *buf,
                          (size_t)(nul - buf));
     }
     for (pos = 0; pos < len; pos += n) {
+        uint64_t w;
+
+        /* eight ASCII bytes at a time (the usual message is all ASCII) */
+        if (len - pos >= 8) {
+            memcpy(&w, buf + pos, 8);
+            if ((w & 0x8080808080808080ull) == 0) {
+                n = 8;
+                continue;
+            }
+        }
         n = kvc_utf8_seq((const unsigned char *)buf + pos, len - pos);
         if (n == 0) {
             return kvc_error(KVX_ERR_BAD_MESSAGE,
@@ -1952,19 +1962,25 @@ static uint64_t kvc_idset_hash(const char *id)
     return h;
 }
 
-static size_t kvc_idset_find(const kvc_idset_t *set, const char *id)
+/* kvc_idset_find: the slot of id (hash h), or the empty slot ending its
+ * probe chain. A slot's id is compared only when its stored hash matches,
+ * so a probe reads the index and the hash array, not the ids. */
+static size_t kvc_idset_find(const kvc_idset_t *set, const char *id,
+                             uint32_t h)
 {
-    size_t i = (size_t)kvc_idset_hash(id) & set->mask;
+    size_t i = (size_t)h & set->mask;
 
-    while (set->slots[i] != 0 && strcmp(set->ids[set->slots[i] - 1], id)) {
+    while (set->slots[i] != 0 &&
+           (set->hash[set->slots[i] - 1] != h ||
+            strcmp(set->ids[set->slots[i] - 1], id) != 0)) {
         i = (i + 1) & set->mask;
     }
-    return i; /* the id's slot, or the empty slot ending its probe chain */
+    return i;
 }
 
-static void kvc_idset_unindex(kvc_idset_t *set, const char *id)
+static void kvc_idset_unindex(kvc_idset_t *set, size_t pos)
 {
-    size_t i = kvc_idset_find(set, id), j = i;
+    size_t i = kvc_idset_find(set, set->ids[pos], set->hash[pos]), j = i;
 
     if (set->slots[i] == 0) {
         return;
@@ -1977,7 +1993,7 @@ static void kvc_idset_unindex(kvc_idset_t *set, const char *id)
         if (set->slots[j] == 0) {
             return;
         }
-        home = (size_t)kvc_idset_hash(set->ids[set->slots[j] - 1]) & set->mask;
+        home = (size_t)set->hash[set->slots[j] - 1] & set->mask;
         /* move slot j back to the hole i unless its home lies in (i, j] */
         if ((j > i && (home <= i || home > j)) ||
             (j < i && (home <= i && home > j))) {
@@ -2006,9 +2022,11 @@ kvx_status_t kvc_idset_init(kvc_idset_t *set, size_t cap)
     }
     set->ids   = calloc(cap, sizeof(*set->ids));
     set->slots = calloc(nslots, sizeof(*set->slots));
-    if (set->ids == NULL || set->slots == NULL) {
+    set->hash  = calloc(cap, sizeof(*set->hash));
+    if (set->ids == NULL || set->slots == NULL || set->hash == NULL) {
         free(set->ids);
         free(set->slots);
+        free(set->hash);
         memset(set, 0, sizeof(*set));
         return kvc_error(KVX_ERR_NO_MEMORY, "idset: out of memory for %zu ids",
                          cap);
@@ -2030,34 +2048,40 @@ void kvc_idset_fini(kvc_idset_t *set)
     }
     free(set->ids);
     free(set->slots);
+    free(set->hash);
     memset(set, 0, sizeof(*set));
 }
 
 kvx_status_t kvc_idset_add(kvc_idset_t *set, const char *id)
 {
-    char  *copy;
-    size_t slot;
+    char    *copy;
+    size_t   slot;
+    uint32_t h;
 
     if (set == NULL || set->ids == NULL || id == NULL) {
         return kvc_error(KVX_ERR_INVALID_PARAM,
                          "idset: set not initialised or id is NULL");
     }
-    if (kvc_idset_contains(set, id)) {
+    h    = (uint32_t)kvc_idset_hash(id);
+    slot = kvc_idset_find(set, id, h);
+    if (set->slots[slot] != 0) {
         return KVX_OK;
     }
     copy = strdup(id);
     if (copy == NULL) {
         return kvc_error(KVX_ERR_NO_MEMORY, "idset: out of memory");
     }
-    /* when full, head is the oldest entry */
+    /* when full, head is the oldest entry; unindexing it may move the
+     * slot id's probe chain ends at, so find it again after */
     if (set->ids[set->head] != NULL) {
-        kvc_idset_unindex(set, set->ids[set->head]);
+        kvc_idset_unindex(set, set->head);
         free(set->ids[set->head]);
+        slot = kvc_idset_find(set, id, h);
     }
-    set->ids[set->head] = copy;
-    slot                = kvc_idset_find(set, copy);
-    set->slots[slot]    = (uint32_t)set->head + 1;
-    set->head           = (set->head + 1) % set->cap;
+    set->ids[set->head]  = copy;
+    set->hash[set->head] = h;
+    set->slots[slot]     = (uint32_t)set->head + 1;
+    set->head            = (set->head + 1) % set->cap;
     if (set->count < set->cap) {
         set->count++;
     }
@@ -2069,5 +2093,6 @@ int kvc_idset_contains(const kvc_idset_t *set, const char *id)
     if (set == NULL || set->ids == NULL || id == NULL) {
         return 0;
     }
-    return set->slots[kvc_idset_find(set, id)] != 0;
+    return set->slots[kvc_idset_find(set, id,
+                                     (uint32_t)kvc_idset_hash(id))] != 0;
 }

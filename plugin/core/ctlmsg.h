@@ -239,6 +239,7 @@ typedef struct kvc_idset {
     size_t     head;  /* next slot to write */
     size_t     count;
     uint32_t  *slots; /* hash index: ring position + 1, 0 = empty; owned */
+    uint32_t  *hash;  /* per ring position: its id's hash (low 32 bits) */
     size_t     mask;  /* slots - 1 (power of two) */
 } kvc_idset_t;
 

@@ -621,6 +621,44 @@ INSTANTIATE_TEST_SUITE_P(
         return std::string(info.param.label);
     });
 
+// The UTF-8 check skips eight ASCII bytes at a time: a bad byte and a good
+// multi-byte sequence at every offset around those words are still found
+// (with the right offset) and accepted.
+TEST(CtlMsg, Utf8CheckAtEveryOffset)
+{
+    const std::string head = "{\"type\":\"heartbeat\",\"x\":\"";
+
+    for (size_t pad = 0; pad < 24; pad++) {
+        std::string good = head + std::string(pad, 'a') + "\xc3\xa9" +
+                           std::string(pad % 5, 'b') + "\"}";
+        std::string bad  = head + std::string(pad, 'a') + "\xc1\x87" +
+                           std::string(pad % 5, 'b') + "\"}";
+        std::string cut  = head + std::string(pad, 'a') + "\"}\xe2\x82";
+        kvc_msg_t   msg;
+        char        want[96];
+
+        EXPECT_EQ(kvc_msg_decode(good.data(), good.size(), 1, &msg), KVX_OK)
+            << "pad " << pad << ": " << kvc_last_error();
+        if (!HasFailure()) {
+            kvc_msg_fini(&msg);
+        }
+        EXPECT_EQ(kvc_msg_decode(bad.data(), bad.size(), 1, &msg),
+                  KVX_ERR_BAD_MESSAGE);
+        snprintf(want, sizeof(want),
+                 "byte 0xc1 at offset %zu: not well-formed UTF-8",
+                 head.size() + pad);
+        EXPECT_TRUE(ErrorHas(want)) << "pad " << pad << ": "
+                                    << kvc_last_error();
+        EXPECT_EQ(kvc_msg_decode(cut.data(), cut.size(), 1, &msg),
+                  KVX_ERR_BAD_MESSAGE);
+        snprintf(want, sizeof(want),
+                 "byte 0xe2 at offset %zu: not well-formed UTF-8",
+                 head.size() + pad + 2);
+        EXPECT_TRUE(ErrorHas(want)) << "pad " << pad << ": "
+                                    << kvc_last_error();
+    }
+}
+
 TEST(CtlMsg, OversizedRejectedBeforeParsing)
 {
     std::vector<char> big(KVC_MSG_MAX_BYTES + 1, 'a');
