@@ -1121,6 +1121,47 @@ struct RawWorker {
             }
         }
     }
+    // an endpoint to a worker address (one entry of a kvxfer address)
+    ucp_ep_h Connect(const std::string &addr)
+    {
+        ucp_ep_params_t prm{};
+        ucp_ep_h        ep = nullptr;
+        prm.field_mask     = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+        prm.address = reinterpret_cast<const ucp_address_t *>(addr.data());
+        EXPECT_EQ(UCS_OK, ucp_ep_create(wk, &prm, &ep));
+        return ep;
+    }
+    // progress until request sp completed, at most ms; frees it
+    bool Wait(ucs_status_ptr_t sp, int ms)
+    {
+        bool done = ProgressUntil(
+            [sp] {
+                return !UCS_PTR_IS_PTR(sp) ||
+                       ucp_request_check_status(sp) != UCS_INPROGRESS;
+            },
+            ms);
+        if (UCS_PTR_IS_PTR(sp)) {
+            ucp_request_free(sp);
+        }
+        return done;
+    }
+    // an active message id (header, data) with send flags
+    ucs_status_ptr_t SendAm(ucp_ep_h ep, unsigned id, const void *hdr,
+                            size_t hlen, const void *data, size_t len,
+                            uint32_t flags)
+    {
+        ucp_request_param_t rp{};
+        rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+        rp.flags        = flags;
+        return ucp_am_send_nbx(ep, id, hdr, hlen, data, len, &rp);
+    }
+    void CloseForce(ucp_ep_h ep)
+    {
+        ucp_request_param_t cp{};
+        cp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+        cp.flags        = UCP_EP_CLOSE_FLAG_FORCE;
+        Wait(ucp_ep_close_nbx(ep, &cp), 2000);
+    }
 };
 
 // A hostile process's own UCP worker (RMA feature, tcp) puts into and gets
@@ -1394,32 +1435,17 @@ TEST(KvuAmForge, AnswerFromAThirdWorkerIsDropped)
     // the GETREQ reached the target: the get is pending at the origin
     ASSERT_TRUE(silent.ProgressUntil([&] { return silent.got >= 1; }, 5000));
 
-    std::string     oaddr = Entries(origin.ctx).at(0);
-    ucp_ep_params_t ep_prm{};
-    ep_prm.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
-    ep_prm.address    = reinterpret_cast<const ucp_address_t *>(oaddr.data());
-    ucp_ep_h fe       = nullptr;
-    ASSERT_EQ(UCS_OK, ucp_ep_create(forger.wk, &ep_prm, &fe));
+    ucp_ep_h fe = forger.Connect(Entries(origin.ctx).at(0));
+    ASSERT_NE(fe, nullptr);
     std::vector<uint8_t> evil(4096, 0xee);
     uint64_t             dropped0 = kvu_am_dropped_answers(origin.ctx);
     static AmHdr         h[4];
     for (uint64_t id = 1; id <= 4; id++) {
         h[id - 1] = AmHdr{0x4d41564bu, kProto, 0, 0, 0, id, 0, 0, 0, 0, 0, 0};
-        ucp_request_param_t rp{};
-        rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-        rp.flags        = UCP_AM_SEND_FLAG_EAGER;
-        ucs_status_ptr_t sp = ucp_am_send_nbx(fe, 0x4b2, &h[id - 1],
-                                              sizeof(AmHdr), evil.data(),
-                                              evil.size(), &rp);
-        EXPECT_TRUE(forger.ProgressUntil(
-            [sp] {
-                return !UCS_PTR_IS_PTR(sp) ||
-                       ucp_request_check_status(sp) != UCS_INPROGRESS;
-            },
+        EXPECT_TRUE(forger.Wait(
+            forger.SendAm(fe, 0x4b2, &h[id - 1], sizeof(AmHdr), evil.data(),
+                          evil.size(), UCP_AM_SEND_FLAG_EAGER),
             5000));
-        if (UCS_PTR_IS_PTR(sp)) {
-            ucp_request_free(sp);
-        }
     }
     // every forged answer reached the origin's handler and was dropped
     EXPECT_TRUE(forger.ProgressUntil(
@@ -1434,20 +1460,139 @@ TEST(KvuAmForge, AnswerFromAThirdWorkerIsDropped)
     kvu_ep_close(ep); // completes the get, canceled
     EXPECT_NE(w.wait(), KVX_OK);
     EXPECT_TRUE(all_eq(origin.buf.data(), 4096, 0x00));
-    ucp_request_param_t cp{};
-    cp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    cp.flags        = UCP_EP_CLOSE_FLAG_FORCE;
-    ucs_status_ptr_t cl = ucp_ep_close_nbx(fe, &cp);
-    forger.ProgressUntil(
-        [cl] {
-            return !UCS_PTR_IS_PTR(cl) ||
-                   ucp_request_check_status(cl) != UCS_INPROGRESS;
-        },
-        2000);
-    if (UCS_PTR_IS_PTR(cl)) {
-        ucp_request_free(cl);
-    }
+    forger.CloseForce(fe);
     ucp_worker_release_address(silent.wk, sa);
+}
+
+// splitmix64, the request nonces' stream before: its state from one
+// output (each step of its mix is invertible), then the next output.
+static uint64_t InvXorShift(uint64_t y, int s)
+{
+    uint64_t x = y;
+    for (int k = s; k < 64; k += s) {
+        x = y ^ (x >> s);
+    }
+    return x;
+}
+static uint64_t InvOdd(uint64_t a) // a^-1 mod 2^64 (Newton)
+{
+    uint64_t x = a;
+    for (int i = 0; i < 6; i++) {
+        x *= 2 - a * x;
+    }
+    return x;
+}
+static uint64_t SplitmixNextAfter(uint64_t out)
+{
+    uint64_t z = InvXorShift(out, 31);
+    z = InvXorShift(z * InvOdd(0x94d049bb133111ebull), 27);
+    z = InvXorShift(z * InvOdd(0xbf58476d1ce4e5b9ull), 30);
+    z += 0x9e3779b97f4a7c15ull; // the state after that output, stepped
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+struct Capture {
+    RawWorker raw;
+    int       got = 0;
+    uint64_t  id = 0, nonce = 0;
+    static ucs_status_t Cb(void *arg, const void *hdr, size_t hlen, void *,
+                           size_t, const ucp_am_recv_param_t *)
+    {
+        Capture *c = static_cast<Capture *>(arg);
+        AmHdr    h;
+        if (hlen == sizeof(h)) {
+            memcpy(&h, hdr, sizeof(h));
+            c->id    = h.id;
+            c->nonce = h.nonce;
+        }
+        c->got++;
+        return UCS_OK;
+    }
+    Capture()
+    {
+        ucp_am_handler_param_t hp{};
+        hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
+                        UCP_AM_HANDLER_PARAM_FIELD_CB |
+                        UCP_AM_HANDLER_PARAM_FIELD_ARG;
+        hp.id         = 0x4b1;
+        hp.cb         = Cb;
+        hp.arg        = this;
+        EXPECT_EQ(UCS_OK, ucp_worker_set_am_recv_handler(raw.wk, &hp));
+    }
+};
+
+// A peer sees the nonces of the requests sent to it. From them it must not
+// tell the nonce of a request sent to another peer: answers are matched by
+// id (sequential) and nonce, so it could answer that request with its own
+// bytes and the get would end OK. (With the splitmix64 stream of before,
+// one nonce gave the next away, and this forged answer was taken.)
+TEST(KvuAmForge, NonceSeenByOnePeerTellsNothingOfTheNext)
+{
+    Side      origin("am-origin", "tcp", KVT_ACCESS_LOCAL, 0x00);
+    Capture   hostile; // served one get, then forges the next one's answer
+    RawWorker silent;  // the other target: takes its GETREQ, never answers
+    silent.Ignore(0x4b1);
+
+    kvu_ep_t   *ep[2] = {nullptr, nullptr};
+    kvu_rkey_t *rk[2] = {nullptr, nullptr};
+    Waiter      w[2];
+    ucp_worker_h wks[2] = {hostile.raw.wk, silent.wk};
+    const void *mrk;
+    size_t      mrklen;
+    kvu_mem_rkey(origin.mem, &mrk, &mrklen); // any tcp rkey unpacks
+    for (int k = 0; k < 2; k++) {
+        ucp_address_t *a  = nullptr;
+        size_t         al = 0;
+        ASSERT_EQ(UCS_OK, ucp_worker_get_address(wks[k], &a, &al));
+        std::string pub = Publish(a, al);
+        ucp_worker_release_address(wks[k], a);
+        ASSERT_EQ(kvu_ep_create(origin.ctx, pub.data(), pub.size(),
+                                k ? "silent" : "hostile", nullptr, nullptr,
+                                &ep[k]), KVX_OK);
+        ASSERT_EQ(kvu_rkey_unpack(ep[k], mrk, mrklen, &rk[k]), KVX_OK);
+    }
+    kvc_run_t run[2] = {{0, 0, 4096}, {4096, 0, 4096}};
+    for (int k = 0; k < 2; k++) {
+        w[k].op.done = Waiter::cb;
+        w[k].op.arg  = &w[k];
+        ASSERT_EQ(kvu_post(ep[k], 0, origin.mem,
+                           (uint64_t)(uintptr_t)origin.buf.data(), rk[k],
+                           0x1000, &run[k], 1, &w[k].op), KVX_OK);
+        RawWorker &r = k ? silent : hostile.raw;
+        ASSERT_TRUE(r.ProgressUntil(
+            [&] { return (k ? silent.got : hostile.got) >= 1; }, 5000));
+    }
+    // the hostile peer predicts the silent one's request: the next id, and
+    // the nonce that follows its own in the old stream
+    ucp_ep_h fe = hostile.raw.Connect(Entries(origin.ctx).at(0));
+    ASSERT_NE(fe, nullptr);
+    std::vector<uint8_t> evil(4096, 0xee);
+    uint64_t             dropped0 = kvu_am_dropped_answers(origin.ctx);
+    static AmHdr         h;
+    h = AmHdr{0x4d41564bu, kProto, 0, 0, 0, hostile.id + 1, 0, 0, 0,
+              SplitmixNextAfter(hostile.nonce), 0, 0};
+    EXPECT_TRUE(hostile.raw.Wait(
+        hostile.raw.SendAm(fe, 0x4b2, &h, sizeof(h), evil.data(),
+                           evil.size(), UCP_AM_SEND_FLAG_EAGER),
+        5000));
+    // the forged answer reached the handler and was dropped
+    EXPECT_TRUE(hostile.raw.ProgressUntil(
+        [&] { return kvu_am_dropped_answers(origin.ctx) >= dropped0 + 1; },
+        5000));
+    pthread_mutex_lock(&w[1].mu);
+    int done = w[1].done;
+    pthread_mutex_unlock(&w[1].mu);
+    EXPECT_EQ(done, 0) << "a forged answer completed the other peer's get";
+    EXPECT_TRUE(all_eq(origin.buf.data() + 4096, 4096, 0x00));
+    for (int k = 0; k < 2; k++) {
+        kvu_rkey_destroy(rk[k]);
+        kvu_ep_close(ep[k]); // completes the get, canceled
+        EXPECT_NE(w[k].wait(), KVX_OK);
+    }
+    EXPECT_TRUE(all_eq(origin.buf.data(), 8192, 0x00));
+    hostile.raw.CloseForce(fe);
 }
 
 // kvxfer sends no rendezvous message: one sent to any of its ids by a
@@ -1460,35 +1605,20 @@ TEST(KvuAmForge, RendezvousMessagesAreDroppedWithoutHarm)
     Pair      pr("tcp", KVT_ACCESS_DEFAULT);
     RawWorker forger;
 
-    std::string     taddr = Entries(pr.target.ctx).at(0);
-    ucp_ep_params_t ep_prm{};
-    ep_prm.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
-    ep_prm.address    = reinterpret_cast<const ucp_address_t *>(taddr.data());
-    ucp_ep_h fe       = nullptr;
-    ASSERT_EQ(UCS_OK, ucp_ep_create(forger.wk, &ep_prm, &fe));
+    ucp_ep_h fe = forger.Connect(Entries(pr.target.ctx).at(0));
+    ASSERT_NE(fe, nullptr);
     std::vector<uint8_t> junk(65536, 0xee);
     static AmHdr         h;
     h = AmHdr{0x4d41564bu, kProto, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0};
     for (int round = 0; round < 2; round++) {
         for (unsigned id = 0x4b1; id <= 0x4b8; id++) {
             SCOPED_TRACE(id);
-            ucp_request_param_t rp{};
-            rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-            rp.flags        = UCP_AM_SEND_FLAG_RNDV;
-            ucs_status_ptr_t sp = ucp_am_send_nbx(fe, id, &h, sizeof(h),
-                                                  junk.data(), junk.size(),
-                                                  &rp);
+            ucs_status_ptr_t sp =
+                forger.SendAm(fe, id, &h, sizeof(h), junk.data(),
+                              junk.size(), UCP_AM_SEND_FLAG_RNDV);
             ASSERT_FALSE(UCS_PTR_IS_ERR(sp));
             // done when the target answered the rendezvous (dropped)
-            EXPECT_TRUE(forger.ProgressUntil(
-                [sp] {
-                    return !UCS_PTR_IS_PTR(sp) ||
-                           ucp_request_check_status(sp) != UCS_INPROGRESS;
-                },
-                5000));
-            if (UCS_PTR_IS_PTR(sp)) {
-                ucp_request_free(sp);
-            }
+            EXPECT_TRUE(forger.Wait(sp, 5000));
         }
     }
     // the target took nothing and still serves its real peer byte-exact
@@ -1499,19 +1629,98 @@ TEST(KvuAmForge, RendezvousMessagesAreDroppedWithoutHarm)
     EXPECT_EQ(pr.post(1, pr.tbase(), 4096, 4096), KVX_OK); // a put
     EXPECT_TRUE(all_eq(pr.target.buf.data() + 4096, 4096, 0x33));
     EXPECT_TRUE(all_eq(pr.target.buf.data(), 4096, 0x5a));
-    ucp_request_param_t cp{};
-    cp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    cp.flags        = UCP_EP_CLOSE_FLAG_FORCE;
-    ucs_status_ptr_t cl = ucp_ep_close_nbx(fe, &cp);
-    forger.ProgressUntil(
-        [cl] {
-            return !UCS_PTR_IS_PTR(cl) ||
-                   ucp_request_check_status(cl) != UCS_INPROGRESS;
-        },
-        2000);
-    if (UCS_PTR_IS_PTR(cl)) {
-        ucp_request_free(cl);
+    forger.CloseForce(fe);
+}
+
+// A peer that asks and stops reading cannot make a target queue answers
+// without bound: past answers_max in flight (KVU_AMR_MAX by default) a
+// request goes unanswered, and the target answers again once the peer
+// reads.
+TEST(KvuAmAnswer, AnswersInFlightAreBounded)
+{
+    unsigned major = 0, minor = 0, release = 0;
+
+    ucp_get_version(&major, &minor, &release);
+    const std::string tcp = major > 1 || minor >= 17 ? "TCP_" : "";
+    const std::string settings = "auto " + tcp + "SNDBUF=4096";
+    std::vector<uint8_t> buf(1u << 20, 0x5a);
+    kvu_params_t         p{};
+    p.lane_settings      = settings.c_str();
+    p.tls                = "tcp";
+    p.err_mode_peer      = 1;
+    p.max_inflight_bytes = 1u << 20;
+    p.name               = "amr-target";
+    p.remote_access      = KVT_ACCESS_READ;
+    p.answers_max        = 8;
+    if (g_inbound != nullptr) {
+        p.inbound_set = 1;
+        p.inbound     = g_inbound->data();
+        p.n_inbound   = g_inbound->size();
     }
+    kvu_ctx_t *ctx = nullptr;
+    kvu_mem_t *mem = nullptr;
+    ASSERT_EQ(kvu_ctx_create(&p, &ctx), KVX_OK) << kvc_last_error();
+    ASSERT_EQ(kvu_mem_register(ctx, buf.data(), buf.size(), 0, &mem),
+              KVX_OK);
+    const void *rk;
+    size_t      rklen;
+    uint64_t    token;
+    kvu_mem_rkey(mem, &rk, &rklen);
+    memcpy(&token, static_cast<const uint8_t *>(rk) + rklen - 16, 8);
+
+    RawWorker asker; // counts the answers it reads (when it progresses)
+    asker.Ignore(0x4b2);
+    ucp_ep_h fe = asker.Connect(Entries(ctx).at(0));
+    ASSERT_NE(fe, nullptr);
+    static AmHdr                  h[65];
+    std::vector<ucs_status_ptr_t> reqs;
+    auto ask = [&](uint64_t id) {
+        h[id - 1] = AmHdr{0x4d41564bu, kProto, 0, 0, 0, id,
+                          (uint64_t)(uintptr_t)buf.data(), 32768, token,
+                          id, 0, 0};
+        ucs_status_ptr_t sp =
+            asker.SendAm(fe, 0x4b1, &h[id - 1], sizeof(AmHdr), nullptr, 0,
+                         UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY);
+        EXPECT_FALSE(UCS_PTR_IS_ERR(sp));
+        if (UCS_PTR_IS_PTR(sp)) {
+            reqs.push_back(sp);
+        }
+    };
+    // one get answered: the connection is up both ways
+    ask(1);
+    ASSERT_TRUE(asker.ProgressUntil([&] { return asker.got >= 1; }, 5000));
+    // 64 more, never read: the target's 4 KiB socket buffer and the
+    // asker's receive buffer fill, then its answers queue, to 8
+    for (uint64_t id = 2; id <= 65; id++) {
+        ask(id);
+    }
+    auto now_s = [] {
+        struct timespec t;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        return (double)t.tv_sec + t.tv_nsec * 1e-9;
+    };
+    // (a wait on a condition, with a deadline: the target's progress
+    // thread takes the requests)
+    for (double t0 = now_s();
+         kvu_am_unanswered(ctx) == 0 && now_s() - t0 < 10;) {
+        usleep(1000);
+    }
+    EXPECT_GT(kvu_am_unanswered(ctx), 0u);
+    EXPECT_LE(kvu_am_answers_in_flight(ctx), 8u);
+    // reading again drains what was queued
+    EXPECT_TRUE(asker.ProgressUntil(
+        [&] { return kvu_am_answers_in_flight(ctx) == 0; }, 10000));
+    // every request answered or counted unanswered, nothing lost between
+    const int answered = 1 + 64 - (int)kvu_am_unanswered(ctx);
+    EXPECT_TRUE(
+        asker.ProgressUntil([&] { return asker.got >= answered; }, 10000));
+    EXPECT_EQ(asker.got, answered);
+    for (ucs_status_ptr_t sp : reqs) {
+        asker.Wait(sp, 2000);
+    }
+    asker.CloseForce(fe);
+    kvu_mem_release(mem);
+    kvu_ctx_destroy(ctx);
 }
 
 // Get answers go out packed from the block itself as far as UCX sends them

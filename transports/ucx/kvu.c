@@ -167,6 +167,14 @@
                                   dropped: a peer cannot grow memory) */
 #define KVU_CTL_QBYTES    (4u << 20) /* control-message bytes waiting for
                                         delivery (more are dropped) */
+/* Answers (GETREP, PUTACK) a target has in flight, all its peers
+ * together: a peer that asks and stops reading would otherwise make it
+ * queue answers without bound. Past either limit a request goes
+ * unanswered (its origin's op ends at its deadline or its endpoint's
+ * failure). An origin of kvxfer has at most max_inflight_bytes in flight
+ * per endpoint. */
+#define KVU_AMR_MAX   16384
+#define KVU_AMR_BYTES (512ull << 20)
 #define KVU_NOTICE_PENDING_MAX 256 /* notice sends outstanding on one
                                       endpoint (a peer that stopped reading
                                       cannot grow this side's memory) */
@@ -273,6 +281,8 @@ typedef struct kvu_notice {
 /* kvu_amr_t: a target's answer in flight, with its own copy of the data. */
 typedef struct kvu_amr {
     kvu_am_hdr_t     hdr;
+    kvu_ctx_t       *ctx;
+    size_t           len;      /* counted in ctx->amr_bytes */
     kvu_dt_state_t   dts;      /* GETREP data: data[] below */
     unsigned char    data[];   /* what UCX had not packed when the send
                                   returned, copied then (while the range
@@ -500,6 +510,10 @@ struct kvu_ctx {
     uint64_t        am_refused;  /* AM requests refused (log throttle) */
     uint64_t        am_served;   /* AM requests answered (debug log) */
     uint64_t        am_dropped;  /* AM answers matching no request */
+    uint64_t        amr_n;       /* answers in flight (KVU_AMR_MAX) */
+    uint64_t        amr_bytes;   /* their data (KVU_AMR_BYTES) */
+    uint64_t        amr_unsent;  /* requests left unanswered: over those */
+    uint64_t        amr_max;     /* KVU_AMR_MAX, or params answers_max */
     uint64_t        am_late_copied; /* GETREP bytes copied for a later pack */
     uint64_t        ptr_copied;     /* bytes copied through a mapped peer
                                        segment (KVU_ROUTE_PTR) */
@@ -507,7 +521,8 @@ struct kvu_ctx {
     uint64_t        notice_queued;  /* entries in that list */
     uint64_t        ctl_queued;     /* bytes of its control messages */
     uint64_t        notice_dropped; /* malformed or over KVU_NOTICE_QMAX */
-    uint64_t        am_nonce;    /* splitmix64 state of request nonces */
+    uint64_t        am_key[2];   /* secret key of request nonces */
+    uint64_t        am_seq;      /* count of request nonces drawn */
     ucp_datatype_t  am_dt;       /* bytes, packed by copy (kvu_dt_*) */
     kvu_amp_t      *amp[KVU_AMP_BUCKETS]; /* unanswered AM ops, by id */
     /* The receive-FIFO watchdog (progress thread only; kvu_fifo_*). */
@@ -779,15 +794,18 @@ static void kvu_am_send_cb(void *request, ucs_status_t status,
     ucp_request_free(request);
 }
 
-/* kvu_splitmix64: the next value of a splitmix64 stream (request nonces:
- * unpredictable to anyone who never saw one, from a random seed). */
-static uint64_t kvu_splitmix64(uint64_t *state)
+/* kvu_nonce: the next request nonce: SipHash-2-4 of a counter under the
+ * context's random secret key. A peer sees the nonces of the requests sent
+ * to it; from them it cannot tell those of requests sent to others (whose
+ * answers it could otherwise forge: an answer is matched by id and nonce).
+ * (A splitmix64 stream, as before, gives its state away with one output.)
+ * Never 0. ctx lock held. */
+static uint64_t kvu_nonce(kvu_ctx_t *ctx)
 {
-    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+    uint64_t seq = ++ctx->am_seq;
+    uint64_t v   = kvc_siphash24(ctx->am_key, &seq, sizeof(seq));
 
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
+    return v != 0 ? v : 1;
 }
 
 /* kvu_random64: 64 random bits (getrandom; the clock if it fails). */
@@ -877,7 +895,7 @@ static int kvu_am_issue(kvu_ep_t *ep, kvu_job_t *job, void *lbuf,
     }
     amp->hdr.addr  = raddr;
     amp->hdr.len   = len;
-    amp->hdr.nonce = kvu_splitmix64(&ctx->am_nonce);
+    amp->hdr.nonce = kvu_nonce(ctx);
     amp->hdr.mac   = kvc_req_mac(ep->session, job->op->tag, amp->hdr.nonce,
                                  raddr, len, job->is_put);
     amp->lbuf      = lbuf;
@@ -940,7 +958,7 @@ static int kvu_am_issue_v(kvu_ep_t *ep, kvu_job_t *job, size_t k,
 
         ent[i].addr  = job->remote_base + run->remote_off;
         ent[i].len   = run->len;
-        ent[i].nonce = kvu_splitmix64(&ctx->am_nonce);
+        ent[i].nonce = kvu_nonce(ctx);
         ent[i].mac   = kvc_req_mac(ep->session, job->op->tag, ent[i].nonce,
                                    ent[i].addr, ent[i].len, 1);
         seg[i + 1].buf = (const uint8_t *)(uintptr_t)(job->local_base +
@@ -949,7 +967,7 @@ static int kvu_am_issue_v(kvu_ep_t *ep, kvu_job_t *job, size_t k,
     }
     amp->hdr.addr  = k; /* a PUTV's count of entries */
     amp->hdr.len   = bytes;
-    amp->hdr.nonce = kvu_splitmix64(&ctx->am_nonce);
+    amp->hdr.nonce = kvu_nonce(ctx);
     amp->len       = bytes;
     amp->is_put    = 1;
     amp->dts.segs  = seg;
@@ -989,6 +1007,8 @@ static void kvu_am_reply_cb(void *request, ucs_status_t status,
     kvu_amr_t *amr = user_data;
 
     (void)status; /* the origin went away: nothing to do */
+    amr->ctx->amr_n--;
+    amr->ctx->amr_bytes -= amr->len;
     free(amr);
     ucp_request_free(request);
 }
@@ -1000,14 +1020,33 @@ static void kvu_am_answer_send(kvu_ctx_t *ctx, ucp_ep_h reply_ep,
                                kvx_status_t status, const void *data,
                                size_t len)
 {
-    kvu_amr_t          *amr = malloc(sizeof(*amr) + len);
+    kvu_amr_t          *amr;
     ucp_request_param_t prm;
     ucs_status_ptr_t    sp;
 
+    if (ctx->amr_n >= ctx->amr_max || ctx->amr_bytes + len > KVU_AMR_BYTES) {
+        uint64_t n = ++ctx->amr_unsent;
+
+        if ((n & (n - 1)) == 0) { /* the 1st, 2nd, 4th ...: no flood */
+            kvc_log_warn("KVX-UCX-AM", "%s: %llu answers (%llu bytes) in "
+                         "flight, at most %llu (%llu bytes): a request left "
+                         "unanswered (%llu so far); a peer asks and does not "
+                         "read?", ctx->name,
+                         (unsigned long long)ctx->amr_n,
+                         (unsigned long long)ctx->amr_bytes,
+                         (unsigned long long)ctx->amr_max,
+                         (unsigned long long)KVU_AMR_BYTES,
+                         (unsigned long long)n);
+        }
+        return; /* the origin's op ends at its deadline or ep failure */
+    }
+    amr = malloc(sizeof(*amr) + len);
     if (amr == NULL) {
         return; /* the origin's op completes at its ep's failure or close */
     }
     memset(&amr->hdr, 0, sizeof(amr->hdr)); /* nothing else goes out */
+    amr->ctx         = ctx;
+    amr->len         = len;
     amr->hdr.magic   = KVU_AM_MAGIC;
     amr->hdr.version = KVU_AM_VERSION;
     amr->hdr.status  = (int32_t)status;
@@ -1040,6 +1079,8 @@ static void kvu_am_answer_send(kvu_ctx_t *ctx, ucp_ep_h reply_ep,
         free(amr);
         return;
     }
+    ctx->amr_n++; /* until kvu_am_reply_cb */
+    ctx->amr_bytes += len;
     if (len > 0) {
         memcpy(amr->data + amr->dts.last,
                (const uint8_t *)data + amr->dts.last, len - amr->dts.last);
@@ -1263,8 +1304,13 @@ static ucs_status_t kvu_am_on_answer(kvu_ctx_t *ctx, ucp_worker_h worker,
     (void)worker;
     /* rndv: never sent by kvxfer; UCS_OK drops it (see kvu_am_on_request) */
     if (!kvu_am_hdr_ok(header, hlen, &h)) {
-        kvc_log_warn("KVX-UCX-AM", "%s: malformed %s answer dropped",
-                     ctx->name, is_put ? "put" : "get");
+        uint64_t n = ++ctx->am_dropped;
+
+        if ((n & (n - 1)) == 0) { /* the 1st, 2nd, 4th ...: no flood */
+            kvc_log_warn("KVX-UCX-AM", "%s: malformed %s answer dropped "
+                         "(%llu answers dropped so far)", ctx->name,
+                         is_put ? "put" : "get", (unsigned long long)n);
+        }
         return UCS_OK;
     }
     amp = *kvu_amp_slot(ctx, h.id);
@@ -1488,7 +1534,7 @@ static kvx_status_t kvu_notice_send_locked(kvu_ep_t *ep, kvu_notice_t *nt)
     nt->hdr.version = KVU_AM_VERSION;
     if (!ctl && nt->hdr.nonce == 0) {
         /* (a control message carries its sender's, a READ release too) */
-        nt->hdr.nonce = kvu_splitmix64(&ctx->am_nonce);
+        nt->hdr.nonce = kvu_nonce(ctx);
     }
     nt->hdr.mac     = ctl
                           ? kvc_msg_mac(ep->session, nt->hdr.nonce,
@@ -4242,7 +4288,10 @@ kvx_status_t kvu_ctx_create(const kvu_params_t *params, kvu_ctx_t **ctx_p)
     pthread_mutex_init(&ctx->in_lock, NULL);
     pthread_mutex_init(&ctx->pass_lock, NULL);
     pthread_cond_init(&ctx->cond, NULL);
-    ctx->am_nonce = kvu_random64();
+    ctx->amr_max   = ctx->params.answers_max != 0 ? ctx->params.answers_max
+                                                  : KVU_AMR_MAX;
+    ctx->am_key[0] = kvu_random64();
+    ctx->am_key[1] = kvu_random64();
     ctx->wakefd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (ctx->wakefd < 0) {
         status = kvc_error(KVX_ERR_INTERNAL, "eventfd: %s", strerror(errno));
@@ -4992,6 +5041,16 @@ static uint64_t kvu_ctx_counter(kvu_ctx_t *ctx, const uint64_t *counter)
 uint64_t kvu_am_dropped_answers(kvu_ctx_t *ctx)
 {
     return kvu_ctx_counter(ctx, &ctx->am_dropped);
+}
+
+uint64_t kvu_am_unanswered(kvu_ctx_t *ctx)
+{
+    return kvu_ctx_counter(ctx, &ctx->amr_unsent);
+}
+
+uint64_t kvu_am_answers_in_flight(kvu_ctx_t *ctx)
+{
+    return kvu_ctx_counter(ctx, &ctx->amr_n);
 }
 
 uint64_t kvu_am_late_copied(kvu_ctx_t *ctx)
