@@ -120,9 +120,15 @@ typedef struct kvc_peer {
     uint64_t          lost_inst;    /* during mode->peer_failed: the
                                        instance that is gone (transfers
                                        bound to another one live on) */
-    uint64_t          new_inst;     /* a message came from this instance,
-                                       not inst: a restart, handled on the
-                                       progress owner (kvc_peers_check_conn) */
+    uint64_t          new_inst;     /* a request or message claims this
+                                       instance, not inst: checked with the
+                                       peer on the progress owner
+                                       (kvc_peers_check_conn) */
+    uint64_t          claimed_inst; /* that claim, until the peer's next
+                                       reply or handshake settles it
+                                       (kvc_peer_claim_settle) */
+    int               claim_settled; /* one was settled: the tick pumps
+                                        the peer's transfers */
     /* Written by the control plane's watch callback (no engine lock). */
     _Atomic uint64_t  conn_down_us; /* control connection lost at (0: up
                                        or never connected) */
@@ -712,11 +718,18 @@ static inline int kvc_peer_bound_lost(const kvc_peer_t *peer, uint64_t inst)
 }
 /* kvc_peer_note_instance: a message of a transfer came from instance inst
  * of peer (lock held, any thread). Returns 0 when inst is the peer's known
- * instance (or either is unknown); 1 when it is a new one: the restart is
- * handled on the next periodic tick (kvc_engine_tick), and until then
- * nothing may use the peer's connection for that transfer; 2 when inst is
+ * instance (or either is unknown); 1 when it is a new one: on the next
+ * periodic tick (kvc_engine_tick) the peer is asked (a heartbeat, or a
+ * handshake), and its answer decides: a restart, or a claim it refutes
+ * (kvc_peer_claim_settle); until then nothing may use the peer's
+ * connection for that transfer; 2 when inst is
  * one that restarted since (gone: the transfer cannot be served). */
 int         kvc_peer_note_instance(kvc_peer_t *peer, uint64_t inst);
+/* kvc_peer_claim_settle: the peer answered (a reply or a handshake): a
+ * claimed instance (claimed_inst) it did not answer as is dead from now on
+ * (the transfers bound to it fail), and the peer's transfers are pumped.
+ * Lock held, progress owner. */
+void        kvc_peer_claim_settle(kvc_peer_t *peer);
 /* kvc_peer_set_inst: peer is now instance inst (a handshake answered); a
  * different known one before it is dead (kvc_peer_inst_dead). */
 void        kvc_peer_set_inst(kvc_peer_t *peer, uint64_t inst);

@@ -583,6 +583,7 @@ void kvc_peer_hs_finish(kvt_job_t *job)
     peer->state     = KVC_PEER_READY;
     peer->count_off = 0; /* a new endpoint: its lanes may count again */
     kvc_peer_set_inst(peer, m.epoch);
+    kvc_peer_claim_settle(peer);
     {
         /* A handshake just reached the peer's address: a control
          * connection lost before it (a restart: the old instance's) gets

@@ -86,17 +86,24 @@ int kvc_peer_lost(kvc_peer_t *peer, kvx_status_t status, const char *reason,
     return have;
 }
 
-void kvc_peer_set_inst(kvc_peer_t *peer, uint64_t inst)
+/* kvc_peer_add_dead: inst is gone (kvc_peer_inst_dead); the oldest of the
+ * list makes room (older ones are dead by their order anyway). */
+static void kvc_peer_add_dead(kvc_peer_t *peer, uint64_t inst)
 {
     const uint32_t n = sizeof(peer->dead_inst) / sizeof(peer->dead_inst[0]);
 
+    if (peer->ndead == n) {
+        memmove(peer->dead_inst, peer->dead_inst + 1,
+                (n - 1) * sizeof(peer->dead_inst[0]));
+        peer->ndead--;
+    }
+    peer->dead_inst[peer->ndead++] = inst;
+}
+
+void kvc_peer_set_inst(kvc_peer_t *peer, uint64_t inst)
+{
     if (peer->inst != 0 && inst != peer->inst) {
-        if (peer->ndead == n) {
-            memmove(peer->dead_inst, peer->dead_inst + 1,
-                    (n - 1) * sizeof(peer->dead_inst[0]));
-            peer->ndead--;
-        }
-        peer->dead_inst[peer->ndead++] = peer->inst;
+        kvc_peer_add_dead(peer, peer->inst);
     }
     peer->inst             = inst;
     peer->inst_unconfirmed = 0; /* an instance answered: it is the live one */
@@ -153,6 +160,26 @@ int kvc_peer_saw_instance(kvc_peer_t *peer, uint64_t inst, kvc_peer_conn_t *c)
     peer->lost_inst = peer->inst;
     kvc_peer_set_inst(peer, inst);
     return kvc_peer_lost(peer, KVX_ERR_ENDPOINT, why, c);
+}
+
+void kvc_peer_claim_settle(kvc_peer_t *peer)
+{
+    uint64_t claim = peer->claimed_inst;
+
+    if (claim == 0) {
+        return;
+    }
+    peer->claimed_inst  = 0;
+    peer->claim_settled = 1; /* the tick pumps the peer's transfers */
+    if (claim == peer->inst || peer->inst == 0 ||
+        kvc_peer_inst_dead(peer, claim)) {
+        return; /* confirmed (a restart, handled), unknown, or gone */
+    }
+    kvc_log_warn("KVX-PEER-CLAIM", "peer %s answered as instance %llu, not "
+                 "as instance %llu that a request or message claimed: "
+                 "transfers bound to that one fail", peer->name,
+                 (unsigned long long)peer->inst, (unsigned long long)claim);
+    kvc_peer_add_dead(peer, claim);
 }
 
 void kvc_peer_ctl_lost(kvc_peer_t *peer, kvx_status_t status,
@@ -275,6 +302,7 @@ static void kvc_ctl_done(void *arg, kvx_status_t st, const char *reply,
     if (st == KVX_OK) {
         kvc_lat_add(&eng->stats.ctl_rtt, kvc_now_us(eng) - out->t_queued);
         lost = kvc_peer_saw_instance(peer, info.instance, &c);
+        kvc_peer_claim_settle(peer);
     }
     if (eng->mode->on_reply != NULL && out->type != 0 && !eng->stopping) {
         info.sent_xnonce = out->xnonce;
@@ -658,6 +686,18 @@ void kvc_peer_send_msg(kvc_peer_t *peer, const kvc_msg_t *m, const char *what)
     }
 }
 
+/* kvc_peer_heartbeat: a heartbeat to peer; its reply tells the instance
+ * that answers (kvc_ctl_done). */
+static void kvc_peer_heartbeat(kvc_peer_t *peer)
+{
+    kvc_msg_t m;
+
+    memset(&m, 0, sizeof(m));
+    m.type          = KVC_MSG_HEARTBEAT;
+    m.consumer_rank = -1;
+    kvc_peer_send_msg(peer, &m, "heartbeat");
+}
+
 /* kvc_peers_check_conn (tick): a peer whose control connection stayed lost
  * past the grace is gone (its process died: a stopped process keeps its
  * connections); one that came back answers a heartbeat with its instance
@@ -692,23 +732,33 @@ void kvc_peers_check_conn(struct kvx_engine *eng)
             (p->hs_cli != NULL || p->notify_cli != NULL)) {
             p->gc = 1; /* kvc_peers_collect, outside the lock */
         }
-        if (p->new_inst != 0) {
-            uint64_t inst = p->new_inst;
-
-            p->new_inst = 0;
-            if (kvc_peer_saw_instance(p, inst, &c)) {
-                kvc_peer_conn_free(eng, &c); /* progress owner */
+        if (p->claim_settled) {
+            /* Transfers bound to a refuted claim fail; those bound to a
+             * confirmed one (a restart) handshake with it. */
+            p->claim_settled = 0;
+            if (p->state == KVC_PEER_READY) {
+                eng->mode->peer_ready(eng, p);
+            } else {
+                kvc_peer_want_handshake(p);
             }
-            /* Transfers bound to the new instance handshake with it. */
-            kvc_peer_want_handshake(p);
+        }
+        if (p->new_inst != 0) {
+            /* A request or a message claims the peer restarted: the claim
+             * may be false (a framework's params, a forged message), so
+             * the peer is asked and its answer decides (kvc_ctl_done or
+             * kvc_peer_hs_finish, then kvc_peer_claim_settle). Taking the
+             * claim as a restart made the live instance "dead": every
+             * later handshake with it was refused as stale. */
+            p->claimed_inst = p->new_inst;
+            p->new_inst     = 0;
+            if (p->state == KVC_PEER_READY) {
+                kvc_peer_heartbeat(p);
+            } else {
+                kvc_peer_want_handshake(p);
+            }
         }
         if (atomic_exchange(&p->conn_up_evt, 0) && p->inst != 0) {
-            kvc_msg_t m;
-
-            memset(&m, 0, sizeof(m));
-            m.type          = KVC_MSG_HEARTBEAT;
-            m.consumer_rank = -1;
-            kvc_peer_send_msg(p, &m, "heartbeat");
+            kvc_peer_heartbeat(p);
         }
     }
 }

@@ -289,6 +289,65 @@ TEST(ReadHold, DecodeReadsOnlyWhileTheProducerHoldsTheBlocks)
     EXPECT_EQ(0, StatCount(p.eng, "data_not_exposed"));
 }
 
+// An instance a request's params claim for P (remote_instance) is checked
+// with P, not taken: a claim P does not confirm fails that transfer only.
+// When D took it as P's restart, D dropped the live instance, refused
+// every later handshake with it as stale and failed every later transfer.
+TEST(ReadPeer, ClaimedInstanceIsCheckedNotTaken)
+{
+    Pair pair;
+    MakePair(&pair, 1, "tcp");
+    if (HasFatalFailure()) {
+        return;
+    }
+    Rank                       &p = *pair.p[0], &d = *pair.d[0];
+    const std::vector<uint64_t> premote = {3, 4};
+    const std::vector<uint64_t> dlocal  = {0, 1};
+    std::vector<kvx_event_t>    pev, dev;
+
+    for (const char *tid : {"tx-ok-1", "tx-claim", "tx-ok-2", "tx-ok-3"}) {
+        SCOPED_TRACE(tid);
+        char       *resp = nullptr;
+        std::string pp   = std::string("{\"transfer_id\":\"") + tid + "\"}";
+        const bool  claim = std::string(tid) == "tx-claim";
+
+        ASSERT_EQ(KVX_OK, Api()->producer_request(p.eng, "req-1", pp.c_str(),
+                                                  premote.data(),
+                                                  premote.size(), &resp))
+            << Api()->last_error();
+        Api()->free(resp);
+        std::string params = Params(
+            tid, "127.0.0.1", pair.hs, (uint16_t)(pair.hs + 20000), premote, 1,
+            claim ? ",\"remote_instance\":\"18446744073709551000\","
+                    "\"remote_tp_rank\":0"
+                  : "");
+        for (auto &b : d.bufs) {
+            std::fill(b.begin(), b.end(), 0xEE);
+        }
+        ASSERT_EQ(KVX_OK, Api()->consumer_request(d.eng, "req-1",
+                                                  params.c_str(), dlocal.data(),
+                                                  dlocal.size()))
+            << Api()->last_error();
+        ASSERT_TRUE(WaitFor([&] { DrainEvents(d.eng, &dev);
+                                  return !dev.empty(); }, 20000));
+        if (claim) {
+            EXPECT_EQ(KVX_EVENT_FAILED, dev[0].type);
+            EXPECT_NE(std::string(dev[0].reason).find("18446744073709551000"),
+                      std::string::npos) << dev[0].reason;
+        } else {
+            EXPECT_EQ(KVX_EVENT_FINISHED_RECVING, dev[0].type)
+                << dev[0].reason;
+            EXPECT_EQ("", VerifyPull(pair.model, d, 0, dlocal, premote));
+        }
+        FreeEvents(&dev);
+        if (!claim) { // D's release frees P's blocks
+            ASSERT_TRUE(WaitFor([&] { DrainEvents(p.eng, &pev);
+                                      return !pev.empty(); }, 10000));
+            FreeEvents(&pev);
+        }
+    }
+}
+
 // EarlyRead: D asks for tid from P before P's producer_request; returns
 // once D's gets were refused as not exposed.
 static void EarlyRead(Pair &pair, const char *tid,

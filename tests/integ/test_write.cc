@@ -415,6 +415,70 @@ TEST(WriteFlow, ReusedIdIsNotCompletedByTheEarlierUsesMessages)
     EXPECT_EQ(2, StatAwait(w.d.eng, "rx.write_done", 2));
 }
 
+// A release that carries no use nonce (the plain-string form of SPEC 9,
+// or one D sends when it aborts an id it does not hold) belongs to no use
+// D began with a nonce: P must not fence such a use on it. When it did, P's
+// write_done and notice after the fence told D "nothing more can land", D
+// took them as completion, and the transfer ended OK with layers unwritten.
+TEST(WriteFlow, ReleaseWithoutTheUseNonceDoesNotEndTheUse)
+{
+    WritePair w;
+    MakeWritePair(&w, "tcp");
+    if (HasFatalFailure()) {
+        return;
+    }
+    const std::vector<uint64_t> ids = {1, 2};
+    const std::string           tid = "tx-plainrel";
+    std::vector<kvx_event_t>    dev;
+    char                       *resp = nullptr;
+
+    ASSERT_EQ(KVX_OK, Api()->producer_request(w.p.eng, "r",
+                                              PParams(w, tid).c_str(),
+                                              ids.data(), ids.size(), &resp))
+        << Api()->last_error();
+    Api()->free(resp);
+    ASSERT_EQ(KVX_OK, Api()->consumer_request(w.d.eng, "r",
+                                              DParams(w, tid).c_str(),
+                                              ids.data(), ids.size()))
+        << Api()->last_error();
+    ASSERT_EQ(KVX_OK, Api()->layer_ready(w.p.eng, tid.c_str(), 0));
+    ASSERT_GT(StatAwait(w.p.eng, "bytes_written", 1), 0); // layer 0 is in
+    // the plain release, from D's host
+    kvn_client_t *pc = nullptr;
+    ASSERT_EQ(KVX_OK,
+              kvn_client_open("127.0.0.1", (uint32_t)(w.hs + 20000), &pc));
+    char  *reply = nullptr;
+    size_t rlen  = 0;
+    ASSERT_EQ(KVX_OK, kvn_client_request(pc, tid.data(), tid.size(), 5000,
+                                         &reply, &rlen));
+    free(reply);
+    kvn_client_close(pc);
+    // D is not done: its use was not released
+    WaitFor([&] {
+        DrainEvents(w.d.eng, &dev);
+        return CountEvents(dev, KVX_EVENT_FINISHED_RECVING, tid) > 0;
+    }, 1000);
+    EXPECT_EQ(0, CountEvents(dev, KVX_EVENT_FINISHED_RECVING, tid))
+        << "D finished on a release it never sent, before P wrote layers 1..";
+    FreeEvents(&dev);
+    // P goes on, and D ends OK with every byte
+    for (uint32_t l = 1; l < w.model.layers.size(); l++) {
+        ASSERT_EQ(KVX_OK, Api()->layer_ready(w.p.eng, tid.c_str(), l));
+    }
+    ASSERT_EQ(KVX_OK, Api()->seal_transfer(w.p.eng, tid.c_str()));
+    ASSERT_TRUE(WaitFor([&] {
+        DrainEvents(w.d.eng, &dev);
+        return CountEvents(dev, KVX_EVENT_FINISHED_RECVING, tid) > 0;
+    }, 20000));
+    for (auto &e : dev) {
+        if (e.type == KVX_EVENT_FINISHED_RECVING && tid == e.transfer_id) {
+            EXPECT_EQ(KVX_OK, e.status);
+        }
+    }
+    FreeEvents(&dev);
+    EXPECT_EQ("", VerifyPull(w.model, w.d, 0, ids, ids));
+}
+
 TEST(WriteFlow, ConsumerAbortBeforeAllocationReleasesProducer)
 {
     WritePair w;
