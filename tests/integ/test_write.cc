@@ -89,6 +89,49 @@ int CountEvents(std::vector<kvx_event_t> &evs, kvx_event_type_t type,
     return n;
 }
 
+// Requests: P's producer_request and D's consumer_request of tid (ids
+// both sides), P's first; false (with the failure added) if one failed.
+bool Requests(WritePair &w, const std::string &tid,
+              const std::vector<uint64_t> &ids)
+{
+    char *resp = nullptr;
+
+    if (Api()->producer_request(w.p.eng, "r", PParams(w, tid).c_str(),
+                                ids.data(), ids.size(), &resp) != KVX_OK) {
+        ADD_FAILURE() << "producer_request: " << Api()->last_error();
+        return false;
+    }
+    Api()->free(resp);
+    if (Api()->consumer_request(w.d.eng, "r", DParams(w, tid).c_str(),
+                                ids.data(), ids.size()) != KVX_OK) {
+        ADD_FAILURE() << "consumer_request: " << Api()->last_error();
+        return false;
+    }
+    return true;
+}
+
+// ReadyRestAndAwait: P makes layers from.. of tid ready and seals it; true
+// once D reported tid finished (its events in *dev, to free).
+bool ReadyRestAndAwait(WritePair &w, const std::string &tid, uint32_t from,
+                       std::vector<kvx_event_t> *dev)
+{
+    for (uint32_t l = from; l < w.model.layers.size(); l++) {
+        if (Api()->layer_ready(w.p.eng, tid.c_str(), l) != KVX_OK) {
+            ADD_FAILURE() << "layer_ready " << l << ": "
+                          << Api()->last_error();
+            return false;
+        }
+    }
+    if (Api()->seal_transfer(w.p.eng, tid.c_str()) != KVX_OK) {
+        ADD_FAILURE() << "seal: " << Api()->last_error();
+        return false;
+    }
+    return WaitFor([&] {
+        DrainEvents(w.d.eng, dev);
+        return CountEvents(*dev, KVX_EVENT_FINISHED_RECVING, tid) > 0;
+    }, 20000);
+}
+
 class WriteTransfer : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(WriteTransfer, MixedLayersOutOfOrderTwiceAndDuplicateBlocks)
@@ -371,22 +414,12 @@ TEST(WriteFlow, ReusedIdIsNotCompletedByTheEarlierUsesMessages)
     std::vector<kvx_event_t>    dev;
 
     for (int use = 0; use < 2; use++) {
-        char *resp = nullptr;
-
         // P's request first: an early remote_blocks of an id P already
         // finished is dropped (reuse needs P to hold the id again first;
         // README, Known limits). D asks at once after the first use
         // finished, so the first use's later completion may still be on its
         // way.
-        ASSERT_EQ(KVX_OK, Api()->producer_request(w.p.eng, "r",
-                                                  PParams(w, tid).c_str(),
-                                                  ids.data(), ids.size(), &resp))
-            << Api()->last_error();
-        Api()->free(resp);
-        ASSERT_EQ(KVX_OK, Api()->consumer_request(w.d.eng, "r",
-                                                  DParams(w, tid).c_str(),
-                                                  ids.data(), ids.size()))
-            << Api()->last_error();
+        ASSERT_TRUE(Requests(w, tid, ids));
         if (use == 1) {
             // The first use's write_done has arrived (and any notice came
             // first): nothing of the second use is written yet.
@@ -396,14 +429,7 @@ TEST(WriteFlow, ReusedIdIsNotCompletedByTheEarlierUsesMessages)
                 << "the second use finished before P wrote anything";
             FreeEvents(&dev);
         }
-        for (uint32_t l = 0; l < w.model.layers.size(); l++) {
-            ASSERT_EQ(KVX_OK, Api()->layer_ready(w.p.eng, tid.c_str(), l));
-        }
-        ASSERT_EQ(KVX_OK, Api()->seal_transfer(w.p.eng, tid.c_str()));
-        ASSERT_TRUE(WaitFor([&] {
-            DrainEvents(w.d.eng, &dev);
-            return CountEvents(dev, KVX_EVENT_FINISHED_RECVING, tid) > 0;
-        }, 20000));
+        ASSERT_TRUE(ReadyRestAndAwait(w, tid, 0, &dev));
         EXPECT_EQ("", VerifyPull(w.model, w.d, 0, ids, ids)) << "use " << use;
         FreeEvents(&dev);
         if (use == 0) { // blank again: what D holds next is the 2nd use's
@@ -430,17 +456,8 @@ TEST(WriteFlow, ReleaseWithoutTheUseNonceDoesNotEndTheUse)
     const std::vector<uint64_t> ids = {1, 2};
     const std::string           tid = "tx-plainrel";
     std::vector<kvx_event_t>    dev;
-    char                       *resp = nullptr;
 
-    ASSERT_EQ(KVX_OK, Api()->producer_request(w.p.eng, "r",
-                                              PParams(w, tid).c_str(),
-                                              ids.data(), ids.size(), &resp))
-        << Api()->last_error();
-    Api()->free(resp);
-    ASSERT_EQ(KVX_OK, Api()->consumer_request(w.d.eng, "r",
-                                              DParams(w, tid).c_str(),
-                                              ids.data(), ids.size()))
-        << Api()->last_error();
+    ASSERT_TRUE(Requests(w, tid, ids));
     ASSERT_EQ(KVX_OK, Api()->layer_ready(w.p.eng, tid.c_str(), 0));
     ASSERT_GT(StatAwait(w.p.eng, "bytes_written", 1), 0); // layer 0 is in
     // the plain release, from D's host
@@ -462,14 +479,7 @@ TEST(WriteFlow, ReleaseWithoutTheUseNonceDoesNotEndTheUse)
         << "D finished on a release it never sent, before P wrote layers 1..";
     FreeEvents(&dev);
     // P goes on, and D ends OK with every byte
-    for (uint32_t l = 1; l < w.model.layers.size(); l++) {
-        ASSERT_EQ(KVX_OK, Api()->layer_ready(w.p.eng, tid.c_str(), l));
-    }
-    ASSERT_EQ(KVX_OK, Api()->seal_transfer(w.p.eng, tid.c_str()));
-    ASSERT_TRUE(WaitFor([&] {
-        DrainEvents(w.d.eng, &dev);
-        return CountEvents(dev, KVX_EVENT_FINISHED_RECVING, tid) > 0;
-    }, 20000));
+    ASSERT_TRUE(ReadyRestAndAwait(w, tid, 1, &dev));
     for (auto &e : dev) {
         if (e.type == KVX_EVENT_FINISHED_RECVING && tid == e.transfer_id) {
             EXPECT_EQ(KVX_OK, e.status);
