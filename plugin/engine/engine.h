@@ -725,10 +725,10 @@ static inline int kvc_peer_bound_lost(const kvc_peer_t *peer, uint64_t inst)
  * connection for that transfer; 2 when inst is
  * one that restarted since (gone: the transfer cannot be served). */
 int         kvc_peer_note_instance(kvc_peer_t *peer, uint64_t inst);
-/* kvc_peer_claim_settle: the peer answered (a reply or a handshake): a
- * claimed instance (claimed_inst) it did not answer as is dead from now on
- * (the transfers bound to it fail), and the peer's transfers are pumped.
- * Lock held, progress owner. */
+/* kvc_peer_claim_settle: the peer answered, naming its instance (a reply
+ * or a handshake): a claimed instance (claimed_inst) it did not answer as
+ * is dead from now on (the transfers bound to it fail), and the tick pumps
+ * the peer's transfers. Engine lock held (any thread). */
 void        kvc_peer_claim_settle(kvc_peer_t *peer);
 /* kvc_peer_set_inst: peer is now instance inst (a handshake answered); a
  * different known one before it is dead (kvc_peer_inst_dead). */

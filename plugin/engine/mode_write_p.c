@@ -334,22 +334,6 @@ static void kvc_write_on_release_msg(struct kvx_engine *eng, kvc_msg_t *m,
             return;
         }
     }
-    if (!x->have_blocks) {
-        /* Not bound to a D rank yet: only the decode host of P's request
-         * may release it (kvc_write_blocks takes remote_blocks only from
-         * there too). */
-        const kvc_xfer_t *o = x->parent ? x->parent : x;
-
-        if (o->daddr.host[0] != '\0' &&
-            kvc_from_matches(m->from, o->daddr.host) == 0) {
-            *ok_p = 0; /* changes nothing */
-            kvc_refused(eng, KVC_PORT_NOTIFY, KVC_REFUSE_WRONG_PEER);
-            snprintf(reason, len, "release for '%s' from %s: the decode host "
-                     "of this transfer is %s", m->transfer_id, m->from,
-                     o->daddr.host);
-            return;
-        }
-    }
     if (x->have_blocks && x->xnonce != 0 && m->xfer_nonce == 0) {
         /* A release of no use (the plain form, or D's abort of an id it
          * did not hold yet): not of this use, which D began with a nonce.

@@ -302,7 +302,9 @@ static void kvc_ctl_done(void *arg, kvx_status_t st, const char *reply,
     if (st == KVX_OK) {
         kvc_lat_add(&eng->stats.ctl_rtt, kvc_now_us(eng) - out->t_queued);
         lost = kvc_peer_saw_instance(peer, info.instance, &c);
-        kvc_peer_claim_settle(peer);
+        if (info.instance != 0) { /* (a refusal's reply names none) */
+            kvc_peer_claim_settle(peer);
+        }
     }
     if (eng->mode->on_reply != NULL && out->type != 0 && !eng->stopping) {
         info.sent_xnonce = out->xnonce;

@@ -1633,9 +1633,10 @@ TEST(KvuAmForge, RendezvousMessagesAreDroppedWithoutHarm)
 }
 
 // A peer that asks and stops reading cannot make a target queue answers
-// without bound: past answers_max in flight (KVU_AMR_MAX by default) a
-// request goes unanswered, and the target answers again once the peer
-// reads.
+// without bound: past answers_max in flight to it (KVU_AMR_EP_MAX by
+// default) its requests go unanswered, another peer is still served, and
+// the target answers again once the peer reads. (A bound on all peers
+// together, the first attempt, let one such peer stall every other.)
 TEST(KvuAmAnswer, AnswersInFlightAreBounded)
 {
     unsigned major = 0, minor = 0, release = 0;
@@ -1707,6 +1708,32 @@ TEST(KvuAmAnswer, AnswersInFlightAreBounded)
     }
     EXPECT_GT(kvu_am_unanswered(ctx), 0u);
     EXPECT_LE(kvu_am_answers_in_flight(ctx), 8u);
+    const uint64_t unanswered = kvu_am_unanswered(ctx);
+    // the bound is the asker's own: another peer is served meanwhile
+    {
+        Side        origin("amr-origin", "tcp", KVT_ACCESS_LOCAL, 0x00);
+        const void *addr;
+        size_t      alen;
+        kvu_ep_t   *ep   = nullptr;
+        kvu_rkey_t *rkey = nullptr;
+        Waiter      w;
+        kvc_run_t   run = {0, 0, 4096};
+        kvu_worker_address(ctx, &addr, &alen);
+        ASSERT_EQ(kvu_ep_create(origin.ctx, addr, alen, "amr-target",
+                                nullptr, nullptr, &ep), KVX_OK);
+        ASSERT_EQ(kvu_rkey_unpack(ep, rk, rklen, &rkey), KVX_OK);
+        w.op.done = Waiter::cb;
+        w.op.arg  = &w;
+        ASSERT_EQ(kvu_post(ep, 0, origin.mem,
+                           (uint64_t)(uintptr_t)origin.buf.data(), rkey,
+                           (uint64_t)(uintptr_t)buf.data(), &run, 1, &w.op),
+                  KVX_OK);
+        EXPECT_EQ(w.wait(), KVX_OK);
+        EXPECT_TRUE(all_eq(origin.buf.data(), 4096, 0x5a));
+        kvu_rkey_destroy(rkey);
+        kvu_ep_close(ep);
+    }
+    EXPECT_EQ(kvu_am_unanswered(ctx), unanswered);
     // reading again drains what was queued
     EXPECT_TRUE(asker.ProgressUntil(
         [&] { return kvu_am_answers_in_flight(ctx) == 0; }, 10000));

@@ -167,14 +167,20 @@
                                   dropped: a peer cannot grow memory) */
 #define KVU_CTL_QBYTES    (4u << 20) /* control-message bytes waiting for
                                         delivery (more are dropped) */
-/* Answers (GETREP, PUTACK) a target has in flight, all its peers
- * together: a peer that asks and stops reading would otherwise make it
- * queue answers without bound. Past either limit a request goes
- * unanswered (its origin's op ends at its deadline or its endpoint's
- * failure). An origin of kvxfer has at most max_inflight_bytes in flight
- * per endpoint. */
-#define KVU_AMR_MAX   16384
-#define KVU_AMR_BYTES (512ull << 20)
+/* Answers (GETREP, PUTACK) a target has in flight: a peer that asks and
+ * stops reading would otherwise make it queue answers without bound. Per
+ * reply endpoint at most KVU_AMR_EP_MAX answers (params answers_max) and
+ * the larger of KVU_AMR_EP_BYTES and twice max_inflight_bytes (an origin
+ * of kvxfer has at most max_inflight_bytes in flight per endpoint); all
+ * endpoints together 16 times that many answers and the larger of
+ * KVU_AMR_BYTES and 4 times an endpoint's bytes (a backstop against many
+ * connections). Past a limit a request goes unanswered (its origin's op
+ * ends at its deadline or its endpoint's failure): a peer that stops
+ * reading stalls only itself until the backstop. */
+#define KVU_AMR_EP_MAX     4096
+#define KVU_AMR_EP_BYTES   (64ull << 20)
+#define KVU_AMR_BYTES      (1ull << 30)
+#define KVU_AMR_EP_BUCKETS 64
 #define KVU_NOTICE_PENDING_MAX 256 /* notice sends outstanding on one
                                       endpoint (a peer that stopped reading
                                       cannot grow this side's memory) */
@@ -278,11 +284,19 @@ typedef struct kvu_notice {
     char               id[];
 } kvu_notice_t;
 
+/* kvu_amr_ep_t: the answers in flight on one reply endpoint. */
+typedef struct kvu_amr_ep {
+    ucp_ep_h           ep;
+    uint64_t           n, bytes;
+    struct kvu_amr_ep *next;
+} kvu_amr_ep_t;
+
 /* kvu_amr_t: a target's answer in flight, with its own copy of the data. */
 typedef struct kvu_amr {
     kvu_am_hdr_t     hdr;
     kvu_ctx_t       *ctx;
-    size_t           len;      /* counted in ctx->amr_bytes */
+    kvu_amr_ep_t    *epc;      /* its endpoint's count */
+    size_t           len;      /* counted in ctx->amr_bytes, epc->bytes */
     kvu_dt_state_t   dts;      /* GETREP data: data[] below */
     unsigned char    data[];   /* what UCX had not packed when the send
                                   returned, copied then (while the range
@@ -510,10 +524,12 @@ struct kvu_ctx {
     uint64_t        am_refused;  /* AM requests refused (log throttle) */
     uint64_t        am_served;   /* AM requests answered (debug log) */
     uint64_t        am_dropped;  /* AM answers matching no request */
-    uint64_t        amr_n;       /* answers in flight (KVU_AMR_MAX) */
-    uint64_t        amr_bytes;   /* their data (KVU_AMR_BYTES) */
-    uint64_t        amr_unsent;  /* requests left unanswered: over those */
-    uint64_t        amr_max;     /* KVU_AMR_MAX, or params answers_max */
+    uint64_t        amr_n;       /* answers in flight, all endpoints */
+    uint64_t        amr_bytes;   /* their data */
+    uint64_t        amr_unsent;  /* requests left unanswered: over a limit */
+    uint64_t        amr_ep_max, amr_ep_bytes; /* per endpoint (KVU_AMR_*) */
+    uint64_t        amr_max, amr_max_bytes;   /* all together */
+    kvu_amr_ep_t   *amr_ep[KVU_AMR_EP_BUCKETS]; /* by reply endpoint */
     uint64_t        am_late_copied; /* GETREP bytes copied for a later pack */
     uint64_t        ptr_copied;     /* bytes copied through a mapped peer
                                        segment (KVU_ROUTE_PTR) */
@@ -1001,14 +1017,59 @@ static kvu_mem_t *kvu_am_find_mem(kvu_ctx_t *ctx, uint64_t addr,
     return NULL;
 }
 
+static kvu_amr_ep_t **kvu_amr_ep_slot(kvu_ctx_t *ctx, ucp_ep_h ep)
+{
+    return &ctx->amr_ep[((uintptr_t)ep >> 4) % KVU_AMR_EP_BUCKETS];
+}
+
+/* kvu_amr_ep_get: the count of ep's answers in flight (a new one at 0, or
+ * NULL without memory). ctx lock held. */
+static kvu_amr_ep_t *kvu_amr_ep_get(kvu_ctx_t *ctx, ucp_ep_h ep)
+{
+    kvu_amr_ep_t **pp = kvu_amr_ep_slot(ctx, ep), *e;
+
+    for (e = *pp; e != NULL; e = e->next) {
+        if (e->ep == ep) {
+            return e;
+        }
+    }
+    e = calloc(1, sizeof(*e));
+    if (e != NULL) {
+        e->ep   = ep;
+        e->next = *pp;
+        *pp     = e;
+    }
+    return e;
+}
+
+/* kvu_amr_ep_drop: e if it holds no answer (just made): unlinked, freed. */
+static void kvu_amr_ep_drop(kvu_ctx_t *ctx, kvu_amr_ep_t *e)
+{
+    kvu_amr_ep_t **pp = kvu_amr_ep_slot(ctx, e->ep);
+
+    if (e->n != 0) {
+        return;
+    }
+    while (*pp != e) {
+        pp = &(*pp)->next;
+    }
+    *pp = e->next;
+    free(e);
+}
+
 static void kvu_am_reply_cb(void *request, ucs_status_t status,
                             void *user_data)
 {
-    kvu_amr_t *amr = user_data;
+    kvu_amr_t    *amr = user_data;
+    kvu_ctx_t    *ctx = amr->ctx;
+    kvu_amr_ep_t *e   = amr->epc;
 
     (void)status; /* the origin went away: nothing to do */
-    amr->ctx->amr_n--;
-    amr->ctx->amr_bytes -= amr->len;
+    ctx->amr_n--;
+    ctx->amr_bytes -= amr->len;
+    e->bytes -= amr->len;
+    e->n--;
+    kvu_amr_ep_drop(ctx, e);
     free(amr);
     ucp_request_free(request);
 }
@@ -1021,31 +1082,44 @@ static void kvu_am_answer_send(kvu_ctx_t *ctx, ucp_ep_h reply_ep,
                                size_t len)
 {
     kvu_amr_t          *amr;
+    kvu_amr_ep_t       *e = kvu_amr_ep_get(ctx, reply_ep);
     ucp_request_param_t prm;
     ucs_status_ptr_t    sp;
 
-    if (ctx->amr_n >= ctx->amr_max || ctx->amr_bytes + len > KVU_AMR_BYTES) {
+    if (e == NULL) {
+        return; /* no memory: as below */
+    }
+    if (e->n >= ctx->amr_ep_max || e->bytes + len > ctx->amr_ep_bytes ||
+        ctx->amr_n >= ctx->amr_max ||
+        ctx->amr_bytes + len > ctx->amr_max_bytes) {
         uint64_t n = ++ctx->amr_unsent;
 
         if ((n & (n - 1)) == 0) { /* the 1st, 2nd, 4th ...: no flood */
             kvc_log_warn("KVX-UCX-AM", "%s: %llu answers (%llu bytes) in "
-                         "flight, at most %llu (%llu bytes): a request left "
+                         "flight to this peer, %llu (%llu bytes) to all, at "
+                         "most %llu (%llu) and %llu (%llu): a request left "
                          "unanswered (%llu so far); a peer asks and does not "
-                         "read?", ctx->name,
+                         "read?", ctx->name, (unsigned long long)e->n,
+                         (unsigned long long)e->bytes,
                          (unsigned long long)ctx->amr_n,
                          (unsigned long long)ctx->amr_bytes,
+                         (unsigned long long)ctx->amr_ep_max,
+                         (unsigned long long)ctx->amr_ep_bytes,
                          (unsigned long long)ctx->amr_max,
-                         (unsigned long long)KVU_AMR_BYTES,
+                         (unsigned long long)ctx->amr_max_bytes,
                          (unsigned long long)n);
         }
+        kvu_amr_ep_drop(ctx, e);
         return; /* the origin's op ends at its deadline or ep failure */
     }
     amr = malloc(sizeof(*amr) + len);
     if (amr == NULL) {
+        kvu_amr_ep_drop(ctx, e);
         return; /* the origin's op completes at its ep's failure or close */
     }
     memset(&amr->hdr, 0, sizeof(amr->hdr)); /* nothing else goes out */
     amr->ctx         = ctx;
+    amr->epc         = e;
     amr->len         = len;
     amr->hdr.magic   = KVU_AM_MAGIC;
     amr->hdr.version = KVU_AM_VERSION;
@@ -1077,10 +1151,13 @@ static void kvu_am_answer_send(kvu_ctx_t *ctx, ucp_ep_h reply_ep,
                          len > 0 ? (const void *)&amr->dts : NULL, len, &prm);
     if (sp == NULL || UCS_PTR_IS_ERR(sp)) {
         free(amr);
+        kvu_amr_ep_drop(ctx, e);
         return;
     }
     ctx->amr_n++; /* until kvu_am_reply_cb */
     ctx->amr_bytes += len;
+    e->n++;
+    e->bytes += len;
     if (len > 0) {
         memcpy(amr->data + amr->dts.last,
                (const uint8_t *)data + amr->dts.last, len - amr->dts.last);
@@ -3914,6 +3991,14 @@ static void kvu_ctx_free(kvu_ctx_t *ctx)
     pthread_mutex_destroy(&ctx->in_lock);
     pthread_mutex_destroy(&ctx->pass_lock);
     pthread_mutex_destroy(&ctx->lock);
+    for (unsigned b = 0; b < KVU_AMR_EP_BUCKETS; b++) {
+        while (ctx->amr_ep[b] != NULL) { /* (answers never completed) */
+            kvu_amr_ep_t *e = ctx->amr_ep[b];
+
+            ctx->amr_ep[b] = e->next;
+            free(e);
+        }
+    }
     free(ctx);
     kvu_log_release(); /* the hold of kvu_ctx_create */
 }
@@ -4288,8 +4373,18 @@ kvx_status_t kvu_ctx_create(const kvu_params_t *params, kvu_ctx_t **ctx_p)
     pthread_mutex_init(&ctx->in_lock, NULL);
     pthread_mutex_init(&ctx->pass_lock, NULL);
     pthread_cond_init(&ctx->cond, NULL);
-    ctx->amr_max   = ctx->params.answers_max != 0 ? ctx->params.answers_max
-                                                  : KVU_AMR_MAX;
+    ctx->amr_ep_max    = ctx->params.answers_max != 0
+                             ? ctx->params.answers_max
+                             : KVU_AMR_EP_MAX;
+    ctx->amr_ep_bytes  = ctx->params.max_inflight_bytes < KVU_AMR_EP_BYTES / 2
+                             ? KVU_AMR_EP_BYTES
+                         : ctx->params.max_inflight_bytes < (1ull << 40)
+                             ? 2 * ctx->params.max_inflight_bytes
+                             : 2ull << 40;
+    ctx->amr_max       = 16 * ctx->amr_ep_max;
+    ctx->amr_max_bytes = ctx->amr_ep_bytes < KVU_AMR_BYTES / 4
+                             ? KVU_AMR_BYTES
+                             : 4 * ctx->amr_ep_bytes;
     ctx->am_key[0] = kvu_random64();
     ctx->am_key[1] = kvu_random64();
     ctx->wakefd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
