@@ -129,6 +129,9 @@ typedef struct kvc_peer {
                                        (kvc_peer_claim_settle) */
     int               claim_settled; /* one was settled: the tick pumps
                                         the peer's transfers */
+    uint64_t          claim_us;     /* when the tick took the claim: only
+                                       replies to messages queued since
+                                       settle it */
     /* Written by the control plane's watch callback (no engine lock). */
     _Atomic uint64_t  conn_down_us; /* control connection lost at (0: up
                                        or never connected) */

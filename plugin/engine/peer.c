@@ -302,7 +302,10 @@ static void kvc_ctl_done(void *arg, kvx_status_t st, const char *reply,
     if (st == KVX_OK) {
         kvc_lat_add(&eng->stats.ctl_rtt, kvc_now_us(eng) - out->t_queued);
         lost = kvc_peer_saw_instance(peer, info.instance, &c);
-        if (info.instance != 0) { /* (a refusal's reply names none) */
+        if (info.instance != 0 && out->t_queued >= peer->claim_us) {
+            /* (a refusal's reply names no instance; a reply to a message
+             * sent before the claim may come from the instance before a
+             * real restart) */
             kvc_peer_claim_settle(peer);
         }
     }
@@ -752,6 +755,7 @@ void kvc_peers_check_conn(struct kvx_engine *eng)
              * claim as a restart made the live instance "dead": every
              * later handshake with it was refused as stale. */
             p->claimed_inst = p->new_inst;
+            p->claim_us     = now;
             p->new_inst     = 0;
             if (p->state == KVC_PEER_READY) {
                 kvc_peer_heartbeat(p);

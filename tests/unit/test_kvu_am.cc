@@ -1673,7 +1673,8 @@ TEST(KvuAmAnswer, AnswersInFlightAreBounded)
     asker.Ignore(0x4b2);
     ucp_ep_h fe = asker.Connect(Entries(ctx).at(0));
     ASSERT_NE(fe, nullptr);
-    static AmHdr                  h[65];
+    const uint64_t                kAsks = 256; // 8 MiB of answers
+    static AmHdr                  h[kAsks + 1];
     std::vector<ucs_status_ptr_t> reqs;
     auto ask = [&](uint64_t id) {
         h[id - 1] = AmHdr{0x4d41564bu, kProto, 0, 0, 0, id,
@@ -1690,9 +1691,9 @@ TEST(KvuAmAnswer, AnswersInFlightAreBounded)
     // one get answered: the connection is up both ways
     ask(1);
     ASSERT_TRUE(asker.ProgressUntil([&] { return asker.got >= 1; }, 5000));
-    // 64 more, never read: the target's 4 KiB socket buffer and the
+    // 256 more, never read: the target's 4 KiB socket buffer and the
     // asker's receive buffer fill, then its answers queue, to 8
-    for (uint64_t id = 2; id <= 65; id++) {
+    for (uint64_t id = 2; id <= kAsks + 1; id++) {
         ask(id);
     }
     auto now_s = [] {
@@ -1701,14 +1702,17 @@ TEST(KvuAmAnswer, AnswersInFlightAreBounded)
         return (double)t.tv_sec + t.tv_nsec * 1e-9;
     };
     // (a wait on a condition, with a deadline: the target's progress
-    // thread takes the requests)
+    // thread takes every request, answered or not)
     for (double t0 = now_s();
-         kvu_am_unanswered(ctx) == 0 && now_s() - t0 < 10;) {
+         kvu_am_answered(ctx) + kvu_am_unanswered(ctx) < kAsks + 1 &&
+         now_s() - t0 < 20;) {
         usleep(1000);
     }
+    EXPECT_EQ(kvu_am_answered(ctx) + kvu_am_unanswered(ctx), kAsks + 1);
     EXPECT_GT(kvu_am_unanswered(ctx), 0u);
     EXPECT_LE(kvu_am_answers_in_flight(ctx), 8u);
     const uint64_t unanswered = kvu_am_unanswered(ctx);
+    const int      answered   = (int)kvu_am_answered(ctx); // to the asker
     // the bound is the asker's own: another peer is served meanwhile
     {
         Side        origin("amr-origin", "tcp", KVT_ACCESS_LOCAL, 0x00);
@@ -1738,7 +1742,6 @@ TEST(KvuAmAnswer, AnswersInFlightAreBounded)
     EXPECT_TRUE(asker.ProgressUntil(
         [&] { return kvu_am_answers_in_flight(ctx) == 0; }, 10000));
     // every request answered or counted unanswered, nothing lost between
-    const int answered = 1 + 64 - (int)kvu_am_unanswered(ctx);
     EXPECT_TRUE(
         asker.ProgressUntil([&] { return asker.got >= answered; }, 10000));
     EXPECT_EQ(asker.got, answered);

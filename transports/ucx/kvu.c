@@ -170,15 +170,18 @@
 /* Answers (GETREP, PUTACK) a target has in flight: a peer that asks and
  * stops reading would otherwise make it queue answers without bound. Per
  * reply endpoint at most KVU_AMR_EP_MAX answers (params answers_max) and
- * the larger of KVU_AMR_EP_BYTES and twice max_inflight_bytes (an origin
- * of kvxfer has at most max_inflight_bytes in flight per endpoint); all
- * endpoints together 16 times that many answers and the larger of
+ * the larger of KVU_AMR_EP_BYTES and twice max_inflight_bytes; all
+ * endpoints together 4 times that many answers and the larger of
  * KVU_AMR_BYTES and 4 times an endpoint's bytes (a backstop against many
- * connections). Past a limit a request goes unanswered (its origin's op
+ * connections). A kvxfer origin has at most max_inflight_bytes in flight
+ * per endpoint, in runs of any length (2 KiB runs: 8,192 gets at the
+ * default), hence the count. Past a byte bound a get is refused
+ * (KVX_ERR_NO_MEMORY, no data: the origin's op fails at once, naming the
+ * status); past a count bound a request goes unanswered (its origin's op
  * ends at its deadline or its endpoint's failure): a peer that stops
- * reading stalls only itself until the backstop. */
-#define KVU_AMR_EP_MAX     4096
-#define KVU_AMR_EP_BYTES   (64ull << 20)
+ * reading stalls only itself, until the backstop. */
+#define KVU_AMR_EP_MAX     65536
+#define KVU_AMR_EP_BYTES   (256ull << 20)
 #define KVU_AMR_BYTES      (1ull << 30)
 #define KVU_AMR_EP_BUCKETS 64
 #define KVU_NOTICE_PENDING_MAX 256 /* notice sends outstanding on one
@@ -527,6 +530,7 @@ struct kvu_ctx {
     uint64_t        amr_n;       /* answers in flight, all endpoints */
     uint64_t        amr_bytes;   /* their data */
     uint64_t        amr_unsent;  /* requests left unanswered: over a limit */
+    uint64_t        amr_sent;    /* answers handed to UCX */
     uint64_t        amr_ep_max, amr_ep_bytes; /* per endpoint (KVU_AMR_*) */
     uint64_t        amr_max, amr_max_bytes;   /* all together */
     kvu_amr_ep_t   *amr_ep[KVU_AMR_EP_BUCKETS]; /* by reply endpoint */
@@ -1074,6 +1078,8 @@ static void kvu_am_reply_cb(void *request, ucs_status_t status,
     ucp_request_free(request);
 }
 
+static int kvu_am_log_refusal(kvu_ctx_t *ctx);
+
 /* kvu_am_answer_send: GETREP (data from mem, or none) or PUTACK on the
  * requester's reply endpoint; a failure is dropped (origin gone). */
 static void kvu_am_answer_send(kvu_ctx_t *ctx, ucp_ep_h reply_ep,
@@ -1089,24 +1095,33 @@ static void kvu_am_answer_send(kvu_ctx_t *ctx, ucp_ep_h reply_ep,
     if (e == NULL) {
         return; /* no memory: as below */
     }
-    if (e->n >= ctx->amr_ep_max || e->bytes + len > ctx->amr_ep_bytes ||
-        ctx->amr_n >= ctx->amr_max ||
-        ctx->amr_bytes + len > ctx->amr_max_bytes) {
+    if (len > 0 && (e->bytes + len > ctx->amr_ep_bytes ||
+                    ctx->amr_bytes + len > ctx->amr_max_bytes)) {
+        /* over a byte bound: the get is refused, without data */
+        status = KVX_ERR_NO_MEMORY;
+        data   = NULL;
+        len    = 0;
+        if (kvu_am_log_refusal(ctx)) {
+            kvc_log_warn("KVX-UCX-AM", "%s: %llu bytes of answers in flight "
+                         "to this peer, %llu to all, at most %llu and %llu: "
+                         "a get refused", ctx->name,
+                         (unsigned long long)e->bytes,
+                         (unsigned long long)ctx->amr_bytes,
+                         (unsigned long long)ctx->amr_ep_bytes,
+                         (unsigned long long)ctx->amr_max_bytes);
+        }
+    }
+    if (e->n >= ctx->amr_ep_max || ctx->amr_n >= ctx->amr_max) {
         uint64_t n = ++ctx->amr_unsent;
 
         if ((n & (n - 1)) == 0) { /* the 1st, 2nd, 4th ...: no flood */
-            kvc_log_warn("KVX-UCX-AM", "%s: %llu answers (%llu bytes) in "
-                         "flight to this peer, %llu (%llu bytes) to all, at "
-                         "most %llu (%llu) and %llu (%llu): a request left "
-                         "unanswered (%llu so far); a peer asks and does not "
-                         "read?", ctx->name, (unsigned long long)e->n,
-                         (unsigned long long)e->bytes,
+            kvc_log_warn("KVX-UCX-AM", "%s: %llu answers in flight to this "
+                         "peer, %llu to all, at most %llu and %llu: a request "
+                         "left unanswered (%llu so far); a peer asks and does "
+                         "not read?", ctx->name, (unsigned long long)e->n,
                          (unsigned long long)ctx->amr_n,
-                         (unsigned long long)ctx->amr_bytes,
                          (unsigned long long)ctx->amr_ep_max,
-                         (unsigned long long)ctx->amr_ep_bytes,
                          (unsigned long long)ctx->amr_max,
-                         (unsigned long long)ctx->amr_max_bytes,
                          (unsigned long long)n);
         }
         kvu_amr_ep_drop(ctx, e);
@@ -1147,17 +1162,24 @@ static void kvu_am_answer_send(kvu_ctx_t *ctx, ucp_ep_h reply_ep,
     amr->dts.last  = 0;
     amr->dts.segs  = NULL;
     amr->dts.nsegs = 0;
-    sp = ucp_am_send_nbx(reply_ep, am_id, &amr->hdr, sizeof(amr->hdr),
-                         len > 0 ? (const void *)&amr->dts : NULL, len, &prm);
-    if (sp == NULL || UCS_PTR_IS_ERR(sp)) {
-        free(amr);
-        kvu_amr_ep_drop(ctx, e);
-        return;
-    }
+    /* Counted before the send: an endpoint failing inside it completes
+     * its other answers (kvu_am_reply_cb), which must not free e. */
     ctx->amr_n++; /* until kvu_am_reply_cb */
     ctx->amr_bytes += len;
     e->n++;
     e->bytes += len;
+    ctx->amr_sent++;
+    sp = ucp_am_send_nbx(reply_ep, am_id, &amr->hdr, sizeof(amr->hdr),
+                         len > 0 ? (const void *)&amr->dts : NULL, len, &prm);
+    if (sp == NULL || UCS_PTR_IS_ERR(sp)) {
+        ctx->amr_n--;
+        ctx->amr_bytes -= len;
+        e->n--;
+        e->bytes -= len;
+        free(amr);
+        kvu_amr_ep_drop(ctx, e);
+        return;
+    }
     if (len > 0) {
         memcpy(amr->data + amr->dts.last,
                (const uint8_t *)data + amr->dts.last, len - amr->dts.last);
@@ -4381,7 +4403,7 @@ kvx_status_t kvu_ctx_create(const kvu_params_t *params, kvu_ctx_t **ctx_p)
                          : ctx->params.max_inflight_bytes < (1ull << 40)
                              ? 2 * ctx->params.max_inflight_bytes
                              : 2ull << 40;
-    ctx->amr_max       = 16 * ctx->amr_ep_max;
+    ctx->amr_max       = 4 * ctx->amr_ep_max;
     ctx->amr_max_bytes = ctx->amr_ep_bytes < KVU_AMR_BYTES / 4
                              ? KVU_AMR_BYTES
                              : 4 * ctx->amr_ep_bytes;
@@ -5141,6 +5163,11 @@ uint64_t kvu_am_dropped_answers(kvu_ctx_t *ctx)
 uint64_t kvu_am_unanswered(kvu_ctx_t *ctx)
 {
     return kvu_ctx_counter(ctx, &ctx->amr_unsent);
+}
+
+uint64_t kvu_am_answered(kvu_ctx_t *ctx)
+{
+    return kvu_ctx_counter(ctx, &ctx->amr_sent);
 }
 
 uint64_t kvu_am_answers_in_flight(kvu_ctx_t *ctx)

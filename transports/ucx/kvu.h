@@ -194,10 +194,11 @@ const char  *kvu_ep_transports(const kvu_ep_t *ep);
  * request of this context (canceled meanwhile, or forged: wrong nonce). */
 uint64_t     kvu_am_dropped_answers(kvu_ctx_t *ctx);
 /* kvu_am_unanswered: requests this context (as target) left unanswered
- * because its answers in flight were at their limit (KVU_AMR_MAX, or
+ * because its answers in flight were at their limit (KVU_AMR_EP_MAX, or
  * params answers_max); kvu_am_answers_in_flight: its answers in flight. */
 uint64_t     kvu_am_unanswered(kvu_ctx_t *ctx);
 uint64_t     kvu_am_answers_in_flight(kvu_ctx_t *ctx);
+uint64_t     kvu_am_answered(kvu_ctx_t *ctx); /* answers sent (or tried) */
 /* kvu_am_late_copied: bytes of get answers this context (as target) copied
  * because UCX would pack them after the handler returned (the rest was
  * packed from the block while its range was authorized). */
