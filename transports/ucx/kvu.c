@@ -1303,7 +1303,8 @@ static ucs_status_t kvu_am_on_request(kvu_ctx_t *ctx, ucp_worker_h worker,
     /* A rendezvous message is never sent by kvxfer (eager only) and is not
      * received: returning UCS_OK lets UCX drop it and answer the sender
      * (ATS). Releasing it here as well made UCX answer and free it twice,
-     * a crash any peer could cause (tests/security, rndv_am). */
+     * a crash any peer could cause (test KvuAmForge.RendezvousMessages-
+     * AreDroppedWithoutHarm). */
     if (kvu_am_malformed(ctx, header, hlen, param, is_put ? "put" : "get",
                          &h)) {
         return UCS_OK;
