@@ -116,9 +116,10 @@ typedef struct kvt_data_params {
                                     back 1); 0: none */
     uint64_t    max_inflight_bytes; /* per endpoint */
     uint32_t    answers_max;     /* a transport that answers peers' gets
-                                    and puts itself: answers in flight at
-                                    most, all peers together (0: its
-                                    default; tests set it low) */
+                                    and puts itself: answers in flight to
+                                    one peer at most (0: its default;
+                                    tests set it low) */
+    uint64_t    answers_bytes;   /* and their bytes (0: its default) */
     kvt_tick_fn tick;            /* periodic, on the progress owner, at
                                     least every 20 ms (simulated: when the
                                     scheduler fires timers) */

@@ -91,10 +91,13 @@ struct Side {
          kvx_status_t (*auth)(void *, uint64_t, uint64_t, uint64_t,
                               uint64_t, uint64_t, int) = nullptr,
          void *auth_arg = nullptr, const char *settings = nullptr,
-         size_t size = 65536, uint64_t max_inflight = 1u << 20)
+         size_t size = 65536, uint64_t max_inflight = 1u << 20,
+         uint32_t answers_max = 0, uint64_t answers_bytes = 0)
         : buf(size, fill)
     {
         kvu_params_t p{};
+        p.answers_max        = answers_max;
+        p.answers_bytes      = answers_bytes;
         p.lane_settings      = settings;
         p.authorize          = auth;
         p.authorize_arg      = auth_arg;
@@ -1093,17 +1096,19 @@ struct RawWorker {
         static_cast<RawWorker *>(arg)->got++;
         return UCS_OK;
     }
-    void Ignore(unsigned id)
+    // messages id go to cb(arg, ...)
+    void On(unsigned id, ucp_am_recv_callback_t cb, void *arg)
     {
         ucp_am_handler_param_t hp{};
         hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
                         UCP_AM_HANDLER_PARAM_FIELD_CB |
                         UCP_AM_HANDLER_PARAM_FIELD_ARG;
         hp.id         = id;
-        hp.cb         = Drop;
-        hp.arg        = this;
+        hp.cb         = cb;
+        hp.arg        = arg;
         EXPECT_EQ(UCS_OK, ucp_worker_set_am_recv_handler(wk, &hp));
     }
+    void Ignore(unsigned id) { On(id, Drop, this); }
     // progress until done() or ms milliseconds; returns done()
     template <class F> bool ProgressUntil(F done, int ms)
     {
@@ -1510,17 +1515,7 @@ struct Capture {
         c->got++;
         return UCS_OK;
     }
-    Capture()
-    {
-        ucp_am_handler_param_t hp{};
-        hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
-                        UCP_AM_HANDLER_PARAM_FIELD_CB |
-                        UCP_AM_HANDLER_PARAM_FIELD_ARG;
-        hp.id         = 0x4b1;
-        hp.cb         = Cb;
-        hp.arg        = this;
-        EXPECT_EQ(UCS_OK, ucp_worker_set_am_recv_handler(raw.wk, &hp));
-    }
+    Capture() { raw.On(0x4b1, Cb, this); }
 };
 
 // A peer sees the nonces of the requests sent to it. From them it must not
@@ -1632,6 +1627,83 @@ TEST(KvuAmForge, RendezvousMessagesAreDroppedWithoutHarm)
     forger.CloseForce(fe);
 }
 
+// AmrTarget: a READ-role target over tcp with a 4 KiB socket send buffer
+// (its answers queue as soon as a peer stops reading), 1 MiB of 0x5a
+// registered, and answer bounds answers_max / answers_bytes (0: default).
+// Ask sends a raw get of 32 KiB (id, with the region token) from a worker
+// that does not read meanwhile; WaitTaken waits (deadline 20 s) until the
+// target took n requests, answered or left unanswered.
+// (the tcp keys' names: TCP_* from UCX 1.17)
+static std::string SndBuf4k()
+{
+    unsigned major = 0, minor = 0, release = 0;
+    ucp_get_version(&major, &minor, &release);
+    return std::string("auto ") +
+           (major > 1 || minor >= 17 ? "TCP_" : "") + "SNDBUF=4096";
+}
+
+struct AmrTarget {
+    std::string                   settings = SndBuf4k();
+    Side                          side;
+    std::vector<uint8_t>         &buf;
+    kvu_ctx_t                    *ctx;
+    kvu_mem_t                    *mem;
+    const void                   *rk  = nullptr;
+    size_t                        rklen = 0;
+    uint64_t                      token = 0;
+    std::vector<AmHdr>            hdr = std::vector<AmHdr>(512);
+    std::vector<ucs_status_ptr_t> reqs;
+
+    AmrTarget(uint32_t answers_max, uint64_t answers_bytes)
+        : side("amr-target", "tcp", KVT_ACCESS_READ, 0x5a, nullptr, nullptr,
+               settings.c_str(), 1u << 20, 1u << 20, answers_max,
+               answers_bytes),
+          buf(side.buf), ctx(side.ctx), mem(side.mem)
+    {
+        if (mem != nullptr) {
+            kvu_mem_rkey(mem, &rk, &rklen);
+            memcpy(&token, static_cast<const uint8_t *>(rk) + rklen - 16, 8);
+        }
+    }
+    void Ask(RawWorker &w, ucp_ep_h ep, uint64_t id)
+    {
+        hdr.at(id - 1) = AmHdr{0x4d41564bu, kProto, 0, 0, 0, id,
+                               (uint64_t)(uintptr_t)buf.data(), 32768, token,
+                               id, 0, 0};
+        ucs_status_ptr_t sp =
+            w.SendAm(ep, 0x4b1, &hdr[id - 1], sizeof(AmHdr), nullptr, 0,
+                     UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY);
+        EXPECT_FALSE(UCS_PTR_IS_ERR(sp));
+        if (UCS_PTR_IS_PTR(sp)) {
+            reqs.push_back(sp);
+        }
+    }
+    void WaitTaken(uint64_t n)
+    {
+        auto now_s = [] {
+            struct timespec t;
+            clock_gettime(CLOCK_MONOTONIC, &t);
+            return (double)t.tv_sec + t.tv_nsec * 1e-9;
+        };
+        // (a wait on a condition, with a deadline: the target's progress
+        // thread takes the requests)
+        for (double t0 = now_s();
+             kvu_am_answered(ctx) + kvu_am_unanswered(ctx) < n &&
+             now_s() - t0 < 20;) {
+            usleep(1000);
+        }
+        EXPECT_EQ(kvu_am_answered(ctx) + kvu_am_unanswered(ctx), n);
+    }
+    void Finish(RawWorker &w, ucp_ep_h ep)
+    {
+        for (ucs_status_ptr_t sp : reqs) {
+            w.Wait(sp, 2000);
+        }
+        reqs.clear();
+        w.CloseForce(ep);
+    }
+};
+
 // A peer that asks and stops reading cannot make a target queue answers
 // without bound: past answers_max in flight to it (KVU_AMR_EP_MAX by
 // default) its requests go unanswered, another peer is still served, and
@@ -1639,80 +1711,26 @@ TEST(KvuAmForge, RendezvousMessagesAreDroppedWithoutHarm)
 // together, the first attempt, let one such peer stall every other.)
 TEST(KvuAmAnswer, AnswersInFlightAreBounded)
 {
-    unsigned major = 0, minor = 0, release = 0;
-
-    ucp_get_version(&major, &minor, &release);
-    const std::string tcp = major > 1 || minor >= 17 ? "TCP_" : "";
-    const std::string settings = "auto " + tcp + "SNDBUF=4096";
-    std::vector<uint8_t> buf(1u << 20, 0x5a);
-    kvu_params_t         p{};
-    p.lane_settings      = settings.c_str();
-    p.tls                = "tcp";
-    p.err_mode_peer      = 1;
-    p.max_inflight_bytes = 1u << 20;
-    p.name               = "amr-target";
-    p.remote_access      = KVT_ACCESS_READ;
-    p.answers_max        = 8;
-    if (g_inbound != nullptr) {
-        p.inbound_set = 1;
-        p.inbound     = g_inbound->data();
-        p.n_inbound   = g_inbound->size();
-    }
-    kvu_ctx_t *ctx = nullptr;
-    kvu_mem_t *mem = nullptr;
-    ASSERT_EQ(kvu_ctx_create(&p, &ctx), KVX_OK) << kvc_last_error();
-    ASSERT_EQ(kvu_mem_register(ctx, buf.data(), buf.size(), 0, &mem),
-              KVX_OK);
-    const void *rk;
-    size_t      rklen;
-    uint64_t    token;
-    kvu_mem_rkey(mem, &rk, &rklen);
-    memcpy(&token, static_cast<const uint8_t *>(rk) + rklen - 16, 8);
-
+    AmrTarget t(8, 0);
+    ASSERT_NE(t.mem, nullptr);
     RawWorker asker; // counts the answers it reads (when it progresses)
     asker.Ignore(0x4b2);
-    ucp_ep_h fe = asker.Connect(Entries(ctx).at(0));
+    ucp_ep_h fe = asker.Connect(Entries(t.ctx).at(0));
     ASSERT_NE(fe, nullptr);
-    const uint64_t                kAsks = 256; // 8 MiB of answers
-    static AmHdr                  h[kAsks + 1];
-    std::vector<ucs_status_ptr_t> reqs;
-    auto ask = [&](uint64_t id) {
-        h[id - 1] = AmHdr{0x4d41564bu, kProto, 0, 0, 0, id,
-                          (uint64_t)(uintptr_t)buf.data(), 32768, token,
-                          id, 0, 0};
-        ucs_status_ptr_t sp =
-            asker.SendAm(fe, 0x4b1, &h[id - 1], sizeof(AmHdr), nullptr, 0,
-                         UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY);
-        EXPECT_FALSE(UCS_PTR_IS_ERR(sp));
-        if (UCS_PTR_IS_PTR(sp)) {
-            reqs.push_back(sp);
-        }
-    };
+    const uint64_t kAsks = 256; // 8 MiB of answers
     // one get answered: the connection is up both ways
-    ask(1);
+    t.Ask(asker, fe, 1);
     ASSERT_TRUE(asker.ProgressUntil([&] { return asker.got >= 1; }, 5000));
     // 256 more, never read: the target's 4 KiB socket buffer and the
     // asker's receive buffer fill, then its answers queue, to 8
     for (uint64_t id = 2; id <= kAsks + 1; id++) {
-        ask(id);
+        t.Ask(asker, fe, id);
     }
-    auto now_s = [] {
-        struct timespec t;
-        clock_gettime(CLOCK_MONOTONIC, &t);
-        return (double)t.tv_sec + t.tv_nsec * 1e-9;
-    };
-    // (a wait on a condition, with a deadline: the target's progress
-    // thread takes every request, answered or not)
-    for (double t0 = now_s();
-         kvu_am_answered(ctx) + kvu_am_unanswered(ctx) < kAsks + 1 &&
-         now_s() - t0 < 20;) {
-        usleep(1000);
-    }
-    EXPECT_EQ(kvu_am_answered(ctx) + kvu_am_unanswered(ctx), kAsks + 1);
-    EXPECT_GT(kvu_am_unanswered(ctx), 0u);
-    EXPECT_LE(kvu_am_answers_in_flight(ctx), 8u);
-    const uint64_t unanswered = kvu_am_unanswered(ctx);
-    const int      answered   = (int)kvu_am_answered(ctx); // to the asker
+    t.WaitTaken(kAsks + 1);
+    EXPECT_GT(kvu_am_unanswered(t.ctx), 0u);
+    EXPECT_LE(kvu_am_answers_in_flight(t.ctx), 8u);
+    const uint64_t unanswered = kvu_am_unanswered(t.ctx);
+    const int      answered   = (int)kvu_am_answered(t.ctx); // to the asker
     // the bound is the asker's own: another peer is served meanwhile
     {
         Side        origin("amr-origin", "tcp", KVT_ACCESS_LOCAL, 0x00);
@@ -1722,35 +1740,92 @@ TEST(KvuAmAnswer, AnswersInFlightAreBounded)
         kvu_rkey_t *rkey = nullptr;
         Waiter      w;
         kvc_run_t   run = {0, 0, 4096};
-        kvu_worker_address(ctx, &addr, &alen);
+        kvu_worker_address(t.ctx, &addr, &alen);
         ASSERT_EQ(kvu_ep_create(origin.ctx, addr, alen, "amr-target",
                                 nullptr, nullptr, &ep), KVX_OK);
-        ASSERT_EQ(kvu_rkey_unpack(ep, rk, rklen, &rkey), KVX_OK);
+        ASSERT_EQ(kvu_rkey_unpack(ep, t.rk, t.rklen, &rkey), KVX_OK);
         w.op.done = Waiter::cb;
         w.op.arg  = &w;
         ASSERT_EQ(kvu_post(ep, 0, origin.mem,
                            (uint64_t)(uintptr_t)origin.buf.data(), rkey,
-                           (uint64_t)(uintptr_t)buf.data(), &run, 1, &w.op),
+                           (uint64_t)(uintptr_t)t.buf.data(), &run, 1,
+                           &w.op),
                   KVX_OK);
         EXPECT_EQ(w.wait(), KVX_OK);
         EXPECT_TRUE(all_eq(origin.buf.data(), 4096, 0x5a));
         kvu_rkey_destroy(rkey);
         kvu_ep_close(ep);
     }
-    EXPECT_EQ(kvu_am_unanswered(ctx), unanswered);
+    EXPECT_EQ(kvu_am_unanswered(t.ctx), unanswered);
     // reading again drains what was queued
     EXPECT_TRUE(asker.ProgressUntil(
-        [&] { return kvu_am_answers_in_flight(ctx) == 0; }, 10000));
+        [&] { return kvu_am_answers_in_flight(t.ctx) == 0; }, 10000));
     // every request answered or counted unanswered, nothing lost between
     EXPECT_TRUE(
         asker.ProgressUntil([&] { return asker.got >= answered; }, 10000));
     EXPECT_EQ(asker.got, answered);
-    for (ucs_status_ptr_t sp : reqs) {
-        asker.Wait(sp, 2000);
+    t.Finish(asker, fe);
+}
+
+struct AnswerTally {
+    RawWorker raw;
+    int       ok = 0, no_memory = 0, other = 0;
+    bool      bytes_ok = true;
+    static ucs_status_t Cb(void *arg, const void *hdr, size_t hlen,
+                           void *data, size_t len,
+                           const ucp_am_recv_param_t *)
+    {
+        AnswerTally *t = static_cast<AnswerTally *>(arg);
+        AmHdr        h;
+        if (hlen != sizeof(h)) {
+            t->other++;
+            return UCS_OK;
+        }
+        memcpy(&h, hdr, sizeof(h));
+        if (h.status == KVX_OK) {
+            t->ok++;
+            t->bytes_ok = t->bytes_ok && len == 32768 &&
+                          all_eq(static_cast<const uint8_t *>(data), len,
+                                 0x5a);
+        } else if (h.status == KVX_ERR_NO_MEMORY && len == 0) {
+            t->no_memory++;
+        } else {
+            t->other++;
+        }
+        return UCS_OK;
     }
-    asker.CloseForce(fe);
-    kvu_mem_release(mem);
-    kvu_ctx_destroy(ctx);
+    AnswerTally() { raw.On(0x4b2, Cb, this); }
+    int got() const { return ok + no_memory + other; }
+};
+
+// Past the byte bound of answers in flight to one peer a get is refused at
+// once (KVX_ERR_NO_MEMORY, no data), so its origin fails it instead of
+// waiting for its deadline; the gets answered carry their bytes.
+TEST(KvuAmAnswer, GetsPastTheByteBoundAreRefusedAtOnce)
+{
+    AmrTarget t(0, 65536); // two answers of 32 KiB
+    ASSERT_NE(t.mem, nullptr);
+    AnswerTally asker;
+    ucp_ep_h    fe = asker.raw.Connect(Entries(t.ctx).at(0));
+    ASSERT_NE(fe, nullptr);
+    const uint64_t kAsks = 256;
+    t.Ask(asker.raw, fe, 1); // the connection is up both ways
+    ASSERT_TRUE(asker.raw.ProgressUntil([&] { return asker.got() >= 1; },
+                                        5000));
+    for (uint64_t id = 2; id <= kAsks + 1; id++) { // never read meanwhile
+        t.Ask(asker.raw, fe, id);
+    }
+    t.WaitTaken(kAsks + 1);
+    EXPECT_EQ(kvu_am_answered(t.ctx), kAsks + 1); // none left unanswered
+    const int answered = (int)kvu_am_answered(t.ctx);
+    EXPECT_TRUE(asker.raw.ProgressUntil(
+        [&] { return asker.got() >= answered; }, 10000));
+    EXPECT_EQ(asker.got(), answered);
+    EXPECT_GT(asker.no_memory, 0);
+    EXPECT_GE(asker.ok, 2);
+    EXPECT_EQ(asker.other, 0);
+    EXPECT_TRUE(asker.bytes_ok);
+    t.Finish(asker.raw, fe);
 }
 
 // Get answers go out packed from the block itself as far as UCX sends them

@@ -4399,7 +4399,9 @@ kvx_status_t kvu_ctx_create(const kvu_params_t *params, kvu_ctx_t **ctx_p)
     ctx->amr_ep_max    = ctx->params.answers_max != 0
                              ? ctx->params.answers_max
                              : KVU_AMR_EP_MAX;
-    ctx->amr_ep_bytes  = ctx->params.max_inflight_bytes < KVU_AMR_EP_BYTES / 2
+    ctx->amr_ep_bytes  = ctx->params.answers_bytes != 0
+                             ? ctx->params.answers_bytes
+                         : ctx->params.max_inflight_bytes < KVU_AMR_EP_BYTES / 2
                              ? KVU_AMR_EP_BYTES
                          : ctx->params.max_inflight_bytes < (1ull << 40)
                              ? 2 * ctx->params.max_inflight_bytes
