@@ -468,8 +468,12 @@ TEST(WriteFlow, ReleaseWithoutTheUseNonceDoesNotEndTheUse)
     size_t rlen  = 0;
     ASSERT_EQ(KVX_OK, kvn_client_request(pc, tid.data(), tid.size(), 5000,
                                          &reply, &rlen));
+    std::string r(reply, rlen);
     free(reply);
     kvn_client_close(pc);
+    // P refused it, naming the rule (its reply comes after its decision)
+    EXPECT_NE(std::string::npos, r.find("\"ok\":false")) << r;
+    EXPECT_NE(std::string::npos, r.find("without an xfer_nonce")) << r;
     // D is not done: its use was not released
     WaitFor([&] {
         DrainEvents(w.d.eng, &dev);

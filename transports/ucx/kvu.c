@@ -1026,9 +1026,11 @@ static kvu_amr_ep_t **kvu_amr_ep_slot(kvu_ctx_t *ctx, ucp_ep_h ep)
     return &ctx->amr_ep[((uintptr_t)ep >> 4) % KVU_AMR_EP_BUCKETS];
 }
 
-/* kvu_amr_ep_get: the count of ep's answers in flight (a new one at 0, or
- * NULL without memory). ctx lock held. */
-static kvu_amr_ep_t *kvu_amr_ep_get(kvu_ctx_t *ctx, ucp_ep_h ep)
+/* kvu_amr_ep_find: the count of ep's answers in flight; NULL when it has
+ * none (no node), or, with create, a new one at 0 (NULL without memory).
+ * ctx lock held. A node exists only while an answer is pending, so an
+ * answer UCX sends at once allocates nothing. */
+static kvu_amr_ep_t *kvu_amr_ep_find(kvu_ctx_t *ctx, ucp_ep_h ep, int create)
 {
     kvu_amr_ep_t **pp = kvu_amr_ep_slot(ctx, ep), *e;
 
@@ -1037,7 +1039,7 @@ static kvu_amr_ep_t *kvu_amr_ep_get(kvu_ctx_t *ctx, ucp_ep_h ep)
             return e;
         }
     }
-    e = calloc(1, sizeof(*e));
+    e = create ? calloc(1, sizeof(*e)) : NULL;
     if (e != NULL) {
         e->ep   = ep;
         e->next = *pp;
@@ -1046,7 +1048,7 @@ static kvu_amr_ep_t *kvu_amr_ep_get(kvu_ctx_t *ctx, ucp_ep_h ep)
     return e;
 }
 
-/* kvu_amr_ep_drop: e if it holds no answer (just made): unlinked, freed. */
+/* kvu_amr_ep_drop: e if it holds no answer: unlinked, freed. */
 static void kvu_amr_ep_drop(kvu_ctx_t *ctx, kvu_amr_ep_t *e)
 {
     kvu_amr_ep_t **pp = kvu_amr_ep_slot(ctx, e->ep);
@@ -1061,19 +1063,26 @@ static void kvu_amr_ep_drop(kvu_ctx_t *ctx, kvu_amr_ep_t *e)
     free(e);
 }
 
+/* kvu_amr_uncount: an answer of len bytes is no longer in flight (e: its
+ * endpoint's count, or NULL when it has none). */
+static void kvu_amr_uncount(kvu_ctx_t *ctx, kvu_amr_ep_t *e, size_t len)
+{
+    ctx->amr_n--;
+    ctx->amr_bytes -= len;
+    if (e != NULL) {
+        e->n--;
+        e->bytes -= len;
+        kvu_amr_ep_drop(ctx, e);
+    }
+}
+
 static void kvu_am_reply_cb(void *request, ucs_status_t status,
                             void *user_data)
 {
-    kvu_amr_t    *amr = user_data;
-    kvu_ctx_t    *ctx = amr->ctx;
-    kvu_amr_ep_t *e   = amr->epc;
+    kvu_amr_t *amr = user_data;
 
     (void)status; /* the origin went away: nothing to do */
-    ctx->amr_n--;
-    ctx->amr_bytes -= amr->len;
-    e->bytes -= amr->len;
-    e->n--;
-    kvu_amr_ep_drop(ctx, e);
+    kvu_amr_uncount(amr->ctx, amr->epc, amr->len);
     free(amr);
     ucp_request_free(request);
 }
@@ -1088,14 +1097,13 @@ static void kvu_am_answer_send(kvu_ctx_t *ctx, ucp_ep_h reply_ep,
                                size_t len)
 {
     kvu_amr_t          *amr;
-    kvu_amr_ep_t       *e = kvu_amr_ep_get(ctx, reply_ep);
+    kvu_amr_ep_t       *e  = kvu_amr_ep_find(ctx, reply_ep, 0);
+    uint64_t            en = e != NULL ? e->n : 0;
+    uint64_t            eb = e != NULL ? e->bytes : 0;
     ucp_request_param_t prm;
     ucs_status_ptr_t    sp;
 
-    if (e == NULL) {
-        return; /* no memory: as below */
-    }
-    if (len > 0 && (e->bytes + len > ctx->amr_ep_bytes ||
+    if (len > 0 && (eb + len > ctx->amr_ep_bytes ||
                     ctx->amr_bytes + len > ctx->amr_max_bytes)) {
         /* over a byte bound: the get is refused, without data */
         status = KVX_ERR_NO_MEMORY;
@@ -1105,36 +1113,33 @@ static void kvu_am_answer_send(kvu_ctx_t *ctx, ucp_ep_h reply_ep,
             kvc_log_warn("KVX-UCX-AM", "%s: %llu bytes of answers in flight "
                          "to this peer, %llu to all, at most %llu and %llu: "
                          "a get refused", ctx->name,
-                         (unsigned long long)e->bytes,
+                         (unsigned long long)eb,
                          (unsigned long long)ctx->amr_bytes,
                          (unsigned long long)ctx->amr_ep_bytes,
                          (unsigned long long)ctx->amr_max_bytes);
         }
     }
-    if (e->n >= ctx->amr_ep_max || ctx->amr_n >= ctx->amr_max) {
+    if (en >= ctx->amr_ep_max || ctx->amr_n >= ctx->amr_max) {
         uint64_t n = ++ctx->amr_unsent;
 
         if ((n & (n - 1)) == 0) { /* the 1st, 2nd, 4th ...: no flood */
             kvc_log_warn("KVX-UCX-AM", "%s: %llu answers in flight to this "
                          "peer, %llu to all, at most %llu and %llu: a request "
                          "left unanswered (%llu so far); a peer asks and does "
-                         "not read?", ctx->name, (unsigned long long)e->n,
+                         "not read?", ctx->name, (unsigned long long)en,
                          (unsigned long long)ctx->amr_n,
                          (unsigned long long)ctx->amr_ep_max,
                          (unsigned long long)ctx->amr_max,
                          (unsigned long long)n);
         }
-        kvu_amr_ep_drop(ctx, e);
         return; /* the origin's op ends at its deadline or ep failure */
     }
     amr = malloc(sizeof(*amr) + len);
     if (amr == NULL) {
-        kvu_amr_ep_drop(ctx, e);
         return; /* the origin's op completes at its ep's failure or close */
     }
     memset(&amr->hdr, 0, sizeof(amr->hdr)); /* nothing else goes out */
     amr->ctx         = ctx;
-    amr->epc         = e;
     amr->len         = len;
     amr->hdr.magic   = KVU_AM_MAGIC;
     amr->hdr.version = KVU_AM_VERSION;
@@ -1164,22 +1169,28 @@ static void kvu_am_answer_send(kvu_ctx_t *ctx, ucp_ep_h reply_ep,
     amr->dts.nsegs = 0;
     /* Counted before the send: an endpoint failing inside it completes
      * its other answers (kvu_am_reply_cb), which must not free e. */
-    ctx->amr_n++; /* until kvu_am_reply_cb */
+    ctx->amr_n++; /* until kvu_amr_uncount */
     ctx->amr_bytes += len;
-    e->n++;
-    e->bytes += len;
+    if (e != NULL) {
+        e->n++;
+        e->bytes += len;
+    }
     ctx->amr_sent++;
     sp = ucp_am_send_nbx(reply_ep, am_id, &amr->hdr, sizeof(amr->hdr),
                          len > 0 ? (const void *)&amr->dts : NULL, len, &prm);
     if (sp == NULL || UCS_PTR_IS_ERR(sp)) {
-        ctx->amr_n--;
-        ctx->amr_bytes -= len;
-        e->n--;
-        e->bytes -= len;
+        kvu_amr_uncount(ctx, e, len); /* sent at once, or failed */
         free(amr);
-        kvu_amr_ep_drop(ctx, e);
         return;
     }
+    if (e == NULL) { /* pending: the endpoint's count from now on */
+        e = kvu_amr_ep_find(ctx, reply_ep, 1);
+        if (e != NULL) {
+            e->n++;
+            e->bytes += len;
+        }
+    }
+    amr->epc = e; /* (NULL without memory: counted in all only) */
     if (len > 0) {
         memcpy(amr->data + amr->dts.last,
                (const uint8_t *)data + amr->dts.last, len - amr->dts.last);
