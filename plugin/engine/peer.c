@@ -31,7 +31,9 @@ static void kvc_peer_detach(kvc_peer_t *peer, kvc_peer_conn_t *c)
 }
 
 /* kvc_peer_conn_free: rkeys first, then the endpoint (ucp.h: an rkey is
- * destroyed before the endpoint it was unpacked on). */
+ * destroyed before the endpoint it was unpacked on; the transport holds one
+ * that UCX requests still in flight may read until they completed:
+ * kvu_rkey_destroy). */
 /* kvc_rkeys_destroy: layers of one region share one unpacked rkey
  * (kvc_peer_connect); each handle is destroyed once. */
 void kvc_rkeys_destroy(struct kvx_engine *eng, kvt_rkey_t **rkeys,

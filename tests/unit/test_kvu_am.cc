@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -1328,6 +1329,115 @@ TEST(KvuRma, ForeignSoftwareRmaIsRefusedOverTcp)
         EXPECT_TRUE(ForeignPutLands(target, &got));
         EXPECT_TRUE(all_eq(got.data(), got.size(), 0x5a));
     }
+}
+
+// cond() within ms milliseconds (polled; nothing else progresses)
+template <class F> static bool WaitFor(F cond, int ms)
+{
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    while (!cond()) {
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if ((t.tv_sec - t0.tv_sec) * 1000 +
+                (t.tv_nsec - t0.tv_nsec) / 1000000 > ms) {
+            return false;
+        }
+        sched_yield();
+    }
+    return true;
+}
+
+// An rkey its owner destroys while a UCX request that uses it is still
+// out (a get pending behind a connection the target has not accepted yet,
+// as an RDMA put waits for send resources) is held until no request of its
+// endpoint is: UCX reads it when it sends the request (ucp.h: destroy an
+// rkey only after the operations using it are flushed). The get then
+// completes byte-exact, and the rkey goes when the endpoint closes. The
+// origin lets UCX copy (KVX_UCX_AM_RMA=0) to a bare UCP worker with RMA
+// that progresses only when the test says so.
+TEST(KvuRkey, DestroyedWhileARequestIsOutIsHeldUntilItCompletes)
+{
+    RawWorker            target(UCP_FEATURE_RMA | UCP_FEATURE_AM);
+    std::vector<uint8_t> tbuf(65536);
+    for (size_t i = 0; i < tbuf.size(); i++) {
+        tbuf[i] = (uint8_t)(i * 7 + 3);
+    }
+    ucp_mem_h            memh = nullptr;
+    ucp_mem_map_params_t mp{};
+    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
+                    UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+    mp.address    = tbuf.data();
+    mp.length     = tbuf.size();
+    ASSERT_EQ(UCS_OK, ucp_mem_map(target.ucp, &mp, &memh));
+    void  *rkb   = nullptr;
+    size_t rklen = 0;
+    ASSERT_EQ(UCS_OK, ucp_rkey_pack(target.ucp, memh, &rkb, &rklen));
+    // kvxfer's published form: UCX's rkey, a token, the protocol trailer
+    std::vector<uint8_t> pub(static_cast<uint8_t *>(rkb),
+                             static_cast<uint8_t *>(rkb) + rklen);
+    uint64_t token = 0x1234;
+    struct {
+        uint32_t magic;
+        uint16_t version, pad;
+    } tr = {0x5044564bu, kProto, 0};
+    pub.insert(pub.end(), reinterpret_cast<uint8_t *>(&token),
+               reinterpret_cast<uint8_t *>(&token) + sizeof(token));
+    pub.insert(pub.end(), reinterpret_cast<uint8_t *>(&tr),
+               reinterpret_cast<uint8_t *>(&tr) + sizeof(tr));
+    ucp_address_t *wa  = nullptr;
+    size_t         wal = 0;
+    ASSERT_EQ(UCS_OK, ucp_worker_get_address(target.wk, &wa, &wal));
+    std::string addr = Publish(wa, wal);
+    ucp_worker_release_address(target.wk, wa);
+
+    struct EnvScope {
+        EnvScope() { setenv("KVX_UCX_AM_RMA", "0", 1); }
+        ~EnvScope() { unsetenv("KVX_UCX_AM_RMA"); }
+    };
+    {
+        EnvScope    env;
+        Side        origin("held-origin", "tcp", KVT_ACCESS_LOCAL, 0);
+        kvu_ep_t   *ep = nullptr;
+        kvu_rkey_t *rk = nullptr;
+        ASSERT_EQ(kvu_ep_create(origin.ctx, addr.data(), addr.size(),
+                                "raw-target", nullptr, nullptr, &ep),
+                  KVX_OK) << kvc_last_error();
+        ASSERT_EQ(kvu_rkey_unpack(ep, pub.data(), pub.size(), &rk), KVX_OK)
+            << kvc_last_error();
+
+        Waiter    w;
+        kvc_run_t run = {0, 4096, 8192};
+        w.op.done = Waiter::cb;
+        w.op.arg  = &w;
+        ASSERT_EQ(kvu_post(ep, 0, origin.mem,
+                           (uint64_t)(uintptr_t)origin.buf.data(), rk,
+                           (uint64_t)(uintptr_t)tbuf.data(), &run, 1, &w.op),
+                  KVX_OK);
+        // the get is with UCX (the target has not progressed once)
+        ASSERT_TRUE(WaitFor([&] { return kvu_ep_reqs_in_flight(ep) > 0; },
+                            5000));
+        kvu_rkey_destroy(rk); // the owner lets go now
+        EXPECT_EQ(1u, kvu_rkeys_held(origin.ctx));
+
+        // the target serves: the get completes through the held rkey
+        auto done = [&] {
+            pthread_mutex_lock(&w.mu);
+            int d = w.done;
+            pthread_mutex_unlock(&w.mu);
+            return d != 0;
+        };
+        ASSERT_TRUE(target.ProgressUntil(done, 10000));
+        EXPECT_EQ(KVX_OK, w.wait());
+        EXPECT_EQ(0, memcmp(origin.buf.data(), tbuf.data() + 4096, 8192));
+        EXPECT_TRUE(all_eq(origin.buf.data() + 8192, 65536 - 8192, 0));
+
+        // released once the endpoint closes with nothing out
+        kvu_ep_close(ep);
+        EXPECT_TRUE(target.ProgressUntil(
+            [&] { return kvu_rkeys_held(origin.ctx) == 0; }, 10000));
+    }
+    ucp_rkey_buffer_release(rkb);
+    ucp_mem_unmap(target.ucp, memh);
 }
 
 // A peer that holds the target's address but not its region's token (the

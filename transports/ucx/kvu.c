@@ -378,6 +378,9 @@ struct kvu_rkey {
      * map_hi), -1 refused. */
     int        map_state;
     uintptr_t  map_lo, map_hi;
+    /* Destroyed by its owner while UCX requests of its endpoint were in
+     * flight (kvu_rkey_destroy): kept, on ep->dead_rkeys, until none is. */
+    kvu_rkey_t *dead_next;
 };
 
 struct kvu_ep {
@@ -432,6 +435,8 @@ struct kvu_ep {
     int           wire_pending;  /* its request is outstanding */
     ucs_status_t  wire_status;
     kvu_job_t    *qhead, *qtail;
+    kvu_rkey_t   *dead_rkeys;    /* destroyed by the owner, still held
+                                    for UCX (kvu_rkeys_reap) */
     kvu_ep_t     *next;          /* ctx->eps or ctx->closing */
 };
 
@@ -535,6 +540,8 @@ struct kvu_ctx {
     uint64_t        amr_max, amr_max_bytes;   /* all together */
     kvu_amr_ep_t   *amr_ep[KVU_AMR_EP_BUCKETS]; /* by reply endpoint */
     uint64_t        am_late_copied; /* GETREP bytes copied for a later pack */
+    uint64_t        rkeys_held;     /* rkeys destroyed by their owner and
+                                       held for requests in flight */
     uint64_t        ptr_copied;     /* bytes copied through a mapped peer
                                        segment (KVU_ROUTE_PTR) */
     kvu_notice_t   *notice_head, *notice_tail; /* received, under lock */
@@ -2345,6 +2352,23 @@ static void kvu_ep_drain(kvu_ep_t *ep)
 
 static void kvu_ep_close_locked(kvu_ep_t *ep);
 
+/* kvu_rkeys_reap (ctx lock held): destroys the rkeys kvu_rkey_destroy held
+ * for ep once no UCX request of ep is in flight (ucp.h: an rkey is
+ * destroyed after every operation using it is flushed; a request UCX still
+ * holds, pending or in progress, reads it). force: destroy them whatever
+ * is in flight (the context goes: its workers are destroyed next). */
+static void kvu_rkeys_reap(kvu_ep_t *ep, int force)
+{
+    while (ep->dead_rkeys != NULL && (ep->inflight_reqs == 0 || force)) {
+        kvu_rkey_t *rk = ep->dead_rkeys;
+
+        ep->dead_rkeys = rk->dead_next;
+        ucp_rkey_destroy(rk->rkey);
+        ep->ctx->rkeys_held--;
+        free(rk);
+    }
+}
+
 static void kvu_reap_closing(kvu_ctx_t *ctx)
 {
     kvu_ep_t **pp  = &ctx->closing;
@@ -2353,6 +2377,7 @@ static void kvu_reap_closing(kvu_ctx_t *ctx)
     while (*pp != NULL) {
         kvu_ep_t *ep = *pp;
 
+        kvu_rkeys_reap(ep, 0); /* before the close, once nothing is out */
         /* Graceful close (kvu_ep_close_start): once the flush completed,
          * nothing of this endpoint is outstanding at either end and the
          * close cannot leave the peer with replies to a vanished endpoint;
@@ -2371,6 +2396,7 @@ static void kvu_reap_closing(kvu_ctx_t *ctx)
                              (unsigned long long)ep->am_npending);
             }
             kvu_ep_close_locked(ep);
+            kvu_rkeys_reap(ep, 0); /* a forced close completed them */
         }
         if (ep->close_req != NULL &&
             ucp_request_check_status(ep->close_req) != UCS_INPROGRESS) {
@@ -2381,6 +2407,7 @@ static void kvu_reap_closing(kvu_ctx_t *ctx)
             ep->close_flush == NULL && ep->inflight_reqs == 0 &&
             ep->notices_pending == 0 && ep->am_npending == 0 &&
             !ep->err_pending && !ep->wire_pending) {
+            kvu_rkeys_reap(ep, 1); /* none: nothing is in flight */
             *pp = ep->next;
             free(ep);
             continue;
@@ -3990,6 +4017,14 @@ static void kvu_fifo_fini(kvu_ctx_t *ctx);
 
 static void kvu_ctx_free(kvu_ctx_t *ctx)
 {
+    /* Held rkeys of endpoints UCX had not released by the deadline: before
+     * the workers, whose pools hold them. */
+    for (kvu_ep_t *ep = ctx->closing; ep != NULL; ep = ep->next) {
+        kvu_rkeys_reap(ep, 1);
+    }
+    for (kvu_ep_t *ep = ctx->eps; ep != NULL; ep = ep->next) {
+        kvu_rkeys_reap(ep, 1);
+    }
     kvu_fifo_fini(ctx); /* its endpoints reach ctx's workers */
     for (unsigned i = ctx->nwk; i-- > 0;) {
         kvu_worker_close(&ctx->wk[i]);
@@ -5372,6 +5407,20 @@ void kvu_rkey_destroy(kvu_rkey_t *rkey)
 
         pthread_mutex_lock(&ctx->lock);
         n = kvu_rkey_cancel_jobs(rkey);
+        if (rkey->ep->inflight_reqs > 0) {
+            /* Requests of this endpoint are with UCX, and one of them may
+             * read this rkey (a put or get pending for send resources, on
+             * an RDMA lane for example): it is destroyed once none is out
+             * (kvu_rkeys_reap), at the latest when the endpoint's close
+             * completed them. No new job can reach it: the owner lets go
+             * of the handle now, and its queued jobs were canceled. */
+            rkey->dead_next       = rkey->ep->dead_rkeys;
+            rkey->ep->dead_rkeys = rkey;
+            ctx->rkeys_held++;
+            pthread_mutex_unlock(&ctx->lock);
+            kvu_ctx_kick(ctx);
+            return;
+        }
         ucp_rkey_destroy(rkey->rkey);
         pthread_mutex_unlock(&ctx->lock);
         if (n > 0) {
@@ -5379,6 +5428,16 @@ void kvu_rkey_destroy(kvu_rkey_t *rkey)
         }
     }
     free(rkey);
+}
+
+uint64_t kvu_rkeys_held(kvu_ctx_t *ctx)
+{
+    return kvu_ctx_counter(ctx, &ctx->rkeys_held);
+}
+
+uint64_t kvu_ep_reqs_in_flight(kvu_ep_t *ep)
+{
+    return kvu_ctx_counter(ep->ctx, &ep->inflight_reqs);
 }
 
 kvx_status_t kvu_post(kvu_ep_t *ep, int is_put, kvu_mem_t *local_mem,

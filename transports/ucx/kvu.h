@@ -203,6 +203,11 @@ uint64_t     kvu_am_answered(kvu_ctx_t *ctx); /* answers sent (or tried) */
  * because UCX would pack them after the handler returned (the rest was
  * packed from the block while its range was authorized). */
 uint64_t     kvu_am_late_copied(kvu_ctx_t *ctx);
+/* kvu_rkeys_held: rkeys their owner destroyed while UCX requests of their
+ * endpoint were in flight, still held until none is (tests). */
+uint64_t     kvu_rkeys_held(kvu_ctx_t *ctx);
+/* kvu_ep_reqs_in_flight: ep's requests UCX holds (tests). */
+uint64_t     kvu_ep_reqs_in_flight(kvu_ep_t *ep);
 /* kvu_ptr_copied: bytes this context (as origin) copied itself through a
  * peer's memory mapped here (UCX-allocated, ucp_rkey_ptr). */
 uint64_t     kvu_ptr_copied(kvu_ctx_t *ctx);
