@@ -1053,11 +1053,29 @@ static kvx_status_t kvc_params_u32(const kvc_pv_t *v, const char *key,
     return KVX_OK;
 }
 
+/* kvc_params_transfer_id: what every control message of the transfer
+ * carries, so held to the messages' rule (ctlmsg.c kvc_text_check:
+ * printable ASCII, spaces allowed): a peer refuses every release,
+ * remote_blocks and write_done of an id outside it, and the transfer would
+ * end only at a timeout instead of here with the field named. */
 static kvx_status_t kvc_params_transfer_id(const kvc_pv_t *v, const char *key,
                                            kvc_params_ctx_t *c)
 {
-    return kvc_params_str(v, key, c->p->transfer_id,
-                          sizeof(c->p->transfer_id));
+    kvx_status_t st = kvc_params_str(v, key, c->p->transfer_id,
+                                     sizeof(c->p->transfer_id));
+
+    for (size_t i = 0; st == KVX_OK && i < v->len; i++) {
+        unsigned char b = (unsigned char)v->s[i];
+
+        if (b < 0x20 || b > 0x7e) {
+            c->p->transfer_id[0] = '\0';
+            st = kvc_error(KVX_ERR_INVALID_PARAM, "%s.%s: byte 0x%02x at "
+                           "offset %zu: must be printable ASCII (control "
+                           "messages carry it as such)", KVC_PARAMS, key, b,
+                           i);
+        }
+    }
+    return st;
 }
 
 static kvx_status_t kvc_params_engine_id(const kvc_pv_t *v, const char *key,

@@ -1146,6 +1146,52 @@ static void kvc_cfg_warn_unknown(json_object *obj, unsigned scope,
     }
 }
 
+/* kvc_cfg_no_nul: no string value anywhere in the config holds a NUL
+ * (JSON's \u0000): every value is used as C text, which would end there, so
+ * the value used would not be the value given (host_ip "10.0.0.1\u0000x"
+ * was taken as 10.0.0.1). path names the value; depth bounds the walk. */
+static kvx_status_t kvc_cfg_no_nul(json_object *v, char *path, size_t cap,
+                                   int depth)
+{
+    size_t       at = strlen(path);
+    kvx_status_t st = KVX_OK;
+
+    if (depth > 64) {
+        return kvc_error(KVX_ERR_CONFIG, "config: %s: nested deeper than 64 "
+                         "levels", path);
+    }
+    if (json_object_is_type(v, json_type_string)) {
+        const char *sv = json_object_get_string(v);
+        size_t      n  = (size_t)json_object_get_string_len(v);
+        const char *z  = memchr(sv, '\0', n);
+
+        if (z != NULL) {
+            return kvc_error(KVX_ERR_CONFIG, "config: %s: NUL character at "
+                             "offset %zu: a string value must not hold one",
+                             path, (size_t)(z - sv));
+        }
+    } else if (json_object_is_type(v, json_type_array)) {
+        size_t n = json_object_array_length(v);
+
+        for (size_t i = 0; i < n && st == KVX_OK; i++) {
+            snprintf(path + at, cap - at, "[%zu]", i);
+            st = kvc_cfg_no_nul(json_object_array_get_idx(v, i), path, cap,
+                                depth + 1);
+        }
+    } else if (json_object_is_type(v, json_type_object)) {
+        json_object_object_foreach(v, key, val)
+        {
+            if (st == KVX_OK) {
+                snprintf(path + at, cap - at, "%s%s", at > 0 ? "." : "",
+                         key);
+                st = kvc_cfg_no_nul(val, path, cap, depth + 1);
+            }
+        }
+    }
+    path[at] = '\0';
+    return st;
+}
+
 /* kvc_cfg_tokenize parses the whole text as one JSON object. */
 static kvx_status_t kvc_cfg_tokenize(const char *json, json_object **root_p)
 {
@@ -1184,6 +1230,15 @@ static kvx_status_t kvc_cfg_tokenize(const char *json, json_object **root_p)
         json_object_put(root);
         return kvc_error(KVX_ERR_CONFIG, "config: invalid JSON: %s",
                          json_tokener_error_desc(jerr));
+    }
+    {
+        char         path[256] = "";
+        kvx_status_t st        = kvc_cfg_no_nul(root, path, sizeof(path), 0);
+
+        if (st != KVX_OK) {
+            json_object_put(root);
+            return st;
+        }
     }
     *root_p = root;
     return KVX_OK;

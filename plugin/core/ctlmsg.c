@@ -684,8 +684,9 @@ static void kvc_msg_encode_blocks(kvc_jw_t *w, const kvc_msg_t *msg)
     kvc_jw_int(w, msg->decode_rank);
 }
 
-/* release: consumer_tp_size (optional, >= 1, default 1) and consumer_rank
- * (optional). */
+/* release: consumer_tp_size (optional, 1..65535 as a tp_size, default 1)
+ * and consumer_rank (optional). P derives a READ quorum from the size
+ * (kvc_ack_quorum: one rank map per D rank, under the engine lock). */
 static kvx_status_t kvc_msg_decode_release(const kvc_obj_t *obj,
                                            kvc_msg_t *msg)
 {
@@ -694,7 +695,7 @@ static kvx_status_t kvc_msg_decode_release(const kvc_obj_t *obj,
     kvx_status_t status;
 
     status = kvc_fld_int(kvc_what_msg, obj, "consumer_tp_size",
-                         "consumer_tp_size", 1, INT32_MAX, &v, &present);
+                         "consumer_tp_size", 1, 65535, &v, &present);
     msg->consumer_tp_size = (int32_t)v;
     return status == KVX_OK ? kvc_msg_consumer_rank(obj, msg) : status;
 }

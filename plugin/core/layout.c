@@ -863,6 +863,23 @@ static kvx_status_t kvc_geom_parts(const kvc_geom_t *local,
     snprintf(what, sizeof(what), " for %u head %s", n,
              gather ? "parts" : "slices");
     st = kvc_geom_fields(local, remote, f, sizeof(f) / sizeof(f[0]), what);
+    /* A part of one head has no head_reps of its own to compare (f above
+     * compares the whole's with itself): the whole's, which may be the
+     * peer's word, must cut the part into runs that cover it, each of
+     * whole elements (part.block_len / head_reps bytes: the axes inside
+     * the head axis). Else a plan would move 0-byte runs (a transfer
+     * ending OK with nothing moved) or up to block_len runs a unit. */
+    if (st == KVX_OK && local->elem_size != 0 &&
+        (part->block_len % whole->head_reps != 0 ||
+         (part->block_len / whole->head_reps) % local->elem_size != 0)) {
+        st = kvc_error(KVX_ERR_PEER_INCOMPATIBLE, "peer layer geometry "
+                       "differs%s: %s head_reps %u: must cut the %s head "
+                       "part's block_len %" PRIu64 " into runs of whole "
+                       "elements (elem_size %u)", what,
+                       gather ? "local" : "remote", whole->head_reps,
+                       gather ? "remote" : "local", part->block_len,
+                       local->elem_size);
+    }
     if (st == KVX_OK && (ovf || heads != whole->num_kv_heads ||
                          len != whole->block_len)) {
         /* the part x n against the whole, each under its own label */

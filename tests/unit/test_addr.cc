@@ -981,6 +981,12 @@ TEST(AddrParams, WrongTypesNameTheField)
         // a NUL would end the text where it is used: refused, not cut
         {R"({"transfer_id": "a\u0000b"})", KVX_ERR_INVALID_PARAM,
          "kv_transfer_params.transfer_id", "NUL character"},
+        // control messages carry it as printable ASCII: a peer would
+        // refuse every message of the transfer, which ended at a timeout
+        {R"({"transfer_id": "tx-\u00e9\t1"})", KVX_ERR_INVALID_PARAM,
+         "kv_transfer_params.transfer_id", "byte 0xc3 at offset 3"},
+        {R"({"transfer_id": "tx\t1"})", KVX_ERR_INVALID_PARAM,
+         "kv_transfer_params.transfer_id", "printable ASCII"},
         {R"({"remote_handshake_port": "7000\u0000"})", KVX_ERR_INVALID_PARAM,
          "kv_transfer_params.remote_handshake_port", "at offset 4"},
         {R"({"remote_hosts": "a\u0000,b"})", KVX_ERR_INVALID_PARAM,

@@ -896,6 +896,36 @@ TEST_F(ConfigBadValues, WrongTypeNamesTheExpectedType)
         << err;
 }
 
+// A NUL (JSON \u0000) inside any string value is refused, naming where:
+// every value is used as C text, so "10.0.0.1\u0000junk" was taken as
+// 10.0.0.1 and a list entry lost what followed.
+TEST_F(ConfigBadValues, NulInsideAStringValueIsRefused)
+{
+    struct {
+        const char *extra, *where, *offset;
+    } cases[] = {
+        {R"("host_ip":"10.0.0.1\u0000junk")",
+         "kv_connector_extra_config.host_ip:", "offset 8"},
+        {R"("trusted_remote_hosts":["10.0.0.1","10.0.0.2\u0000 10.9.9.9"])",
+         "kv_connector_extra_config.trusted_remote_hosts[1]:", "offset 8"},
+        {R"("node_hosts":"10.0.0.1\u0000,10.0.0.3")",
+         "kv_connector_extra_config.node_hosts:", "offset 8"},
+        {R"("ucx_tls":"\u0000")", "kv_connector_extra_config.ucx_tls:",
+         "offset 0"},
+    };
+    for (const auto &c : cases) {
+        EXPECT_EQ(KVX_ERR_CONFIG, Parse(Extra(c.extra))) << c.extra;
+        std::string err = kvc_last_error();
+        EXPECT_TRUE(Contains(err, c.where)) << err;
+        EXPECT_TRUE(Contains(err, "NUL character at " + std::string(c.offset)))
+            << err;
+    }
+    // and one at the top level
+    EXPECT_EQ(KVX_ERR_CONFIG, Parse(R"({"role":"kv_producer\u0000"})"));
+    EXPECT_TRUE(Contains(kvc_last_error(), "config: role: NUL"))
+        << kvc_last_error();
+}
+
 TEST_F(ConfigBadValues, LongValuesAreShortenedButTheRuleStays)
 {
     const std::string big(5000, 'x');

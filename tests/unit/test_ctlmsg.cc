@@ -144,6 +144,19 @@ TEST(CtlMsg, ReleaseCarriesConsumerRank)
     EXPECT_EQ(KVX_ERR_BAD_MESSAGE, kvc_msg_decode(bad, sizeof(bad) - 1, 1, &m));
     EXPECT_NE(std::string(kvc_last_error()).find("consumer_rank"),
               std::string::npos);
+    // a tp_size's range (1..65535): P computes a READ quorum from it, one
+    // rank map per D rank (2^31 of them took P's engine minutes)
+    const char huge[] = "{\"type\":\"release\",\"transfer_id\":\"tx-1\","
+                        "\"consumer_tp_size\":65536,\"consumer_rank\":0}";
+    EXPECT_EQ(KVX_ERR_BAD_MESSAGE,
+              kvc_msg_decode(huge, sizeof(huge) - 1, 1, &m));
+    EXPECT_TRUE(ErrorHas("consumer_tp_size")) << kvc_last_error();
+    EXPECT_TRUE(ErrorHas("65536")) << kvc_last_error();
+    const char top[] = "{\"type\":\"release\",\"transfer_id\":\"tx-1\","
+                       "\"consumer_tp_size\":65535,\"consumer_rank\":0}";
+    ASSERT_EQ(KVX_OK, kvc_msg_decode(top, sizeof(top) - 1, 1, &m));
+    EXPECT_EQ(65535, m.consumer_tp_size);
+    kvc_msg_fini(&m);
 }
 
 // WRITE messages name the use of their transfer id (xfer_nonce): encoded
@@ -572,7 +585,7 @@ const RejectCase kRejects[] = {
      1, "field req_id: missing"},
     {"ConsumerTpSizeZero",
      "{\"type\":\"release\",\"transfer_id\":\"tx-1\",\"consumer_tp_size\":0}",
-     1, "field consumer_tp_size: value 0: must be an integer in 1..2147483647"},
+     1, "field consumer_tp_size: value 0: must be an integer in 1..65535"},
     {"ConsumerTpSizeBool",
      "{\"type\":\"release\",\"transfer_id\":\"tx-1\","
      "\"consumer_tp_size\":true}",

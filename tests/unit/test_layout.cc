@@ -864,6 +864,31 @@ TEST(LayoutHeads, GatheredPlanAssemblesEveryHeadFromItsPart)
     EXPECT_EQ(KVX_OK, kvc_geom_gatherable(&lg, &rg, 2)) << kvc_last_error();
 }
 
+// A local part of one head has no head_reps of its own: the peer's whole
+// head_reps must still cut the part into runs of whole elements that cover
+// it. With head_reps = block_len every run was 0 bytes (the transfer ended
+// OK with nothing moved) and the plan held block_len runs a unit.
+TEST(LayoutHeads, PeerHeadRepsOfAOneHeadPartIsChecked)
+{
+    Model rm = {false, true, 4, 16, 2, 8}, lm = {false, true, 4, 16, 1, 8};
+    kvc_geom_t rg = GeomOf(rm), lg = GeomOf(lm);
+    ASSERT_EQ(16u, rg.head_reps); // NHD: once per token
+    ASSERT_EQ(KVX_OK, kvc_geom_sliceable(&lg, &rg, 2)) << kvc_last_error();
+    // longer than the part; runs of 1 byte (elem_size 2)
+    for (uint32_t bad : {(uint32_t)rg.block_len, (uint32_t)lg.block_len}) {
+        kvc_geom_t evil = rg;
+        evil.head_reps  = bad;
+        EXPECT_EQ(KVX_ERR_PEER_INCOMPATIBLE, kvc_geom_sliceable(&lg, &evil, 2))
+            << "head_reps " << bad;
+        EXPECT_TRUE(HasText("remote head_reps " + std::to_string(bad)))
+            << kvc_last_error();
+    }
+    // runs of whole elements that cover the part: a coarser honest cut
+    kvc_geom_t coarse = rg;
+    coarse.head_reps  = 4;
+    EXPECT_EQ(KVX_OK, kvc_geom_sliceable(&lg, &coarse, 2)) << kvc_last_error();
+}
+
 TEST(LayoutHeads, SliceChecksNameTheRule)
 {
     Model rm = {false, true, 6, 3, 8, 3}, lm = {false, true, 5, 3, 4, 3};
