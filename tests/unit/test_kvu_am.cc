@@ -1942,6 +1942,108 @@ TEST(KvuAmAnswer, GetsPastTheByteBoundAreRefusedAtOnce)
 // at once; what it would pack later is copied before the handler returns.
 // A 4 KiB socket send buffer (tcp) forces the later packs: 4 MiB read in
 // answers of up to 256 KiB, many copied late, arrive byte-exact.
+// D's side of a put stream: counts the bytes of every PUT and those that
+// are 0xbb (written into P's blocks after its op ended).
+struct PutTap {
+    RawWorker raw;
+    uint64_t  bytes = 0, bb = 0;
+    static ucs_status_t Cb(void *arg, const void *, size_t, void *data,
+                           size_t len, const ucp_am_recv_param_t *)
+    {
+        PutTap        *t = static_cast<PutTap *>(arg);
+        const uint8_t *d = static_cast<const uint8_t *>(data);
+        t->bytes += len;
+        for (size_t i = 0; i < len; i++) {
+            t->bb += d[i] == 0xbb;
+        }
+        return UCS_OK;
+    }
+    PutTap() { raw.On(0x4b3, Cb, this); } // KVU_AM_PUT
+};
+
+// The engine's error callback: the peer's rkey, then its endpoint.
+struct CloseOnError {
+    kvu_ep_t   *ep   = nullptr;
+    kvu_rkey_t *rkey = nullptr;
+    static void Cb(void *arg, kvt_ep_t *, kvx_status_t, const char *)
+    {
+        CloseOnError *c = static_cast<CloseOnError *>(arg);
+        kvu_rkey_destroy(c->rkey);
+        c->rkey = nullptr;
+        kvu_ep_close(c->ep);
+        c->ep = nullptr;
+    }
+};
+
+// With ucx_error_mode none a failed endpoint's close is not forced, so UCX
+// still sends the puts it holds, packing their bytes from the op's blocks
+// when it does. The op of such a put ends only once its send did: until
+// then the blocks are not the framework's. Before, it ended at the cancel
+// (a WRITE P's transfer_timeout), and bytes the framework wrote into its
+// blocks after that reached D (or, with the pool freed, UCX packed freed
+// memory). Found by a review agent.
+TEST(KvuAmPut, AnOpEndsOnlyOnceUcxSentItsPuts)
+{
+    const size_t kSize    = 16u << 20;
+    std::string  settings = SndBuf4k(); // the puts queue in UCX at once
+    kvu_params_t p{};
+    p.lane_settings      = settings.c_str();
+    p.tls                = "tcp";
+    p.err_mode_peer      = 0;
+    p.max_inflight_bytes = 64u << 20;
+    p.name               = "put-origin";
+    p.remote_access      = KVT_ACCESS_LOCAL;
+    kvu_ctx_t *ctx = nullptr;
+    ASSERT_EQ(kvu_ctx_create(&p, &ctx), KVX_OK) << kvc_last_error();
+    std::vector<uint8_t> buf(kSize, 0x11);
+    kvu_mem_t           *mem = nullptr;
+    ASSERT_EQ(kvu_mem_register(ctx, buf.data(), buf.size(), 0, &mem),
+              KVX_OK);
+
+    PutTap         tap; // D: reads only when the test progresses it
+    ucp_address_t *sa  = nullptr;
+    size_t         sal = 0;
+    ASSERT_EQ(UCS_OK, ucp_worker_get_address(tap.raw.wk, &sa, &sal));
+    std::string pub = Publish(sa, sal);
+    ucp_worker_release_address(tap.raw.wk, sa);
+    kvu_ep_t    *ep = nullptr;
+    CloseOnError coe;
+    ASSERT_EQ(kvu_ep_create(ctx, pub.data(), pub.size(), "d",
+                            CloseOnError::Cb, &coe, &ep), KVX_OK);
+    const void *rk;
+    size_t      rklen;
+    kvu_mem_rkey(mem, &rk, &rklen); // any tcp rkey unpacks
+    ASSERT_EQ(kvu_rkey_unpack(ep, rk, rklen, &coe.rkey), KVX_OK);
+    coe.ep = ep;
+
+    Waiter    w;
+    kvc_run_t run = {0, 0, kSize};
+    w.op.done = Waiter::cb;
+    w.op.arg  = &w;
+    ASSERT_EQ(kvu_post(ep, 1, mem, (uint64_t)(uintptr_t)buf.data(), coe.rkey,
+                       0x100000, &run, 1, &w.op), KVX_OK);
+    ASSERT_TRUE(tap.raw.ProgressUntil([&] { return tap.bytes > 0; }, 5000));
+    // D stops reading; UCX holds most of the 16 MiB of sends
+    ASSERT_GT(kvu_ep_reqs_in_flight(ep), 0u);
+    kvu_ep_fail(ep, KVX_ERR_TRANSFER_TIMEOUT, "test: transfer timed out");
+    auto done = [&] {
+        pthread_mutex_lock(&w.mu);
+        int d = w.done;
+        pthread_mutex_unlock(&w.mu);
+        return d != 0;
+    };
+    ASSERT_TRUE(tap.raw.ProgressUntil(done, 20000));
+    EXPECT_NE(KVX_OK, w.wait());
+    uint64_t at_end = tap.bytes;
+    memset(buf.data(), 0xbb, buf.size()); // the framework reuses them
+    // whatever UCX still sends now must not carry the new bytes
+    tap.raw.ProgressUntil([] { return false; }, 500);
+    EXPECT_EQ(0u, tap.bb) << "D got " << at_end << " bytes before the op "
+                          << "ended, " << tap.bytes << " in all";
+    kvu_mem_release(mem);
+    kvu_ctx_destroy(ctx);
+}
+
 TEST(KvuAmAnswer, LatePacksComeFromACopyAndAreExact)
 {
     // with 8 KiB send segments an answer is packed in pieces, and a send

@@ -270,6 +270,8 @@ typedef struct kvu_amp {
     int             is_put;
     int             answered;
     int             send_done;
+    int             op_held;   /* answered (or canceled) before its send
+                                  completed: the op is given back then */
     struct kvu_amp *hnext;     /* ctx->amp[] bucket */
 } kvu_amp_t;
 
@@ -761,7 +763,12 @@ static kvu_amp_t **kvu_amp_slot(kvu_ctx_t *ctx, uint64_t id)
 }
 
 /* kvu_amp_answer drops the op's reference of an unanswered AM op (reply,
- * error or cancel); frees it once its send completed too. */
+ * error or cancel); frees it once its send completed too. A put whose send
+ * has not completed keeps its op until it has (kvu_am_send_cb): UCX packs
+ * its data from the op's blocks when it sends it (kvu_dt_pack), and with
+ * error mode none a canceled endpoint's close is not forced, so UCX may
+ * still send it; the blocks are the framework's again once the op is done.
+ * (The bytes already went with a PUTACK'd put: its send completed first.) */
 static void kvu_amp_answer(kvu_amp_t *amp, kvx_status_t status)
 {
     kvu_ep_t   *ep  = amp->ep;
@@ -779,6 +786,10 @@ static void kvu_amp_answer(kvu_amp_t *amp, kvx_status_t status)
     }
     if (status != KVX_OK) {
         kvu_op_set_error(amp->op, status);
+    }
+    if (amp->is_put && !amp->send_done) {
+        amp->op_held = 1;
+        return;
     }
     kvu_op_put(ctx, amp->op);
     if (amp->send_done) {
@@ -816,6 +827,14 @@ static void kvu_am_send_cb(void *request, ucs_status_t status,
         kvu_amp_answer(amp, ep->failed ? ep->fail_status
                                        : kvu_status_from_ucs(status));
     } else if (amp->answered) {
+        if (amp->op_held) {
+            if (status != UCS_OK) {
+                kvu_op_set_error(amp->op, ep->failed
+                                              ? ep->fail_status
+                                              : kvu_status_from_ucs(status));
+            }
+            kvu_op_put(ep->ctx, amp->op);
+        }
         free(amp);
     }
     ucp_request_free(request);
