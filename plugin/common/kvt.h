@@ -279,8 +279,10 @@ typedef struct kvt_data_ops {
     /* rkey_local: the local address of the peer's addr when the rkey maps
      * it into this process, else NULL. */
     void        *(*rkey_local)(const kvt_rkey_t *rkey, uint64_t addr);
-    /* prefault: populate page tables of [ptr, ptr+len) (best effort). */
-    void         (*prefault)(void *ptr, size_t len);
+    /* prefault: populate the page tables of the peer's [addr, addr+len)
+     * where the rkey maps it here, no further than the mapping it lies in
+     * (best effort; len is the peer's word). */
+    void         (*prefault)(kvt_rkey_t *rkey, uint64_t addr, size_t len);
 
     /* post queues runs (offsets relative to local_base / remote_base) as
      * gets (is_put 0) or puts; runs stay valid until op->done ran.

@@ -498,7 +498,10 @@ void kvc_peers_prefault(struct kvx_engine *eng)
             len  = l->length - p->pf_off < budget ? l->length - p->pf_off
                                                    : budget;
             if (base != NULL && len > 0) {
-                KVD(eng)->prefault(base + p->pf_off, len);
+                /* the layer's length is the peer's word: the transport
+                 * cuts it to the mapping the rkey lands in */
+                KVD(eng)->prefault(p->rkeys[p->pf_layer],
+                                   l->base + p->pf_off, len);
             }
             budget    -= len;
             p->pf_off += len;

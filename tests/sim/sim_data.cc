@@ -494,9 +494,10 @@ static void *RkeyLocal(const kvt_rkey_t *rkey, uint64_t addr)
     return nullptr;
 }
 
-static void Prefault(void *ptr, size_t len)
+static void Prefault(kvt_rkey_t *rkey, uint64_t addr, size_t len)
 {
-    (void)ptr;
+    (void)rkey;
+    (void)addr;
     (void)len;
 }
 

@@ -2782,6 +2782,13 @@ TEST(KvuPtr, UcxAllocatedPeerMemoryIsCopiedThroughItsMapping)
     // ... and the endpoint still copies what is inside.
     EXPECT_EQ(KVX_OK, post(0, {{0, 4096, 4096}}));
     EXPECT_EQ(0, memcmp(origin.buf.data(), tbuf + 4096, 4096));
+    // Prefaulting a peer's layer, whose length is the peer's word, stops
+    // at the end of that mapping too (it went on into whatever was mapped
+    // after the segment).
+    EXPECT_EQ(seg_end, kvu_rkey_prefault(rkey, tbase, (size_t)1 << 40));
+    EXPECT_EQ(4096u, kvu_rkey_prefault(rkey, tbase + seg_end - 4096,
+                                       (size_t)1 << 30));
+    EXPECT_EQ(0u, kvu_rkey_prefault(rkey, tbase + seg_end, 4096));
 
     // A peer that names this process's own segment in its rkey (here: the
     // origin's own region's rkey, unpacked on the endpoint to the target)

@@ -5312,6 +5312,38 @@ void kvu_prefault(void *ptr, size_t len)
     (void)madvise((void *)start, end - start, MADV_POPULATE_READ);
 }
 
+size_t kvu_rkey_prefault(kvu_rkey_t *rkey, uint64_t addr, size_t len)
+{
+    kvu_ctx_t *ctx;
+    void      *ptr = NULL;
+    uintptr_t  lo = 0, hi = 0;
+
+    if (rkey == NULL || rkey->rkey == NULL || len == 0) {
+        return 0;
+    }
+    ctx = rkey->ep->ctx;
+    pthread_mutex_lock(&ctx->lock);
+    if (ucp_rkey_ptr(rkey->rkey, addr, &ptr) == UCS_OK) {
+        if (rkey->map_state == 0) {
+            kvu_rkey_map(ctx, rkey, (uintptr_t)ptr);
+        }
+        if (rkey->map_state == 1) {
+            lo = rkey->map_lo;
+            hi = rkey->map_hi;
+        }
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    /* The mapping stays while the rkey does (the caller holds it). */
+    if ((uintptr_t)ptr < lo || (uintptr_t)ptr >= hi) {
+        return 0;
+    }
+    if (len > hi - (uintptr_t)ptr) {
+        len = hi - (uintptr_t)ptr;
+    }
+    kvu_prefault(ptr, len);
+    return len;
+}
+
 int kvu_ep_rma_shm_only(const kvu_ep_t *ep)
 {
     return ep->rma_shm_only;

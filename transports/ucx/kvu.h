@@ -300,6 +300,11 @@ void        *kvu_rkey_local(const kvu_rkey_t *rkey, uint64_t addr);
 /* kvu_prefault populates the page tables of [ptr, ptr+len) (best effort;
  * any thread, no lock). */
 void         kvu_prefault(void *ptr, size_t len);
+/* kvu_rkey_prefault: kvu_prefault of the peer's [addr, addr+len) where
+ * rkey maps it here, cut to the shared mapping the copies may touch
+ * (kvu_rkey_map); nothing when it has none. Returns the bytes it asked
+ * the kernel to populate. */
+size_t       kvu_rkey_prefault(kvu_rkey_t *rkey, uint64_t addr, size_t len);
 const char  *kvu_ep_peer(const kvu_ep_t *ep);
 
 /* kvu_rkey_unpack: a peer's published rkey (kvu_mem_rkey) for ep;

@@ -174,6 +174,11 @@ static void ops_rkey_destroy(kvt_rkey_t *r)
     kvu_rkey_destroy(KVU_C(kvu_rkey_t, r));
 }
 
+static void ops_prefault(kvt_rkey_t *r, uint64_t addr, size_t len)
+{
+    (void)kvu_rkey_prefault(KVU_C(kvu_rkey_t, r), addr, len);
+}
+
 static void *ops_rkey_local(const kvt_rkey_t *r, uint64_t addr)
 {
     return kvu_rkey_local(KVU_C(const kvu_rkey_t, r), addr);
@@ -226,7 +231,7 @@ const kvt_data_ops_t *kvt_ucx_ops(void)
         .rkey_unpack        = ops_rkey_unpack,
         .rkey_destroy       = ops_rkey_destroy,
         .rkey_local         = ops_rkey_local,
-        .prefault           = kvu_prefault,
+        .prefault           = ops_prefault,
         .post               = ops_post,
         .flush              = ops_flush,
         .pick_nic           = kvu_topo_pick_nic,
