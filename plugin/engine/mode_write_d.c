@@ -407,6 +407,18 @@ void kvc_write_on_write_done(struct kvx_engine *eng, const kvc_msg_t *m,
         *ok_p = 0; /* changes nothing */
         return;
     }
+    if (x->xnonce != 0 && m->xfer_nonce == 0 && x->rel_inst[k] != 0) {
+        /* A rank bound to an instance is a kvxfer P, whose write_done
+         * echoes the xfer_nonce of the remote_blocks it served: one
+         * without it (SPEC 9's plain string, or JSON without the field)
+         * names no use and ends none. Ranks that never named an instance
+         * (a legacy P) are served as before. */
+        *ok_p = 0;
+        snprintf(reason, len, "write_done for '%s' without an xfer_nonce: "
+                 "this use of the id has one, which its P rank %s echoes",
+                 x->transfer_id, x->rel[k]->name);
+        return;
+    }
     kvc_write_d_done(eng, x, k);
 }
 

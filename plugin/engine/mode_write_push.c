@@ -287,6 +287,22 @@ void kvc_write_pump(struct kvx_engine *eng, kvc_xfer_t *x)
         kvc_write_check(eng, x);
         return;
     }
+    if (x->ops == NULL && x->nremote > x->nlocal) {
+        /* SPEC §6 pairs a shorter list with the other's last blocks (a
+         * prefix-cache hit at D: fewer D blocks). More D blocks than P
+         * holds would leave D's first blocks unwritten, or shift every
+         * block by one, and D would end OK: refused, as READ refuses it. */
+        char why[KVX_REASON_MAX];
+
+        snprintf(why, sizeof(why), "remote_blocks for %s: the decode rank "
+                 "names %zu blocks, this prefill rank holds %zu: the decode "
+                 "list must not be longer (SPEC 6: a shorter list takes the "
+                 "other's last blocks)", x->transfer_id, x->nremote,
+                 x->nlocal);
+        kvc_xfer_fail(x, KVX_ERR_INVALID_PARAM, why);
+        kvc_write_check(eng, x);
+        return;
+    }
     if (x->ops == NULL) {
         size_t       skip = x->nlocal > x->nremote ? x->nlocal - x->nremote : 0;
         kvx_status_t st   = kvc_xfer_plan(eng, x, x->local_ids + skip,
@@ -351,11 +367,14 @@ static void kvc_write_blocks(struct kvx_engine *eng, kvc_xfer_t *x,
                                 &st);
     }
     if (peer == NULL) {
+        /* Changes nothing: whoever sent it (the sender's host is checked
+         * only against a rank it names) must not end the transfer; the
+         * real D rank's remote_blocks still can, and defer_timeout bounds
+         * the wait. */
+        (void)st;
         *ok_p = 0;
         snprintf(reason, len, "remote_blocks for %s: %s", m->transfer_id,
                  kvc_last_error());
-        kvc_xfer_fail(x, st, reason);
-        kvc_write_check(eng, x);
         return;
     }
     if (kvc_from_matches(m->from, peer->host) == 0) {

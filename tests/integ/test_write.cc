@@ -904,3 +904,157 @@ TEST(WriteHeteroTp, RemoteBlocksFromAForeignDecodeRankIsRefused)
 }
 
 } // namespace
+
+namespace {
+
+// D names more blocks than P holds for the request (SPEC 6 pairs only a
+// shorter D list, a prefix-cache hit, with P's last blocks): refused, as
+// READ refuses the mirror case. Before, P paired its blocks with D's last
+// ones and D reported OK with its first block never written (found by a
+// review agent).
+TEST(WriteFlow, DecodeListLongerThanPrefillsIsRefused)
+{
+    WritePair w;
+    MakeWritePair(&w, "tcp");
+    if (HasFatalFailure()) {
+        return;
+    }
+    const std::vector<uint64_t> pids = {1};
+    const std::vector<uint64_t> dids = {3, 4};
+    const std::string           tid  = "tx-review-longer";
+    char                       *resp = nullptr;
+    std::vector<kvx_event_t>    dev;
+
+    ASSERT_EQ(KVX_OK, Api()->producer_request(w.p.eng, "r", PParams(w, tid).c_str(),
+                                              pids.data(), pids.size(), &resp));
+    Api()->free(resp);
+    ASSERT_EQ(KVX_OK, Api()->consumer_request(w.d.eng, "r", DParams(w, tid).c_str(),
+                                              dids.data(), dids.size()));
+    for (uint32_t l = 0; l < w.model.layers.size(); l++) {
+        (void)Api()->layer_ready(w.p.eng, tid.c_str(), l); // may be failed
+    }
+    (void)Api()->seal_transfer(w.p.eng, tid.c_str());
+    // P refuses at once, naming both counts
+    std::vector<kvx_event_t> pev;
+    ASSERT_TRUE(WaitFor(
+        [&] {
+            DrainEvents(w.p.eng, &pev);
+            return CountEvents(pev, KVX_EVENT_FAILED, tid) > 0;
+        },
+        10000))
+        << "P did not refuse a decode list longer than its own";
+    for (auto &e : pev) {
+        if (tid == e.transfer_id) {
+            EXPECT_NE(std::string(e.reason).find("names 2 blocks, this "
+                                                 "prefill rank holds 1"),
+                      std::string::npos)
+                << e.reason;
+        }
+    }
+    FreeEvents(&pev);
+    // and D never reports OK (it fails at its own deadline)
+    kvx_status_t st = Api()->wait_transfer(w.d.eng, tid.c_str(), 300);
+    // D block 3 was never written by anyone:
+    std::string unwritten = VerifyPull(w.model, w.d, 0, {3}, {1});
+    EXPECT_NE(KVX_OK, st) << "D reported OK; D block 3 vs P block 1: "
+                          << (unwritten.empty() ? "written" : unwritten);
+    DrainEvents(w.d.eng, &dev);
+    for (auto &e : dev) {
+        if (tid == e.transfer_id) {
+            EXPECT_NE(KVX_EVENT_FINISHED_RECVING, e.type)
+                << "FINISHED_RECVING OK with block 3 unwritten";
+        }
+    }
+    FreeEvents(&dev);
+}
+
+} // namespace
+
+namespace {
+
+// The mirror of ReleaseWithoutTheUseNonceDoesNotEndTheUse on D: a
+// write_done that names no use (SPEC 9's plain transfer-id string) from
+// the P rank's host, before P wrote anything, does not end a use D began
+// with a nonce once the rank is bound to a kvxfer instance. Before, it was
+// matched to "the first rank not done" and D reported OK with no byte
+// written (found by a review agent).
+TEST(WriteFlow, WriteDoneWithoutTheUseNonceDoesNotEndTheUse)
+{
+    WritePair w;
+    MakeWritePair(&w, "tcp");
+    if (HasFatalFailure()) {
+        return;
+    }
+    const std::vector<uint64_t> ids = {1, 2};
+    const std::string           tid = "tx-plaindone";
+    std::vector<kvx_event_t>    dev;
+
+    ASSERT_TRUE(Requests(w, tid, ids));
+    ASSERT_EQ(1, StatAwait(w.p.eng, "rx.remote_blocks", 1));
+    kvn_client_t *dc = nullptr;
+    ASSERT_EQ(KVX_OK,
+              kvn_client_open("127.0.0.1", (uint32_t)(w.hs + 1 + 20000), &dc));
+    char  *reply = nullptr;
+    size_t rlen  = 0;
+    ASSERT_EQ(KVX_OK, kvn_client_request(dc, tid.data(), tid.size(), 5000,
+                                         &reply, &rlen));
+    std::string r(reply, rlen);
+    free(reply);
+    kvn_client_close(dc);
+    WaitFor([&] {
+        DrainEvents(w.d.eng, &dev);
+        return CountEvents(dev, KVX_EVENT_FINISHED_RECVING, tid) > 0;
+    }, 1000);
+    EXPECT_EQ(0, CountEvents(dev, KVX_EVENT_FINISHED_RECVING, tid))
+        << "D finished on a write_done of no use, before P wrote any layer "
+           "(reply " << r << "); D blocks: "
+        << VerifyPull(w.model, w.d, 0, ids, ids);
+    FreeEvents(&dev);
+}
+
+} // namespace
+
+namespace {
+
+// A remote_blocks naming a decode_rank that resolves to no D rank (here
+// dp rank 7 of a D with dp_size 1) is refused and changes nothing: the
+// real one still drives the transfer. Before, it failed P's transfer
+// before the sender's host was even checked (found by a review agent).
+TEST(WriteFlow, RemoteBlocksWithABadDecodeRankChangesNothing)
+{
+    WritePair w;
+    MakeWritePair(&w, "tcp");
+    if (HasFatalFailure()) {
+        return;
+    }
+    const std::vector<uint64_t> ids = {1, 2};
+    const std::string           tid = "tx-baddr";
+    char                       *resp = nullptr;
+    std::vector<kvx_event_t>    pev, dev;
+
+    ASSERT_EQ(KVX_OK, Api()->producer_request(w.p.eng, "r", PParams(w, tid).c_str(),
+                                              ids.data(), ids.size(), &resp));
+    Api()->free(resp);
+    kvn_client_t *cli = nullptr;
+    ASSERT_EQ(KVX_OK, kvn_client_open("127.0.0.1", (uint32_t)(w.hs + 20000), &cli));
+    const std::string bad = "{\"type\":\"remote_blocks\",\"transfer_id\":\"" + tid +
+                            "\",\"req_id\":\"r\",\"block_notify_list\":[1,2],"
+                            "\"decode_rank\":7,\"xfer_nonce\":\"12345\"}";
+    char  *reply = nullptr;
+    size_t rlen  = 0;
+    ASSERT_EQ(KVX_OK, kvn_client_request(cli, bad.data(), bad.size(), 5000, &reply,
+                                         &rlen));
+    std::string r(reply, rlen);
+    free(reply);
+    kvn_client_close(cli);
+    ASSERT_EQ(KVX_OK, Api()->consumer_request(w.d.eng, "r", DParams(w, tid).c_str(),
+                                              ids.data(), ids.size()));
+    EXPECT_EQ(KVX_OK, Api()->layer_ready(w.p.eng, tid.c_str(), 0))
+        << "P's transfer failed on the bad message (reply " << r << "): "
+        << Api()->last_error();
+    DrainEvents(w.p.eng, &pev);
+    EXPECT_EQ(0, CountEvents(pev, KVX_EVENT_FAILED, tid));
+    FreeEvents(&pev);
+}
+
+} // namespace
