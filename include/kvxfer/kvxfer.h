@@ -15,7 +15,11 @@
  * internally. Callbacks run on the engine's progress thread, never inside the
  * call that submitted the operation. If a call that takes a callback returns
  * an error, the callback is never called. engine_destroy blocks until the
- * engine's threads have stopped; never call it from a kvxfer callback.
+ * engine's threads have stopped; never call it from a kvxfer callback (nor
+ * call kvxfer from the logger). Calls on the engine already running in
+ * other threads when engine_destroy begins end first: waits return
+ * KVX_ERR_CANCELED at once, calls that begin meanwhile KVX_ERR_BAD_STATE;
+ * no call may begin once engine_destroy returned (the engine is gone).
  *
  * Errors: every function that fails returns a negative kvx_status_t and sets
  * a thread-local message (last_error) that names the field, the value and the
@@ -176,7 +180,9 @@ typedef struct kvx_api {
     kvx_status_t (*engine_create)(const char *config_json,
                                   kvx_engine_t **engine_p);
     /* engine_destroy stops listeners and threads and releases everything;
-     * NULL is a no-op. Blocks; never call from a callback. */
+     * NULL is a no-op. Blocks; never call from a callback. Ends the waits
+     * of other threads on this engine (KVX_ERR_CANCELED) and waits (at
+     * most 5 s) for their calls in progress to return. */
     void (*engine_destroy)(kvx_engine_t *engine);
     /* config_dump returns the effective configuration as JSON (caller
      * frees). */

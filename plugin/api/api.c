@@ -11,6 +11,7 @@
 #include "ucx/kvu.h"
 
 #include <json-c/json.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,7 +83,7 @@ static kvx_status_t api_engine_create(const char *json, kvx_engine_t **eng_p)
     return api_apply_log_level(kvx_engine_create(&env, json, eng_p), json);
 }
 
-static kvx_status_t api_config_dump(kvx_engine_t *eng, char **json_p)
+static kvx_status_t api_config_dump_in(kvx_engine_t *eng, char **json_p)
 {
     kvc_error_clear();
     if (eng == NULL || json_p == NULL) {
@@ -92,7 +93,7 @@ static kvx_status_t api_config_dump(kvx_engine_t *eng, char **json_p)
     return *json_p ? KVX_OK : kvc_error(KVX_ERR_NO_MEMORY, "out of memory");
 }
 
-static kvx_status_t api_alloc_region(kvx_engine_t *eng, size_t len,
+static kvx_status_t api_alloc_region_in(kvx_engine_t *eng, size_t len,
                                      void **ptr_p)
 {
     kvc_region_t *r;
@@ -120,7 +121,7 @@ static kvx_status_t api_alloc_region(kvx_engine_t *eng, size_t len,
     return KVX_OK;
 }
 
-static kvx_status_t api_free_region(kvx_engine_t *eng, void *ptr)
+static kvx_status_t api_free_region_in(kvx_engine_t *eng, void *ptr)
 {
     kvc_region_t **pp, *r = NULL;
 
@@ -203,7 +204,7 @@ static kvc_region_t *api_region_of(kvx_engine_t *eng, const void *base,
     return NULL;
 }
 
-static kvx_status_t api_register_layer(kvx_engine_t *eng,
+static kvx_status_t api_register_layer_in(kvx_engine_t *eng,
                                        const kvx_layer_desc_t *d)
 {
     kvc_layer_t   l;
@@ -215,9 +216,11 @@ static kvx_status_t api_register_layer(kvx_engine_t *eng,
         return kvc_error(KVX_ERR_INVALID_PARAM, "register_layer: NULL");
     }
     pthread_mutex_lock(&eng->lock);
-    st = eng->started ? kvc_error(KVX_ERR_BAD_STATE, "register_layer: "
-                                  "engine already started")
-                      : api_check_desc(eng, d);
+    st = eng->started || eng->starting
+             ? kvc_error(KVX_ERR_BAD_STATE, "register_layer: engine %s",
+                         eng->started ? "already started"
+                                      : "starting (start() in progress)")
+             : api_check_desc(eng, d);
     memset(&l, 0, sizeof(l));
     if (st == KVX_OK) {
         st = kvc_geom_from_desc(d, &l.geom);
@@ -257,23 +260,16 @@ static kvx_status_t api_register_layer(kvx_engine_t *eng,
     return st;
 }
 
-static kvx_status_t api_start(kvx_engine_t *eng)
+static kvx_status_t api_start_in(kvx_engine_t *eng)
 {
     kvc_error_clear();
     if (eng == NULL) {
         return kvc_error(KVX_ERR_INVALID_PARAM, "start: NULL engine");
     }
-    if (eng->nlayers == 0) {
-        return kvc_error(KVX_ERR_BAD_STATE, "start: no layer registered");
-    }
-    eng->replicated = 1;
-    for (size_t i = 0; i < eng->nlayers; i++) {
-        eng->replicated &= eng->layers[i].geom.key_only ? 1 : 0;
-    }
-    return kvx_engine_start(eng);
+    return kvx_engine_start(eng); /* under its lock: layers, replicated */
 }
 
-static kvx_status_t api_registration_payload(kvx_engine_t *eng, char **out)
+static kvx_status_t api_registration_payload_in(kvx_engine_t *eng, char **out)
 {
     kvc_error_clear();
     if (eng == NULL || out == NULL) {
@@ -315,7 +311,7 @@ static kvx_status_t api_check_rid(kvx_status_t st, const char *rid)
     return st;
 }
 
-static kvx_status_t api_producer_request(kvx_engine_t *eng, const char *rid,
+static kvx_status_t api_producer_request_in(kvx_engine_t *eng, const char *rid,
                                          const char *params,
                                          const uint64_t *ids, size_t n,
                                          char **resp_p)
@@ -331,7 +327,7 @@ static kvx_status_t api_producer_request(kvx_engine_t *eng, const char *rid,
     return eng->mode->producer_request(eng, rid, params, ids, n, resp_p);
 }
 
-static kvx_status_t api_consumer_request(kvx_engine_t *eng, const char *rid,
+static kvx_status_t api_consumer_request_in(kvx_engine_t *eng, const char *rid,
                                          const char *params,
                                          const uint64_t *ids, size_t n)
 {
@@ -343,7 +339,7 @@ static kvx_status_t api_consumer_request(kvx_engine_t *eng, const char *rid,
     return eng->mode->consumer_request(eng, rid, params, ids, n);
 }
 
-static kvx_status_t api_wait_layer(kvx_engine_t *eng, const char *tid,
+static kvx_status_t api_wait_layer_in(kvx_engine_t *eng, const char *tid,
                                    uint32_t layer, int64_t timeout_ms)
 {
     kvc_error_clear();
@@ -353,7 +349,7 @@ static kvx_status_t api_wait_layer(kvx_engine_t *eng, const char *tid,
     return kvc_xfer_wait(eng, tid, layer, timeout_ms);
 }
 
-static kvx_status_t api_wait_transfer(kvx_engine_t *eng, const char *tid,
+static kvx_status_t api_wait_transfer_in(kvx_engine_t *eng, const char *tid,
                                       int64_t timeout_ms)
 {
     kvc_error_clear();
@@ -363,7 +359,7 @@ static kvx_status_t api_wait_transfer(kvx_engine_t *eng, const char *tid,
     return kvc_xfer_wait(eng, tid, -1, timeout_ms);
 }
 
-static int api_poll_events(kvx_engine_t *eng, kvx_event_t *evs, int max)
+static int api_poll_events_in(kvx_engine_t *eng, kvx_event_t *evs, int max)
 {
     int n = 0;
 
@@ -396,7 +392,7 @@ static int api_poll_events(kvx_engine_t *eng, kvx_event_t *evs, int max)
     return n;
 }
 
-static kvx_status_t api_event_fd(kvx_engine_t *eng, int *fd_p)
+static kvx_status_t api_event_fd_in(kvx_engine_t *eng, int *fd_p)
 {
     kvx_status_t st;
 
@@ -410,13 +406,13 @@ static kvx_status_t api_event_fd(kvx_engine_t *eng, int *fd_p)
     return st;
 }
 
-static kvx_status_t api_transports(kvx_engine_t *eng, char **json_p)
+static kvx_status_t api_transports_in(kvx_engine_t *eng, char **json_p)
 {
     kvc_error_clear();
     return kvc_report_transports(eng, json_p);
 }
 
-static kvx_status_t api_stats(kvx_engine_t *eng, char **json_p)
+static kvx_status_t api_stats_in(kvx_engine_t *eng, char **json_p)
 {
     kvc_error_clear();
     return kvc_report_stats(eng, json_p);
@@ -436,6 +432,11 @@ static kvx_status_t api_build_decode_params(const char *resp, const char *tid,
     if (out_p == NULL) {
         return kvc_error(KVX_ERR_INVALID_PARAM, "decode_params_p: NULL");
     }
+    if (resp == NULL) {
+        return kvc_error(KVX_ERR_INVALID_PARAM, "prefill_response_json: "
+                         "NULL: give the prefill rank's producer_request "
+                         "response");
+    }
     return kvc_params_build_decode(resp, tid, out_p);
 }
 
@@ -453,7 +454,7 @@ static kvx_status_t api_write_check(kvx_engine_t *eng, const char *tid,
     return KVX_OK;
 }
 
-static kvx_status_t api_layer_ready(kvx_engine_t *eng, const char *tid,
+static kvx_status_t api_layer_ready_in(kvx_engine_t *eng, const char *tid,
                                     uint32_t layer)
 {
     kvx_status_t st = api_write_check(eng, tid, "layer_ready");
@@ -464,7 +465,7 @@ static kvx_status_t api_layer_ready(kvx_engine_t *eng, const char *tid,
     return eng->mode->layer_ready(eng, tid, layer);
 }
 
-static kvx_status_t api_seal_transfer(kvx_engine_t *eng, const char *tid)
+static kvx_status_t api_seal_transfer_in(kvx_engine_t *eng, const char *tid)
 {
     kvx_status_t st = api_write_check(eng, tid, "seal_transfer");
 
@@ -474,7 +475,7 @@ static kvx_status_t api_seal_transfer(kvx_engine_t *eng, const char *tid)
     return eng->mode->seal(eng, tid);
 }
 
-static kvx_status_t api_consumer_abort(kvx_engine_t *eng, const char *rid,
+static kvx_status_t api_consumer_abort_in(kvx_engine_t *eng, const char *rid,
                                        const char *params)
 {
     kvx_status_t st = api_check_rid(api_check_request(eng, 0, NULL, 0), rid);
@@ -494,7 +495,7 @@ static kvx_status_t api_build_prefill_params(const char *reg, const char *tid,
     return kvc_params_build_prefill(reg, tid, out_p);
 }
 
-static kvx_status_t api_connect_peer(kvx_engine_t *eng, const char *params,
+static kvx_status_t api_connect_peer_in(kvx_engine_t *eng, const char *params,
                                      int64_t timeout_ms)
 {
     kvc_error_clear();
@@ -508,7 +509,7 @@ static kvx_status_t api_connect_peer(kvx_engine_t *eng, const char *params,
     return kvc_engine_connect(eng, params, timeout_ms);
 }
 
-static kvx_status_t api_wait_events(kvx_engine_t *eng, int64_t timeout_ms)
+static kvx_status_t api_wait_events_in(kvx_engine_t *eng, int64_t timeout_ms)
 {
     kvc_error_clear();
     if (eng == NULL) {
@@ -521,6 +522,111 @@ static kvx_status_t api_wait_events(kvx_engine_t *eng, int64_t timeout_ms)
     }
     return kvc_events_wait(eng, timeout_ms);
 }
+
+/* --- calls on an engine ------------------------------------------------ */
+
+/* api_enter: a call on eng begins; refused once engine_destroy began,
+ * which waits for the calls in progress (engine.c kvc_engine_drain_users)
+ * and ends the waits among them. No call may begin after engine_destroy
+ * returned: eng is gone. */
+static int api_enter(kvx_engine_t *eng)
+{
+    if (eng == NULL) {
+        return 0; /* the call refuses its NULL engine itself */
+    }
+    atomic_fetch_add(&eng->api_users, 1);
+    if (atomic_load(&eng->destroying)) {
+        atomic_fetch_sub(&eng->api_users, 1);
+        kvc_error_clear();
+        (void)kvc_error(KVX_ERR_BAD_STATE, "engine %s: engine_destroy "
+                        "began", eng->engine_id);
+        return -1;
+    }
+    return 0;
+}
+
+static void api_leave(kvx_engine_t *eng)
+{
+    if (eng != NULL) {
+        atomic_fetch_sub(&eng->api_users, 1);
+    }
+}
+
+/* KVC_API_CALL defines api_<name>, the table's entry: api_<name>_in
+ * between api_enter and api_leave. */
+#define KVC_API_CALL(ret, name, params, args)                               \
+    static ret api_##name params                                            \
+    {                                                                       \
+        ret r;                                                              \
+                                                                            \
+        if (api_enter(eng) != 0) {                                          \
+            return KVX_ERR_BAD_STATE;                                       \
+        }                                                                   \
+        r = api_##name##_in args;                                           \
+        api_leave(eng);                                                     \
+        return r;                                                           \
+    }
+
+KVC_API_CALL(kvx_status_t, config_dump,
+             (kvx_engine_t *eng, char **json_p),
+             (eng, json_p))
+KVC_API_CALL(kvx_status_t, alloc_region,
+             (kvx_engine_t *eng, size_t len, void **ptr_p),
+             (eng, len, ptr_p))
+KVC_API_CALL(kvx_status_t, free_region,
+             (kvx_engine_t *eng, void *ptr),
+             (eng, ptr))
+KVC_API_CALL(kvx_status_t, register_layer,
+             (kvx_engine_t *eng, const kvx_layer_desc_t *d),
+             (eng, d))
+KVC_API_CALL(kvx_status_t, start,
+             (kvx_engine_t *eng),
+             (eng))
+KVC_API_CALL(kvx_status_t, registration_payload,
+             (kvx_engine_t *eng, char **out),
+             (eng, out))
+KVC_API_CALL(kvx_status_t, producer_request,
+             (kvx_engine_t *eng, const char *rid, const char *params,
+              const uint64_t *ids, size_t n, char **resp_p),
+             (eng, rid, params, ids, n, resp_p))
+KVC_API_CALL(kvx_status_t, consumer_request,
+             (kvx_engine_t *eng, const char *rid, const char *params,
+              const uint64_t *ids, size_t n),
+             (eng, rid, params, ids, n))
+KVC_API_CALL(kvx_status_t, wait_layer,
+             (kvx_engine_t *eng, const char *tid, uint32_t layer,
+              int64_t timeout_ms),
+             (eng, tid, layer, timeout_ms))
+KVC_API_CALL(kvx_status_t, wait_transfer,
+             (kvx_engine_t *eng, const char *tid, int64_t timeout_ms),
+             (eng, tid, timeout_ms))
+KVC_API_CALL(int, poll_events,
+             (kvx_engine_t *eng, kvx_event_t *evs, int max),
+             (eng, evs, max))
+KVC_API_CALL(kvx_status_t, event_fd,
+             (kvx_engine_t *eng, int *fd_p),
+             (eng, fd_p))
+KVC_API_CALL(kvx_status_t, transports,
+             (kvx_engine_t *eng, char **json_p),
+             (eng, json_p))
+KVC_API_CALL(kvx_status_t, stats,
+             (kvx_engine_t *eng, char **json_p),
+             (eng, json_p))
+KVC_API_CALL(kvx_status_t, layer_ready,
+             (kvx_engine_t *eng, const char *tid, uint32_t layer),
+             (eng, tid, layer))
+KVC_API_CALL(kvx_status_t, seal_transfer,
+             (kvx_engine_t *eng, const char *tid),
+             (eng, tid))
+KVC_API_CALL(kvx_status_t, consumer_abort,
+             (kvx_engine_t *eng, const char *rid, const char *params),
+             (eng, rid, params))
+KVC_API_CALL(kvx_status_t, connect_peer,
+             (kvx_engine_t *eng, const char *params, int64_t timeout_ms),
+             (eng, params, timeout_ms))
+KVC_API_CALL(kvx_status_t, wait_events,
+             (kvx_engine_t *eng, int64_t timeout_ms),
+             (eng, timeout_ms))
 
 static const kvx_api_t kvc_api = {
     .abi_major            = KVX_ABI_MAJOR,

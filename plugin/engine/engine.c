@@ -25,6 +25,15 @@ uint64_t kvc_deadline_us(const struct kvx_engine *eng, double seconds)
     return kvc_now_us(eng) + (uint64_t)(seconds * 1e6);
 }
 
+uint64_t kvc_wait_deadline(const struct kvx_engine *eng, int64_t timeout_ms)
+{
+    /* at most 2^50 us (about 35 years) ahead: no clock arithmetic wraps */
+    const uint64_t cap = (uint64_t)1 << 50;
+    uint64_t       ms  = timeout_ms > 0 ? (uint64_t)timeout_ms : 0;
+
+    return kvc_now_us(eng) + (ms > cap / 1000u ? cap : ms * 1000u);
+}
+
 void kvc_wait_until(struct kvx_engine *eng, uint64_t deadline_us)
 {
     eng->env.clock.wait(eng->env.clock.arg, &eng->cond, &eng->lock,
@@ -73,12 +82,28 @@ kvx_status_t kvx_engine_start(struct kvx_engine *eng)
     kvx_status_t st;
 
     pthread_mutex_lock(&eng->lock);
-    if (eng->started) {
+    if (eng->started || eng->starting) {
         pthread_mutex_unlock(&eng->lock);
-        return kvc_error(KVX_ERR_BAD_STATE, "engine %s: already started",
-                         eng->engine_id);
+        return kvc_error(KVX_ERR_BAD_STATE, "engine %s: %s", eng->engine_id,
+                         eng->started ? "already started"
+                                      : "start() already in progress in "
+                                        "another thread");
+    }
+    if (eng->nlayers == 0) {
+        pthread_mutex_unlock(&eng->lock);
+        return kvc_error(KVX_ERR_BAD_STATE, "start: no layer registered");
+    }
+    /* From here until it ends, register_layer and another start() are
+     * refused: the metadata built now is what peers get. */
+    eng->starting   = 1;
+    eng->replicated = 1;
+    for (size_t i = 0; i < eng->nlayers; i++) {
+        eng->replicated &= eng->layers[i].geom.key_only ? 1 : 0;
     }
     st = kvc_meta_build(eng);
+    if (st != KVX_OK) {
+        eng->starting = 0;
+    }
     pthread_mutex_unlock(&eng->lock);
     if (st != KVX_OK) {
         return st;
@@ -96,10 +121,14 @@ kvx_status_t kvx_engine_start(struct kvx_engine *eng)
     }
     if (st != KVX_OK) {
         kvc_server_close(eng, &eng->hs_srv);
-        return kvc_error(st, "engine %s: %s (ports: handshake_port %u + rank "
-                         "%u, notify_port %u + rank %u)", eng->engine_id,
-                         kvc_last_error(), eng->cfg.handshake_port, off,
-                         eng->cfg.notify_port, off);
+        st = kvc_error(st, "engine %s: %s (ports: handshake_port %u + rank "
+                       "%u, notify_port %u + rank %u)", eng->engine_id,
+                       kvc_last_error(), eng->cfg.handshake_port, off,
+                       eng->cfg.notify_port, off);
+        pthread_mutex_lock(&eng->lock);
+        eng->starting = 0;
+        pthread_mutex_unlock(&eng->lock);
+        return st;
     }
     if (st == KVX_OK) {
         st = kvc_reg_setup(eng);
@@ -107,10 +136,14 @@ kvx_status_t kvx_engine_start(struct kvx_engine *eng)
     if (st != KVX_OK) {
         kvc_server_close(eng, &eng->hs_srv);
         kvc_server_close(eng, &eng->notify_srv);
+        pthread_mutex_lock(&eng->lock);
+        eng->starting = 0;
+        pthread_mutex_unlock(&eng->lock);
         return st;
     }
     pthread_mutex_lock(&eng->lock);
-    eng->started = 1;
+    eng->started  = 1;
+    eng->starting = 0;
     pthread_mutex_unlock(&eng->lock);
     kvc_log_info("KVX-STARTED", "engine %s rank dp%u tp%u listening on %s:%u "
                  "(handshake) and :%u (notify), UCX %s", eng->engine_id,
@@ -442,12 +475,45 @@ static void kvc_engine_abandon(struct kvx_engine *eng)
     pthread_mutex_unlock(&eng->lock);
 }
 
+/* kvc_engine_drain_users (destroy): calls of the table in other threads
+ * end before anything is freed: waits see destroying and return (the
+ * broadcast wakes them), the rest are short. Bounded: after
+ * KVC_DESTROY_USERS_MS a call still inside is logged and destroy goes on
+ * (such a call is blocked in a framework callback). */
+#define KVC_DESTROY_USERS_MS 5000u
+
+static void kvc_engine_drain_users(struct kvx_engine *eng)
+{
+    uint64_t deadline = kvc_now_us(eng) + KVC_DESTROY_USERS_MS * 1000u;
+
+    atomic_store(&eng->destroying, 1);
+    pthread_mutex_lock(&eng->lock);
+    while (atomic_load(&eng->api_users) > 0) {
+        uint64_t now = kvc_now_us(eng);
+
+        if (now >= deadline) {
+            kvc_log_warn("KVX-DESTROY", "engine %s: %u calls of the API "
+                         "still in progress %u ms after engine_destroy "
+                         "began; destroying anyway", eng->engine_id,
+                         (unsigned)atomic_load(&eng->api_users),
+                         KVC_DESTROY_USERS_MS);
+            break;
+        }
+        pthread_cond_broadcast(&eng->cond);
+        kvc_wait_until(eng, now + 10000u < deadline ? now + 10000u
+                                                    : deadline);
+    }
+    pthread_mutex_unlock(&eng->lock);
+}
+
 void kvx_engine_destroy(struct kvx_engine *eng)
 {
     if (eng == NULL) {
         return;
     }
     kvt_client_t *proxy;
+
+    kvc_engine_drain_users(eng);
 
     pthread_mutex_lock(&eng->lock);
     proxy          = eng->proxy_cli; /* no registration after this */

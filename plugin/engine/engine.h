@@ -432,6 +432,11 @@ struct kvx_engine {
     int               replicated;    /* every layer key-only */
     kvc_region_t     *regions;
     int               started;
+    int               starting;      /* start() running: no second one, no
+                                        register_layer */
+    _Atomic int       destroying;    /* engine_destroy began: calls refused,
+                                        waits end (api.c kvc_api_enter) */
+    _Atomic uint32_t  api_users;     /* table calls in progress */
     int               stopping;
     int               closing;       /* destroy began: no new connections */
     int               stopping_sends; /* destroy: deliver what is queued,
@@ -556,6 +561,9 @@ uint64_t kvc_deadline_us(const struct kvx_engine *eng, double seconds);
 /* kvc_wait_until: waits on eng->cond (lock held) until signalled or the
  * clock reaches deadline_us; callers re-check their condition. */
 void kvc_wait_until(struct kvx_engine *eng, uint64_t deadline_us);
+/* kvc_wait_deadline: now + timeout_ms, saturated (a framework's "very
+ * long" timeout must not wrap into one already past). */
+uint64_t kvc_wait_deadline(const struct kvx_engine *eng, int64_t timeout_ms);
 /* kvc_wake (lock held): eng->cond's waiters have something to look at.
  * Broadcast at once, or at kvc_unlock_waking inside kvc_lock_deferring. */
 void kvc_wake(struct kvx_engine *eng);

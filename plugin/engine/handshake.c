@@ -661,6 +661,7 @@ kvx_status_t kvc_meta_build(struct kvx_engine *eng)
         m.layers[i].rkey_len = rk_len;
     }
     m.digest       = kvc_hs_digest(m.layers, m.num_layers);
+    free(eng->meta_json); /* a start() tried before */
     eng->meta_json = kvc_hs_encode(&m, &eng->meta_len);
     free(m.layers); /* rkeys and address are borrowed */
     if (eng->meta_json == NULL) {

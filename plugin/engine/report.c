@@ -139,6 +139,10 @@ kvx_status_t kvc_report_stats(struct kvx_engine *eng, char **json_p)
                                (int64_t)kvc_timerq_size(&eng->timers)));
     json_object_object_add(o, "early", json_object_new_int64(
                                (int64_t)eng->nearly));
+    /* calls of the API in progress, this one included (threads in a wait
+     * among them) */
+    json_object_object_add(o, "api_calls", json_object_new_int64(
+                               (int64_t)atomic_load(&eng->api_users)));
     /* Do waits drive the progress (progress_caller, "auto" resolved, on a
      * data plane that can be driven)? And the passes threads waiting in
      * the API ran. */

@@ -319,12 +319,16 @@ kvx_status_t kvc_engine_connect(struct kvx_engine *eng,
     for (size_t k = 0; k < n; k++) {
         kvc_peer_want_handshake(peers[k]); /* a failed peer is tried afresh */
     }
-    deadline = kvc_now_us(eng) + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0) *
-                                  1000u;
+    deadline = kvc_wait_deadline(eng, timeout_ms);
     for (size_t k = 0; k < n && timeout_ms > 0 && st == KVX_OK; k++) {
         kvc_peer_t *peer = peers[k];
 
         while (peer->want_handshake || peer->state == KVC_PEER_HANDSHAKING) {
+            if (atomic_load(&eng->destroying)) {
+                st = kvc_error(KVX_ERR_CANCELED, "connect_peer %s: "
+                               "engine_destroy began", peer->name);
+                break;
+            }
             if (kvc_now_us(eng) >= deadline) {
                 st = kvc_error(KVX_ERR_TIMEOUT, "connect_peer %s: handshake "
                                "still running after %lld ms", peer->name,

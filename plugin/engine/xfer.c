@@ -407,12 +407,17 @@ static void kvc_wait_end(struct kvx_engine *eng, kvc_drive_t *d)
 
 kvx_status_t kvc_events_wait(struct kvx_engine *eng, int64_t timeout_ms)
 {
-    uint64_t     deadline = kvc_now_us(eng) + (uint64_t)timeout_ms * 1000u;
+    uint64_t     deadline = kvc_wait_deadline(eng, timeout_ms);
     kvx_status_t st       = KVX_OK;
     kvc_drive_t  d        = {0};
 
     pthread_mutex_lock(&eng->lock);
     while (eng->ev_head == NULL) {
+        if (atomic_load(&eng->destroying)) {
+            st = kvc_error(KVX_ERR_CANCELED, "wait_events: engine_destroy "
+                           "began");
+            break;
+        }
         if (kvc_now_us(eng) >= deadline) {
             st = kvc_error(KVX_ERR_TIMEOUT, "wait_events: no event within "
                            "%lld ms", (long long)timeout_ms);
@@ -479,7 +484,7 @@ kvx_status_t kvc_xfer_wait(struct kvx_engine *eng, const char *tid,
                            int64_t layer, int64_t timeout_ms)
 {
     uint64_t     deadline = timeout_ms >= 0
-                                ? kvc_now_us(eng) + (uint64_t)timeout_ms * 1000u
+                                ? kvc_wait_deadline(eng, timeout_ms)
                                 : 0;
     kvx_status_t st;
     kvc_drive_t  d = {0};
@@ -487,6 +492,11 @@ kvx_status_t kvc_xfer_wait(struct kvx_engine *eng, const char *tid,
     pthread_mutex_lock(&eng->lock);
     while ((st = kvc_xfer_poll(eng, tid, layer, &deadline)) ==
            KVX_INPROGRESS) {
+        if (atomic_load(&eng->destroying)) {
+            st = kvc_error(KVX_ERR_CANCELED, "transfer %s: engine_destroy "
+                           "began", tid);
+            break;
+        }
         if (kvc_now_us(eng) >= deadline) {
             st = kvc_error(KVX_ERR_TIMEOUT, "transfer %s: wait timed out",
                            tid);

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -1189,6 +1190,177 @@ TEST(Dlopen, RegistrationPayloadHasTheProxyFields)
         EXPECT_STREQ("127.0.0.1", json_object_get_string(
                                       json_object_array_get_idx(hosts, 0)));
     }
+}
+
+} // namespace
+
+// --- threads around engine_destroy and start (found by a review agent) ----
+namespace {
+
+// calls of the API in progress on eng (stats "api_calls", less the stats
+// call itself)
+int64_t CallsInProgress(const kvx_api_t *api, kvx_engine_t *eng)
+{
+    char *out = nullptr;
+    if (api->stats(eng, &out) != KVX_OK) {
+        return -1;
+    }
+    Json j(out);
+    api->free(out);
+    return j.Int("api_calls") - 1;
+}
+
+// A framework thread waits for events (timeout ms) while the main thread
+// destroys the engine: the wait ends at once with KVX_ERR_CANCELED and
+// destroy does not wait for its timeout. Before, destroy blocked in
+// pthread_cond_destroy for the rest of the wait, and the waiter then read
+// the freed engine.
+void DestroyEndsTheWait(int64_t timeout_ms)
+{
+    Lib lib;
+    ASSERT_NE(nullptr, lib.api) << lib.error;
+    const kvx_api_t *api = lib.api;
+    Engine           p;
+    ASSERT_TRUE(MakeEngine(api, true, 8, 1, &p));
+    kvx_engine_t *eng = p.eng;
+    kvx_status_t  st  = KVX_OK;
+    std::thread   t([&] { st = api->wait_events(eng, timeout_ms); });
+    // the waiter is inside its wait (a wait that returned at once, as one
+    // of INT64_MAX ms did when its deadline wrapped, is never seen here)
+    bool inside = WaitFor([&] { return CallsInProgress(api, eng) == 1; },
+                          5000);
+    EXPECT_TRUE(inside) << "wait_events(" << timeout_ms << ") is not waiting";
+    auto t0 = std::chrono::steady_clock::now();
+    api->engine_destroy(eng);
+    p.api = nullptr; // destroyed
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                  std::chrono::steady_clock::now() - t0)
+                  .count();
+    t.join();
+    EXPECT_LT(ms, 5000) << "engine_destroy took " << ms << " ms";
+    if (inside) {
+        EXPECT_EQ(KVX_ERR_CANCELED, st) << api->status_name(st);
+    }
+}
+
+TEST(DlopenThreads, DestroyEndsAWaitInAnotherThread)
+{
+    DestroyEndsTheWait(20000);
+}
+
+// A "very long" timeout is a long wait, not one that ends at once.
+TEST(DlopenThreads, HugeTimeoutIsALongWait)
+{
+    DestroyEndsTheWait(INT64_MAX);
+}
+
+// Two threads call start() at once: one starts the engine, the other is
+// refused, and both listeners stay up. Before, the loser's failed bind
+// closed the winner's handshake listener (and leaked its metadata).
+TEST(DlopenThreads, ConcurrentStartsStartOnce)
+{
+    Lib lib;
+    ASSERT_NE(nullptr, lib.api) << lib.error;
+    const kvx_api_t *api = lib.api;
+    for (int round = 0; round < 10; round++) {
+        Engine e;
+        e.api    = api;
+        e.nb     = 8;
+        e.hs     = NextPorts(2);
+        e.notify = (uint16_t)(e.hs + 1);
+        std::string cfg = Config(true, e.hs, e.notify);
+        ASSERT_EQ(KVX_OK, api->engine_create(cfg.c_str(), &e.eng))
+            << api->last_error();
+        e.names = {"l0"};
+        e.bufs.resize(1);
+        e.bufs[0].assign(2 * 8 * kUnit, 0);
+        kvx_layer_desc_t dsc = Desc(e.names[0], e.bufs[0].data(), 8);
+        ASSERT_EQ(KVX_OK, api->register_layer(e.eng, &dsc));
+        std::atomic<int> go{0};
+        kvx_status_t     s1 = KVX_OK, s2 = KVX_OK;
+        std::thread      t1([&] {
+            while (!go) {
+            }
+            s1 = api->start(e.eng);
+        });
+        std::thread t2([&] {
+            while (!go) {
+            }
+            s2 = api->start(e.eng);
+        });
+        go = 1;
+        t1.join();
+        t2.join();
+        ASSERT_EQ(1, (s1 == KVX_OK) + (s2 == KVX_OK))
+            << "round " << round << ": " << api->status_name(s1) << ", "
+            << api->status_name(s2);
+        EXPECT_EQ(KVX_ERR_BAD_STATE, s1 == KVX_OK ? s2 : s1);
+        // both listeners up: a connection is accepted on each port
+        for (uint16_t port : {e.hs, e.notify}) {
+            int                fd = socket(AF_INET, SOCK_STREAM, 0);
+            struct sockaddr_in a;
+            memset(&a, 0, sizeof(a));
+            a.sin_family      = AF_INET;
+            a.sin_port        = htons(port);
+            a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+            EXPECT_EQ(0, connect(fd, (struct sockaddr *)&a, sizeof(a)))
+                << "round " << round << ": port " << port << " not listening";
+            close(fd);
+        }
+        // and a layer can no longer be registered
+        kvx_layer_desc_t late = Desc(e.names[0], e.bufs[0].data(), 8);
+        EXPECT_EQ(KVX_ERR_BAD_STATE, api->register_layer(e.eng, &late));
+    }
+}
+
+// A start() that failed (its notify port taken) can be retried once the
+// port is free; the first attempt's metadata is not leaked (LSan in the
+// sanitizer run).
+TEST(DlopenThreads, StartRetriedAfterABusyPort)
+{
+    Lib lib;
+    ASSERT_NE(nullptr, lib.api) << lib.error;
+    const kvx_api_t *api = lib.api;
+    Engine           e;
+    e.api    = api;
+    e.nb     = 8;
+    e.hs     = NextPorts(2);
+    e.notify = (uint16_t)(e.hs + 1);
+    int                fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof(a));
+    a.sin_family      = AF_INET;
+    a.sin_port        = htons(e.notify);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    ASSERT_EQ(0, bind(fd, (struct sockaddr *)&a, sizeof(a)));
+    ASSERT_EQ(0, listen(fd, 4));
+    std::string cfg = Config(true, e.hs, e.notify);
+    ASSERT_EQ(KVX_OK, api->engine_create(cfg.c_str(), &e.eng));
+    e.names = {"l0"};
+    e.bufs.resize(1);
+    e.bufs[0].assign(2 * 8 * kUnit, 0);
+    kvx_layer_desc_t dsc = Desc(e.names[0], e.bufs[0].data(), 8);
+    ASSERT_EQ(KVX_OK, api->register_layer(e.eng, &dsc));
+    EXPECT_NE(KVX_OK, api->start(e.eng));
+    EXPECT_NE(nullptr, strstr(api->last_error(), "notify_port"))
+        << api->last_error();
+    close(fd);
+    EXPECT_EQ(KVX_OK, api->start(e.eng)) << api->last_error();
+}
+
+// build_decode_params needs the prefill response.
+TEST(DlopenThreads, DecodeParamsWithoutAResponseAreRefused)
+{
+    Lib lib;
+    ASSERT_NE(nullptr, lib.api) << lib.error;
+    char *out = nullptr;
+    EXPECT_EQ(KVX_ERR_INVALID_PARAM,
+              lib.api->build_decode_params(nullptr, "tx", &out));
+    EXPECT_NE(nullptr, strstr(lib.api->last_error(), "prefill_response_json"))
+        << lib.api->last_error();
+    EXPECT_EQ(nullptr, out);
 }
 
 } // namespace
