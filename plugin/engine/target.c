@@ -265,8 +265,14 @@ kvx_status_t kvc_consumer_abort(struct kvx_engine *eng, const char *req_id,
         m.xfer_nonce = x->xnonce; /* WRITE: this use of the id */
     }
     kvc_idset_add(&eng->terminal, p.transfer_id);
-    for (uint32_t k = 0; k < npeers; k++) {
-        kvc_peer_send_msg(peers[k], &m, "release");
+    if (x != NULL && x->write && !x->is_producer && x->nrel > 0) {
+        /* WRITE: the P ranks this transfer is bound to, which its fence
+         * waits for, whatever ranks the abort's params would name. */
+        kvc_write_d_send(x, &m, "release");
+    } else {
+        for (uint32_t k = 0; k < npeers; k++) {
+            kvc_peer_send_msg(peers[k], &m, "release");
+        }
     }
     pthread_mutex_unlock(&eng->lock);
     kvc_params_fini(&p);

@@ -1058,3 +1058,59 @@ TEST(WriteFlow, RemoteBlocksWithABadDecodeRankChangesNothing)
 }
 
 } // namespace
+
+namespace {
+
+// An abort whose params name other P ranks than the request's (a framework
+// that rebuilt them wrongly, here a port no one listens on) still stops the
+// P rank the transfer is bound to: the release goes to the ranks D's fence
+// waits for. Before, it went only to the ranks the abort's params named, P
+// kept the use open and D could report CANCELED with P still able to put.
+TEST(WriteFlow, AbortReachesTheBoundRankWhateverItsParamsName)
+{
+    WritePair w;
+    MakeWritePair(&w, "tcp");
+    if (HasFatalFailure()) {
+        return;
+    }
+    const std::vector<uint64_t> ids = {1, 2};
+    const std::string           tid = "tx-abort-other";
+    std::vector<kvx_event_t>    pev, dev;
+
+    ASSERT_TRUE(Requests(w, tid, ids));
+    ASSERT_EQ(KVX_OK, Api()->layer_ready(w.p.eng, tid.c_str(), 0));
+    ASSERT_GT(StatAwait(w.p.eng, "bytes_written", 1), 0); // layer 0 is in
+    uint16_t          other = PortBase(2);
+    const std::string ap =
+        "{\"transfer_id\":\"" + tid + "\",\"do_remote_prefill\":true,"
+        "\"remote_host\":\"127.0.0.1\",\"remote_handshake_port\":" +
+        std::to_string(other) + ",\"remote_notify_port\":" +
+        std::to_string(other + 20000) + ",\"remote_tp_size\":1}";
+    ASSERT_EQ(KVX_OK, Api()->consumer_abort(w.d.eng, "r", ap.c_str()))
+        << Api()->last_error();
+    // P's use ends on the release (no more layers come)
+    ASSERT_TRUE(WaitFor(
+        [&] {
+            DrainEvents(w.p.eng, &pev);
+            return !pev.empty();
+        },
+        5000))
+        << "the bound P rank never got the release";
+    EXPECT_EQ(KVX_EVENT_FINISHED_SENDING, pev[0].type);
+    FreeEvents(&pev);
+    // and D's fence is confirmed: CANCELED, well before its deadline
+    ASSERT_TRUE(WaitFor(
+        [&] {
+            DrainEvents(w.d.eng, &dev);
+            return CountEvents(dev, KVX_EVENT_FAILED, tid) > 0;
+        },
+        5000));
+    for (auto &e : dev) {
+        if (tid == e.transfer_id) {
+            EXPECT_EQ(KVX_ERR_CANCELED, e.status) << e.reason;
+        }
+    }
+    FreeEvents(&dev);
+}
+
+} // namespace
