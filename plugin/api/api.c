@@ -536,10 +536,10 @@ static int api_enter(kvx_engine_t *eng)
     }
     atomic_fetch_add(&eng->api_users, 1);
     if (atomic_load(&eng->destroying)) {
-        atomic_fetch_sub(&eng->api_users, 1);
         kvc_error_clear();
         (void)kvc_error(KVX_ERR_BAD_STATE, "engine %s: engine_destroy "
                         "began", eng->engine_id);
+        atomic_fetch_sub(&eng->api_users, 1); /* eng may go from here */
         return -1;
     }
     return 0;

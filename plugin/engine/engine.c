@@ -556,6 +556,7 @@ void kvx_engine_destroy(struct kvx_engine *eng)
         free(r);
     }
     KVD(eng)->ctx_destroy(eng->ucx);
+    kvc_peers_release(eng); /* no operation can complete any more */
     kvc_engine_free_state(eng);
     kvc_evfd_close(eng);
     free(eng->layers);

@@ -217,6 +217,8 @@ typedef struct kvc_xfer {
     kvc_xfer_state_t  state;
     kvx_status_t      status;
     char              reason[KVX_REASON_MAX];
+    char              refused[160]; /* WRITE P: why the last remote_blocks
+                                       was refused (in its timeout reason) */
     uint64_t         *local_ids;   /* owned */
     size_t            nlocal;
     uint64_t         *remote_ids;  /* owned */
@@ -758,6 +760,7 @@ void        kvc_peers_collect(struct kvx_engine *eng);
 void        kvc_peers_flush(struct kvx_engine *eng);
 void        kvc_peers_disconnect(struct kvx_engine *eng);
 void        kvc_peers_free(struct kvx_engine *eng);
+void        kvc_peers_release(struct kvx_engine *eng);
 
 /* handshake.c */
 kvx_status_t kvc_meta_build(struct kvx_engine *eng);

@@ -386,6 +386,16 @@ void kvc_write_on_write_done(struct kvx_engine *eng, const kvc_msg_t *m,
                       (unsigned long long)x->xnonce);
         return;
     }
+    if (x->xnonce != 0 && m->xfer_nonce == 0 && m->instance != 0) {
+        /* A write_done naming an instance is a kvxfer P's, which echoes
+         * the use's xfer_nonce: without it, it names no use (nor is it
+         * kept for a rank not bound yet, to end this one later). */
+        *ok_p = 0;
+        snprintf(reason, len, "write_done for '%s' from instance %llu "
+                 "without an xfer_nonce: this use of the id has one",
+                 x->transfer_id, (unsigned long long)m->instance);
+        return;
+    }
     k = kvc_write_d_rank(x, m, reason, len);
     if (k == -2) {
         /* Held until a reply binds a rank of m's host to this instance. */

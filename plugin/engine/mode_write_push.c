@@ -375,6 +375,7 @@ static void kvc_write_blocks(struct kvx_engine *eng, kvc_xfer_t *x,
         *ok_p = 0;
         snprintf(reason, len, "remote_blocks for %s: %s", m->transfer_id,
                  kvc_last_error());
+        snprintf(x->refused, sizeof(x->refused), "%s", kvc_last_error());
         return;
     }
     if (kvc_from_matches(m->from, peer->host) == 0) {
@@ -549,8 +550,10 @@ static void kvc_write_tick_xfer(struct kvx_engine *eng, kvc_xfer_t *x)
              ? "transfer_timeout %.3f s expired before every scheduled "
                "layer was written and sealed"
              : "no remote_blocks from the consumer within defer_timeout "
-               "%.3f s", x->have_blocks ? eng->cfg.transfer_timeout
-                                        : eng->cfg.defer_timeout);
+               "%.3f s%s%s%s", x->have_blocks ? eng->cfg.transfer_timeout
+                                              : eng->cfg.defer_timeout,
+             x->refused[0] != '\0' ? " (one was refused: " : "",
+             x->refused, x->refused[0] != '\0' ? ")" : "");
     kvc_xfer_fail(x, x->have_blocks ? KVX_ERR_TRANSFER_TIMEOUT
                                      : KVX_ERR_TIMEOUT, why);
     if ((x->ncompleted != x->nposted || x->flushing) && x->src != NULL &&

@@ -617,7 +617,8 @@ void kvc_peers_flush(struct kvx_engine *eng)
 }
 
 /* kvc_peers_free closes the control clients (pending requests complete as
- * canceled), waits for the jobs they queued, and frees the peers. */
+ * canceled), waits for the jobs they queued, and closes the peers'
+ * endpoints; kvc_peers_release frees them later. */
 void kvc_peers_free(struct kvx_engine *eng)
 {
     kvc_peer_t *p;
@@ -658,6 +659,15 @@ void kvc_peers_free(struct kvx_engine *eng)
     }
     pthread_mutex_unlock(&eng->lock);
     kvc_peers_disconnect(eng); /* none can connect any more */
+}
+
+/* kvc_peers_release frees the peers (destroy, after the data plane's
+ * context: an operation UCX completes late, e.g. a put it still sent with
+ * error mode none, reaches its transfer's peer). */
+void kvc_peers_release(struct kvx_engine *eng)
+{
+    kvc_peer_t *p;
+
     while ((p = eng->peers) != NULL) {
         eng->peers = p->next;
         kvc_peer_drop_queue(p, "engine destroyed");
