@@ -11,6 +11,7 @@ extern "C" {
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -138,6 +139,14 @@ TEST(Compat, MixedModelReadWithDifferentNumBlocks)
     EXPECT_EQ("", VerifyPull(m, d, 0, dids, pids));
 }
 
+// An old-style P's reply: ok, and no instance.
+void LegacyReply(void *, const char *, const char *, size_t, char **reply,
+                 size_t *rlen)
+{
+    *reply = strdup("{\"ok\":true}");
+    *rlen  = strlen(*reply);
+}
+
 TEST(Compat, LegacyPlainStringWriteDoneAndLateRemoteBlocks)
 {
     ModelSpec m  = ThreeLayerModel();
@@ -146,9 +155,17 @@ TEST(Compat, LegacyPlainStringWriteDoneAndLateRemoteBlocks)
     ASSERT_EQ(KVX_OK, MakeRank(m, Opts(true, hs, 16, false), &p));
     ASSERT_EQ(KVX_OK, MakeRank(m, Opts(false, (uint16_t)(hs + 1), 16, false), &d));
     std::vector<uint64_t> ids = {3};
-    // D waits for a push; an old-style P sends the bare transfer id.
-    std::string dprm = Params("tx-legacy", "127.0.0.1", hs,
-                              (uint16_t)(hs + 20000), {}, 1);
+    // D waits for a push from an old-style P: its replies name no instance
+    // (a kvxfer P's do, and then a write_done must carry the use's
+    // xfer_nonce), and its write_done is the bare transfer id.
+    uint16_t      lp     = PortBase(2);
+    kvn_server_t *legacy = nullptr;
+    ASSERT_EQ(KVX_OK, kvn_server_create("127.0.0.1", (uint32_t)(lp + 20000), 2,
+                                        1 << 20, LegacyReply, nullptr,
+                                        &legacy))
+        << kvc_last_error();
+    std::string dprm = Params("tx-legacy", "127.0.0.1", lp,
+                              (uint16_t)(lp + 20000), {}, 1);
     ASSERT_EQ(KVX_OK, Api()->consumer_request(d.eng, "r", dprm.c_str(),
                                               ids.data(), ids.size()))
         << Api()->last_error();
@@ -164,6 +181,7 @@ TEST(Compat, LegacyPlainStringWriteDoneAndLateRemoteBlocks)
     free(reply);
     EXPECT_EQ(KVX_OK, Api()->wait_transfer(d.eng, "tx-legacy", 5000))
         << Api()->last_error();
+    kvn_server_destroy(legacy);
 
     // P holds a WRITE transfer; D aborts it; a remote_blocks arriving after
     // that is answered but ignored (no write, no event).
