@@ -240,6 +240,11 @@ typedef struct kvc_xfer {
      * confirmed that none of its puts can land any more (fenced). */
     uint64_t          rel_inst[KVC_RANKMAP_MAX];
     uint64_t          rel_done, rel_fenced;
+    uint64_t          rel_replied;  /* WRITE D: ranks that answered
+                                       remote_blocks (ok) */
+    uint64_t          plain_done;   /* WRITE D: a write_done without nonce
+                                       or instance came from a rank before
+                                       its answer (kvc_write_on_write_done) */
     uint64_t          rel_dp;      /* D WRITE: ranks whose remote_blocks
                                       went on the data plane, not settled
                                       (peer->dp_unconfirmed) */

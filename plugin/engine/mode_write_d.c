@@ -417,6 +417,15 @@ void kvc_write_on_write_done(struct kvx_engine *eng, const kvc_msg_t *m,
         *ok_p = 0; /* changes nothing */
         return;
     }
+    if (x->xnonce != 0 && m->xfer_nonce == 0 && x->rel_inst[k] == 0 &&
+        k < 64 && !(x->rel_replied >> k & 1)) {
+        /* The rank has not answered remote_blocks yet: whether it is a
+         * kvxfer P (its answer names an instance, and this write_done then
+         * names no use) or a legacy one is not known. Held until the
+         * answer comes (kvc_write_d_on_reply); the deadline bounds it. */
+        x->plain_done |= 1ull << k;
+        return;
+    }
     if (x->xnonce != 0 && m->xfer_nonce == 0 && x->rel_inst[k] != 0) {
         /* A rank bound to an instance is a kvxfer P, whose write_done
          * echoes the xfer_nonce of the remote_blocks it served: one
@@ -590,6 +599,30 @@ void kvc_write_d_on_reply(struct kvx_engine *eng, kvc_peer_t *peer,
         }
         if (type == KVC_MSG_REMOTE_BLOCKS && x->rel_inst[k] == 0) {
             x->rel_inst[k] = info->instance;
+            if (k < 64) {
+                uint64_t bit = 1ull << k;
+
+                x->rel_replied |= bit;
+                if ((x->plain_done & bit) && info->instance == 0) {
+                    /* a legacy P: its plain write_done came first */
+                    x->plain_done &= ~bit;
+                    kvc_write_d_done(eng, x, (int)k);
+                    if (x->state != KVC_XFER_WAIT_WRITE) {
+                        return;
+                    }
+                    continue;
+                }
+                if (x->plain_done & bit) {
+                    /* a kvxfer P: the plain write_done named no use */
+                    x->plain_done &= ~bit;
+                    kvc_log_warn("KVX-CTL-REJECT", "write_done for '%s' "
+                                 "without an xfer_nonce dropped: its P rank "
+                                 "%s answered as instance %llu, whose "
+                                 "write_done carries the use's nonce",
+                                 x->transfer_id, peer->name,
+                                 (unsigned long long)info->instance);
+                }
+            }
             if (kvc_early_done_take(&x->early, info->instance, k)) {
                 eng->stats.early_completed++;
                 kvc_write_d_done(eng, x, (int)k);

@@ -249,3 +249,89 @@ TEST(Placement, GpuBusIdChoosesTheNearestNicOrFailsClearly)
 }
 
 } // namespace
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+
+namespace {
+
+// A P whose answer to remote_blocks waits until the test opens the gate
+// (at most 5 s), then names an instance (a kvxfer P) or none (a legacy P).
+struct SlowP {
+    std::mutex              m;
+    std::condition_variable cv;
+    bool                    open = false;
+    std::string             answer;
+};
+
+void SlowReply(void *arg, const char *, const char *, size_t, char **reply,
+               size_t *rlen)
+{
+    SlowP                       *s = static_cast<SlowP *>(arg);
+    std::unique_lock<std::mutex> lk(s->m);
+    s->cv.wait_for(lk, std::chrono::seconds(5), [s] { return s->open; });
+    *reply = strdup(s->answer.c_str());
+    *rlen  = strlen(*reply);
+}
+
+// A plain write_done (the bare transfer id) that reaches D before its P
+// rank answered remote_blocks is held until the answer: a kvxfer P's
+// (naming an instance) drops it, since that P's write_done carries the
+// use's xfer_nonce; a legacy P's (no instance) applies it. Before, it ended
+// the use at once, whoever sent it (seen in the sanitizer run, whose
+// answer came late).
+TEST(Compat, PlainWriteDoneBeforeTheAnswerWaitsForIt)
+{
+    for (bool legacy : {false, true}) {
+        SCOPED_TRACE(legacy ? "legacy P" : "kvxfer P");
+        ModelSpec m  = ThreeLayerModel();
+        uint16_t  hs = PortBase(2);
+        Rank      d;
+        ASSERT_EQ(KVX_OK, MakeRank(m, Opts(false, hs, 16, false), &d))
+            << Api()->last_error();
+        SlowP slow;
+        slow.answer = legacy ? "{\"ok\":true}"
+                             : "{\"ok\":true,\"instance\":\"4242\"}";
+        uint16_t      lp  = PortBase(2);
+        kvn_server_t *srv = nullptr;
+        ASSERT_EQ(KVX_OK, kvn_server_create("127.0.0.1", (uint32_t)(lp + 20000),
+                                            2, 1 << 20, SlowReply, &slow, &srv))
+            << kvc_last_error();
+        std::vector<uint64_t> ids = {3};
+        std::string tid = legacy ? "tx-slow-legacy" : "tx-slow-kvx";
+        std::string prm = Params(tid, "127.0.0.1", lp, (uint16_t)(lp + 20000),
+                                 {}, 1);
+        ASSERT_EQ(KVX_OK, Api()->consumer_request(d.eng, "r", prm.c_str(),
+                                                  ids.data(), ids.size()))
+            << Api()->last_error();
+        // the plain write_done, while the answer is held back
+        kvn_client_t *cli = nullptr;
+        ASSERT_EQ(KVX_OK,
+                  kvn_client_open("127.0.0.1", (uint32_t)(hs + 20000), &cli));
+        char  *reply = nullptr;
+        size_t rlen  = 0;
+        ASSERT_EQ(KVX_OK, kvn_client_request(cli, tid.data(), tid.size(), 5000,
+                                             &reply, &rlen));
+        free(reply);
+        kvn_client_close(cli);
+        EXPECT_EQ(KVX_ERR_TIMEOUT,
+                  Api()->wait_transfer(d.eng, tid.c_str(), 300))
+            << "D ended the use before its P rank answered";
+        {
+            std::lock_guard<std::mutex> lk(slow.m);
+            slow.open = true;
+        }
+        slow.cv.notify_all();
+        kvx_status_t st = Api()->wait_transfer(d.eng, tid.c_str(), 1500);
+        if (legacy) {
+            EXPECT_EQ(KVX_OK, st) << Api()->last_error();
+        } else {
+            EXPECT_NE(KVX_OK, st) << "a plain write_done ended a use of a "
+                                     "kvxfer P's";
+        }
+        kvn_server_destroy(srv);
+    }
+}
+
+} // namespace
