@@ -732,11 +732,13 @@ static const kvc_msg_desc_t kvc_msg_table[] = {
                  .stats_name = "heartbeat",
                  .roles = KVC_MSG_TO_PRODUCER | KVC_MSG_TO_CONSUMER,
                  .id_optional = 1),
+    KVC_MSG_DESC(KVC_MSG_HOLD, .name = "hold", .stats_name = "hold",
+                 .roles = KVC_MSG_TO_PRODUCER),
 };
 
 _Static_assert(KVC_NELEM(kvc_msg_table) == KVC_MSG_NTYPES + 1,
                "kvc_msg_table: one entry per type 1..KVC_MSG_NTYPES");
-_Static_assert(KVC_MSG_HEARTBEAT == KVC_MSG_NTYPES,
+_Static_assert(KVC_MSG_HOLD == KVC_MSG_NTYPES,
                "KVC_MSG_NTYPES must be the last kvc_msg_type_t value");
 
 const kvc_msg_desc_t *kvc_msg_desc(kvc_msg_type_t type)
@@ -1080,6 +1082,9 @@ char *kvc_reply_encode_info(const kvc_reply_info_t *info, const char *reason,
     if (rc == 0 && info->fenced) {
         rc = kvc_jadd(obj, "fenced", json_object_new_boolean(1));
     }
+    if (rc == 0 && info->ok && info->has_hold) {
+        rc = kvc_jadd_int(obj, "hold_ms", (int64_t)info->hold_ms);
+    }
     return kvc_json_finish(obj, rc, len_p);
 }
 
@@ -1161,6 +1166,13 @@ kvx_status_t kvc_reply_decode_info(const char *buf, size_t len,
     if (status == KVX_OK) {
         status = kvc_fld_get(kvc_what_reply, &obj, "fenced", "fenced",
                              KVC_PV_BOOL, 0, &fenced);
+    }
+    if (status == KVX_OK) {
+        uint64_t hold = 0;
+
+        status = kvc_fld_int(kvc_what_reply, &obj, "hold_ms", "hold_ms", 0,
+                             UINT32_MAX, &hold, &info->has_hold);
+        info->hold_ms = (uint32_t)hold;
     }
     if (status == KVX_OK) {
         info->ok     = ok;

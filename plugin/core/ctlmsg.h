@@ -31,6 +31,9 @@ typedef enum kvc_msg_type {
     KVC_MSG_WRITE_DONE    = 2, /* P -> D (WRITE) */
     KVC_MSG_RELEASE       = 3, /* D -> P */
     KVC_MSG_HEARTBEAT     = 4, /* either; liveness, no effect */
+    KVC_MSG_HOLD          = 5, /* D -> P (READ): how much longer does this
+                                  P rank hold the transfer's blocks? (the
+                                  reply's hold_ms; refused: it does not) */
     /* a new type: the next value, KVC_MSG_NTYPES, and one entry in the
      * descriptor table of ctlmsg.c (plus the engine's handler) */
 } kvc_msg_type_t;
@@ -38,7 +41,7 @@ typedef enum kvc_msg_type {
 /* Valid types are 1..KVC_MSG_NTYPES (contiguous): an array of
  * KVC_MSG_NTYPES + 1 elements indexed by kvc_msg_type_t is safe. ctlmsg.c
  * checks at compile time that its table has exactly these entries. */
-#define KVC_MSG_NTYPES 4
+#define KVC_MSG_NTYPES 5
 
 typedef struct kvc_msg {
     kvc_msg_type_t type;
@@ -71,6 +74,9 @@ typedef struct kvc_msg {
     /* Receiver side, set by the engine (not on the wire): */
     const char *from;                 /* sender's "ip:port", or "" */
     int       reply_fenced;           /* the handler's reply says "fenced" */
+    int       reply_has_hold;         /* the handler's reply carries
+                                         hold_ms = reply_hold_ms */
+    uint32_t  reply_hold_ms;
 } kvc_msg_t;
 
 /* Receiving roles, bits of kvc_msg_desc_t.roles. */
@@ -135,16 +141,24 @@ char *kvc_msg_encode(const kvc_msg_t *msg, size_t *len_p);
 void  kvc_msg_fini(kvc_msg_t *msg);
 
 /* Replies: {"ok":true} or {"ok":false,"error":"<reason>"}, optionally with
- * "instance" (the replier's instance id, decimal string) and "fenced":true
+ * "instance" (the replier's instance id, decimal string), "fenced":true
  * (a release's reply: no operation of the replier can touch the blocks of
- * that transfer any more). The encoder replaces bytes of reason that are not
+ * that transfer any more) and "hold_ms" (a hold's reply: the replier holds
+ * the transfer's blocks at least that many more milliseconds, 0 ..
+ * 4294967295). The encoder replaces bytes of reason that are not
  * well-formed UTF-8 by '?'. */
 typedef struct kvc_reply_info {
     int      ok;
     uint64_t instance; /* 0: absent */
     int      fenced;
-    uint64_t sent_xnonce; /* not on the wire: the engine sets the
-                             xfer_nonce of the message this answers */
+    int      has_hold;  /* "hold_ms" present */
+    uint32_t hold_ms;
+    /* Not on the wire, set by the engine for mode->on_reply: */
+    int         delivered;   /* 0: no reply came (only the fields below
+                                are set) */
+    uint64_t    sent_xnonce; /* the xfer_nonce of the message answered */
+    uint64_t    sent_us;     /* when that message was queued (kvc_now_us) */
+    const char *reason;      /* a refusal's reason, or why none came */
 } kvc_reply_info_t;
 
 char        *kvc_reply_encode(int ok, const char *reason, size_t *len_p);

@@ -73,6 +73,8 @@ void kvc_notify_handler(void *arg, const char *from, const char *msg,
     }
     info.instance = eng->epoch;
     info.fenced   = info.ok && m.reply_fenced;
+    info.has_hold = info.ok && m.reply_has_hold;
+    info.hold_ms  = m.reply_hold_ms;
     kvc_msg_fini(&m);
     *reply_p = kvc_reply_encode_info(&info, reason, len_p);
     if (*reply_p == NULL) {

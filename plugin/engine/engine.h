@@ -290,6 +290,19 @@ typedef struct kvc_xfer {
                                       (remote_hold_ms from accepted) ends,
                                       less clock_skew, on our monotonic
                                       clock; 0: not known (legacy P) */
+    /* D READ, P TP > 1: the sources other than the rank that answered
+     * the request were asked how much longer they hold the blocks
+     * (kvc_read_ask_holds): those not answered yet (bit k: source k), the
+     * xfer_nonce the questions carried, and when every get completed
+     * while answers were still out (0: not yet). */
+    uint64_t          holdq_mask;
+    uint64_t          holdq_nonce;
+    uint64_t          gets_done_us;
+    uint64_t          holdq_early; /* of holdq_mask: answered that they
+                                      have not taken the request yet,
+                                      asked again at holdq_at */
+    uint64_t          holdq_at;
+    uint32_t          holdq_tries;
     uint64_t          peer_inst;   /* P WRITE: instance of the D rank that
                                       sent remote_blocks (0: legacy) */
     uint64_t          xnonce;      /* WRITE: this use of the transfer id
@@ -462,8 +475,11 @@ struct kvx_engine {
                                         READ release notices taken
                                         (kvc_dp_fresh), allocated at the
                                         first */
+    uint32_t          holdq_waiting; /* D READ: transfers with a P rank
+                                        to ask its hold again (holdq_early;
+                                        kvc_read_reask_holds) */
     uint64_t          xnonce_seq;    /* D WRITE: uses of transfer ids so
-                                        far (kvc_write_d_xnonce hashes it) */
+                                        far (kvc_use_nonce hashes it) */
     char              engine_id[KVX_ID_MAX + 16];
     kvc_peer_t       *peers;
     kvc_xfer_t      **xfers;         /* hash table, nbuckets chains */
@@ -512,6 +528,9 @@ struct kvx_engine {
         uint64_t early_completed; /* D WRITE: P ranks completed by a
                                      completion kept early (write_done or
                                      notice) once the reply bound them */
+        uint64_t hold_asked;      /* D READ: hold messages sent to the
+                                     P ranks that did not answer the
+                                     request (kvc_read_ask_holds) */
         uint64_t releases_on_dp;  /* D READ: releases sent as a data-plane
                                      notice (kvc_read_release_on_dp) */
         uint64_t blocks_on_dp;    /* D WRITE: remote_blocks sent on the
@@ -820,6 +839,9 @@ void kvc_dispatch(struct kvx_engine *eng, kvc_msg_t *m, char *reason,
  * data-plane control message or READ release notice: a stamp
  * (kvt_clock_t.stamp), strictly increasing. */
 uint64_t    kvc_dp_next_nonce(struct kvx_engine *eng);
+/* kvc_use_nonce (lock held): an unguessable nonzero nonce naming one use
+ * of a transfer id at this engine (mode_write_d.c). */
+uint64_t    kvc_use_nonce(struct kvx_engine *eng);
 /* kvc_dp_fresh (P, lock held): NULL when nonce, from the engine instance
  * inst of the host whose session is session, was never taken before and
  * is within the freshness window (kvc_replay_check; recorded then); else

@@ -59,8 +59,8 @@ typedef struct kvc_mode {
     void (*peer_ready)(struct kvx_engine *eng, struct kvc_peer *peer);
     void (*peer_failed)(struct kvx_engine *eng, struct kvc_peer *peer);
     /* on_reply (may be NULL): the reply to a control message of type
-     * about transfer tid that this engine sent to peer (info NULL: it was
-     * not delivered). */
+     * about transfer tid that this engine sent to peer (info->delivered 0:
+     * none came; info->reason says why). */
     void (*on_reply)(struct kvx_engine *eng, struct kvc_peer *peer,
                      kvc_msg_type_t type, const char *tid,
                      const kvc_reply_info_t *info);

@@ -32,8 +32,8 @@ static void kvc_read_hold_why(const struct kvx_engine *eng, const char *when,
                               char *buf, size_t len)
 {
     snprintf(buf, len, "the producer's hold of the blocks (remote_hold_ms "
-             "from its producer_request, less clock_skew %.3f s) ended %s",
-             eng->cfg.clock_skew, when);
+             "from its producer_request, less clock_skew %.3f s, or what a "
+             "P rank asked answered) ended %s", eng->cfg.clock_skew, when);
 }
 
 /* kvc_read_release_on_dp: x's release to P rank peer goes as a notice on
@@ -104,9 +104,14 @@ static void kvc_read_send_releases(struct kvx_engine *eng, kvc_xfer_t *x)
     }
 }
 
-/* kvc_read_finish: every get of x completed (or none was posted). */
-static void kvc_read_finish(struct kvx_engine *eng, kvc_xfer_t *x)
+/* kvc_read_end: x is over: its releases go out and its event is queued. */
+static void kvc_read_end(struct kvx_engine *eng, kvc_xfer_t *x)
 {
+    if (x->holdq_early != 0) {
+        eng->holdq_waiting--;
+        x->holdq_early = 0;
+    }
+    x->holdq_mask = 0;
     x->state = x->status == KVX_OK ? KVC_XFER_DONE : KVC_XFER_FAILED;
     kvc_read_send_releases(eng, x);
     if (x->status == KVX_OK) {
@@ -118,6 +123,30 @@ static void kvc_read_finish(struct kvx_engine *eng, kvc_xfer_t *x)
     }
     kvc_idset_add(&eng->terminal, x->transfer_id);
     kvc_wake(eng);
+}
+
+/* kvc_read_finish: every get of x completed (or none was posted, or x
+ * failed before). Gets that completed after the hold's end (on our clock)
+ * fail x, whether or not the deadline's timer ran. A transfer whose gets
+ * all completed is OK only once every source rank asked
+ * (kvc_read_ask_holds) said its hold covered them: until then it waits,
+ * bounded by its deadline. */
+static void kvc_read_finish(struct kvx_engine *eng, kvc_xfer_t *x)
+{
+    if (x->status == KVX_OK && x->state == KVC_XFER_INFLIGHT &&
+        x->hold_end_us != 0 && kvc_now_us(eng) >= x->hold_end_us) {
+        /* The gets ended after the hold did, before the deadline's timer
+         * ran: they may have read blocks already reported free. */
+        char why[KVX_REASON_MAX];
+
+        kvc_read_hold_why(eng, "before the reads did", why, sizeof(why));
+        kvc_xfer_fail(x, KVX_ERR_TRANSFER_TIMEOUT, why);
+    }
+    if (x->status == KVX_OK && x->holdq_mask != 0) {
+        x->gets_done_us = kvc_now_us(eng);
+        return;
+    }
+    kvc_read_end(eng, x);
 }
 
 /* kvc_read_retry_wanted: a get refused because the source has not exposed
@@ -301,6 +330,141 @@ static void kvc_read_post_op(struct kvx_engine *eng, kvc_layer_op_t *lop)
     }
 }
 
+/* kvc_read_ask_holds: x's deadline bounds its reads by the hold of the
+ * P rank whose response D got (remote_accepted + remote_hold_ms, less
+ * clock_skew). Every other P rank x reads from took the request on its
+ * own, maybe long before, and on a direct RMA lane nothing at P refuses a
+ * get once that rank's hold ended. So each of them is asked, beside the
+ * gets, how much longer it holds the blocks (a hold message): the answer
+ * sets that rank's own deadline (from when the question was queued, so no
+ * clock is compared), and x is OK only once every answer came and its
+ * gets completed within every deadline (kvc_read_on_reply). A P without
+ * instance or hold in its response (legacy) is not asked. */
+static void kvc_read_ask_holds(struct kvx_engine *eng, kvc_xfer_t *x)
+{
+    size_t nops = eng->nlayers * kvc_xfer_nsrc(x);
+
+    if (x->src_inst == 0 || x->hold_end_us == 0) {
+        return;
+    }
+    for (uint32_t k = 0; k < kvc_xfer_nsrc(x) && k < 64; k++) {
+        kvc_peer_t *peer  = kvc_xfer_source(x, k);
+        int         reads = 0;
+        kvc_msg_t   m;
+
+        if (peer->tp_rank == x->src_tp) {
+            continue; /* its own stamp bounds x already */
+        }
+        for (size_t o = 0; o < nops && !reads; o++) {
+            reads = x->ops[o].peer == peer && x->ops[o].runs != NULL;
+        }
+        if (!reads) {
+            continue;
+        }
+        if (x->holdq_nonce == 0) {
+            x->holdq_nonce = kvc_use_nonce(eng);
+        }
+        memset(&m, 0, sizeof(m));
+        m.type       = KVC_MSG_HOLD;
+        m.xfer_nonce = x->holdq_nonce;
+        snprintf(m.transfer_id, sizeof(m.transfer_id), "%s", x->transfer_id);
+        x->holdq_mask |= 1ull << k;
+        eng->stats.hold_asked++;
+        kvc_peer_send_msg(peer, &m, "hold");
+    }
+}
+
+/* kvc_read_on_reply (D): P rank peer answered x's hold message. */
+static void kvc_read_on_reply(struct kvx_engine *eng, kvc_peer_t *peer,
+                              kvc_msg_type_t type, const char *tid,
+                              const kvc_reply_info_t *info)
+{
+    kvc_xfer_t *x = kvc_xfer_find(eng, tid);
+    char        why[KVX_REASON_MAX] = "";
+    uint32_t    k;
+    size_t      nops;
+
+    if (type != KVC_MSG_HOLD || x == NULL || x->is_producer || x->write ||
+        x->state != KVC_XFER_INFLIGHT || x->holdq_nonce == 0 ||
+        info->sent_xnonce != x->holdq_nonce) {
+        return; /* over, or an earlier use of the id */
+    }
+    for (k = 0; k < kvc_xfer_nsrc(x) && k < 64; k++) {
+        if (kvc_xfer_source(x, k) == peer && (x->holdq_mask >> k & 1)) {
+            break;
+        }
+    }
+    if (k == kvc_xfer_nsrc(x) || k == 64) {
+        return;
+    }
+    x->holdq_mask &= ~(1ull << k);
+    nops = eng->nlayers * kvc_xfer_nsrc(x);
+    if (!info->delivered || !info->ok) {
+        snprintf(why, sizeof(why), "P rank %.120s did not confirm that it "
+                 "still holds the blocks (asked because another P rank "
+                 "answered the request): %s%.200s", peer->name,
+                 info->delivered ? "" : "no answer: ", info->reason);
+        kvc_xfer_fail(x, info->delivered ? KVX_ERR_NOT_EXPOSED
+                                         : KVX_ERR_CONTROL, why);
+    } else {
+        for (size_t o = 0; o < nops; o++) {
+            const kvc_layer_op_t *lop = &x->ops[o];
+
+            if (lop->peer == peer && lop->runs != NULL &&
+                lop->inst != info->instance) {
+                snprintf(why, sizeof(why), "P rank %.200s: instance %llu "
+                         "answered whether it holds the blocks, but they "
+                         "were read from instance %llu", peer->name,
+                         (unsigned long long)info->instance,
+                         (unsigned long long)lop->inst);
+                kvc_xfer_fail(x, KVX_ERR_ENDPOINT, why);
+                break;
+            }
+        }
+    }
+    if (why[0] == '\0' && !info->has_hold) {
+        /* That rank has not taken the request yet: what D read is only
+         * known to be its blocks once it holds them. Asked again after 1,
+         * 2, 4 .. 32 ms (kvc_read_reask_holds); the deadline bounds it. */
+        uint32_t shift = x->holdq_tries < 5 ? x->holdq_tries : 5;
+
+        x->holdq_mask |= 1ull << k;
+        if (x->holdq_early == 0) {
+            eng->holdq_waiting++;
+            x->holdq_at = kvc_now_us(eng) + (1000u << shift);
+            x->holdq_tries++;
+            if (KVD(eng)->tick_at != NULL) {
+                KVD(eng)->tick_at(eng->ucx, x->holdq_at);
+            }
+        }
+        x->holdq_early |= 1ull << k;
+        return;
+    }
+    if (why[0] == '\0') {
+        /* That rank's hold ends hold_ms after it answered, which was after
+         * the question was queued; less a thousandth for the two clocks'
+         * rates. */
+        uint64_t left = (uint64_t)info->hold_ms * 1000u;
+        uint64_t end  = info->sent_us + left - left / 1000u;
+
+        if (x->gets_done_us != 0 && x->gets_done_us >= end) {
+            snprintf(why, sizeof(why), "P rank %.200s: its hold of the "
+                     "blocks (%u ms more when asked) ended before the "
+                     "reads did", peer->name, info->hold_ms);
+            kvc_xfer_fail(x, KVX_ERR_TRANSFER_TIMEOUT, why);
+        } else if (x->gets_done_us == 0 && end < x->deadline_us) {
+            /* The reads end before that rank's hold does: at this deadline
+             * the gets still in flight are cancelled (kvc_read_tick_xfer). */
+            x->hold_end_us = end;
+            kvc_xfer_arm(eng, x, end);
+        }
+    }
+    if (x->gets_done_us != 0 && (x->holdq_mask == 0 || x->status != KVX_OK)) {
+        kvc_read_end(eng, x);
+    }
+    /* else the gets still in flight report x (kvc_read_finish) */
+}
+
 static void kvc_read_post(struct kvx_engine *eng, kvc_xfer_t *x)
 {
     kvx_status_t st    = kvc_xfer_plan(eng, x, x->local_ids, x->nlocal);
@@ -324,6 +488,7 @@ static void kvc_read_post(struct kvx_engine *eng, kvc_xfer_t *x)
     }
     x->state          = KVC_XFER_INFLIGHT;
     x->layers_pending = (uint32_t)nops; /* ops, not layers, when gathering */
+    kvc_read_ask_holds(eng, x);
     for (size_t o = 0; o < nops; o++) {
         kvc_layer_op_t *lop = &x->ops[o];
 
@@ -386,6 +551,52 @@ static void kvc_read_on_tick(struct kvx_engine *eng, uint64_t now)
     }
     if (next != 0 && KVD(eng)->tick_at != NULL) {
         KVD(eng)->tick_at(eng->ucx, next);
+    }
+}
+
+/* kvc_read_reask_holds: asks again the P ranks that had not taken their
+ * transfer's request yet (kvc_read_on_reply), once their time came. */
+static void kvc_read_reask_holds(struct kvx_engine *eng, uint64_t now)
+{
+    uint64_t next = 0;
+
+    for (size_t b = 0; b < eng->nbuckets && eng->holdq_waiting > 0; b++) {
+        for (kvc_xfer_t *x = eng->xfers[b]; x != NULL; x = x->hnext) {
+            if (x->holdq_early == 0) {
+                continue;
+            }
+            if (now < x->holdq_at) {
+                next = next == 0 || x->holdq_at < next ? x->holdq_at : next;
+                continue;
+            }
+            for (uint32_t k = 0; k < kvc_xfer_nsrc(x) && k < 64; k++) {
+                kvc_msg_t m;
+
+                if (!(x->holdq_early >> k & 1)) {
+                    continue;
+                }
+                memset(&m, 0, sizeof(m));
+                m.type       = KVC_MSG_HOLD;
+                m.xfer_nonce = x->holdq_nonce;
+                snprintf(m.transfer_id, sizeof(m.transfer_id), "%s",
+                         x->transfer_id);
+                eng->stats.hold_asked++;
+                kvc_peer_send_msg(kvc_xfer_source(x, k), &m, "hold");
+            }
+            x->holdq_early = 0;
+            eng->holdq_waiting--;
+        }
+    }
+    if (next != 0 && KVD(eng)->tick_at != NULL) {
+        KVD(eng)->tick_at(eng->ucx, next);
+    }
+}
+
+static void kvc_read_tick(struct kvx_engine *eng, uint64_t now)
+{
+    kvc_read_on_tick(eng, now);
+    if (eng->holdq_waiting > 0) {
+        kvc_read_reask_holds(eng, now);
     }
 }
 
@@ -587,12 +798,32 @@ static void kvc_read_released(struct kvx_engine *eng, kvc_xfer_t *x,
     }
 }
 
+/* kvc_read_from_dhost (P): m about x comes from the decode host x's
+ * request id names (when it names one as an address); else it is refused
+ * (*ok_p 0, reason) and 0 returned. */
+static int kvc_read_from_dhost(struct kvx_engine *eng, const kvc_xfer_t *x,
+                               const kvc_msg_t *m, char *reason,
+                               size_t reason_len, int *ok_p)
+{
+    char dhost[KVC_HOST_MAX];
+
+    if (kvc_expo_bound_host(eng, x, dhost, sizeof(dhost)) == 0 &&
+        kvc_from_matches(m->from, dhost) == 0) {
+        *ok_p = 0;
+        kvc_refused(eng, KVC_PORT_NOTIFY, KVC_REFUSE_WRONG_PEER);
+        snprintf(reason, reason_len, "%s for '%s' from %s: the decode host "
+                 "of this transfer is %s (its request id)",
+                 kvc_msg_desc(m->type)->name, x->transfer_id, m->from, dhost);
+        return 0;
+    }
+    return 1;
+}
+
 /* kvc_read_on_release (P): a D rank released x's blocks. */
 static void kvc_read_on_release(struct kvx_engine *eng, kvc_msg_t *m,
                                 char *reason, size_t reason_len, int *ok_p)
 {
     kvc_xfer_t *x = kvc_xfer_find(eng, m->transfer_id);
-    char        dhost[KVC_HOST_MAX];
 
     *ok_p = 1;
     if (x == NULL || !x->is_producer) {
@@ -604,16 +835,47 @@ static void kvc_read_on_release(struct kvx_engine *eng, kvc_msg_t *m,
     }
     /* Only the decode host the request id names (when it names one as an
      * address) may release the blocks; a replayed early release too. */
-    if (kvc_expo_bound_host(eng, x, dhost, sizeof(dhost)) == 0 &&
-        kvc_from_matches(m->from, dhost) == 0) {
-        *ok_p = 0;
-        kvc_refused(eng, KVC_PORT_NOTIFY, KVC_REFUSE_WRONG_PEER);
-        snprintf(reason, reason_len, "release for '%s' from %s: the decode "
-                 "host of this transfer is %s (its request id)",
-                 x->transfer_id, m->from, dhost);
+    if (!kvc_read_from_dhost(eng, x, m, reason, reason_len, ok_p)) {
         return;
     }
     kvc_read_released(eng, x, m->consumer_tp_size, m->consumer_rank);
+}
+
+/* kvc_read_on_hold (P): a D rank asks how much longer this rank holds
+ * the blocks of a transfer it reads from this rank while another P rank
+ * answered the request (kvc_read_ask_holds). Held: the time left to its
+ * defer_timeout (hold_ms); not taken yet: ok without hold_ms (D asks again
+ * until this rank took it, bounded by D's deadline); ended here (released,
+ * or its hold ran out): refused, and D fails the transfer. Only the decode
+ * host the request id names may ask, as only it may release. */
+static void kvc_read_on_hold(struct kvx_engine *eng, kvc_msg_t *m,
+                             char *reason, size_t reason_len, int *ok_p)
+{
+    kvc_xfer_t *x    = kvc_xfer_find(eng, m->transfer_id);
+    uint64_t    now  = kvc_now_us(eng);
+    uint64_t    left = 0;
+
+    *ok_p = 1;
+    if (x != NULL && x->is_producer && x->state == KVC_XFER_HELD) {
+        if (!kvc_read_from_dhost(eng, x, m, reason, reason_len, ok_p)) {
+            return;
+        }
+        left = x->deadline_us == 0 ? UINT32_MAX /* held until released */
+               : x->deadline_us > now ? (x->deadline_us - now) / 1000u
+                                      : 0;
+    } else if (x == NULL &&
+               !kvc_idset_contains(&eng->terminal, m->transfer_id)) {
+        return; /* not taken yet: ok without hold_ms, D asks again */
+    } else {
+        *ok_p = 0;
+        snprintf(reason, reason_len, "hold for '%s': this P rank no longer "
+                 "holds its blocks (released, or no release within "
+                 "defer_timeout %.3f s)", m->transfer_id,
+                 eng->cfg.defer_timeout);
+        return;
+    }
+    m->reply_has_hold = 1;
+    m->reply_hold_ms  = left > UINT32_MAX ? UINT32_MAX : (uint32_t)left;
 }
 
 /* kvc_read_on_notice (P): a D rank's release on the data plane
@@ -752,6 +1014,22 @@ static void kvc_read_tick_xfer(struct kvx_engine *eng, kvc_xfer_t *x,
         kvc_xfer_free(x);
         return;
     }
+    if (x->gets_done_us != 0) {
+        /* Every get completed; a source rank asked about its hold did not
+         * answer in time. */
+        snprintf(why, sizeof(why), "%s after the reads: %u P rank(s) "
+                 "asked whether they hold the blocks did not answer, or had "
+                 "not taken the request (%u tries)",
+                 x->hold_end_us != 0 && now >= x->hold_end_us
+                     ? "the producer's hold of the blocks ended"
+                     : "transfer_timeout expired",
+                 (unsigned)__builtin_popcountll(x->holdq_mask),
+                 x->holdq_tries + 1);
+        x->timed_out = 1;
+        kvc_xfer_fail(x, KVX_ERR_TRANSFER_TIMEOUT, why);
+        kvc_read_end(eng, x);
+        return;
+    }
     if (x->hold_end_us != 0 && now >= x->hold_end_us &&
         x->hold_end_us < x->deadline_us + 1) {
         kvc_read_hold_why(eng, x->state == KVC_XFER_WAIT_PEER
@@ -817,6 +1095,9 @@ static void kvc_read_abort_xfer(struct kvx_engine *eng, kvc_xfer_t *x)
     }
     if (x->state == KVC_XFER_INFLIGHT) {
         kvc_xfer_fail(x, KVX_ERR_CANCELED, "aborted by the framework");
+        if (x->gets_done_us != 0) { /* only answers were awaited */
+            kvc_read_end(eng, x);
+        }
     } else if (x->state == KVC_XFER_WAIT_PEER) {
         kvc_xfer_fail(x, KVX_ERR_CANCELED, "aborted by the framework");
         kvc_read_finish(eng, x);
@@ -871,8 +1152,10 @@ const kvc_mode_t kvc_mode_read = {
     .on_msg = {
         [KVC_MSG_RELEASE]   = kvc_read_on_release,
         [KVC_MSG_HEARTBEAT] = kvc_msg_ignore,
+        [KVC_MSG_HOLD]      = kvc_read_on_hold,
     },
+    .on_reply         = kvc_read_on_reply,
     .on_timer         = kvc_read_on_timer,
-    .on_tick          = kvc_read_on_tick,
+    .on_tick          = kvc_read_tick,
     .destroy_xfer     = kvc_read_destroy_xfer,
 };

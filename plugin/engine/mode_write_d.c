@@ -114,11 +114,11 @@ static int kvc_write_d_blocks_on_dp(struct kvx_engine *eng, kvc_xfer_t *x,
     return 1;
 }
 
-/* kvc_write_d_xnonce: a new use of a transfer id at this D: SipHash of a
+/* kvc_use_nonce: a new use of a transfer id at this D: SipHash of a
  * counter under the engine's secret key, so a peer that knows D's instance
  * id (public: every message carries it) cannot tell the next one; never 0.
  * Distinct uses collide with probability 2^-64. */
-static uint64_t kvc_write_d_xnonce(struct kvx_engine *eng)
+uint64_t kvc_use_nonce(struct kvx_engine *eng)
 {
     uint64_t seq = ++eng->xnonce_seq;
     uint64_t v   = kvc_siphash24(eng->expo.key, &seq, sizeof(seq));
@@ -164,7 +164,7 @@ kvx_status_t kvc_write_consumer(struct kvx_engine *eng, const char *req_id,
     snprintf(m.transfer_id, sizeof(m.transfer_id), "%s", x->transfer_id);
     m.consumer_rank = (int32_t)eng->cfg.tp_rank; /* P routes by it */
     pthread_mutex_lock(&eng->lock);
-    x->xnonce = kvc_write_d_xnonce(eng); /* this use of the id */
+    x->xnonce = kvc_use_nonce(eng); /* this use of the id */
     st        = kvc_xfer_insert(eng, x);
     if (st == KVX_OK && n == 0) {
         /* Nothing to allocate (full prefix hit): release P at once. */
@@ -587,7 +587,7 @@ void kvc_write_d_on_reply(struct kvx_engine *eng, kvc_peer_t *peer,
 {
     kvc_xfer_t *x = kvc_xfer_find(eng, tid);
 
-    if (x == NULL || x->is_producer || !x->write || info == NULL ||
+    if (x == NULL || x->is_producer || !x->write || !info->delivered ||
         !info->ok || x->state != KVC_XFER_WAIT_WRITE ||
         (info->sent_xnonce != 0 && x->xnonce != 0 &&
          info->sent_xnonce != x->xnonce)) {

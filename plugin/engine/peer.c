@@ -312,9 +312,16 @@ static void kvc_ctl_done(void *arg, kvx_status_t st, const char *reply,
         }
     }
     if (eng->mode->on_reply != NULL && out->type != 0 && !eng->stopping) {
+        if (st != KVX_OK) {
+            memset(&info, 0, sizeof(info));
+            snprintf(reason, sizeof(reason), "%s",
+                     err != NULL ? err : kvc_status_name(st));
+        }
+        info.delivered   = st == KVX_OK;
         info.sent_xnonce = out->xnonce;
-        eng->mode->on_reply(eng, peer, out->type, out->tid,
-                            st == KVX_OK ? &info : NULL);
+        info.sent_us     = out->t_queued;
+        info.reason      = reason;
+        eng->mode->on_reply(eng, peer, out->type, out->tid, &info);
     }
     peer->ctl_inflight--;
     if (st != KVX_OK && eng->stopping_sends) {

@@ -75,6 +75,7 @@ kvx_status_t kvc_report_stats(struct kvx_engine *eng, char **json_p)
     KVC_STAT(read_retries);
     KVC_STAT(notices_done);
     KVC_STAT(notices_refused);
+    KVC_STAT(hold_asked);
     KVC_STAT(releases_on_dp);
     KVC_STAT(write_done_skipped);
     KVC_STAT(blocks_on_dp);

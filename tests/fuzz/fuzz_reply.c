@@ -89,14 +89,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         size_t rlen = strlen(reason);
 
         ok = info.ok;
-        /* instance and fence survive re-encoding */
+        /* instance, fence and an ok reply's hold survive re-encoding */
         s = kvc_reply_encode_info(&info, reason, NULL);
         FZ_CHECK(s != NULL && kvc_reply_decode_info(s, strlen(s), &info2,
                                                     again, sizeof(again)) ==
                                   KVX_OK,
                  "re-encoded reply");
         FZ_CHECK(info2.ok == info.ok && info2.instance == info.instance &&
-                     info2.fenced == info.fenced,
+                     info2.fenced == info.fenced &&
+                     info2.has_hold == (info.ok && info.has_hold) &&
+                     (!info2.has_hold || info2.hold_ms == info.hold_ms),
                  "info changed");
         free(s);
 

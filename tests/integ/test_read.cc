@@ -289,6 +289,158 @@ TEST(ReadHold, DecodeReadsOnlyWhileTheProducerHoldsTheBlocks)
     EXPECT_EQ(0, StatCount(p.eng, "data_not_exposed"));
 }
 
+// HoldPair: P TP 2 and D TP 2 over sm with the pools in alloc_region memory
+// (a direct lane: nothing at P refuses a get), P rank 1 holding blocks for
+// p1_defer seconds, P rank 0 for 60 s.
+void MakeHoldPair(Pair *pair, double p1_defer)
+{
+    pair->hs = PortBase(4);
+    for (int producer = 1; producer >= 0; producer--) {
+        for (uint32_t r = 0; r < 2; r++) {
+            RankOpts o;
+            o.producer      = producer != 0;
+            o.tp_rank       = r;
+            o.tp_size       = 2;
+            o.num_blocks    = producer ? 32 : 24;
+            o.hs_port       = (uint16_t)(pair->hs + (producer ? 0 : 2));
+            o.notify_port   = (uint16_t)(o.hs_port + 20000);
+            o.tls           = "sm";
+            o.region        = true;
+            o.defer_timeout = producer && r == 1 ? p1_defer : 60.0;
+            auto &v = producer ? pair->p : pair->d;
+            v.emplace_back(new Rank);
+            ASSERT_EQ(KVX_OK, MakeRank(pair->model, o, v.back().get()))
+                << Api()->last_error();
+        }
+    }
+}
+
+// AwaitEvent: the first event of eng within 20 s (type 0 if none).
+kvx_event_t AwaitEvent(kvx_engine_t *eng, std::vector<kvx_event_t> *evs)
+{
+    kvx_event_t none{};
+    if (!WaitFor([&] { DrainEvents(eng, evs); return !evs->empty(); },
+                 20000)) {
+        return none;
+    }
+    return (*evs)[0];
+}
+
+// With P TP > 1 each P rank takes the request on its own, and D gets one
+// rank's response: its remote_accepted and remote_hold_ms bound D's reads
+// from that rank only. A P rank whose hold ended (its defer_timeout ran
+// out, and the framework reused its blocks) is read over a direct lane
+// without P ever seeing a get, so D asks each other rank it reads from how
+// much longer it holds the blocks (a hold message) and is OK only with
+// every answer: here D rank 1, which reads from P rank 1 only, fails
+// naming its blocks instead of reporting OK with the framework's new
+// bytes. A rank that still holds them answers, and the reads are
+// byte-exact; D waits for a rank that has not taken the request yet.
+TEST(ReadHold, EachProducerRankReadFromConfirmsItsHold)
+{
+    Pair pair;
+    MakeHoldPair(&pair, 1.0);
+    if (HasFatalFailure()) {
+        return;
+    }
+    const std::vector<uint64_t> premote = {3, 4, 5, 17};
+    const std::vector<uint64_t> dlocal  = {0, 1, 2, 20};
+    long long                   asked   = 0;
+
+    for (const char *tid : {"tx-held", "tx-early", "tx-ended"}) {
+        SCOPED_TRACE(tid);
+        const bool        ended = std::string(tid) == "tx-ended";
+        const bool        early = std::string(tid) == "tx-early";
+        const std::string pp    = std::string("{\"transfer_id\":\"") + tid +
+                               "\"}";
+        std::vector<kvx_event_t> ev;
+        // take(r): P rank r's producer_request; its response
+        auto take = [&](uint32_t r) {
+            char *resp = nullptr;
+            EXPECT_EQ(KVX_OK, Api()->producer_request(
+                                  pair.p[r]->eng, "req-1", pp.c_str(),
+                                  premote.data(), premote.size(), &resp))
+                << Api()->last_error();
+            std::string out = resp != nullptr ? resp : "";
+            Api()->free(resp);
+            return out;
+        };
+
+        if (!early) {
+            take(1);
+        }
+        if (ended) {
+            // P rank 1's hold runs out; the framework reuses its blocks.
+            kvx_event_t e = AwaitEvent(pair.p[1]->eng, &ev);
+            ASSERT_EQ(KVX_EVENT_FAILED, e.type);
+            FreeEvents(&ev);
+            for (size_t l = 0; l < pair.p[1]->region.size(); l++) {
+                memset(pair.p[1]->region[l], 0x5A, pair.p[1]->bufs[l].size());
+            }
+        }
+        // P rank 0's response, as a framework passes it
+        const std::string params = take(0);
+        for (uint32_t r = 0; r < 2; r++) {
+            ASSERT_EQ(KVX_OK, Api()->consumer_request(
+                                  pair.d[r]->eng, "req-1", params.c_str(),
+                                  dlocal.data(), dlocal.size()))
+                << Api()->last_error();
+        }
+        if (early) {
+            // P rank 1 has not taken the request: it answers so, and D rank
+            // 1 asks again and waits for its producer_request (whatever D
+            // read is only known to be the request's blocks once that rank
+            // holds them).
+            EXPECT_EQ(asked + 2,
+                      StatAwait(pair.d[1]->eng, "hold_asked", asked + 2));
+            DrainEvents(pair.d[1]->eng, &ev);
+            EXPECT_TRUE(ev.empty()) << ev[0].reason;
+            FreeEvents(&ev);
+            take(1);
+        }
+        for (uint32_t r = 0; r < 2; r++) {
+            kvx_event_t e = AwaitEvent(pair.d[r]->eng, &ev);
+            if (ended && r == 1) {
+                EXPECT_EQ(KVX_EVENT_FAILED, e.type) << e.reason;
+#if KVT_SIM_TRANSPORTS
+                // (the simulator serves every get through P's exposure,
+                // which refuses them as well: whichever comes first)
+                EXPECT_TRUE(e.status == KVX_ERR_NOT_EXPOSED ||
+                            e.status == KVX_ERR_OUT_OF_BOUNDS)
+                    << e.reason;
+#else
+                EXPECT_EQ(KVX_ERR_NOT_EXPOSED, e.status) << e.reason;
+                EXPECT_NE(std::string(e.reason).find("no longer holds"),
+                          std::string::npos) << e.reason;
+#endif
+                EXPECT_EQ(dlocal.size(), e.num_block_ids);
+            } else {
+                EXPECT_EQ(KVX_EVENT_FINISHED_RECVING, e.type) << e.reason;
+                SyncFromRegion(pair.d[r].get());
+                EXPECT_EQ("", VerifyPull(pair.model, *pair.d[r], r, dlocal,
+                                         premote))
+                    << "decode rank " << r;
+            }
+            FreeEvents(&ev);
+        }
+        // D rank 0 reads from the rank that answered: nothing asked.
+        EXPECT_EQ(0, StatCount(pair.d[0]->eng, "hold_asked"));
+        // D rank 1 asked P rank 1 once (again while it had not taken the
+        // request).
+        if (early) {
+            EXPECT_LE(asked + 2, StatCount(pair.d[1]->eng, "hold_asked"));
+        } else {
+            EXPECT_EQ(asked + 1, StatCount(pair.d[1]->eng, "hold_asked"));
+        }
+        asked = StatCount(pair.d[1]->eng, "hold_asked");
+        for (uint32_t r = 0; r < (ended ? 1u : 2u); r++) {
+            kvx_event_t e = AwaitEvent(pair.p[r]->eng, &ev);
+            EXPECT_EQ(KVX_EVENT_FINISHED_SENDING, e.type) << e.reason;
+            FreeEvents(&ev);
+        }
+    }
+}
+
 // An instance a request's params claim for P (remote_instance) is checked
 // with P, not taken: a claim P does not confirm fails that transfer only.
 // When D took it as P's restart, D dropped the live instance, refused

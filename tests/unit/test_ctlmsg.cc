@@ -116,6 +116,7 @@ const RoundTripCase kRoundTrips[] = {
     {"ReleaseNoTpSize", KVC_MSG_RELEASE, 1, "tx-5", "", {}, 0, 0, 1},
     {"HeartbeatProducer", KVC_MSG_HEARTBEAT, 1, "", "", {}, 0, 0, 0},
     {"HeartbeatConsumer", KVC_MSG_HEARTBEAT, 0, "", "", {}, 0, 0, 0},
+    {"Hold", KVC_MSG_HOLD, 1, "tx-6", "", {}, 0, 0, 0},
     {"TransferIdWithSpace", KVC_MSG_WRITE_DONE, 0, "tx with space", "", {}, 0,
      0, 0},
 };
@@ -269,7 +270,8 @@ const char *RoleName(int is_producer)
 
 // every kvc_msg_type_t value; a new type is added here too
 const kvc_msg_type_t kAllTypes[] = {KVC_MSG_REMOTE_BLOCKS, KVC_MSG_WRITE_DONE,
-                                    KVC_MSG_RELEASE, KVC_MSG_HEARTBEAT};
+                                    KVC_MSG_RELEASE, KVC_MSG_HEARTBEAT,
+                                    KVC_MSG_HOLD};
 static_assert(sizeof(kAllTypes) / sizeof(kAllTypes[0]) == KVC_MSG_NTYPES,
               "kAllTypes lists every kvc_msg_type_t value");
 
@@ -339,6 +341,7 @@ TEST(CtlMsgTable, WireAndStatsNamesAndRolesPinned)
         {KVC_MSG_RELEASE, "release", "release", KVC_MSG_TO_PRODUCER},
         {KVC_MSG_HEARTBEAT, "heartbeat", "heartbeat",
          KVC_MSG_TO_PRODUCER | KVC_MSG_TO_CONSUMER},
+        {KVC_MSG_HOLD, "hold", "hold", KVC_MSG_TO_PRODUCER},
     };
     for (const Want &w : want) {
         const kvc_msg_desc_t *d = kvc_msg_desc(w.type);
@@ -748,6 +751,53 @@ TEST(CtlReply, RoundTrip)
                                sizeof(small)),
               KVX_OK);
     EXPECT_STREQ(small, "line1?l");
+}
+
+// A hold's reply carries how many more milliseconds the replier holds the
+// blocks (0 .. 2^32-1); only an ok reply carries it, and a value out of
+// range or of another type is refused naming the field.
+TEST(CtlReply, HoldMsRoundTripsAndIsRangeChecked)
+{
+    for (uint32_t ms : {0u, 1u, 1999u, 4294967295u}) {
+        kvc_reply_info_t in{}, out{};
+        char             reason[64];
+        in.ok       = 1;
+        in.instance = 42;
+        in.has_hold = 1;
+        in.hold_ms  = ms;
+        std::string text = Take(kvc_reply_encode_info(&in, "", nullptr));
+        ASSERT_EQ(kvc_reply_decode_info(text.data(), text.size(), &out, reason,
+                                        sizeof(reason)),
+                  KVX_OK)
+            << text << ": " << kvc_last_error();
+        EXPECT_EQ(out.has_hold, 1) << text;
+        EXPECT_EQ(out.hold_ms, ms) << text;
+        EXPECT_EQ(out.instance, 42u);
+    }
+    kvc_reply_info_t none{}, out{};
+    char             reason[64];
+    none.ok = 1;
+    std::string plain = Take(kvc_reply_encode_info(&none, "", nullptr));
+    EXPECT_EQ(plain.find("hold_ms"), std::string::npos) << plain;
+    ASSERT_EQ(kvc_reply_decode_info(plain.data(), plain.size(), &out, reason,
+                                    sizeof(reason)),
+              KVX_OK);
+    EXPECT_EQ(out.has_hold, 0);
+    kvc_reply_info_t refused{};
+    refused.has_hold = 1;
+    refused.hold_ms  = 5;
+    std::string no = Take(kvc_reply_encode_info(&refused, "ended", nullptr));
+    EXPECT_EQ(no.find("hold_ms"), std::string::npos) << no;
+    for (const char *bad : {R"({"ok":true,"hold_ms":4294967296})",
+                            R"({"ok":true,"hold_ms":-1})",
+                            R"({"ok":true,"hold_ms":"5"})",
+                            R"({"ok":true,"hold_ms":1.5})"}) {
+        EXPECT_EQ(kvc_reply_decode_info(bad, strlen(bad), &out, reason,
+                                        sizeof(reason)),
+                  KVX_ERR_BAD_MESSAGE)
+            << bad;
+        EXPECT_TRUE(ErrorHas("hold_ms")) << bad << ": " << kvc_last_error();
+    }
 }
 
 // Issue 15, defect 2 (reproducer tests/fuzz/corpus/ctlmsg/defect2-*): the
