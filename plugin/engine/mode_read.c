@@ -379,12 +379,12 @@ static void kvc_read_on_reply(struct kvx_engine *eng, kvc_peer_t *peer,
                               kvc_msg_type_t type, const char *tid,
                               const kvc_reply_info_t *info)
 {
-    kvc_xfer_t *x = kvc_xfer_find(eng, tid);
+    kvc_xfer_t *x = type == KVC_MSG_HOLD ? kvc_xfer_find(eng, tid) : NULL;
     char        why[KVX_REASON_MAX] = "";
     uint32_t    k;
     size_t      nops;
 
-    if (type != KVC_MSG_HOLD || x == NULL || x->is_producer || x->write ||
+    if (x == NULL || x->is_producer || x->write ||
         x->state != KVC_XFER_INFLIGHT || x->holdq_nonce == 0 ||
         info->sent_xnonce != x->holdq_nonce) {
         return; /* over, or an earlier use of the id */
