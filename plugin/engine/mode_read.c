@@ -452,11 +452,14 @@ static void kvc_read_on_reply(struct kvx_engine *eng, kvc_peer_t *peer,
                      "blocks (%u ms more when asked) ended before the "
                      "reads did", peer->name, info->hold_ms);
             kvc_xfer_fail(x, KVX_ERR_TRANSFER_TIMEOUT, why);
-        } else if (x->gets_done_us == 0 && end < x->deadline_us) {
-            /* The reads end before that rank's hold does: at this deadline
-             * the gets still in flight are cancelled (kvc_read_tick_xfer). */
-            x->hold_end_us = end;
-            kvc_xfer_arm(eng, x, end);
+        } else if (x->gets_done_us == 0) {
+            /* The reads end before that rank's hold does: checked when
+             * they end (kvc_read_finish), and at this deadline the gets
+             * still in flight are cancelled (kvc_read_tick_xfer). */
+            x->hold_end_us = end < x->hold_end_us ? end : x->hold_end_us;
+            if (end < x->deadline_us) {
+                kvc_xfer_arm(eng, x, end);
+            }
         }
     }
     if (x->gets_done_us != 0 && (x->holdq_mask == 0 || x->status != KVX_OK)) {
@@ -1136,7 +1139,16 @@ static kvx_status_t kvc_read_abort(struct kvx_engine *eng, const char *req_id,
  * (sent once its gets completed) ends the wait of engine_destroy. */
 static int kvc_read_destroy_xfer(struct kvx_engine *eng, kvc_xfer_t *x)
 {
-    (void)eng;
+    if (!x->is_producer && x->state == KVC_XFER_INFLIGHT &&
+        x->holdq_mask != 0) {
+        /* (D) Answers about holds would come too late (no reply is taken
+         * once stopping): x ends now, or when its gets complete, and its
+         * releases go out before the control channels close. */
+        kvc_xfer_fail(x, KVX_ERR_CANCELED, "engine destroyed");
+        if (x->gets_done_us != 0) {
+            kvc_read_end(eng, x);
+        }
+    }
     return x->is_producer && x->state == KVC_XFER_HELD;
 }
 

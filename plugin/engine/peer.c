@@ -338,6 +338,30 @@ static void kvc_ctl_done(void *arg, kvx_status_t st, const char *reply,
     kvc_ctlout_free(out);
 }
 
+/* kvc_ctl_unsent: out was never sent (lock held); the mode hears of it as
+ * of a reply that did not come, then out is freed. */
+static void kvc_ctl_unsent(kvc_peer_t *peer, kvc_ctlout_t *out,
+                           const char *why)
+{
+    struct kvx_engine *eng = peer->eng;
+    char               reason[KVX_REASON_MAX];
+
+    snprintf(reason, sizeof(reason), "not sent: %s", why);
+    kvc_log_warn("KVX-CTL-SEND", "%s to %s failed: %s", out->what,
+                 peer->name, why);
+    eng->stats.tx_msgs++;
+    eng->stats.tx_fail++;
+    if (eng->mode->on_reply != NULL && out->type != 0 && !eng->stopping) {
+        kvc_reply_info_t info = {0};
+
+        info.sent_xnonce = out->xnonce;
+        info.sent_us     = out->t_queued;
+        info.reason      = reason;
+        eng->mode->on_reply(eng, peer, out->type, out->tid, &info);
+    }
+    kvc_ctlout_free(out);
+}
+
 /* kvc_peer_post sends out on a free context; engine lock held (the
  * transport never calls kvc_ctl_done inside client_post). */
 static void kvc_peer_post(kvc_peer_t *peer, kvc_ctlout_t *out)
@@ -349,12 +373,11 @@ static void kvc_peer_post(kvc_peer_t *peer, kvc_ctlout_t *out)
     peer->ctl_inflight++;
     if (KVN(eng)->client_post(peer->notify_cli, out->buf, out->len,
                               timeout_ms, kvc_ctl_done, out) != KVX_OK) {
+        char why[KVX_REASON_MAX];
+
         peer->ctl_inflight--;
-        kvc_log_warn("KVX-CTL-SEND", "%s to %s failed: %s", out->what,
-                     peer->name, kvc_last_error());
-        eng->stats.tx_msgs++;
-        eng->stats.tx_fail++;
-        kvc_ctlout_free(out);
+        snprintf(why, sizeof(why), "%s", kvc_last_error());
+        kvc_ctl_unsent(peer, out, why);
     }
 }
 
@@ -366,19 +389,17 @@ static int kvc_peer_can_post(const kvc_peer_t *peer)
 /* kvc_peer_drop_queue fails what is queued (lock held). */
 static void kvc_peer_drop_queue(kvc_peer_t *peer, const char *why)
 {
-    struct kvx_engine *eng = peer->eng;
+    kvc_ctlout_t *out = peer->out_head;
 
-    while (peer->out_head != NULL) {
-        kvc_ctlout_t *out = peer->out_head;
-
-        peer->out_head = out->next;
-        kvc_log_warn("KVX-CTL-SEND", "%s to %s failed: %s", out->what,
-                     peer->name, why);
-        eng->stats.tx_msgs++;
-        eng->stats.tx_fail++;
-        kvc_ctlout_free(out);
-    }
+    /* (detached first: what the mode queues meanwhile stays queued) */
+    peer->out_head = NULL;
     peer->out_tail = NULL;
+    while (out != NULL) {
+        kvc_ctlout_t *next = out->next;
+
+        kvc_ctl_unsent(peer, out, why);
+        out = next;
+    }
 }
 
 /* kvc_peer_drain posts queued messages while contexts are free (lock

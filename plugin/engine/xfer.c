@@ -457,7 +457,13 @@ static kvx_status_t kvc_xfer_poll(struct kvx_engine *eng, const char *tid,
     if (*deadline_p == 0) {
         *deadline_p = x->deadline_us + 1000000u;
     }
-    if (layer >= 0 && x->ops != NULL) {
+    if (layer >= 0 && x->ops != NULL &&
+        (x->write ||
+         (x->status == KVX_OK && x->holdq_mask == 0 &&
+          (x->hold_end_us == 0 || kvc_now_us(eng) < x->hold_end_us)))) {
+        /* (READ: a layer's bytes count only while x is healthy, every other
+         * P rank asked confirmed its hold, and the hold has not ended: its
+         * gets completed before; else the transfer's end decides) */
         uint32_t ns = kvc_xfer_nsrc(x), k;
 
         for (k = 0; k < ns; k++) {
