@@ -233,7 +233,10 @@ typedef struct kvx_api {
     /* wait_layer blocks until layer `layer` of the transfer has landed
      * (KVX_OK), failed (its error), or timeout_ms passed (KVX_ERR_TIMEOUT).
      * timeout_ms < 0 means the transfer's own deadline. READ mode: D's gets
-     * of that layer completed. WRITE mode on D: D cannot see P's puts
+     * of that layer completed while the P ranks held the blocks (with P TP
+     * > 1, once every P rank read from other than the one whose response
+     * D got confirmed its hold: about one control round trip). WRITE mode
+     * on D: D cannot see P's puts
      * land one layer at a time; it learns of them all at once from
      * write_done, so wait_layer returns when the whole transfer has landed
      * (as wait_transfer). Waits are for D: on P they return
