@@ -330,6 +330,21 @@ static void kvc_read_post_op(struct kvx_engine *eng, kvc_layer_op_t *lop)
     }
 }
 
+/* kvc_read_send_hold: x's hold message to P rank peer (its answer:
+ * kvc_read_on_reply, also at once when it cannot be sent). */
+static void kvc_read_send_hold(struct kvx_engine *eng, kvc_xfer_t *x,
+                               kvc_peer_t *peer)
+{
+    kvc_msg_t m;
+
+    memset(&m, 0, sizeof(m));
+    m.type       = KVC_MSG_HOLD;
+    m.xfer_nonce = x->holdq_nonce;
+    snprintf(m.transfer_id, sizeof(m.transfer_id), "%s", x->transfer_id);
+    eng->stats.hold_asked++;
+    kvc_peer_send_msg(peer, &m, "hold");
+}
+
 /* kvc_read_ask_holds: x's deadline bounds its reads by the hold of the
  * P rank whose response D got (remote_accepted + remote_hold_ms, less
  * clock_skew). Every other P rank x reads from took the request on its
@@ -350,7 +365,6 @@ static void kvc_read_ask_holds(struct kvx_engine *eng, kvc_xfer_t *x)
     for (uint32_t k = 0; k < kvc_xfer_nsrc(x) && k < 64; k++) {
         kvc_peer_t *peer  = kvc_xfer_source(x, k);
         int         reads = 0;
-        kvc_msg_t   m;
 
         if (peer->tp_rank == x->src_tp) {
             continue; /* its own stamp bounds x already */
@@ -364,13 +378,8 @@ static void kvc_read_ask_holds(struct kvx_engine *eng, kvc_xfer_t *x)
         if (x->holdq_nonce == 0) {
             x->holdq_nonce = kvc_use_nonce(eng);
         }
-        memset(&m, 0, sizeof(m));
-        m.type       = KVC_MSG_HOLD;
-        m.xfer_nonce = x->holdq_nonce;
-        snprintf(m.transfer_id, sizeof(m.transfer_id), "%s", x->transfer_id);
         x->holdq_mask |= 1ull << k;
-        eng->stats.hold_asked++;
-        kvc_peer_send_msg(peer, &m, "hold");
+        kvc_read_send_hold(eng, x, peer);
     }
 }
 
@@ -572,22 +581,20 @@ static void kvc_read_reask_holds(struct kvx_engine *eng, uint64_t now)
                 next = next == 0 || x->holdq_at < next ? x->holdq_at : next;
                 continue;
             }
-            for (uint32_t k = 0; k < kvc_xfer_nsrc(x) && k < 64; k++) {
-                kvc_msg_t m;
+            /* Taken off the waiting ones before sending: a message that
+             * cannot be sent reaches kvc_read_on_reply at once, which may
+             * end x (kvc_read_end). */
+            uint64_t early = x->holdq_early;
 
-                if (!(x->holdq_early >> k & 1)) {
-                    continue;
-                }
-                memset(&m, 0, sizeof(m));
-                m.type       = KVC_MSG_HOLD;
-                m.xfer_nonce = x->holdq_nonce;
-                snprintf(m.transfer_id, sizeof(m.transfer_id), "%s",
-                         x->transfer_id);
-                eng->stats.hold_asked++;
-                kvc_peer_send_msg(kvc_xfer_source(x, k), &m, "hold");
-            }
             x->holdq_early = 0;
             eng->holdq_waiting--;
+            for (uint32_t k = 0; k < kvc_xfer_nsrc(x) && k < 64 &&
+                                x->state == KVC_XFER_INFLIGHT;
+                 k++) {
+                if (early >> k & 1) {
+                    kvc_read_send_hold(eng, x, kvc_xfer_source(x, k));
+                }
+            }
         }
     }
     if (next != 0 && KVD(eng)->tick_at != NULL) {
