@@ -276,6 +276,10 @@ typedef struct kvc_xfer {
                                       0 came before every byte it counts
                                       landed: the bytes it counts, until
                                       they did (0: none) */
+    uint64_t          fence_resend; /* D WRITE fencing: ranks (bits)
+                                       whose release went unanswered, sent
+                                       again at fence_resend_at */
+    uint64_t          fence_resend_at;
     int32_t           decode_rank; /* P: D DP rank to write to */
     uint64_t          src_inst;    /* D READ: instance of the P rank
                                       src_tp (of its dp rank) that accepted
@@ -504,6 +508,8 @@ struct kvx_engine {
     uint32_t          landing_delay_us; /* the next look for them: 100 µs
                                            after a new one, doubling to
                                            KVC_LANDING_MAX_US */
+    uint32_t          fence_resends; /* D WRITE transfers with fence_resend
+                                        set (at most; kvc_write_on_tick) */
     kvc_early_t      *early_head, *early_tail; /* arrival order */
     size_t            nearly, early_bytes;
     struct {
@@ -555,6 +561,9 @@ struct kvx_engine {
         uint64_t fences_unconfirmed; /* D WRITE transfers reported FAILED
                                         before every P rank confirmed its
                                         puts fenced (kvc_write_d_fence) */
+        uint64_t fence_resends; /* D WRITE: releases of a fence sent again
+                                   (the one before unanswered: a control
+                                   connection down, a timeout) */
         uint64_t reg_sent, reg_failed; /* registrations to the proxy */
         kvc_lat_t ctl_rtt;        /* control message queued -> reply */
         uint64_t  hs_last_us[4];  /* last handshake: metadata, endpoint,

@@ -467,6 +467,48 @@ static int kvc_write_d_notice_early(struct kvx_engine *eng, kvc_xfer_t *x,
 
 #define KVC_LANDING_MAX_US 10000 /* the period tick's: no sooner after */
 
+/* kvc_write_d_resend_releases: the releases of fencing D transfers that
+ * went unanswered go again once their time came (the ranks that have
+ * confirmed meanwhile are skipped); the count of transfers still waiting
+ * is taken again. */
+static void kvc_write_d_resend_releases(struct kvx_engine *eng, uint64_t now)
+{
+    /* Counted again from 0: a release that cannot even be posted is
+     * answered (unsent) inside kvc_peer_send_msg, and sets its transfer
+     * waiting again, counted then (kvc_write_d_release_unanswered). */
+    eng->fence_resends = 0;
+    for (size_t b = 0; b < eng->nbuckets; b++) {
+        for (kvc_xfer_t *x = eng->xfers[b]; x != NULL; x = x->hnext) {
+            uint64_t open;
+
+            if (x->fence_resend == 0) {
+                continue;
+            }
+            open = x->fence_resend & ~(x->rel_fenced | x->rel_done);
+            if (x->is_producer || !x->write || !x->aborting ||
+                x->state != KVC_XFER_WAIT_WRITE || open == 0) {
+                x->fence_resend = 0;
+                continue;
+            }
+            if (now < x->fence_resend_at) {
+                eng->fence_resends++;
+                continue;
+            }
+            x->fence_resend = 0;
+            for (uint32_t k = 0; k < x->nrel && k < 64; k++) {
+                if (open >> k & 1) {
+                    kvc_msg_t m;
+
+                    kvc_release_msg(eng, x->transfer_id, &m);
+                    m.xfer_nonce = x->xnonce;
+                    kvc_peer_send_msg(x->rel[k], &m, "release");
+                    eng->stats.fence_resends++;
+                }
+            }
+        }
+    }
+}
+
 /* kvc_write_on_tick (kvc_mode_t.on_tick): completes the D transfers whose
  * counted notice overtook some of the puts it counts once those landed,
  * and asks for the next look soon while any still waits (100 µs after a
@@ -476,6 +518,9 @@ void kvc_write_on_tick(struct kvx_engine *eng, uint64_t now)
 {
     uint32_t left = 0;
 
+    if (eng->fence_resends > 0) {
+        kvc_write_d_resend_releases(eng, now);
+    }
     if (eng->landing_waits == 0) {
         return;
     }
@@ -578,6 +623,36 @@ void kvc_write_on_notice(struct kvx_engine *eng, const kvc_notice_t *nt)
     }
 }
 
+#define KVC_FENCE_RESEND_US 200000 /* an unanswered release, again after */
+
+/* kvc_write_d_release_unanswered: x's release to P rank peer, while x
+ * fences its puts, reached no one or was refused for a reason other than
+ * the transfer's end (a cut control network, a timeout): that rank has not
+ * confirmed, so the release goes again (kvc_write_on_tick) until it
+ * confirms or the fence's deadline passes. A refusal from the rank itself
+ * counts as its answer only when it says fenced (on_reply). */
+static void kvc_write_d_release_unanswered(struct kvx_engine *eng,
+                                           kvc_xfer_t *x, kvc_peer_t *peer,
+                                           const kvc_reply_info_t *info)
+{
+    if (x->is_producer || !x->write || x->state != KVC_XFER_WAIT_WRITE ||
+        (info->sent_xnonce != 0 && x->xnonce != 0 &&
+         info->sent_xnonce != x->xnonce)) {
+        return;
+    }
+    for (uint32_t k = 0; k < x->nrel && k < 64; k++) {
+        uint64_t bit = 1ull << k;
+
+        if (x->rel[k] == peer && !((x->rel_fenced | x->rel_done) & bit)) {
+            if (x->fence_resend == 0) {
+                eng->fence_resends++;
+            }
+            x->fence_resend |= bit;
+            x->fence_resend_at = kvc_now_us(eng) + KVC_FENCE_RESEND_US;
+        }
+    }
+}
+
 /* kvc_write_d_on_reply: P rank peer answered remote_blocks (its instance
  * binds the transfer) or, while aborting, a release (fenced: none of its
  * puts can land any more). */
@@ -587,6 +662,10 @@ void kvc_write_d_on_reply(struct kvx_engine *eng, kvc_peer_t *peer,
 {
     kvc_xfer_t *x = kvc_xfer_find(eng, tid);
 
+    if (x != NULL && type == KVC_MSG_RELEASE && x->aborting &&
+        (!info->delivered || !info->ok)) {
+        kvc_write_d_release_unanswered(eng, x, peer, info);
+    }
     if (x == NULL || x->is_producer || !x->write || !info->delivered ||
         !info->ok || x->state != KVC_XFER_WAIT_WRITE ||
         (info->sent_xnonce != 0 && x->xnonce != 0 &&

@@ -758,7 +758,10 @@ void kvc_peers_check_conn(struct kvx_engine *eng)
         if (down == 0) {
             p->conn_gone = 0;
         } else if (!p->conn_gone &&
-                   now - down >= (uint64_t)(KVC_CONN_GRACE_S * 1e6)) {
+                   now >= down + (uint64_t)(KVC_CONN_GRACE_S * 1e6)) {
+            /* (not now - down: down is the loss's time made odd, so a tick
+             * in the same microsecond would see it ahead of now, and the
+             * difference wrapped: gone at once, with no grace) */
             char why[KVX_REASON_MAX];
 
             p->conn_gone = 1;
@@ -773,7 +776,7 @@ void kvc_peers_check_conn(struct kvx_engine *eng)
         if (p->conn_gone && down != 0 && p->out_head == NULL &&
             p->ctl_inflight == 0 && !p->job_queued && !p->hs_job_queued &&
             p->state != KVC_PEER_HANDSHAKING && p->state != KVC_PEER_READY &&
-            now - down >= (uint64_t)(KVC_PEER_IDLE_S * 1e6) &&
+            now >= down + (uint64_t)(KVC_PEER_IDLE_S * 1e6) &&
             (p->hs_cli != NULL || p->notify_cli != NULL)) {
             p->gc = 1; /* kvc_peers_collect, outside the lock */
         }

@@ -131,6 +131,7 @@ private:
     void        Reboot(Transfer *t, bool producer, bool crash);
     void        ListReboot(Transfer *t, std::vector<Action> *out);
     void        Stranger(bool forge);
+    void        Partition();
     std::vector<uint64_t> FreeBlocks(bool producer, uint32_t dp);
     bool        Finished() const;
     // scen_checks.cc
@@ -163,7 +164,12 @@ private:
     uint32_t           target_ = 3;   // transfers to start
     uint32_t           crash_budget_ = 0, destroy_budget_ = 0,
                        abort_budget_ = 0, stranger_budget_ = 0,
-                       reboot_budget_ = 0;
+                       reboot_budget_ = 0, partition_budget_ = 0;
+    struct Cut {
+        int      a, b;
+        uint64_t heal_us; // 0: never
+    };
+    std::vector<Cut>   cuts_; // the partition fault's cuts not healed yet
     double             hs_s_ = 1.0, xfer_s_ = 2.0, defer_s_ = 3.0;
     uint32_t           next_uid_ = 1;
     bool               cleanup_  = false;

@@ -197,6 +197,18 @@ void Scenario::ListActions(std::vector<Action> *out)
                             DestroyRank(idle[rng_.Below(idle.size())]);
                         }});
     }
+    if (partition_budget_ > 0 && idle.size() >= 2) {
+        out->push_back({1, "partition", [this] { Partition(); }});
+    }
+    for (size_t i = 0; i < cuts_.size(); i++) {
+        if (cuts_[i].heal_us != 0 && now >= cuts_[i].heal_us) {
+            out->push_back({20, "heal", [this, i] {
+                                w_.HealCtl(cuts_[i].a, cuts_[i].b);
+                                cuts_.erase(cuts_.begin() + (long)i);
+                            }});
+            break; // (one at a time: the index stays valid)
+        }
+    }
     if (stranger_budget_ > 0) {
         if (o_.faults & kFJunk) {
             out->push_back({2, "stranger junk", [this] { Stranger(false); }});
@@ -516,6 +528,34 @@ void Scenario::CrashRank(Rank *r)
     w_.Crash(r->node);
     r->state = Rank::kCrashed;
     EndRank(r);
+}
+
+// Partition: the control planes of a running P rank and a running D rank
+// are cut (their connections reset, requests between them lost) while the
+// data plane between them works on; healed later, or never.
+void Scenario::Partition()
+{
+    std::vector<Rank *> ps, ds;
+
+    partition_budget_--;
+    for (auto &kv : slots_) {
+        Rank *r = kv.second;
+        if (r->state == Rank::kUp) {
+            (r->producer ? ps : ds).push_back(r);
+        }
+    }
+    if (ps.empty() || ds.empty()) {
+        return;
+    }
+    Rank    *p    = ps[rng_.Below(ps.size())];
+    Rank    *d    = ds[rng_.Below(ds.size())];
+    uint64_t heal = rng_.Percent(30) ? 0
+                                     : w_.Now() + 300000 + rng_.Below(3700000);
+
+    w_.Trace("  partition %s | %s (heal %s)", p->name().c_str(),
+             d->name().c_str(), heal != 0 ? "later" : "never");
+    cuts_.push_back({p->node, d->node, heal});
+    w_.CutCtl(p->node, d->node);
 }
 
 void Scenario::DestroyRank(Rank *r)

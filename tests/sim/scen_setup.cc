@@ -23,7 +23,7 @@ const uint32_t kCiFaults  = kFCrash | kFPreAbort | kFJunk | kFDup | kFDelay |
 static const char *const kFaultNames[] = {"abort", "crash", "restart",
                                           "destroy", "junk", "forge", "dup",
                                           "delay", "preabort", "reboot",
-                                          "lag", "slow"};
+                                          "lag", "slow", "partition"};
 static const size_t kNumFaults = sizeof(kFaultNames) / sizeof(kFaultNames[0]);
 
 static const char *kPHost = "10.0.1.1";
@@ -260,6 +260,9 @@ void Scenario::Configure()
                            ? 1 + (uint32_t)rng_.Below(2) : 0;
     stranger_budget_ = (o_.faults & (kFJunk | kFForge))
                            ? 1 + (uint32_t)rng_.Below(4) : 0;
+    partition_budget_ = (o_.faults & kFPartition)
+                            ? 1 + (uint32_t)rng_.Below(2) : 0;
+    w_.set_conn_events((o_.faults & kFPartition) != 0);
     w_.set_net_faults(((o_.faults & kFDup) ? (uint32_t)kFaultDup : 0u) |
                       ((o_.faults & kFDelay) ? (uint32_t)kFaultDelay : 0u) |
                       ((o_.faults & kFLag) ? (uint32_t)kFaultLag : 0u) |

@@ -64,6 +64,7 @@ static kvx_status_t ServerCreate(const char *host, uint32_t port, int nctx,
     w->bound[key]     = s->id;
     w->Trace("listen %s (node %d)", key.c_str(), n.id);
     *srv_p = reinterpret_cast<kvt_server_t *>(s);
+    w->CtlConnCheck();
     return KVX_OK;
 }
 
@@ -81,6 +82,7 @@ static void ServerDestroy(kvt_server_t *handle)
     }
     w->servers.erase(s->id);
     delete s;
+    w->CtlConnCheck();
 }
 
 static kvx_status_t ClientOpen(const char *host, uint32_t port, int nctx,
@@ -192,10 +194,86 @@ static void ClientClose(kvt_client_t *handle)
     delete c;
 }
 
+// ConnUp: whether c's connection is up: its server is bound on a node
+// that runs, and no cut lies between the two nodes.
+static bool ConnUp(World *w, const SimClient *c)
+{
+    auto b = w->bound.find(c->to);
+    if (!w->NodeUp(c->node) || b == w->bound.end()) {
+        return false;
+    }
+    auto s = w->servers.find(b->second);
+    return s != w->servers.end() && w->NodeUp(s->second->node) &&
+           !w->CtlCut(c->node, s->second->node);
+}
+
+// ClientWatch: with conn_events on, fn hears the connection's state now
+// (inside the call, as kvt.h allows) and every change after
+// (CtlConnCheck); off, nothing (the simulator had no connection events
+// before the partition fault, and the other classes keep their runs).
+static void ClientWatch(kvt_client_t *handle, kvt_conn_fn fn, void *arg)
+{
+    World     *w = W();
+    SimClient *c = reinterpret_cast<SimClient *>(handle);
+
+    c->watch_fn  = fn;
+    c->watch_arg = arg;
+    if (w->conn_events()) {
+        c->watch_up = ConnUp(w, c) ? 1 : 0;
+        fn(arg, c->watch_up);
+    }
+}
+
+void World::CtlConnCheck()
+{
+    if (!conn_events_) {
+        return;
+    }
+    int saved = Current();
+    for (auto &kv : clients) {
+        SimClient *c  = kv.second;
+        int        up = ConnUp(this, c) ? 1 : 0;
+
+        if (c->watch_fn != nullptr && up != c->watch_up &&
+            StateOf(c->node) != NodeState::kCrashed) {
+            c->watch_up = up;
+            Trace("  connection of node %d to %s %s", c->node, c->to.c_str(),
+                  up ? "up" : "lost");
+            SetCurrent(c->node);
+            c->watch_fn(c->watch_arg, up);
+        }
+    }
+    SetCurrent(saved);
+}
+
+static std::pair<int, int> CutKey(int a, int b)
+{
+    return a < b ? std::make_pair(a, b) : std::make_pair(b, a);
+}
+
+void World::CutCtl(int a, int b)
+{
+    Trace("CUT the control planes of nodes %d and %d", a, b);
+    ctl_cut_.insert(CutKey(a, b));
+    CtlConnCheck();
+}
+
+void World::HealCtl(int a, int b)
+{
+    Trace("HEAL the control planes of nodes %d and %d", a, b);
+    ctl_cut_.erase(CutKey(a, b));
+    CtlConnCheck();
+}
+
+bool World::CtlCut(int a, int b) const
+{
+    return ctl_cut_.count(CutKey(a, b)) != 0;
+}
+
 extern "C" {
 static const kvt_ctl_ops_t kSimCtlOps = {
     "sim", ServerCreate, ServerDestroy, ClientOpen, ClientPost, ClientClose,
-    nullptr, /* client_watch: the simulator has no connection events yet */
+    ClientWatch,
 };
 }
 
@@ -239,6 +317,12 @@ static void DeliverRequest(World *w, const Event &ev)
         w->Trace("  dropped by %s", r->to.c_str());
         return;
     }
+    if (r->node >= 0 && w->CtlCut(r->node, s->node)) {
+        w->Trace("  lost: the control planes of nodes %d and %d are cut",
+                 r->node, s->node);
+        return;
+    }
+    r->srv_node = s->node;
     char  *reply = nullptr;
     size_t rlen  = 0;
     w->SetCurrent(s->node);
@@ -274,6 +358,10 @@ void World::CtlDeliver(const Event &ev)
         Finish(this, r, KVX_ERR_TIMEOUT, "sim: request timed out");
     } else if (!NodeUp(r->node)) {
         Finish(this, r, KVX_ERR_CONTROL, "network unreachable");
+    } else if (r->srv_node >= 0 && ev.status == KVX_OK &&
+               CtlCut(r->node, r->srv_node)) {
+        Trace("  reply lost: the control planes of nodes %d and %d are cut",
+              r->node, r->srv_node);
     } else {
         Finish(this, r, ev.status, ev.data);
     }
@@ -289,6 +377,7 @@ void World::CtlCrash(int node)
             bound.erase(b);
         }
     }
+    CtlConnCheck();
 }
 
 void World::CtlFini()

@@ -79,6 +79,9 @@ struct SimClient {
     std::string from; // "host:ephemeral port"
     int         nctx;
     int         inflight = 0;
+    kvt_conn_fn watch_fn  = nullptr; // client_watch (conn_events only)
+    void       *watch_arg = nullptr;
+    int         watch_up  = -1; // what it was told last (-1: nothing)
 };
 
 struct SimRequest {
@@ -89,6 +92,7 @@ struct SimRequest {
     kvt_reply_fn fn   = nullptr;
     void        *arg  = nullptr;
     bool         done = false;
+    int          srv_node = -1; // the server's node, once delivered
 };
 
 World *W();

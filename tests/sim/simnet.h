@@ -23,6 +23,7 @@ extern "C" {
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -158,6 +159,21 @@ public:
                        const std::string &msg);
     size_t PendingEvents() const { return events_.size(); }
 
+    // --- control-plane partitions (the partition fault) -------------------
+    // CutCtl / HealCtl: requests and replies between the two nodes' control
+    // planes are lost from now on (they time out: nng keeps redialling),
+    // until healed; the data plane is not touched. With conn_events on,
+    // each client an engine watches (kvt_ctl_ops_t.client_watch) learns
+    // when its connection goes down or comes back: a cut, a heal, its
+    // server bound or gone, a node crashed (CtlConnCheck). Off, watched
+    // clients hear nothing, as before this fault existed.
+    void CutCtl(int a, int b);
+    void HealCtl(int a, int b);
+    bool CtlCut(int a, int b) const;
+    void set_conn_events(bool on) { conn_events_ = on; }
+    bool conn_events() const { return conn_events_; }
+    void CtlConnCheck();
+
     // --- checks and trace --------------------------------------------------
     // Violate records the first invariant violation (the copy that caused it
     // is not performed).
@@ -220,6 +236,8 @@ private:
     int                        depth_    = 0;
     uint32_t                   net_faults_ = 0;
     bool                       trace_ = false;
+    bool                       conn_events_ = false;
+    std::set<std::pair<int, int>> ctl_cut_; // (lower node, higher node)
     std::vector<Node>          nodes_;
     std::map<uint64_t, Event>  events_; // by seq
     std::string                violation_;
