@@ -510,6 +510,8 @@ struct kvx_engine {
                                            KVC_LANDING_MAX_US */
     uint32_t          fence_resends; /* D WRITE transfers with fence_resend
                                         set (at most; kvc_write_on_tick) */
+    uint64_t          fence_resend_next; /* the earliest fence_resend_at
+                                            among them (at most) */
     kvc_early_t      *early_head, *early_tail; /* arrival order */
     size_t            nearly, early_bytes;
     struct {

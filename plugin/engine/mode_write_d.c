@@ -469,14 +469,16 @@ static int kvc_write_d_notice_early(struct kvx_engine *eng, kvc_xfer_t *x,
 
 /* kvc_write_d_resend_releases: the releases of fencing D transfers that
  * went unanswered go again once their time came (the ranks that have
- * confirmed meanwhile are skipped); the count of transfers still waiting
- * is taken again. */
+ * confirmed meanwhile are skipped); the count of transfers still waiting,
+ * and the earliest time one waits for (the tick looks no sooner), are
+ * taken again. */
 static void kvc_write_d_resend_releases(struct kvx_engine *eng, uint64_t now)
 {
     /* Counted again from 0: a release that cannot even be posted is
      * answered (unsent) inside kvc_peer_send_msg, and sets its transfer
      * waiting again, counted then (kvc_write_d_release_unanswered). */
-    eng->fence_resends = 0;
+    eng->fence_resends     = 0;
+    eng->fence_resend_next = 0;
     for (size_t b = 0; b < eng->nbuckets; b++) {
         for (kvc_xfer_t *x = eng->xfers[b]; x != NULL; x = x->hnext) {
             uint64_t open;
@@ -492,6 +494,10 @@ static void kvc_write_d_resend_releases(struct kvx_engine *eng, uint64_t now)
             }
             if (now < x->fence_resend_at) {
                 eng->fence_resends++;
+                if (eng->fence_resend_next == 0 ||
+                    x->fence_resend_at < eng->fence_resend_next) {
+                    eng->fence_resend_next = x->fence_resend_at;
+                }
                 continue;
             }
             x->fence_resend = 0;
@@ -518,7 +524,7 @@ void kvc_write_on_tick(struct kvx_engine *eng, uint64_t now)
 {
     uint32_t left = 0;
 
-    if (eng->fence_resends > 0) {
+    if (eng->fence_resends > 0 && now >= eng->fence_resend_next) {
         kvc_write_d_resend_releases(eng, now);
     }
     if (eng->landing_waits == 0) {
@@ -626,11 +632,11 @@ void kvc_write_on_notice(struct kvx_engine *eng, const kvc_notice_t *nt)
 #define KVC_FENCE_RESEND_US 200000 /* an unanswered release, again after */
 
 /* kvc_write_d_release_unanswered: x's release to P rank peer, while x
- * fences its puts, reached no one or was refused for a reason other than
- * the transfer's end (a cut control network, a timeout): that rank has not
- * confirmed, so the release goes again (kvc_write_on_tick) until it
- * confirms or the fence's deadline passes. A refusal from the rank itself
- * counts as its answer only when it says fenced (on_reply). */
+ * fences its puts, got no answer (not sent, the connection lost, a
+ * timeout): that rank has not confirmed, so the release goes again
+ * (kvc_write_on_tick) until it confirms or the fence's deadline passes.
+ * A refusal is an answer and is not sent again: the rank would refuse the
+ * same way (its host, its ranks, its instance, which on_reply settles). */
 static void kvc_write_d_release_unanswered(struct kvx_engine *eng,
                                            kvc_xfer_t *x, kvc_peer_t *peer,
                                            const kvc_reply_info_t *info)
@@ -649,6 +655,10 @@ static void kvc_write_d_release_unanswered(struct kvx_engine *eng,
             }
             x->fence_resend |= bit;
             x->fence_resend_at = kvc_now_us(eng) + KVC_FENCE_RESEND_US;
+            if (eng->fence_resend_next == 0 ||
+                x->fence_resend_at < eng->fence_resend_next) {
+                eng->fence_resend_next = x->fence_resend_at;
+            }
         }
     }
 }
@@ -663,7 +673,7 @@ void kvc_write_d_on_reply(struct kvx_engine *eng, kvc_peer_t *peer,
     kvc_xfer_t *x = kvc_xfer_find(eng, tid);
 
     if (x != NULL && type == KVC_MSG_RELEASE && x->aborting &&
-        (!info->delivered || !info->ok)) {
+        !info->delivered) {
         kvc_write_d_release_unanswered(eng, x, peer, info);
     }
     if (x == NULL || x->is_producer || !x->write || !info->delivered ||

@@ -92,7 +92,8 @@ int Usage()
             "               [--faults LIST|all|ci|none] [--trace] [--quiet] "
             "[--max-fail K] [--seed-timeout S]\n"
             "faults: abort preabort crash restart destroy junk forge dup delay "
-            "reboot lag\n        (ci = crash,preabort,junk,dup,delay,destroy)\n");
+            "reboot lag slow partition\n        (ci = crash,preabort,junk,dup,"
+            "delay,destroy; all = every class but partition)\n");
     return 2;
 }
 

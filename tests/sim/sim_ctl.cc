@@ -7,7 +7,11 @@
 // deadline, as with nng, which keeps dialling. A message above the server's
 // max_msg is dropped the same way. A client on an isolated node fails fast
 // with KVX_ERR_CONTROL. client_close completes every pending request with
-// KVX_ERR_CANCELED before it returns (kvt.h), inside the call.
+// KVX_ERR_CANCELED before it returns (kvt.h), inside the call. A cut
+// between two nodes' control planes (the partition fault) resets their
+// connections: requests in flight between them fail at once
+// (KVX_ERR_CONTROL, as nng 1.5's REQ on a closed pipe), requests posted
+// meanwhile are held and delivered at the heal unless they timed out.
 #include "sim_internal.h"
 
 #include <cinttypes>
@@ -155,10 +159,11 @@ static kvx_status_t ClientPost(kvt_client_t *handle, const void *msg,
     Event ev;
     ev.obj  = r->id;
     ev.node = c->node;
+    r->data.assign(static_cast<const char *>(msg), len);
     if (w->NodeUp(c->node)) {
         ev.kind = EvKind::kCtlRequest;
         ev.node = -1; // in the network
-        ev.data.assign(static_cast<const char *>(msg), len);
+        ev.data = r->data;
     } else {
         ev.kind   = EvKind::kCtlReply;
         ev.status = KVX_ERR_CONTROL;
@@ -207,10 +212,12 @@ static bool ConnUp(World *w, const SimClient *c)
            !w->CtlCut(c->node, s->second->node);
 }
 
-// ClientWatch: with conn_events on, fn hears the connection's state now
-// (inside the call, as kvt.h allows) and every change after
-// (CtlConnCheck); off, nothing (the simulator had no connection events
-// before the partition fault, and the other classes keep their runs).
+// ClientWatch: with conn_events on, fn hears that the connection is up
+// now (inside the call, as kvt.h allows) and every change after, once it
+// was up (CtlConnCheck): like nng's pipe events, a client that never
+// connected hears nothing. Off, nothing at all (the simulator had no
+// connection events before the partition fault; the other classes keep
+// their runs).
 static void ClientWatch(kvt_client_t *handle, kvt_conn_fn fn, void *arg)
 {
     World     *w = W();
@@ -218,9 +225,9 @@ static void ClientWatch(kvt_client_t *handle, kvt_conn_fn fn, void *arg)
 
     c->watch_fn  = fn;
     c->watch_arg = arg;
-    if (w->conn_events()) {
-        c->watch_up = ConnUp(w, c) ? 1 : 0;
-        fn(arg, c->watch_up);
+    if (w->conn_events() && ConnUp(w, c)) {
+        c->watch_up = 1;
+        fn(arg, 1);
     }
 }
 
@@ -235,6 +242,7 @@ void World::CtlConnCheck()
         int        up = ConnUp(this, c) ? 1 : 0;
 
         if (c->watch_fn != nullptr && up != c->watch_up &&
+            !(c->watch_up < 0 && !up) &&
             StateOf(c->node) != NodeState::kCrashed) {
             c->watch_up = up;
             Trace("  connection of node %d to %s %s", c->node, c->to.c_str(),
@@ -251,18 +259,71 @@ static std::pair<int, int> CutKey(int a, int b)
     return a < b ? std::make_pair(a, b) : std::make_pair(b, a);
 }
 
+// ServerNode: the node of the server a request goes to (-1: none).
+static int ServerNode(World *w, const SimRequest *r)
+{
+    auto b = w->bound.find(r->to);
+    if (b == w->bound.end()) {
+        return -1;
+    }
+    auto s = w->servers.find(b->second);
+    return s != w->servers.end() ? s->second->node : -1;
+}
+
 void World::CutCtl(int a, int b)
 {
     Trace("CUT the control planes of nodes %d and %d", a, b);
-    ctl_cut_.insert(CutKey(a, b));
+    if (ctl_cut_[CutKey(a, b)]++ > 0) {
+        return; // (already cut: nothing changes)
+    }
+    // The connections reset: requests in flight between the two fail at
+    // once (ids first: a reply function may post new requests).
+    std::vector<uint64_t> reset;
+    for (auto &kv : requests) {
+        SimRequest *r   = kv.second;
+        int         srv = r->srv_node >= 0 ? r->srv_node : ServerNode(this, r);
+        if (!r->done && !r->parked && r->client != 0 && srv >= 0 &&
+            CutKey(r->node, srv) == CutKey(a, b)) {
+            reset.push_back(kv.first);
+        }
+    }
+    int saved = Current();
+    for (uint64_t id : reset) {
+        auto it = requests.find(id);
+        if (it != requests.end() && !it->second->done) {
+            Cancel(EvKind::kCtlRequest, id);
+            Finish(this, it->second, KVX_ERR_CONTROL,
+                   "sim: connection reset (control planes cut)");
+        }
+    }
+    SetCurrent(saved);
     CtlConnCheck();
 }
 
 void World::HealCtl(int a, int b)
 {
+    auto k = ctl_cut_.find(CutKey(a, b));
+    if (k == ctl_cut_.end() || --k->second > 0) {
+        Trace("HEAL one cut of nodes %d and %d (another stays)", a, b);
+        return;
+    }
     Trace("HEAL the control planes of nodes %d and %d", a, b);
-    ctl_cut_.erase(CutKey(a, b));
+    ctl_cut_.erase(k);
     CtlConnCheck();
+    // The requests the cut held go now, in the order they were posted.
+    for (auto &kv : requests) {
+        SimRequest *r = kv.second;
+        if (r->parked && !r->done && r->srv_node >= 0 &&
+            CutKey(r->node, r->srv_node) == CutKey(a, b)) {
+            Event ev;
+            r->parked = false;
+            ev.kind   = EvKind::kCtlRequest;
+            ev.node   = -1;
+            ev.obj    = r->id;
+            ev.data   = r->data;
+            Enqueue(ev);
+        }
+    }
 }
 
 bool World::CtlCut(int a, int b) const
@@ -318,8 +379,10 @@ static void DeliverRequest(World *w, const Event &ev)
         return;
     }
     if (r->node >= 0 && w->CtlCut(r->node, s->node)) {
-        w->Trace("  lost: the control planes of nodes %d and %d are cut",
+        w->Trace("  held: the control planes of nodes %d and %d are cut",
                  r->node, s->node);
+        r->srv_node = s->node;
+        r->parked   = true;
         return;
     }
     r->srv_node = s->node;
@@ -358,10 +421,6 @@ void World::CtlDeliver(const Event &ev)
         Finish(this, r, KVX_ERR_TIMEOUT, "sim: request timed out");
     } else if (!NodeUp(r->node)) {
         Finish(this, r, KVX_ERR_CONTROL, "network unreachable");
-    } else if (r->srv_node >= 0 && ev.status == KVX_OK &&
-               CtlCut(r->node, r->srv_node)) {
-        Trace("  reply lost: the control planes of nodes %d and %d are cut",
-              r->node, r->srv_node);
     } else {
         Finish(this, r, ev.status, ev.data);
     }

@@ -81,7 +81,8 @@ struct SimClient {
     int         inflight = 0;
     kvt_conn_fn watch_fn  = nullptr; // client_watch (conn_events only)
     void       *watch_arg = nullptr;
-    int         watch_up  = -1; // what it was told last (-1: nothing)
+    int         watch_up  = -1; // what it was told last (-1: nothing:
+                                // never connected)
 };
 
 struct SimRequest {
@@ -93,6 +94,9 @@ struct SimRequest {
     void        *arg  = nullptr;
     bool         done = false;
     int          srv_node = -1; // the server's node, once delivered
+    std::string  data;          // the request, sent at a heal if a cut
+                                // held it (parked)
+    bool         parked = false;
 };
 
 World *W();

@@ -23,7 +23,6 @@ extern "C" {
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -160,13 +159,17 @@ public:
     size_t PendingEvents() const { return events_.size(); }
 
     // --- control-plane partitions (the partition fault) -------------------
-    // CutCtl / HealCtl: requests and replies between the two nodes' control
-    // planes are lost from now on (they time out: nng keeps redialling),
-    // until healed; the data plane is not touched. With conn_events on,
-    // each client an engine watches (kvt_ctl_ops_t.client_watch) learns
-    // when its connection goes down or comes back: a cut, a heal, its
-    // server bound or gone, a node crashed (CtlConnCheck). Off, watched
-    // clients hear nothing, as before this fault existed.
+    // CutCtl / HealCtl: the connections between the two nodes' control
+    // planes reset (as nng 1.5 does, the requests in flight on them fail at
+    // once with KVX_ERR_CONTROL) and cannot come back until the last cut of
+    // the pair heals; requests posted meanwhile wait in the client's queue
+    // and go at the heal unless their deadline passed first. The data plane
+    // is not touched. With conn_events on, each client an engine watches
+    // (kvt_ctl_ops_t.client_watch) learns when its connection, once up, is
+    // lost or comes back: a cut, a heal, its server bound or gone, a node
+    // crashed (CtlConnCheck); a client never connected hears nothing, as
+    // with nng. Off, watched clients hear nothing at all, as before this
+    // fault existed.
     void CutCtl(int a, int b);
     void HealCtl(int a, int b);
     bool CtlCut(int a, int b) const;
@@ -237,7 +240,8 @@ private:
     uint32_t                   net_faults_ = 0;
     bool                       trace_ = false;
     bool                       conn_events_ = false;
-    std::set<std::pair<int, int>> ctl_cut_; // (lower node, higher node)
+    std::map<std::pair<int, int>, int> ctl_cut_; // (lower node, higher
+                                                 // node) -> cuts not healed
     std::vector<Node>          nodes_;
     std::map<uint64_t, Event>  events_; // by seq
     std::string                violation_;

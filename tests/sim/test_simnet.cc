@@ -104,6 +104,95 @@ TEST(SimCtl, NoServerTimesOutAtTheDeadlineAndBusyContextsRefuse)
     EXPECT_EQ(1, r.calls);
 }
 
+// The partition fault's cut, as nng 1.5 behaves: requests in flight on a
+// reset connection fail at once; requests posted while cut wait and go at
+// the heal (unless their deadline passed); a watched client hears of its
+// connection going and coming once it was up; two cuts of a pair need two
+// heals.
+TEST(SimCtl, CutResetsInFlightHoldsNewRequestsAndHealDeliversThem)
+{
+    World w(4);
+    int   a = w.AddNode("10.0.0.1", "a"), b = w.AddNode("10.0.0.2", "b");
+    const kvt_ctl_ops_t *ops = World::CtlOps();
+    kvt_server_t        *srv;
+    kvt_client_t        *cli;
+    Reply                r1, r2, r3;
+    std::vector<int>     events;
+
+    w.set_conn_events(true);
+    w.SetCurrent(a);
+    ASSERT_EQ(KVX_OK, ops->server_create("10.0.0.1", 5000, 4, 1024, nullptr,
+                                         Echo, nullptr, &srv));
+    w.SetCurrent(b);
+    ASSERT_EQ(KVX_OK, ops->client_open("10.0.0.1", 5000, 4, nullptr, &cli));
+    ops->client_watch(
+        cli, [](void *arg, int up) {
+            static_cast<std::vector<int> *>(arg)->push_back(up);
+        },
+        &events);
+    ASSERT_EQ(std::vector<int>({1}), events); // up: said inside the call
+    ASSERT_EQ(KVX_OK, ops->client_post(cli, "one", 3, 5000, OnReply, &r1));
+    w.CutCtl(a, b);
+    EXPECT_EQ(1, r1.calls); // in flight on the reset connection
+    EXPECT_EQ(KVX_ERR_CONTROL, r1.st);
+    EXPECT_EQ(std::vector<int>({1, 0}), events);
+    w.CutCtl(b, a); // a second cut of the same pair
+    w.SetCurrent(b);
+    ASSERT_EQ(KVX_OK, ops->client_post(cli, "two", 3, 5000, OnReply, &r2));
+    ASSERT_EQ(KVX_OK, ops->client_post(cli, "three", 5, 100, OnReply, &r3));
+    w.RunFor(1000000);
+    EXPECT_EQ(0, r2.calls); // held by the cut
+    EXPECT_EQ(1, r3.calls); // its deadline passed while held
+    EXPECT_EQ(KVX_ERR_TIMEOUT, r3.st);
+    w.HealCtl(a, b);
+    EXPECT_TRUE(w.CtlCut(a, b)); // one cut stays
+    w.RunFor(1000000);
+    EXPECT_EQ(0, r2.calls);
+    EXPECT_EQ(std::vector<int>({1, 0}), events);
+    w.HealCtl(a, b);
+    EXPECT_FALSE(w.CtlCut(a, b));
+    EXPECT_EQ(std::vector<int>({1, 0, 1}), events);
+    RunUntil(w, [&] { return r2.calls > 0; });
+    EXPECT_EQ(KVX_OK, r2.st);
+    EXPECT_EQ("re:two", r2.data);
+    ops->client_close(cli);
+    w.SetCurrent(a);
+    ops->server_destroy(srv);
+}
+
+// A watched client that never connected hears nothing (nng raises no pipe
+// event for a dial that never succeeds), then up once its server listens.
+TEST(SimCtl, WatchOfANeverConnectedClientHearsNothingUntilUp)
+{
+    World w(5);
+    int   a = w.AddNode("10.0.0.1", "a"), b = w.AddNode("10.0.0.2", "b");
+    const kvt_ctl_ops_t *ops = World::CtlOps();
+    kvt_server_t        *srv;
+    kvt_client_t        *cli;
+    std::vector<int>     events;
+
+    w.set_conn_events(true);
+    w.SetCurrent(b);
+    ASSERT_EQ(KVX_OK, ops->client_open("10.0.0.1", 5000, 4, nullptr, &cli));
+    ops->client_watch(
+        cli, [](void *arg, int up) {
+            static_cast<std::vector<int> *>(arg)->push_back(up);
+        },
+        &events);
+    w.CutCtl(a, b);
+    EXPECT_TRUE(events.empty());
+    w.SetCurrent(a);
+    ASSERT_EQ(KVX_OK, ops->server_create("10.0.0.1", 5000, 4, 1024, nullptr,
+                                         Echo, nullptr, &srv));
+    EXPECT_TRUE(events.empty()); // (cut)
+    w.HealCtl(a, b);
+    EXPECT_EQ(std::vector<int>({1}), events);
+    w.SetCurrent(b);
+    ops->client_close(cli);
+    w.SetCurrent(a);
+    ops->server_destroy(srv);
+}
+
 TEST(SimCtl, CloseCompletesPendingRequestsBeforeItReturns)
 {
     World w(3);
