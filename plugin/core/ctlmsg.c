@@ -734,11 +734,13 @@ static const kvc_msg_desc_t kvc_msg_table[] = {
                  .id_optional = 1),
     KVC_MSG_DESC(KVC_MSG_HOLD, .name = "hold", .stats_name = "hold",
                  .roles = KVC_MSG_TO_PRODUCER),
+    KVC_MSG_DESC(KVC_MSG_GIVEN_UP, .name = "given_up",
+                 .stats_name = "given_up", .roles = KVC_MSG_TO_CONSUMER),
 };
 
 _Static_assert(KVC_NELEM(kvc_msg_table) == KVC_MSG_NTYPES + 1,
                "kvc_msg_table: one entry per type 1..KVC_MSG_NTYPES");
-_Static_assert(KVC_MSG_HOLD == KVC_MSG_NTYPES,
+_Static_assert(KVC_MSG_GIVEN_UP == KVC_MSG_NTYPES,
                "KVC_MSG_NTYPES must be the last kvc_msg_type_t value");
 
 const kvc_msg_desc_t *kvc_msg_desc(kvc_msg_type_t type)

@@ -34,6 +34,10 @@ typedef enum kvc_msg_type {
     KVC_MSG_HOLD          = 5, /* D -> P (READ): how much longer does this
                                   P rank hold the transfer's blocks? (the
                                   reply's hold_ms; refused: it does not) */
+    KVC_MSG_GIVEN_UP      = 6, /* P -> D (WRITE): this P rank's engine
+                                  stopped with the use (xfer_nonce) not
+                                  written whole; none of its puts can land
+                                  any more */
     /* a new type: the next value, KVC_MSG_NTYPES, and one entry in the
      * descriptor table of ctlmsg.c (plus the engine's handler) */
 } kvc_msg_type_t;
@@ -41,7 +45,7 @@ typedef enum kvc_msg_type {
 /* Valid types are 1..KVC_MSG_NTYPES (contiguous): an array of
  * KVC_MSG_NTYPES + 1 elements indexed by kvc_msg_type_t is safe. ctlmsg.c
  * checks at compile time that its table has exactly these entries. */
-#define KVC_MSG_NTYPES 5
+#define KVC_MSG_NTYPES 6
 
 typedef struct kvc_msg {
     kvc_msg_type_t type;

@@ -538,6 +538,11 @@ void kvx_engine_destroy(struct kvx_engine *eng)
     pthread_mutex_unlock(&eng->lock);
     kvc_peers_disconnect(eng);
     kvc_engine_quiesce(eng);
+    if (eng->mode->stopped != NULL) {
+        pthread_mutex_lock(&eng->lock);
+        eng->mode->stopped(eng);
+        pthread_mutex_unlock(&eng->lock);
+    }
     kvc_peers_flush(eng);
     pthread_mutex_lock(&eng->lock);
     eng->stopping = 1; /* no tick work, no new peer jobs */

@@ -140,6 +140,22 @@ typedef struct kvc_peer {
                                      * reconnect) */
     int               conn_gone;    /* lost for longer than the grace:
                                        reported, until it comes back */
+    int               lost_by_ctl;  /* set while kvc_peer_lost runs for
+                                       that loss alone: the process may
+                                       live and put on over the data plane
+                                       (a cut control network) */
+    int               dp_dead;      /* its data-plane endpoint failed
+                                       (kvc_peer_ctl_lost) since its last
+                                       handshake: with the control
+                                       connection lost too, the process is
+                                       taken as gone */
+    kvt_ep_t         *watch_ep;     /* D WRITE: the data-plane endpoint of
+                                       a peer lost on the control plane
+                                       alone, kept open so that its failure
+                                       (UCX's keepalive) tells a dead
+                                       process from a cut network; closed
+                                       when the peer handshakes again or
+                                       the engine stops */
     int               inst_unconfirmed; /* declared gone: every transfer
                                         bound to inst failed; the next
                                         instance that answers is adopted,
@@ -276,6 +292,8 @@ typedef struct kvc_xfer {
                                       0 came before every byte it counts
                                       landed: the bytes it counts, until
                                       they did (0: none) */
+    int               given_up_sent; /* P WRITE: given_up sent to its D
+                                        rank (engine_destroy) */
     uint64_t          fence_resend; /* D WRITE fencing: ranks (bits)
                                        whose release went unanswered, sent
                                        again at fence_resend_at */
@@ -563,6 +581,8 @@ struct kvx_engine {
         uint64_t fences_unconfirmed; /* D WRITE transfers reported FAILED
                                         before every P rank confirmed its
                                         puts fenced (kvc_write_d_fence) */
+        uint64_t given_up;      /* D WRITE: given_up taken from a P rank
+                                   whose engine stopped */
         uint64_t fence_resends; /* D WRITE: releases of a fence sent again
                                    (the one before unanswered: a control
                                    connection down, a timeout) */
@@ -964,6 +984,11 @@ kvx_status_t kvc_write_consumer(struct kvx_engine *eng, const char *req_id,
                                 const char *params_json, const uint64_t *ids,
                                 size_t n);
 void         kvc_write_d_send(kvc_xfer_t *x, kvc_msg_t *m, const char *what);
+void         kvc_write_send_given_up(struct kvx_engine *eng,
+                                     struct kvc_xfer *x);
+void         kvc_write_stopped(struct kvx_engine *eng);
+void         kvc_write_on_given_up(struct kvx_engine *eng, const kvc_msg_t *m,
+                                   char *reason, size_t len, int *ok_p);
 void         kvc_write_on_write_done(struct kvx_engine *eng,
                                      const kvc_msg_t *m, char *reason,
                                      size_t len, int *ok_p);

@@ -584,6 +584,13 @@ void kvc_peer_hs_finish(kvt_job_t *job)
     peer->rkeys     = rkeys;
     peer->layer_map = map;
     peer->state     = KVC_PEER_READY;
+    peer->dp_dead   = 0;
+    if (peer->watch_ep != NULL) {
+        /* It answered: alive; the transfers fencing it wait for its
+         * answer to their release (kept being sent while unanswered). */
+        KVD(eng)->ep_close(peer->watch_ep);
+        peer->watch_ep = NULL;
+    }
     peer->count_off = 0; /* a new endpoint: its lanes may count again */
     kvc_peer_set_inst(peer, m.epoch);
     kvc_peer_claim_settle(peer);

@@ -73,6 +73,9 @@ typedef struct kvc_mode {
     void (*on_timer)(struct kvx_engine *eng, struct kvc_xfer *x);
     /* on_tick (may be NULL): every engine tick (at least every 20 ms). */
     void (*on_tick)(struct kvx_engine *eng, uint64_t now_us);
+    /* stopped (may be NULL): engine_destroy, every endpoint closed and
+     * quiesced, before the queued messages go out (lock held). */
+    void (*stopped)(struct kvx_engine *eng);
     /* destroy_xfer (may be NULL): engine_destroy gives up on live
      * transfer x as the framework's abort would, telling its peers (once;
      * called again while it returns 1). Returns 1 while a peer may still

@@ -441,6 +441,66 @@ void kvc_write_on_write_done(struct kvx_engine *eng, const kvc_msg_t *m,
     kvc_write_d_done(eng, x, k);
 }
 
+/* kvc_write_on_given_up (D): a P rank's engine stopped before it wrote
+ * its part of this use whole, after its endpoints closed: none of its
+ * puts can land any more. The transfer fails (the other ranks are fenced
+ * as for any failed rank); while it fences already, the rank counts as
+ * confirmed. Only from the rank bound to this use (instance, nonce,
+ * host); anything else changes nothing. */
+void kvc_write_on_given_up(struct kvx_engine *eng, const kvc_msg_t *m,
+                           char *reason, size_t len, int *ok_p)
+{
+    kvc_xfer_t *x = kvc_xfer_find(eng, m->transfer_id);
+    int         k;
+
+    *ok_p = 1;
+    if (x == NULL || !x->write || x->is_producer ||
+        x->state != KVC_XFER_WAIT_WRITE) {
+        return; /* finished, failed or unknown: nothing to do */
+    }
+    if (x->xnonce == 0 || m->xfer_nonce != x->xnonce || m->instance == 0) {
+        *ok_p = 0;
+        snprintf(reason, len, "given_up for '%s': names no instance or "
+                 "not this use of the id (xfer_nonce %llu)", x->transfer_id,
+                 (unsigned long long)m->xfer_nonce);
+        return;
+    }
+    k = kvc_write_d_rank(x, m, reason, len);
+    if (k == -3) {
+        kvc_refused(eng, KVC_PORT_NOTIFY, KVC_REFUSE_WRONG_PEER);
+    }
+    if (k < 0 || k >= 64 || x->rel_inst[k] != m->instance) {
+        /* (a rank not bound to that instance yet: its fence's bound
+         * covers it) */
+        if (k >= 0) {
+            *ok_p = 0;
+            snprintf(reason, len, "given_up for '%s' from instance %llu: "
+                     "not the instance its rank is bound to",
+                     x->transfer_id, (unsigned long long)m->instance);
+        } else if (k == -2 || k == -1) {
+            *ok_p = 0;
+            if (reason[0] == '\0') {
+                snprintf(reason, len, "given_up for '%s': from no rank of "
+                         "this use", x->transfer_id);
+            }
+        } else {
+            *ok_p = 0;
+        }
+        return;
+    }
+    eng->stats.given_up++;
+    if (x->aborting) {
+        x->rel_fenced |= 1ull << k;
+        kvc_write_d_abort_check(eng, x, NULL);
+    } else {
+        char why[KVX_REASON_MAX];
+
+        snprintf(why, sizeof(why), "P rank %.200s gave the transfer up: its "
+                 "engine stopped before it was written", x->rel[k]->name);
+        kvc_write_d_fence(eng, x, KVX_ERR_ENDPOINT, why, x->rel[k]);
+    }
+}
+
 /* kvc_write_d_notice_early: a notice from an instance no rank of x is
  * bound to yet (it overtook the reply to remote_blocks, which binds it):
  * kept, as an early write_done is, when its mac is the one the session of
@@ -762,6 +822,18 @@ void kvc_write_d_peer_failed(struct kvx_engine *eng, kvc_peer_t *peer)
                 kvc_write_d_fence_arm(eng, x); /* its answer's full window */
                 continue;
             }
+            if (x->aborting && peer->lost_by_ctl) {
+                /* Only its control connection is gone: the process may
+                 * live and put on over the data plane, so it must confirm
+                 * (or its kept endpoint fail: kvc_peer_ep_error); the
+                 * release sent before may be lost, it goes again. */
+                kvc_msg_t m;
+
+                kvc_release_msg(eng, x->transfer_id, &m);
+                m.xfer_nonce = x->xnonce;
+                kvc_peer_send_msg(peer, &m, "release");
+                continue;
+            }
             if (x->aborting) {
                 x->rel_fenced |= 1ull << k;
                 kvc_write_d_abort_check(eng, x, NULL);
@@ -772,10 +844,14 @@ void kvc_write_d_peer_failed(struct kvx_engine *eng, kvc_peer_t *peer)
 
                 snprintf(why, sizeof(why), "P rank %.200s: %.280s",
                          peer->name, peer->fail_reason);
-                if (restarted) {
+                if (restarted || peer->lost_by_ctl) {
                     /* A restart, and no reply told which instance took
                      * remote_blocks: the new one may be putting into the
-                     * blocks, so it is asked to fence too. */
+                     * blocks, so it is asked to fence too. Or only its
+                     * control connection is gone (a cut network): the
+                     * rank may live and put on over the data plane, so it
+                     * confirms too, unless its kept endpoint fails
+                     * (kvc_peer_ep_error: gone). */
                     kvc_write_d_fence(eng, x, peer->fail_status, why, NULL);
                 } else {
                     /* That instance is gone: none of its puts can land

@@ -383,6 +383,13 @@ static void kvc_write_on_release_msg(struct kvx_engine *eng, kvc_msg_t *m,
     kvc_write_on_release(eng, x);
 }
 
+/* kvc_write_on_given_up_msg (D). */
+static void kvc_write_on_given_up_msg(struct kvx_engine *eng, kvc_msg_t *m,
+                                      char *reason, size_t len, int *ok_p)
+{
+    kvc_write_on_given_up(eng, m, reason, len, ok_p);
+}
+
 /* kvc_write_on_write_done_msg (D). */
 static void kvc_write_on_write_done_msg(struct kvx_engine *eng, kvc_msg_t *m,
                                         char *reason, size_t len, int *ok_p)
@@ -408,7 +415,9 @@ const kvc_mode_t kvc_mode_write = {
         [KVC_MSG_WRITE_DONE]    = kvc_write_on_write_done_msg,
         [KVC_MSG_RELEASE]       = kvc_write_on_release_msg,
         [KVC_MSG_HEARTBEAT]     = kvc_msg_ignore,
+        [KVC_MSG_GIVEN_UP]      = kvc_write_on_given_up_msg,
     },
     .on_timer         = kvc_write_on_timer,
+    .stopped          = kvc_write_stopped,
     .destroy_xfer     = kvc_write_d_destroy,
 };

@@ -16,10 +16,66 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* kvc_write_send_use: a message of type about x's use (its transfer id
+ * and xfer_nonce) to x's D rank (lock held). */
+static void kvc_write_send_use(const kvc_xfer_t *x, kvc_msg_type_t type,
+                               const char *what)
+{
+    kvc_msg_t m;
+
+    memset(&m, 0, sizeof(m));
+    m.type          = type;
+    m.consumer_rank = -1;
+    m.xfer_nonce    = x->xnonce;
+    snprintf(m.transfer_id, sizeof(m.transfer_id), "%s", x->transfer_id);
+    kvc_peer_send_msg(x->src, &m, what);
+}
+
+/* kvc_write_send_given_up: engine_destroy ended x (a part serving one D
+ * rank) before it was written whole, after its endpoint closed: its D rank
+ * is told that none of its puts can land any more (lock held), so it need
+ * not wait for its fence's bound (a process that lives on after
+ * engine_destroy looks alive to UCX's keepalive). Once per part. */
+void kvc_write_send_given_up(struct kvx_engine *eng, kvc_xfer_t *x)
+{
+    if (!eng->closing || !x->is_producer || !x->write || x->nsubs != 0 ||
+        x->given_up_sent || !x->have_blocks || x->src == NULL ||
+        x->xnonce == 0) {
+        return;
+    }
+    x->given_up_sent = 1;
+    kvc_write_send_use(x, KVC_MSG_GIVEN_UP, "given_up");
+}
+
+/* kvc_write_stopped (kvc_mode_t.stopped): every WRITE transfer this P rank
+ * still serves was given up by engine_destroy, its endpoints closed: each
+ * part's D rank is told (kvc_write_send_given_up). */
+void kvc_write_stopped(struct kvx_engine *eng)
+{
+    for (size_t b = 0; b < eng->nbuckets; b++) {
+        for (kvc_xfer_t *x = eng->xfers[b]; x != NULL; x = x->hnext) {
+            if (!x->is_producer || !x->write || x->state == KVC_XFER_DONE) {
+                continue;
+            }
+            if (x->nsubs == 0) {
+                kvc_write_send_given_up(eng, x);
+            }
+            for (uint32_t k = 0; k < x->nsubs; k++) {
+                if (!x->subs[k]->sub_finished) {
+                    kvc_write_send_given_up(eng, x->subs[k]);
+                }
+            }
+        }
+    }
+}
+
 /* P: the transfer is over (sent, failed or released); report and forget. */
 static void kvc_write_p_finish(struct kvx_engine *eng, kvc_xfer_t *x,
                                int released)
 {
+    if (!released && x->status != KVX_OK) {
+        kvc_write_send_given_up(eng, x);
+    }
     if (x->parent != NULL) {
         /* A sub (one D rank of several): tell the parent, which reports
          * once all its subs are over. */
@@ -66,14 +122,7 @@ static void kvc_write_p_finish(struct kvx_engine *eng, kvc_xfer_t *x,
  * puts can land any more. */
 static void kvc_write_send_done(kvc_xfer_t *x)
 {
-    kvc_msg_t m;
-
-    memset(&m, 0, sizeof(m));
-    m.type          = KVC_MSG_WRITE_DONE;
-    m.consumer_rank = -1;
-    m.xfer_nonce    = x->xnonce;
-    snprintf(m.transfer_id, sizeof(m.transfer_id), "%s", x->transfer_id);
-    kvc_peer_send_msg(x->src, &m, "write_done");
+    kvc_write_send_use(x, KVC_MSG_WRITE_DONE, "write_done");
 }
 
 /* kvc_write_counted_all: D could count every byte the counted notice

@@ -196,6 +196,7 @@ void kvc_peer_ctl_lost(kvc_peer_t *peer, kvx_status_t status,
                  reason);
     peer->state          = KVC_PEER_FAILED;
     peer->fail_status    = status;
+    peer->dp_dead        = 1;
     peer->ctl_retry_us   = kvc_now_us(eng) + KVC_CTL_RETRY_US;
     peer->dp_unconfirmed = 0; /* (their transfers settle against a new
                                  endpoint's count: at worst it lets that
@@ -220,6 +221,19 @@ void kvc_peer_ep_error(void *arg, kvt_ep_t *ep, kvx_status_t status,
     } else if (peer->ep == ep && peer->state == KVC_PEER_READY &&
                kvc_peer_lost(peer, status, reason, &c)) {
         kvc_peer_conn_free(eng, &c);
+    } else if (ep == peer->watch_ep && !eng->stopping) {
+        /* The endpoint kept for a peer lost on the control plane alone
+         * failed too: the process is gone (or every path to it is), so
+         * none of its puts can land any more; the WRITE transfers that
+         * wait for its confirmation count it fenced. */
+        peer->watch_ep = NULL;
+        kvc_log_warn("KVX-PEER-FAILED", "peer %s: its data-plane endpoint "
+                     "failed too (%s): its process is taken as gone",
+                     peer->name, reason != NULL ? reason : "");
+        peer->lost_inst = peer->inst;
+        eng->mode->peer_failed(eng, peer);
+        peer->lost_inst = 0;
+        KVD(eng)->ep_close(ep);
     }
     pthread_mutex_unlock(&eng->lock);
 }
@@ -571,13 +585,20 @@ void kvc_peers_disconnect(struct kvx_engine *eng)
     for (kvc_peer_t *p = eng->peers; p != NULL; p = p->next) {
         kvc_peer_conn_t c;
 
+        kvt_ep_t       *watch;
+
         pthread_mutex_lock(&eng->lock);
         p->state = KVC_PEER_FAILED;
         snprintf(p->fail_reason, sizeof(p->fail_reason), "engine destroyed");
         p->fail_status = KVX_ERR_CANCELED;
         kvc_peer_detach(p, &c);
+        watch       = p->watch_ep;
+        p->watch_ep = NULL;
         pthread_mutex_unlock(&eng->lock);
         kvc_peer_conn_free(eng, &c);
+        if (watch != NULL) {
+            KVD(eng)->ep_close(watch);
+        }
     }
 }
 
@@ -768,9 +789,21 @@ void kvc_peers_check_conn(struct kvx_engine *eng)
             snprintf(why, sizeof(why), "gone: its control connection was "
                      "lost and did not come back within %.1f s",
                      KVC_CONN_GRACE_S);
+            /* Lost on the control plane alone, unless its data-plane
+             * endpoint failed too: a WRITE D then still fences its puts
+             * (the process may live: a cut network). */
+            p->lost_by_ctl = !p->dp_dead;
             if (kvc_peer_lost(p, KVX_ERR_ENDPOINT, why, &c)) {
+                if (!eng->cfg.is_producer && !eng->cfg.read_mode &&
+                    p->watch_ep == NULL) {
+                    /* Kept: its failure tells that the process is gone
+                     * (kvc_peer_ep_error); the rkeys go. */
+                    p->watch_ep = c.ep;
+                    c.ep        = NULL;
+                }
                 kvc_peer_conn_free(eng, &c); /* progress owner */
             }
+            p->lost_by_ctl = 0;
             p->inst_unconfirmed = p->inst != 0;
         }
         if (p->conn_gone && down != 0 && p->out_head == NULL &&

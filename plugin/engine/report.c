@@ -85,6 +85,7 @@ kvx_status_t kvc_report_stats(struct kvx_engine *eng, char **json_p)
     KVC_STAT(early_completed);
     KVC_STAT(fences_unconfirmed);
     KVC_STAT(fence_resends);
+    KVC_STAT(given_up);
     KVC_STAT(notices_counted);
     KVC_STAT(notices_landing);
     KVC_STAT(counted_done);

@@ -16,7 +16,7 @@ namespace sim {
 
 const uint32_t kAllFaults = kFAbort | kFCrash | kFRestart | kFDestroy |
                             kFJunk | kFForge | kFDup | kFDelay | kFPreAbort |
-                            kFReboot | kFLag | kFSlow;
+                            kFReboot | kFLag | kFSlow | kFPartition;
 const uint32_t kCiFaults  = kFCrash | kFPreAbort | kFJunk | kFDup | kFDelay |
                             kFDestroy;
 

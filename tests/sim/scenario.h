@@ -39,9 +39,7 @@ enum Fault : uint32_t {
     kFPartition = 1u << 12, // the control planes of a P and a D rank cut
                             // (resets: their connections drop and cannot
                             // come back) while both run and the data plane
-                            // works; healed after 0.3-4 virtual s, or never.
-                            // Not in "all": WRITE hits an open defect
-                            // (README.md); "all,partition" takes it too
+                            // works; healed after 0.3-4 virtual s, or never
 };
 
 // The faults of the CI seed run: every class that does not hit a known,

@@ -117,6 +117,7 @@ const RoundTripCase kRoundTrips[] = {
     {"HeartbeatProducer", KVC_MSG_HEARTBEAT, 1, "", "", {}, 0, 0, 0},
     {"HeartbeatConsumer", KVC_MSG_HEARTBEAT, 0, "", "", {}, 0, 0, 0},
     {"Hold", KVC_MSG_HOLD, 1, "tx-6", "", {}, 0, 0, 0},
+    {"GivenUp", KVC_MSG_GIVEN_UP, 0, "tx-7", "", {}, 0, 0, 0},
     {"TransferIdWithSpace", KVC_MSG_WRITE_DONE, 0, "tx with space", "", {}, 0,
      0, 0},
 };
@@ -271,7 +272,7 @@ const char *RoleName(int is_producer)
 // every kvc_msg_type_t value; a new type is added here too
 const kvc_msg_type_t kAllTypes[] = {KVC_MSG_REMOTE_BLOCKS, KVC_MSG_WRITE_DONE,
                                     KVC_MSG_RELEASE, KVC_MSG_HEARTBEAT,
-                                    KVC_MSG_HOLD};
+                                    KVC_MSG_HOLD, KVC_MSG_GIVEN_UP};
 static_assert(sizeof(kAllTypes) / sizeof(kAllTypes[0]) == KVC_MSG_NTYPES,
               "kAllTypes lists every kvc_msg_type_t value");
 
@@ -342,6 +343,7 @@ TEST(CtlMsgTable, WireAndStatsNamesAndRolesPinned)
         {KVC_MSG_HEARTBEAT, "heartbeat", "heartbeat",
          KVC_MSG_TO_PRODUCER | KVC_MSG_TO_CONSUMER},
         {KVC_MSG_HOLD, "hold", "hold", KVC_MSG_TO_PRODUCER},
+        {KVC_MSG_GIVEN_UP, "given_up", "given_up", KVC_MSG_TO_CONSUMER},
     };
     for (const Want &w : want) {
         const kvc_msg_desc_t *d = kvc_msg_desc(w.type);

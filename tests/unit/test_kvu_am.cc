@@ -2415,8 +2415,8 @@ TEST(KvuMmGeo, SharedMemoryEndsWithOtherSegmentsAreRefused)
     // MM_ERROR_HANDLING=y)
     Side dflt("mm-default", "sm", KVT_ACCESS_DEFAULT, 0, nullptr, nullptr,
               "none MM_ERROR_HANDLING=y", sz);
-    EXPECT_STREQ("MM_ERROR_HANDLING=y MM_SEG_SIZE=67584 MM_FIFO_SIZE=64 "
-                 "MM_FIFO_ELEM_SIZE=128",
+    EXPECT_STREQ("MM_ERROR_HANDLING=y KEEPALIVE_INTERVAL=500ms "
+                 "MM_SEG_SIZE=67584 MM_FIFO_SIZE=64 MM_FIFO_ELEM_SIZE=128",
                  kvu_settings(auto_side.ctx));
     for (int dir = 0; dir < 2; dir++) {
         Side       &o = dir ? dflt : auto_side, &t = dir ? auto_side : dflt;
@@ -2556,10 +2556,13 @@ TEST(KvuPlanes, SameHostDefaultsUseSharedMemory)
 
     ucp_get_version(&major, &minor, &release);
     const char *tcp = major > 1 || minor >= 17 ? "TCP_" : "";
-    // shared memory kept in peer error mode; the tcp plane's segments hold
-    // a whole active message (tcp's keys are TCP_* from UCX 1.17)
-    want = std::string("MM_ERROR_HANDLING=y MM_SEG_SIZE=67584 "
-                       "MM_FIFO_SIZE=64 MM_FIFO_ELEM_SIZE=128; tcp plane: ") + tcp +
+    // shared memory kept in peer error mode, a dead peer's endpoint failing
+    // within about a second (keepalive); the tcp plane's segments hold a
+    // whole active message (tcp's keys are TCP_* from UCX 1.17)
+    want = std::string("MM_ERROR_HANDLING=y KEEPALIVE_INTERVAL=500ms "
+                       "MM_SEG_SIZE=67584 MM_FIFO_SIZE=64 "
+                       "MM_FIFO_ELEM_SIZE=128; tcp plane: "
+                       "KEEPALIVE_INTERVAL=500ms ") + tcp +
            "TX_SEG_SIZE=272k " + tcp + "RX_SEG_SIZE=272k" + SockBufs(tcp);
     EXPECT_EQ(want, kvu_settings(pr.target.ctx));
     EXPECT_FALSE(kvu_ep_rma_emulated(pr.ep)) << kvu_ep_transports(pr.ep);

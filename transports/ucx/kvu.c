@@ -3021,6 +3021,8 @@ uint64_t kvu_sock_max(const char *name)
  * KVU_CMA_MIN_RUN and more then go cma (kvu_job_route). Faster on resident
  * 1 MiB blocks, slower on cold ones and on 32 KiB blocks on this VM, so it
  * is the user's choice ("auto CMA_MEMORY_INVALIDATE=y"). */
+#define KVU_KEEPALIVE "500ms" /* UCX_KEEPALIVE_INTERVAL of auto */
+
 static kvx_status_t kvu_settings_auto(kvu_ctx_t *ctx, ucp_config_t *config,
                                       const char *tls)
 {
@@ -3028,6 +3030,14 @@ static kvx_status_t kvu_settings_auto(kvu_ctx_t *ctx, ucp_config_t *config,
 
     if (ctx->params.err_mode_peer && kvu_tls_has_mm(tls)) {
         status = kvu_setting(ctx, config, "MM_ERROR_HANDLING", "y", 1);
+    }
+    if (status == KVX_OK && ctx->params.err_mode_peer &&
+        getenv("UCX_KEEPALIVE_INTERVAL") == NULL) {
+        /* A dead peer's endpoint fails within about a second, not UCX's
+         * default 20 s: a WRITE D tells a dead P from one cut off on the
+         * control network by it (plugin/engine/README.md). */
+        status = kvu_setting(ctx, config, "KEEPALIVE_INTERVAL",
+                             KVU_KEEPALIVE, 1);
     }
     if (status == KVX_OK && kvu_tls_has_mm(tls)) {
         char seg[16];
