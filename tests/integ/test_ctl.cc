@@ -2175,10 +2175,12 @@ TEST(LaneSettings, ExplicitSettingIsAppliedAndReportedWithThePeer)
         bufs += "RCVBUF=4m ";
         tbufs += "TCP_RCVBUF=4m ";
     }
-    EXPECT_TRUE(Contains(js, "\"settings\":\"TX_SEG_SIZE=272k RX_SEG_SIZE=272k " +
+    // (KEEPALIVE_INTERVAL=500ms: auto in peer error mode)
+    EXPECT_TRUE(Contains(js, "\"settings\":\"KEEPALIVE_INTERVAL=500ms "
+                             "TX_SEG_SIZE=272k RX_SEG_SIZE=272k " +
                                  bufs + "RNDV_THRESH=16k\"") ||
-                Contains(js, "\"settings\":\"TCP_TX_SEG_SIZE=272k "
-                             "TCP_RX_SEG_SIZE=272k " +
+                Contains(js, "\"settings\":\"KEEPALIVE_INTERVAL=500ms "
+                             "TCP_TX_SEG_SIZE=272k TCP_RX_SEG_SIZE=272k " +
                                  tbufs + "RNDV_THRESH=16k\""))
         << js;
     EXPECT_TRUE(Contains(js, "\"transports\":\"tcp")) << js;

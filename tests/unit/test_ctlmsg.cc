@@ -128,6 +128,25 @@ INSTANTIATE_TEST_SUITE_P(
         return std::string(info.param.label);
     });
 
+// given_up (P -> D, WRITE): a P whose engine stopped names the use it gave
+// up; only a consumer takes it, and it needs the transfer id.
+TEST(CtlMsg, GivenUpIsForTheConsumerAndNamesItsUse)
+{
+    const std::string in = R"({"type":"given_up","transfer_id":"tx-9",)"
+                           R"("instance":"12","xfer_nonce":"77"})";
+    kvc_msg_t m{};
+    ASSERT_EQ(KVX_OK, Decode(in, 0, &m)) << kvc_last_error();
+    EXPECT_EQ(KVC_MSG_GIVEN_UP, m.type);
+    EXPECT_STREQ("tx-9", m.transfer_id);
+    EXPECT_EQ(12u, m.instance);
+    EXPECT_EQ(77u, m.xfer_nonce);
+    kvc_msg_fini(&m);
+    EXPECT_NE(KVX_OK, Decode(in, 1, &m)); // a producer never takes it
+    EXPECT_TRUE(ErrorHas("given_up")) << kvc_last_error();
+    EXPECT_NE(KVX_OK, Decode(R"({"type":"given_up"})", 0, &m));
+    EXPECT_TRUE(ErrorHas("transfer_id")) << kvc_last_error();
+}
+
 TEST(CtlMsg, ReleaseCarriesConsumerRank)
 {
     const char in[] = "{\"type\":\"release\",\"transfer_id\":\"tx-1\","

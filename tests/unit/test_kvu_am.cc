@@ -2191,8 +2191,8 @@ TEST(KvuAmSegments, LargeAndDefaultSegmentsInterwork)
         ucp_get_version(&major, &minor, &release);
         // tcp's keys are TCP_* from UCX 1.17 (kvu_tcp_key)
         const std::string tcp = major > 1 || minor >= 17 ? "TCP_" : "";
-        EXPECT_EQ(tcp + "TX_SEG_SIZE=272k " + tcp + "RX_SEG_SIZE=272k" +
-                      SockBufs(tcp),
+        EXPECT_EQ("KEEPALIVE_INTERVAL=500ms " + tcp + "TX_SEG_SIZE=272k " +
+                      tcp + "RX_SEG_SIZE=272k" + SockBufs(tcp),
                   kvu_settings(big.ctx));
         EXPECT_STREQ("", kvu_settings(small.ctx));
         SCOPED_TRACE(dir ? "large -> default" : "default -> large");
