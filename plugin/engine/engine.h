@@ -147,15 +147,19 @@ typedef struct kvc_peer {
     int               dp_dead;      /* its data-plane endpoint failed
                                        (kvc_peer_ctl_lost) since its last
                                        handshake: with the control
-                                       connection lost too, the process is
-                                       taken as gone */
+                                       connection of that instance
+                                       (dp_dead_inst) lost too, the process
+                                       is taken as gone */
+    uint64_t          dp_dead_inst;
     kvt_ep_t         *watch_ep;     /* D WRITE: the data-plane endpoint of
                                        a peer lost on the control plane
                                        alone, kept open so that its failure
                                        (UCX's keepalive) tells a dead
                                        process from a cut network; closed
                                        when the peer handshakes again or
-                                       the engine stops */
+                                       the engine stops; watch_inst: the
+                                       instance it reaches */
+    uint64_t          watch_inst;
     int               inst_unconfirmed; /* declared gone: every transfer
                                         bound to inst failed; the next
                                         instance that answers is adopted,
@@ -751,9 +755,10 @@ static inline const char *kvc_peer_why(const kvc_peer_t *peer)
  * or puts, so neither the layer geometry (P checks it in its own
  * handshake, from its side of the TP ratio) nor the rkeys are looked at,
  * and neither a failed handshake nor the endpoint's failure fails a
- * transfer (kvc_peer_ep_error): they say nothing of whether that P's puts
- * can still land, which the control plane tells as before (a lost
- * connection, a restart); the messages then go over it. */
+ * transfer by itself (kvc_peer_ep_error); the messages then go over the
+ * control plane. With the control connection lost too, the rank is gone;
+ * while the endpoint stands, a lost control connection only fences it
+ * (kvc_peers_check_conn, watch_ep). */
 static inline int kvc_peer_ctl_only(const struct kvx_engine *eng)
 {
     return !eng->cfg.is_producer && !eng->cfg.read_mode;

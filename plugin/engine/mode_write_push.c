@@ -32,7 +32,7 @@ static void kvc_write_send_use(const kvc_xfer_t *x, kvc_msg_type_t type,
 }
 
 /* kvc_write_send_given_up: engine_destroy ended x (a part serving one D
- * rank) before it was written whole, after its endpoint closed: its D rank
+ * rank) before it was written whole, nothing of it in flight: its D rank
  * is told that none of its puts can land any more (lock held), so it need
  * not wait for its fence's bound (a process that lives on after
  * engine_destroy looks alive to UCX's keepalive). Once per part. */
@@ -40,7 +40,10 @@ void kvc_write_send_given_up(struct kvx_engine *eng, kvc_xfer_t *x)
 {
     if (!eng->closing || !x->is_producer || !x->write || x->nsubs != 0 ||
         x->given_up_sent || !x->have_blocks || x->src == NULL ||
-        x->xnonce == 0) {
+        x->xnonce == 0 || x->ncompleted != x->nposted || x->flushing) {
+        /* (a part with puts or a flush in flight says it when they end,
+         * from kvc_write_p_finish; if that comes too late, its D rank
+         * waits for its fence's bound: never too early) */
         return;
     }
     x->given_up_sent = 1;

@@ -197,6 +197,7 @@ void kvc_peer_ctl_lost(kvc_peer_t *peer, kvx_status_t status,
     peer->state          = KVC_PEER_FAILED;
     peer->fail_status    = status;
     peer->dp_dead        = 1;
+    peer->dp_dead_inst   = peer->meta.epoch; /* (the failed endpoint's) */
     peer->ctl_retry_us   = kvc_now_us(eng) + KVC_CTL_RETRY_US;
     peer->dp_unconfirmed = 0; /* (their transfers settle against a new
                                  endpoint's count: at worst it lets that
@@ -223,16 +224,21 @@ void kvc_peer_ep_error(void *arg, kvt_ep_t *ep, kvx_status_t status,
         kvc_peer_conn_free(eng, &c);
     } else if (ep == peer->watch_ep && !eng->stopping) {
         /* The endpoint kept for a peer lost on the control plane alone
-         * failed too: the process is gone (or every path to it is), so
-         * none of its puts can land any more; the WRITE transfers that
-         * wait for its confirmation count it fenced. */
+         * failed too: the instance it reached is gone (or every path to
+         * it is), so none of its puts can land any more; the WRITE
+         * transfers bound to it that wait for its confirmation count it
+         * fenced. (Another instance answering meanwhile is a restart,
+         * handled as one.) */
         peer->watch_ep = NULL;
-        kvc_log_warn("KVX-PEER-FAILED", "peer %s: its data-plane endpoint "
-                     "failed too (%s): its process is taken as gone",
-                     peer->name, reason != NULL ? reason : "");
-        peer->lost_inst = peer->inst;
-        eng->mode->peer_failed(eng, peer);
-        peer->lost_inst = 0;
+        if (peer->watch_inst != 0 && peer->watch_inst == peer->inst) {
+            kvc_log_warn("KVX-PEER-FAILED", "peer %s: its data-plane "
+                         "endpoint failed too (%s): its process is taken "
+                         "as gone", peer->name,
+                         reason != NULL ? reason : "");
+            peer->lost_inst = peer->watch_inst;
+            eng->mode->peer_failed(eng, peer);
+            peer->lost_inst = 0;
+        }
         KVD(eng)->ep_close(ep);
     }
     pthread_mutex_unlock(&eng->lock);
@@ -789,17 +795,29 @@ void kvc_peers_check_conn(struct kvx_engine *eng)
             snprintf(why, sizeof(why), "gone: its control connection was "
                      "lost and did not come back within %.1f s",
                      KVC_CONN_GRACE_S);
-            /* Lost on the control plane alone, unless its data-plane
-             * endpoint failed too: a WRITE D then still fences its puts
-             * (the process may live: a cut network). */
-            p->lost_by_ctl = !p->dp_dead;
+            /* A WRITE D fences a peer lost on the control plane alone
+             * (the process may live: a cut network) unless D's data-plane
+             * endpoint to that instance failed before (dp_dead: gone, as
+             * a dead process is). An endpoint that stands is kept
+             * (watch_ep): its failure (UCX's keepalive) then says gone.
+             * Without one (no handshake yet, release_on_data_plane off,
+             * error mode none) nothing tells a death from a cut, and the
+             * fence waits for its bound (plugin/engine/README.md, "A P
+             * rank lost on the control plane alone"). */
+            int watch = !eng->cfg.is_producer && !eng->cfg.read_mode &&
+                        p->state == KVC_PEER_READY && p->ep != NULL &&
+                        p->watch_ep == NULL;
+
+            p->lost_by_ctl = !eng->cfg.is_producer && !eng->cfg.read_mode &&
+                             !(p->dp_dead && p->dp_dead_inst == p->inst);
+            watch          = watch && p->lost_by_ctl;
             if (kvc_peer_lost(p, KVX_ERR_ENDPOINT, why, &c)) {
-                if (!eng->cfg.is_producer && !eng->cfg.read_mode &&
-                    p->watch_ep == NULL) {
+                if (watch) {
                     /* Kept: its failure tells that the process is gone
                      * (kvc_peer_ep_error); the rkeys go. */
-                    p->watch_ep = c.ep;
-                    c.ep        = NULL;
+                    p->watch_ep   = c.ep;
+                    p->watch_inst = c.meta.epoch;
+                    c.ep          = NULL;
                 }
                 kvc_peer_conn_free(eng, &c); /* progress owner */
             }

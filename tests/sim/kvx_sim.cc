@@ -93,7 +93,7 @@ int Usage()
             "[--max-fail K] [--seed-timeout S]\n"
             "faults: abort preabort crash restart destroy junk forge dup delay "
             "reboot lag slow partition\n        (ci = crash,preabort,junk,dup,"
-            "delay,destroy)\n");
+            "delay,destroy; all = every class)\n");
     return 2;
 }
 
