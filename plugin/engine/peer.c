@@ -590,7 +590,6 @@ void kvc_peers_disconnect(struct kvx_engine *eng)
 {
     for (kvc_peer_t *p = eng->peers; p != NULL; p = p->next) {
         kvc_peer_conn_t c;
-
         kvt_ep_t       *watch;
 
         pthread_mutex_lock(&eng->lock);
