@@ -258,18 +258,19 @@ static int kvc_write_d_rank(const kvc_xfer_t *x, const kvc_msg_t *m,
         }
     }
     if (k >= 0 && kvc_from_matches(m->from, x->rel[k]->host) == 0) {
-        snprintf(reason, len, "write_done for '%s' from %s: the P rank of "
-                 "this transfer is %s", x->transfer_id, m->from,
-                 x->rel[k]->name);
+        snprintf(reason, len, "%s for '%s' from %s: the P rank of this "
+                 "transfer is %s", kvc_msg_desc(m->type)->name,
+                 x->transfer_id, m->from, x->rel[k]->name);
         return -3;
     }
     if (k < 0 && unbound) {
         return -2;
     }
     if (k < 0) {
-        snprintf(reason, len, "write_done for '%s' from %s (instance %llu): "
-                 "not from a P rank instance this transfer is bound to",
-                 x->transfer_id, m->from, (unsigned long long)m->instance);
+        snprintf(reason, len, "%s for '%s' from %s (instance %llu): not "
+                 "from a P rank instance this transfer is bound to",
+                 kvc_msg_desc(m->type)->name, x->transfer_id, m->from,
+                 (unsigned long long)m->instance);
     }
     return k;
 }
@@ -470,21 +471,14 @@ void kvc_write_on_given_up(struct kvx_engine *eng, const kvc_msg_t *m,
         kvc_refused(eng, KVC_PORT_NOTIFY, KVC_REFUSE_WRONG_PEER);
     }
     if (k < 0 || k >= 64 || x->rel_inst[k] != m->instance) {
-        /* (a rank not bound to that instance yet: its fence's bound
-         * covers it) */
-        if (k >= 0) {
-            *ok_p = 0;
-            snprintf(reason, len, "given_up for '%s' from instance %llu: "
-                     "not the instance its rank is bound to",
-                     x->transfer_id, (unsigned long long)m->instance);
-        } else if (k == -2 || k == -1) {
-            *ok_p = 0;
-            if (reason[0] == '\0') {
-                snprintf(reason, len, "given_up for '%s': from no rank of "
-                         "this use", x->transfer_id);
-            }
-        } else {
-            *ok_p = 0;
+        /* Changes nothing (a rank not bound to that instance yet: its
+         * fence's bound covers it). */
+        *ok_p = 0;
+        if (k >= 0 || reason[0] == '\0') {
+            snprintf(reason, len, "given_up for '%s' from %s (instance "
+                     "%llu): not the instance a rank of this use is bound "
+                     "to", x->transfer_id, m->from,
+                     (unsigned long long)m->instance);
         }
         return;
     }
@@ -527,6 +521,18 @@ static int kvc_write_d_notice_early(struct kvx_engine *eng, kvc_xfer_t *x,
 
 #define KVC_LANDING_MAX_US 10000 /* the period tick's: no sooner after */
 
+/* kvc_write_d_release_to: x's release (this use: its xfer_nonce) to P rank
+ * peer, which stops and fences its puts into x's blocks. */
+static void kvc_write_d_release_to(struct kvx_engine *eng, const kvc_xfer_t *x,
+                                   kvc_peer_t *peer)
+{
+    kvc_msg_t m;
+
+    kvc_release_msg(eng, x->transfer_id, &m);
+    m.xfer_nonce = x->xnonce;
+    kvc_peer_send_msg(peer, &m, "release");
+}
+
 /* kvc_write_d_resend_releases: the releases of fencing D transfers that
  * went unanswered go again once their time came (the ranks that have
  * confirmed meanwhile are skipped); the count of transfers still waiting,
@@ -563,11 +569,7 @@ static void kvc_write_d_resend_releases(struct kvx_engine *eng, uint64_t now)
             x->fence_resend = 0;
             for (uint32_t k = 0; k < x->nrel && k < 64; k++) {
                 if (open >> k & 1) {
-                    kvc_msg_t m;
-
-                    kvc_release_msg(eng, x->transfer_id, &m);
-                    m.xfer_nonce = x->xnonce;
-                    kvc_peer_send_msg(x->rel[k], &m, "release");
+                    kvc_write_d_release_to(eng, x, x->rel[k]);
                     eng->stats.fence_resends++;
                 }
             }
@@ -814,11 +816,7 @@ void kvc_write_d_peer_failed(struct kvx_engine *eng, kvc_peer_t *peer)
                 /* No reply told which instance took remote_blocks: the
                  * new one may be putting, and the release sent before
                  * went to the old one. */
-                kvc_msg_t m;
-
-                kvc_release_msg(eng, x->transfer_id, &m);
-                m.xfer_nonce = x->xnonce;
-                kvc_peer_send_msg(peer, &m, "release");
+                kvc_write_d_release_to(eng, x, peer);
                 kvc_write_d_fence_arm(eng, x); /* its answer's full window */
                 continue;
             }
@@ -827,11 +825,7 @@ void kvc_write_d_peer_failed(struct kvx_engine *eng, kvc_peer_t *peer)
                  * live and put on over the data plane, so it must confirm
                  * (or its kept endpoint fail: kvc_peer_ep_error); the
                  * release sent before may be lost, it goes again. */
-                kvc_msg_t m;
-
-                kvc_release_msg(eng, x->transfer_id, &m);
-                m.xfer_nonce = x->xnonce;
-                kvc_peer_send_msg(peer, &m, "release");
+                kvc_write_d_release_to(eng, x, peer);
                 continue;
             }
             if (x->aborting) {

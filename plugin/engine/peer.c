@@ -803,13 +803,11 @@ void kvc_peers_check_conn(struct kvx_engine *eng)
              * error mode none) nothing tells a death from a cut, and the
              * fence waits for its bound (plugin/engine/README.md, "A P
              * rank lost on the control plane alone"). */
-            int watch = !eng->cfg.is_producer && !eng->cfg.read_mode &&
-                        p->state == KVC_PEER_READY && p->ep != NULL &&
-                        p->watch_ep == NULL;
-
             p->lost_by_ctl = !eng->cfg.is_producer && !eng->cfg.read_mode &&
                              !(p->dp_dead && p->dp_dead_inst == p->inst);
-            watch          = watch && p->lost_by_ctl;
+            int watch = p->lost_by_ctl && p->state == KVC_PEER_READY &&
+                        p->ep != NULL && p->watch_ep == NULL;
+
             if (kvc_peer_lost(p, KVX_ERR_ENDPOINT, why, &c)) {
                 if (watch) {
                     /* Kept: its failure tells that the process is gone

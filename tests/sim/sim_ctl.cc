@@ -199,17 +199,24 @@ static void ClientClose(kvt_client_t *handle)
     delete c;
 }
 
+// ServerNode: the node of the server bound at "host:port" to (-1: none).
+static int ServerNode(World *w, const std::string &to)
+{
+    auto b = w->bound.find(to);
+    if (b == w->bound.end()) {
+        return -1;
+    }
+    auto s = w->servers.find(b->second);
+    return s != w->servers.end() ? s->second->node : -1;
+}
+
 // ConnUp: whether c's connection is up: its server is bound on a node
 // that runs, and no cut lies between the two nodes.
 static bool ConnUp(World *w, const SimClient *c)
 {
-    auto b = w->bound.find(c->to);
-    if (!w->NodeUp(c->node) || b == w->bound.end()) {
-        return false;
-    }
-    auto s = w->servers.find(b->second);
-    return s != w->servers.end() && w->NodeUp(s->second->node) &&
-           !w->CtlCut(c->node, s->second->node);
+    int srv = ServerNode(w, c->to);
+    return w->NodeUp(c->node) && srv >= 0 && w->NodeUp(srv) &&
+           !w->CtlCut(c->node, srv);
 }
 
 // ClientWatch: with conn_events on, fn hears that the connection is up
@@ -259,17 +266,6 @@ static std::pair<int, int> CutKey(int a, int b)
     return a < b ? std::make_pair(a, b) : std::make_pair(b, a);
 }
 
-// ServerNode: the node of the server a request goes to (-1: none).
-static int ServerNode(World *w, const SimRequest *r)
-{
-    auto b = w->bound.find(r->to);
-    if (b == w->bound.end()) {
-        return -1;
-    }
-    auto s = w->servers.find(b->second);
-    return s != w->servers.end() ? s->second->node : -1;
-}
-
 void World::CutCtl(int a, int b)
 {
     Trace("CUT the control planes of nodes %d and %d", a, b);
@@ -281,7 +277,8 @@ void World::CutCtl(int a, int b)
     std::vector<uint64_t> reset;
     for (auto &kv : requests) {
         SimRequest *r   = kv.second;
-        int         srv = r->srv_node >= 0 ? r->srv_node : ServerNode(this, r);
+        int         srv =
+            r->srv_node >= 0 ? r->srv_node : ServerNode(this, r->to);
         if (!r->done && !r->parked && r->client != 0 && srv >= 0 &&
             CutKey(r->node, srv) == CutKey(a, b)) {
             reset.push_back(kv.first);

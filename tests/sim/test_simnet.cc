@@ -104,6 +104,18 @@ TEST(SimCtl, NoServerTimesOutAtTheDeadlineAndBusyContextsRefuse)
     EXPECT_EQ(1, r.calls);
 }
 
+// Watch: every connection event of cli is appended to events (1 up, 0
+// lost).
+void Watch(const kvt_ctl_ops_t *ops, kvt_client_t *cli,
+           std::vector<int> *events)
+{
+    ops->client_watch(
+        cli, [](void *arg, int up) {
+            static_cast<std::vector<int> *>(arg)->push_back(up);
+        },
+        events);
+}
+
 // The partition fault's cut, as nng 1.5 behaves: requests in flight on a
 // reset connection fail at once; requests posted while cut wait and go at
 // the heal (unless their deadline passed); a watched client hears of its
@@ -125,11 +137,7 @@ TEST(SimCtl, CutResetsInFlightHoldsNewRequestsAndHealDeliversThem)
                                          Echo, nullptr, &srv));
     w.SetCurrent(b);
     ASSERT_EQ(KVX_OK, ops->client_open("10.0.0.1", 5000, 4, nullptr, &cli));
-    ops->client_watch(
-        cli, [](void *arg, int up) {
-            static_cast<std::vector<int> *>(arg)->push_back(up);
-        },
-        &events);
+    Watch(ops, cli, &events);
     ASSERT_EQ(std::vector<int>({1}), events); // up: said inside the call
     ASSERT_EQ(KVX_OK, ops->client_post(cli, "one", 3, 5000, OnReply, &r1));
     w.CutCtl(a, b);
@@ -174,11 +182,7 @@ TEST(SimCtl, WatchOfANeverConnectedClientHearsNothingUntilUp)
     w.set_conn_events(true);
     w.SetCurrent(b);
     ASSERT_EQ(KVX_OK, ops->client_open("10.0.0.1", 5000, 4, nullptr, &cli));
-    ops->client_watch(
-        cli, [](void *arg, int up) {
-            static_cast<std::vector<int> *>(arg)->push_back(up);
-        },
-        &events);
+    Watch(ops, cli, &events);
     w.CutCtl(a, b);
     EXPECT_TRUE(events.empty());
     w.SetCurrent(a);
